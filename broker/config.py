@@ -1,0 +1,178 @@
+"""Every configuration key of broker and controller processes, with its default: one place.
+
+A node reads one YAML file (`automq broker --config FILE`, `automq controller --config FILE`).
+The operator renders the same models into its ConfigMap and local mode writes them to disk,
+so the three never disagree about a key. Unknown keys are errors (a typo must not silently
+fall back to a default), and every error names the key.
+
+Sizes accept integers (bytes) or strings with a unit: "512KiB", "64MiB", "2GiB".
+Durations accept integers (milliseconds) or strings: "250ms", "60s", "5m".
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+_SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "kb": 1000, "mib": 1 << 20, "mb": 1000**2, "gib": 1 << 30, "gb": 1000**3, "tib": 1 << 40}
+_DURATION_UNITS = {"": 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an int or a string like '64MiB'."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", value)
+        if m and m.group(2).lower() in _SIZE_UNITS:
+            return int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    raise ValueError(f"expected a size such as 1048576 or '64MiB', got {value!r}")
+
+
+def parse_duration_ms(value: Any) -> int:
+    """Milliseconds from an int or a string like '250ms', '60s', '5m'."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", value)
+        if m and m.group(2).lower() in _DURATION_UNITS:
+            return int(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
+    raise ValueError(f"expected a duration such as 250 (ms) or '60s', got {value!r}")
+
+
+Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
+DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(ge=0)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WalConfig(_Section):
+    """The write-ahead log. `volume`: a preallocated file/block device used as a ring.
+    `s3`: bulk objects in the object store (no volume needed, higher latency)."""
+
+    kind: Literal["volume", "s3"] = "volume"
+    path: str = "wal"  # volume WAL: file or block device; relative paths are under data_dir
+    capacity: Size = 256 << 20  # volume WAL ring size
+    s3_bulk_interval_ms: DurationMs = 250  # S3 WAL: upload buffered appends at least this often
+    s3_bulk_bytes: Size = 8 << 20  # S3 WAL: or when this much is buffered
+    group_commit_max_delay_ms: DurationMs = 0  # wait up to this long to batch more appends per sync
+
+
+class StorageConfig(_Section):
+    """Caches and uploads of the stream storage engine."""
+
+    log_cache_bytes: Size = 256 << 20  # FIFO of recent appends, serves tail reads
+    block_cache_bytes: Size = 128 << 20  # LRU of object data blocks, serves catch-up reads
+    upload_block_bytes: Size = 64 << 20  # cut and upload a cache block at this size ...
+    upload_interval_ms: DurationMs = 60_000  # ... or at this age
+    stream_split_bytes: Size = 8 << 20  # a stream with this much in one upload gets its own object
+    object_block_bytes: Size = 512 << 10  # data block size inside objects
+    read_ahead_initial_bytes: Size = 512 << 10
+    read_ahead_max_bytes: Size = 32 << 20
+    object_gc_retention_ms: DurationMs = 60_000  # obsolete objects are deleted after this
+
+
+class Listener(_Section):
+    name: str = "PLAINTEXT"
+    host: str = "0.0.0.0"
+    port: int = Field(9092, ge=0, le=65535)
+    advertised_host: str | None = None  # what clients are told; defaults to host (or 127.0.0.1 for 0.0.0.0)
+    advertised_port: int | None = None
+
+
+class KafkaConfig(_Section):
+    """Broker defaults a Kafka user knows by their Kafka names (dots become underscores)."""
+
+    auto_create_topics_enable: bool = True
+    num_partitions: int = Field(1, ge=1)
+    default_replication_factor: int = Field(1, ge=1)
+    log_retention_ms: int = 7 * 24 * 3_600_000  # -1 = forever
+    log_retention_bytes: int = -1
+    message_max_bytes: Size = 1_048_588  # Kafka's default max batch size
+    socket_request_max_bytes: Size = 100 << 20
+    group_initial_rebalance_delay_ms: DurationMs = 0
+    group_min_session_timeout_ms: DurationMs = 6_000
+    group_max_session_timeout_ms: DurationMs = 1_800_000
+    offsets_retention_ms: int = 7 * 24 * 3_600_000
+    transactional_id_expiration_ms: int = 7 * 24 * 3_600_000
+    producer_id_expiration_ms: int = 24 * 3_600_000
+
+
+class NodeConfig(_Section):
+    """A broker or controller process."""
+
+    node_id: int = Field(..., ge=0)
+    cluster_id: str = "automq-local"
+    data_dir: str = "data"  # local scratch (WAL file); partition data never lives here
+    object_store_url: str = "file:///var/lib/automq/objects"
+    controller_urls: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:9093"])
+    rack: str | None = None
+    listeners: list[Listener] = Field(default_factory=lambda: [Listener()])
+    http_host: str = "0.0.0.0"
+    http_port: int = Field(9094, ge=0, le=65535)  # /metrics, /healthz, /readyz (controller: + API)
+    heartbeat_interval_ms: DurationMs = 1_000
+    session_timeout_ms: DurationMs = 10_000
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    wal: WalConfig = WalConfig()
+    storage: StorageConfig = StorageConfig()
+    kafka: KafkaConfig = KafkaConfig()
+
+    @model_validator(mode="after")
+    def _check_urls(self) -> "NodeConfig":
+        if not re.match(r"^(s3|file)://", self.object_store_url):
+            raise ValueError(f"object_store_url must start with s3:// or file://, got {self.object_store_url!r}")
+        return self
+
+    def data_path(self, relative: str) -> Path:
+        p = Path(relative)
+        return p if p.is_absolute() else Path(self.data_dir) / p
+
+
+class ConfigError(Exception):
+    """Bad configuration. The message names the file, the key and the reason."""
+
+
+def _format_errors(source: str, exc: ValidationError) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> NodeConfig:
+    """Read and validate a YAML config file; raise ConfigError naming every bad key."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, got {type(raw).__name__}")
+    raw.update(overrides or {})
+    return parse_config(raw, source=str(path))
+
+
+def parse_config(raw: dict[str, Any], source: str = "<config>") -> NodeConfig:
+    try:
+        return NodeConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(source, exc)) from None
+
+
+def dump_config(config: NodeConfig) -> str:
+    """YAML that load_config reads back to an equal NodeConfig."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

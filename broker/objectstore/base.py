@@ -1,0 +1,136 @@
+"""The ObjectStore interface: the only way any part of the system touches object storage.
+
+Two backends implement it, chosen by URL (see `automq.broker.objectstore.open_object_store`):
+`s3://bucket?endpoint=...&region=...&path_style=true` and `file:///path` (the embedded
+default). Everything above this layer (WAL, uploader, block cache, controller metadata log,
+Spark jobs) depends only on this module.
+
+All methods are coroutines and must never block the event loop.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+
+class ObjectStoreError(Exception):
+    """Base class of every object-store failure. `key` names the object when there is one."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ObjectNotFound(ObjectStoreError):
+    """The key does not exist (or the requested range starts past its end)."""
+
+
+class PreconditionFailed(ObjectStoreError):
+    """A conditional write lost: If-None-Match found an existing object, or If-Match a
+    different ETag. The caller lost a race; retrying the same write will fail again."""
+
+
+class BucketNotFound(ObjectStoreError):
+    """The configured bucket (or local root directory) does not exist."""
+
+
+class AccessDenied(ObjectStoreError):
+    """Credentials are missing, invalid, or not allowed to perform the operation."""
+
+
+class ObjectStoreUnavailable(ObjectStoreError):
+    """The store did not answer in time or kept failing after retries (network, 5xx, throttling)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str
+    last_modified: float = 0.0  # seconds since the epoch
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    key: str
+    etag: str
+    size: int
+
+
+@dataclass(slots=True)
+class ObjectStoreStats:
+    """Counters a backend keeps; exported as Prometheus metrics by whoever owns the store."""
+
+    puts: int = 0
+    gets: int = 0
+    bytes_put: int = 0
+    bytes_got: int = 0
+    retries: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class ObjectStore(abc.ABC):
+    """Object storage with the guarantees the rest of the system relies on.
+
+    - `put` is atomic: readers see the whole new object or the old state, never a prefix.
+    - `put(..., if_none_match=True)` creates only if absent; exactly one of two racing
+      writers succeeds, the other gets PreconditionFailed. The controller's metadata log
+      depends on this.
+    - `put(..., if_match=etag)` replaces only if the current ETag matches.
+    - `get(key, start, end)` reads bytes [start, end) (end exclusive, None = to the end);
+      a range past the end is clipped, a start past the end raises ObjectNotFound.
+    - `delete_many` ignores keys that do not exist.
+    """
+
+    url: str
+
+    @abc.abstractmethod
+    async def put(
+        self,
+        key: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> PutResult: ...
+
+    @abc.abstractmethod
+    async def put_multipart(
+        self, key: str, parts: AsyncIterator[bytes | memoryview] | list[bytes | memoryview]
+    ) -> PutResult:
+        """Upload a large object in parts (each but the last >= 5 MiB for S3). Atomic like put."""
+
+    @abc.abstractmethod
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes: ...
+
+    @abc.abstractmethod
+    async def head(self, key: str) -> ObjectInfo:
+        """Raises ObjectNotFound when absent."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        """All objects whose key starts with prefix, in lexicographic key order."""
+
+    @abc.abstractmethod
+    async def delete_many(self, keys: list[str]) -> None: ...
+
+    async def delete(self, key: str) -> None:
+        await self.delete_many([key])
+
+    async def exists(self, key: str) -> bool:
+        try:
+            await self.head(key)
+        except ObjectNotFound:
+            return False
+        return True
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections. Safe to call twice."""
+
+    async def __aenter__(self) -> "ObjectStore":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

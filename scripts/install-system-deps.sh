@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what the project needs that pip cannot: Java 17 (PySpark) and kcat (a real Kafka
+# client used by the tests). Idempotent: does nothing when both are present. Debian/Ubuntu.
+set -euo pipefail
+
+missing=()
+command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+if ! java -version 2>&1 | grep -qE 'version "(17|21)'; then
+  missing+=(openjdk-17-jre-headless)
+fi
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "install-system-deps: need ${missing[*]} but apt-get is not available; install them by hand" >&2
+  exit 1
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "install-system-deps: installing ${missing[*]}" >&2
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

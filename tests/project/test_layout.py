@@ -1,0 +1,39 @@
+"""The repository's promises to a newcomer: one namespace, two README commands, CI runs one of them."""
+
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_folders_import_under_one_namespace_without_shadowing_stdlib():
+    import operator as stdlib_operator
+
+    assert hasattr(stdlib_operator, "itemgetter"), "stdlib operator must stay importable"
+    for name, folder in {"automq.broker": "broker", "automq.operator": "operator", "automq.spark": "spark-jobs"}.items():
+        module = importlib.import_module(name)
+        assert Path(module.__file__).resolve().parent == ROOT / folder
+
+
+def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"<!-- (main|test)-command -->\n```bash\n(.+?)\n```", readme)
+    assert [kind for kind, _ in blocks] == ["main", "test"]
+    main_cmd, test_cmd = (cmd for _, cmd in blocks)
+    assert "automq local up" in main_cmd and "pip install" in main_cmd
+    assert "pytest" in test_cmd and "pip install" in test_cmd
+    extracted = subprocess.run(
+        ["bash", "-c", "awk '/<!-- test-command -->/{f=1;next} f && /^```/ {if (++n==2) exit; next} f && n==1' README.md"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert extracted == test_cmd
+    assert "README.md" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_console_script_runs():
+    out = subprocess.run([sys.executable, "-m", "automq.broker.cli", "--help"], capture_output=True, text=True, check=True)
+    for command in ("broker", "controller", "operator", "local"):
+        assert command in out.stdout

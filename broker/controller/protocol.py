@@ -1,0 +1,127 @@
+"""What brokers and the operator ask of the controller about the cluster (not storage).
+
+`ClusterClient` is implemented by `automq.broker.controller.client.ControllerClient` over the
+controller's HTTP API (which also implements the storage contract in
+`automq.broker.storage.metadata`). Brokers, local mode and the operator use only these names.
+
+How partition leadership flows
+------------------------------
+The controller places each partition on a broker (`PartitionInfo.leader`) under a
+`leader_epoch` that grows on every move; the partition's stream is opened with
+stream epoch = leader epoch, so a new leader fences the old one at the storage layer too.
+Brokers follow `watch_metadata(since_version)` (a long poll that returns as soon as the
+metadata version passes `since_version`), open streams for partitions they now lead and
+close the ones they lost. A graceful move (reassignment, drain) is: the controller marks the
+partition `moving`; the old leader closes its stream (uploading what it holds) and calls
+`partition_closed`; the controller sets the new leader with a higher epoch; the new leader
+opens. A fenced broker's partitions move only after its WAL was recovered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from automq.broker.storage.metadata import MetadataError
+
+
+class TopicExistsError(MetadataError):
+    code = "TOPIC_ALREADY_EXISTS"
+
+
+class UnknownTopicError(MetadataError):
+    code = "UNKNOWN_TOPIC_OR_PARTITION"
+
+
+class InvalidPartitionsError(MetadataError):
+    code = "INVALID_PARTITIONS"
+
+
+class InvalidConfigError(MetadataError):
+    code = "INVALID_CONFIG"
+
+
+class BrokerNotAvailableError(MetadataError):
+    code = "BROKER_NOT_AVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    listener: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    node_id: int
+    node_epoch: int
+    endpoints: tuple[Endpoint, ...]
+    rack: str | None = None
+    state: str = "active"  # "active" | "fenced" | "draining"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    topic: str
+    partition: int
+    stream_id: int
+    leader: int  # node id, -1 while none is placed / during a move
+    leader_epoch: int
+    state: str = "online"  # "online" | "moving" | "offline"
+    target: int = -1  # node id a move is heading to
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    topic_id: str  # 16-byte UUID as a string, as Kafka's Metadata v10+ reports it
+    partitions: tuple[PartitionInfo, ...]
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataImage:
+    """A consistent view of the cluster at one metadata version."""
+
+    version: int
+    cluster_id: str
+    controller_id: int
+    brokers: tuple[BrokerInfo, ...]
+    topics: tuple[TopicInfo, ...]
+
+
+@runtime_checkable
+class ClusterClient(Protocol):
+    async def register_broker(self, node_id: int, endpoints: list[Endpoint], rack: str | None) -> int:
+        """Join (or rejoin) the cluster; returns the new node epoch, higher than any before."""
+
+    async def heartbeat(self, node_id: int, node_epoch: int) -> str:
+        """Keep the session alive; returns the broker state the controller holds
+        ("active" | "draining"). Raises NodeFencedError when the epoch is stale."""
+
+    async def unregister_broker(self, node_id: int, node_epoch: int) -> None:
+        """Graceful shutdown: the controller moves this broker's partitions elsewhere."""
+
+    async def watch_metadata(self, since_version: int, timeout_ms: int) -> MetadataImage:
+        """The current image as soon as its version > since_version, or after timeout_ms."""
+
+    async def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicInfo: ...
+
+    async def delete_topic(self, name: str) -> None: ...
+
+    async def create_partitions(self, name: str, total_count: int) -> TopicInfo: ...
+
+    async def alter_topic_configs(self, name: str, configs: dict[str, str | None]) -> None:
+        """Set keys to values; a None value removes the key (back to the broker default)."""
+
+    async def reassign_partition(self, topic: str, partition: int, target_node_id: int) -> None:
+        """Start a graceful move (see module docstring). Returns once it is started."""
+
+    async def partition_closed(self, topic: str, partition: int, node_id: int, node_epoch: int, leader_epoch: int) -> None:
+        """The old leader has closed the stream of a moving partition."""
+
+    async def drain_broker(self, node_id: int) -> None:
+        """Move all partitions off a broker and place no new ones on it (scale-in, rolling restart)."""
+
+    async def undrain_broker(self, node_id: int) -> None: ...

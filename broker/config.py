@@ -106,6 +106,9 @@ class KafkaConfig(_Section):
     offsets_retention_ms: int = 7 * 24 * 3_600_000
     transactional_id_expiration_ms: int = 7 * 24 * 3_600_000
     producer_id_expiration_ms: int = 24 * 3_600_000
+    offsets_topic_num_partitions: int = Field(8, ge=1)  # partitions of the internal __consumer_offsets topic
+    connections_max_idle_ms: DurationMs = 600_000  # close client connections idle this long (Kafka's default)
+    fetch_session_cache_slots: int = Field(1000, ge=0)  # incremental fetch sessions kept (KIP-227); 0 disables
 
 
 class NodeConfig(_Section):

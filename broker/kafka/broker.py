@@ -1,0 +1,123 @@
+"""The Broker object: everything a request handler may need, wired together in one place.
+
+Handlers reach the rest of the system through `ctx.broker`:
+
+- `config`, `node_id`, `node_epoch`
+- `cluster`: the controller (ClusterClient), `storage`: the stream storage engine (StreamClient)
+- `metadata`: latest MetadataImage, `partitions`: PartitionManager (led partitions)
+- `groups`: GroupCoordinator (K2; constructed as `GroupCoordinator(broker)`, `await start()` /
+  `await close()`), `producer_ids`: ProducerIdAllocator (K2; `ProducerIdAllocator(node_id=,
+  node_epoch=)`), both None if that part is not installed
+- `registry`: the prometheus CollectorRegistry, `metrics`: KafkaMetrics
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from automq.broker.config import NodeConfig
+from automq.broker.controller.protocol import ClusterClient, Endpoint, MetadataImage, TopicExistsError, TopicInfo
+from automq.broker.kafka.metrics import KafkaMetrics
+from automq.broker.kafka.partitions import PartitionManager
+from automq.broker.storage.api import StreamClient
+
+log = logging.getLogger(__name__)
+
+OFFSETS_TOPIC = "__consumer_offsets"
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+
+
+def _optional(module: str, name: str) -> Any:
+    """K2's classes when their module exists (the broker runs without them)."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        return None
+
+
+def advertised_endpoints(config: NodeConfig, bound_ports: dict[str, int] | None = None) -> list[Endpoint]:
+    """What clients are told to connect to, per listener (bound_ports: actual ports when 0 was asked)."""
+    endpoints = []
+    for listener in config.listeners:
+        host = listener.advertised_host or (listener.host if listener.host not in ("0.0.0.0", "::", "") else "127.0.0.1")
+        port = listener.advertised_port or (bound_ports or {}).get(listener.name) or listener.port
+        endpoints.append(Endpoint(listener.name, host, port))
+    return endpoints
+
+
+class Broker:
+    def __init__(self, config: NodeConfig, *, node_epoch: int, cluster: ClusterClient, storage: StreamClient, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.node_epoch = node_epoch
+        self.cluster = cluster
+        self.storage = storage
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = KafkaMetrics(self.registry)
+        self.metadata: MetadataImage | None = None
+        self.partitions = PartitionManager(self)
+        allocator = _optional("automq.broker.kafka.producers", "ProducerIdAllocator")
+        self.producer_ids = allocator(node_id=self.node_id, node_epoch=node_epoch) if allocator else None
+        coordinator = _optional("automq.broker.kafka.groups", "GroupCoordinator")
+        self.groups = coordinator(self) if coordinator else None
+        from automq.broker.kafka.fetch_sessions import FetchSessionCache
+
+        self.fetch_sessions = FetchSessionCache(config.kafka.fetch_session_cache_slots, self.metrics)
+        self._creating: dict[str, asyncio.Task[TopicInfo | None]] = {}
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self, metadata_timeout: float = 30.0) -> None:
+        """Follow metadata and wait for the first image, then start the group coordinator."""
+        await self.partitions.start()
+        image = await self.partitions.wait_for_image(lambda _: True, metadata_timeout)
+        if image is None:
+            raise RuntimeError(f"no metadata from the controller within {metadata_timeout:.0f}s")
+        if self.groups is not None and hasattr(self.groups, "start"):
+            await self.groups.start()
+
+    async def close(self) -> None:
+        if self.groups is not None and hasattr(self.groups, "close"):
+            try:
+                await self.groups.close()
+            except Exception:
+                log.exception("closing the group coordinator failed")
+        await self.partitions.close()
+
+    def _on_metadata(self, image: MetadataImage) -> None:
+        self.metadata = image
+
+    # ---------------------------------------------------------------- topics
+
+    async def ensure_topic(self, name: str, partitions: int | None = None, configs: dict[str, str] | None = None, wait: float = 5.0) -> TopicInfo | None:
+        """Create a topic through the controller unless it exists (auto-create, internal topics).
+
+        Concurrent calls for one name share one creation. Returns the topic once the local
+        metadata image knows it (or None if it did not arrive within `wait`)."""
+        existing = self.partitions.topic(name)
+        if existing is not None:
+            return existing
+        task = self._creating.get(name)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._create_topic(name, partitions, configs or {}, wait))
+            self._creating[name] = task
+            task.add_done_callback(lambda _t: self._creating.pop(name, None))
+        return await asyncio.shield(task)
+
+    async def _create_topic(self, name: str, partitions: int | None, configs: dict[str, str], wait: float) -> TopicInfo | None:
+        if partitions is None:
+            partitions = self.config.kafka.offsets_topic_num_partitions if name == OFFSETS_TOPIC else self.config.kafka.num_partitions
+        try:
+            await self.cluster.create_topic(name, partitions, configs)
+            log.info("created topic %s with %d partitions", name, partitions)
+        except TopicExistsError:
+            pass
+        image = await self.partitions.wait_for_image(lambda img: any(t.name == name for t in img.topics), wait)
+        return self.partitions.topic(name) if image is not None else None

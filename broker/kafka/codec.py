@@ -1,0 +1,387 @@
+"""The Kafka wire codec: frames ⇄ kio request/response dataclasses. Sans-I/O, no sockets here.
+
+kio (schema-generated from Kafka's JSON message specs, native decoder) does the field work.
+This module adds what a broker needs around it, and is the ONE place kio's gaps are patched:
+
+- request header parsing by hand (api key, version, correlation id, client id, header tagged
+  fields) so unknown keys and versions are recognised before any body decoding;
+- unknown tagged fields: kio's native reader raises on a tag it does not know, while the
+  protocol (KIP-482) says to skip them. On that error we decode again with a small pure-Python
+  reader over kio's own field metadata that skips unknown tags (slow path, rare);
+- response framing with the right header version (kio's `__header_schema__`: ApiVersions is
+  always header v0, other flexible responses header v1 with an empty tagged-field section);
+- the version table advertised in ApiVersions: Kafka 4.0's ranges, cut to the versions kio
+  has schemas for;
+- `build` / `nested`: construct a response of any version from one set of keyword values
+  (fields the version lacks are dropped), so a handler is written once for all versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import importlib
+import io
+import struct
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.index import api_key_map, schema_name_map
+from kio.serial import entity_reader, entity_writer
+from kio.serial._introspect import EntityField, EntityTupleField, PrimitiveField, PrimitiveTupleField, classify_field, get_field_tag, is_optional
+from kio.serial._parse import get_field_reader
+from kio.serial.errors import DecodeError
+from kio.serial.readers import read_compact_array_length, read_int8, read_legacy_array_length, read_unsigned_varint
+
+ZERO_THROTTLE = datetime.timedelta(0)
+
+# Kafka 4.0 broker ranges (KIP-896 removed the pre-2.1 versions). Only keys with a registered
+# handler are advertised; kio's available versions cut these further (see supported_range).
+KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
+    0: (3, 12),  # Produce
+    1: (4, 17),  # Fetch
+    2: (1, 10),  # ListOffsets
+    3: (0, 13),  # Metadata
+    8: (2, 9),  # OffsetCommit
+    9: (1, 9),  # OffsetFetch
+    10: (0, 6),  # FindCoordinator
+    11: (0, 9),  # JoinGroup
+    12: (0, 4),  # Heartbeat
+    13: (0, 5),  # LeaveGroup
+    14: (0, 5),  # SyncGroup
+    15: (0, 6),  # DescribeGroups
+    16: (0, 5),  # ListGroups
+    17: (0, 1),  # SaslHandshake
+    18: (0, 4),  # ApiVersions
+    19: (2, 7),  # CreateTopics
+    20: (1, 6),  # DeleteTopics
+    21: (0, 2),  # DeleteRecords
+    22: (0, 5),  # InitProducerId
+    32: (1, 4),  # DescribeConfigs
+    33: (0, 2),  # AlterConfigs
+    35: (1, 4),  # DescribeLogDirs
+    37: (0, 3),  # CreatePartitions
+    42: (0, 2),  # DeleteGroups
+    44: (0, 1),  # IncrementalAlterConfigs
+    45: (0, 0),  # AlterPartitionReassignments
+    46: (0, 0),  # ListPartitionReassignments
+    47: (0, 0),  # OffsetDelete
+    60: (0, 2),  # DescribeCluster
+}
+
+API_VERSIONS_KEY = 18
+_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class FrameError(Exception):
+    """A frame that cannot be a Kafka request (too short, bad header). Close the connection."""
+
+
+class UnknownApiKeyError(FrameError):
+    def __init__(self, api_key: int, correlation_id: int) -> None:
+        super().__init__(f"unknown api key {api_key}")
+        self.api_key = api_key
+        self.correlation_id = correlation_id
+
+
+class UnsupportedVersionError(FrameError):
+    def __init__(self, api_key: int, api_version: int, correlation_id: int, client_id: str | None) -> None:
+        super().__init__(f"unsupported version {api_version} of api key {api_key}")
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.client_id = client_id
+
+
+class RequestDecodeError(FrameError):
+    """The header was fine but the body does not decode as that request version."""
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int, reason: str) -> None:
+        super().__init__(f"cannot decode {api_name(api_key)} v{api_version} request: {reason}")
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+# --------------------------------------------------------------------------- versions
+
+
+def api_name(api_key: int) -> str:
+    name = api_key_map.get(api_key)
+    return "".join(part.capitalize() for part in name.split("_")) if name else f"ApiKey{api_key}"
+
+
+@functools.cache
+def kio_versions(api_key: int) -> frozenset[int]:
+    name = api_key_map.get(api_key)
+    if name is None:
+        return frozenset()
+    return frozenset(schema_name_map.get(name, {}).keys())
+
+
+def supported_range(api_key: int, min_version: int | None = None, max_version: int | None = None) -> tuple[int, int] | None:
+    """The contiguous version range served for api_key: Kafka 4.0's, within kio's schemas and
+    the handler's own limits; None when nothing is left."""
+    kafka = KAFKA_4_VERSION_RANGES.get(api_key)
+    available = kio_versions(api_key)
+    if kafka is None or not available:
+        return None
+    low = max(kafka[0], min_version if min_version is not None else kafka[0])
+    high = min(kafka[1], max_version if max_version is not None else kafka[1])
+    while low <= high and low not in available:
+        low += 1
+    v = low
+    while v <= high and v in available:
+        v += 1
+    return (low, v - 1) if v - 1 >= low else None
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    size: int  # bytes of the header in the frame; the body follows
+
+
+def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id) of a frame; FrameError if it is too short."""
+    if len(frame) < _PREFIX.size:
+        raise FrameError(f"request frame of {len(frame)} bytes is shorter than a request header")
+    return _PREFIX.unpack_from(frame, 0)
+
+
+def parse_header(frame: bytes | memoryview, flexible: bool) -> RequestHeader:
+    """Request header v1 (or v2 when flexible): client id is always a legacy nullable string."""
+    api_key, api_version, correlation_id = peek_header(frame)
+    position = _PREFIX.size
+    if position + 2 > len(frame):
+        raise FrameError("request header truncated before client id")
+    (length,) = _INT16.unpack_from(frame, position)
+    position += 2
+    client_id: str | None = None
+    if length >= 0:
+        if position + length > len(frame):
+            raise FrameError("request header client id runs past the frame")
+        try:
+            client_id = bytes(frame[position : position + length]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise FrameError("request header client id is not UTF-8") from None
+        position += length
+    elif length != -1:
+        raise FrameError(f"request header client id has length {length}")
+    if flexible:
+        try:
+            position = _skip_tagged_fields(frame, position)
+        except (DecodeError, ValueError) as exc:
+            raise FrameError(f"request header tagged fields malformed: {exc}") from None
+    return RequestHeader(api_key, api_version, correlation_id, client_id, position)
+
+
+def _skip_tagged_fields(buf: bytes | memoryview, position: int) -> int:
+    count, n = read_unsigned_varint(buf, position)
+    position += n
+    for _ in range(count):
+        _tag, n = read_unsigned_varint(buf, position)
+        position += n
+        size, n = read_unsigned_varint(buf, position)
+        position += n + size
+        if position > len(buf):
+            raise DecodeError("tagged field runs past the frame")
+    return position
+
+
+@functools.cache
+def request_class(api_key: int, api_version: int) -> type:
+    return load_request_schema(api_key, api_version)
+
+
+@functools.cache
+def response_class(api_key: int, api_version: int) -> type:
+    return load_response_schema(api_key, api_version)
+
+
+@functools.cache
+def _reader(cls: type):
+    return entity_reader(cls)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedRequest:
+    header: RequestHeader
+    request: Any
+    response_class: type
+
+
+def decode_request(frame: bytes, served: dict[int, tuple[int, int]]) -> DecodedRequest:
+    """Decode one request frame (without its 4-byte size) for the api keys/ranges `served`.
+
+    Raises UnknownApiKeyError, UnsupportedVersionError (ApiVersions callers answer it, others
+    close), RequestDecodeError or FrameError."""
+    api_key, api_version, correlation_id = peek_header(frame)
+    span = served.get(api_key)
+    if span is None:
+        raise UnknownApiKeyError(api_key, correlation_id)
+    if not span[0] <= api_version <= span[1]:
+        client_id = None
+        try:
+            client_id = parse_header(frame, flexible=False).client_id
+        except FrameError:
+            pass
+        raise UnsupportedVersionError(api_key, api_version, correlation_id, client_id)
+    cls = request_class(api_key, api_version)
+    header = parse_header(frame, cls.__flexible__)
+    try:
+        request, end = _reader(cls)(frame, header.size)
+    except KeyError as exc:
+        # kio knows only the tags of its schema; unknown tags must be skipped (KIP-482)
+        try:
+            request, end = _read_entity_tolerant(cls, frame, header.size)
+        except (DecodeError, ValueError, KeyError, TypeError, UnicodeDecodeError) as inner:
+            raise RequestDecodeError(api_key, api_version, correlation_id, str(inner)) from None
+        del exc
+    except (DecodeError, ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:
+        raise RequestDecodeError(api_key, api_version, correlation_id, str(exc) or type(exc).__name__) from None
+    if end != len(frame):
+        # Kafka tolerates trailing bytes? No: the Java parser reads the struct and ignores the
+        # rest, but a size mismatch means a confused client; we follow Java and ignore them.
+        pass
+    return DecodedRequest(header, request, response_class(api_key, api_version))
+
+
+# ----- the tolerant slow path
+
+
+def _read_entity_tolerant(cls: type, buf: bytes | memoryview, position: int) -> tuple[Any, int]:
+    values: dict[str, Any] = {}
+    tagged: dict[int, dataclasses.Field] = {}
+    for f in fields(cls):
+        tag = get_field_tag(f)
+        if tag is not None:
+            tagged[tag] = f
+            continue
+        values[f.name], position = _read_field(cls, f, buf, position, is_tag=False)
+    if cls.__flexible__:
+        count, n = read_unsigned_varint(buf, position)
+        position += n
+        for _ in range(count):
+            tag, n = read_unsigned_varint(buf, position)
+            position += n
+            size, n = read_unsigned_varint(buf, position)
+            position += n
+            f = tagged.get(tag)
+            if f is not None:
+                values[f.name], _ = _read_field(cls, f, buf, position, is_tag=True)
+            position += size
+            if position > len(buf):
+                raise DecodeError("tagged field runs past the frame")
+    return cls(**values), position
+
+
+def _read_field(cls: type, f: dataclasses.Field, buf, position: int, is_tag: bool) -> tuple[Any, int]:
+    kind = classify_field(f)
+    if isinstance(kind, (PrimitiveField, PrimitiveTupleField)):
+        return get_field_reader(cls, f, False, is_tag)(buf, position)
+    if isinstance(kind, EntityField):
+        if is_optional(f) and not is_tag:
+            marker, n = read_int8(buf, position)
+            position += n
+            if marker < 0:
+                return None, position
+        return _read_entity_tolerant(kind.type_, buf, position)
+    if isinstance(kind, EntityTupleField):
+        if cls.__flexible__:
+            length, n = read_compact_array_length(buf, position)
+        else:
+            length, n = read_legacy_array_length(buf, position)
+            length = None if length < 0 else length
+        position += n
+        if length is None:
+            return None, position
+        if length > len(buf) - position:
+            raise DecodeError("array length runs past the frame")
+        items = []
+        for _ in range(length):
+            item, position = _read_entity_tolerant(kind.type_, buf, position)
+            items.append(item)
+        return tuple(items), position
+    raise TypeError(f"unsupported field {f.name} of {cls.__name__}")
+
+
+# --------------------------------------------------------------------------- responses
+
+
+@functools.cache
+def _writer(cls: type):
+    return entity_writer(cls)
+
+
+def encode_response(correlation_id: int, response: Any) -> bytes:
+    """Response header (v0 or v1 as kio's schema says) + body, without the size prefix."""
+    buf = io.BytesIO()
+    buf.write(_INT32.pack(correlation_id))
+    if response.__header_schema__.__flexible__:
+        buf.write(b"\x00")  # header v1: no tagged fields
+    _writer(type(response))(buf, response)
+    return buf.getvalue()
+
+
+def encode_request(correlation_id: int, request: Any, client_id: str | None = "automq") -> bytes:
+    """A request frame without size prefix (tests and tools speak to the broker with it)."""
+    buf = io.BytesIO()
+    buf.write(_PREFIX.pack(request.__api_key__, request.__version__, correlation_id))
+    if client_id is None:
+        buf.write(_INT16.pack(-1))
+    else:
+        raw = client_id.encode()
+        buf.write(_INT16.pack(len(raw)))
+        buf.write(raw)
+    if request.__flexible__:
+        buf.write(b"\x00")
+    _writer(type(request))(buf, request)
+    return buf.getvalue()
+
+
+def decode_response(frame: bytes, request_cls: type) -> tuple[int, Any]:
+    """(correlation_id, response) from a response frame without size prefix (tests/tools)."""
+    cls = response_class(request_cls.__api_key__, request_cls.__version__)
+    (correlation_id,) = _INT32.unpack_from(frame, 0)
+    position = 4
+    if cls.__header_schema__.__flexible__:
+        position = _skip_tagged_fields(frame, position)
+    response, _ = _reader(cls)(frame, position)
+    return correlation_id, response
+
+
+# ----- building responses of any version from one set of values
+
+
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
+
+
+def build(cls: type, **values: Any) -> Any:
+    """cls(**values) keeping only the fields this version of the message has."""
+    names = _field_names(cls)
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def has_field(cls: type, name: str) -> bool:
+    return name in _field_names(cls)
+
+
+def nested(cls: type, name: str) -> type:
+    """A nested entity class (e.g. 'MetadataResponseBroker') of the same schema module/version."""
+    return getattr(importlib.import_module(cls.__module__), name)

@@ -1,0 +1,22 @@
+"""What a request handler knows about the request it is answering, besides the request itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from automq.broker.kafka.broker import Broker
+
+
+@dataclass(slots=True)
+class RequestContext:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    peer: str  # "host:port" of the client, for logs
+    # The kio response dataclass matching the request's api key AND version: handlers build
+    # their answer with it (and its module's nested classes, see codec.build/codec.nested).
+    response_class: type
+    broker: "Broker"

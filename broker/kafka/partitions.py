@@ -1,0 +1,438 @@
+"""Partitions this broker leads: following the controller's metadata, opening and closing streams.
+
+`PartitionManager` long-polls `cluster.watch_metadata`, and for every partition placed on this
+node (leader == node_id, not `moving`) opens its stream with stream epoch = leader epoch, which
+fences any previous owner at the storage layer. Partitions that moved away, are `moving` or were
+deleted are closed (flush + upload); for a `moving` partition the controller is told with
+`partition_closed` so it can hand the partition to its target.
+
+A `Partition` is the one place appends and reads of a partition's log go through. It owns the
+idempotent-producer state (K2's ProducerStateManager) and wakes long-polling fetches when an
+append becomes durable. A stream fenced under us (StreamClosedError) means another broker
+leads now: the partition is dropped and callers get NotLeaderError (→ NOT_LEADER_OR_FOLLOWER,
+clients refresh metadata).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from automq.broker.controller.protocol import MetadataImage, PartitionInfo, TopicInfo
+from automq.broker.kafka import records
+from automq.broker.storage.api import FetchResult, Stream, StreamClosedError
+
+if TYPE_CHECKING:
+    from automq.broker.kafka.broker import Broker
+
+log = logging.getLogger(__name__)
+
+# How far back (in offsets) a newly opened partition scans batch headers to rebuild the
+# idempotent-producer state. Kafka snapshots this state; we rebuild it from the log tail, so a
+# producer idle for longer than this window is treated as new (its next batch must start a
+# fresh sequence or it gets OUT_OF_ORDER_SEQUENCE_NUMBER / UNKNOWN_PRODUCER_ID from K2's checks).
+PRODUCER_STATE_REBUILD_OFFSETS = 50_000
+PRODUCER_STATE_REBUILD_BYTES = 16 << 20
+
+
+class PartitionError(Exception):
+    pass
+
+
+class NotLeaderError(PartitionError):
+    """This broker does not lead the partition (now): NOT_LEADER_OR_FOLLOWER."""
+
+
+class UnknownPartitionError(PartitionError):
+    """No such topic or partition in the metadata: UNKNOWN_TOPIC_OR_PARTITION."""
+
+
+class PartitionListener(Protocol):
+    async def on_elected(self, partition: "Partition") -> None: ...
+
+    async def on_resigned(self, topic: str, partition: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
+    duplicate: bool = False  # an idempotent retry answered with its original offset
+
+
+def _new_producer_state() -> Any:
+    try:
+        from automq.broker.kafka.producers import ProducerStateManager
+    except ModuleNotFoundError as exc:
+        if exc.name != "automq.broker.kafka.producers":
+            raise
+        return None
+    return ProducerStateManager()
+
+
+class Partition:
+    """One led partition: its stream, leader epoch, producer state and fetch waiters."""
+
+    def __init__(self, info: PartitionInfo, topic: TopicInfo, stream: Stream, producer_state: Any, manager: "PartitionManager | None") -> None:
+        self.topic = info.topic
+        self.partition = info.partition
+        self.topic_id = topic.topic_id
+        self.stream = stream
+        self.leader_epoch = info.leader_epoch
+        self.producer_state = producer_state
+        self.configs = dict(topic.configs)
+        self._manager = manager
+        self._waiters: set[asyncio.Future[None]] = set()
+        self.closed = False
+
+    # ---------------------------------------------------------------- offsets
+
+    @property
+    def high_watermark(self) -> int:
+        return self.stream.confirm_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.stream.start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.stream.end_offset
+
+    @property
+    def uses_log_append_time(self) -> bool:
+        return self.configs.get("message.timestamp.type", "CreateTime") == "LogAppendTime"
+
+    def max_message_bytes(self, default: int) -> int:
+        value = self.configs.get("max.message.bytes")
+        try:
+            return int(value) if value is not None else default
+        except ValueError:
+            return default
+
+    # ---------------------------------------------------------------- appends
+
+    async def append_batch(self, batch: bytearray, header: records.BatchHeader) -> AppendResult:
+        """Append one validated v2 batch (a private, mutable copy): offsets assigned here.
+
+        Between the producer-state check and the stream's synchronous offset reservation
+        there is no await, so two retries of one idempotent batch cannot both append.
+        """
+        if self.closed:
+            raise NotLeaderError(f"{self.topic}-{self.partition} is no longer led here")
+        state = self.producer_state
+        idempotent = header.producer_id >= 0 and state is not None
+        if idempotent:
+            original = state.check(header.producer_id, header.producer_epoch, header.base_sequence, header.record_count)
+            if original is not None:
+                return AppendResult(original, -1, duplicate=True)
+        append_time = -1
+        if self.uses_log_append_time:
+            append_time = int(time.time() * 1000)
+        base_offset = self.stream.end_offset
+        records.assign_offsets(batch, base_offset, self.leader_epoch, append_time)
+        try:
+            # stream.append reserves [end_offset, end_offset+count) before its first await
+            await self.stream.append(batch, header.record_count)
+        except StreamClosedError:
+            self._fenced()
+            raise NotLeaderError(f"{self.topic}-{self.partition}: stream closed or fenced") from None
+        if idempotent:
+            timestamp = append_time if append_time >= 0 else header.max_timestamp
+            state.record(header.producer_id, header.producer_epoch, header.base_sequence, header.record_count, base_offset, timestamp)
+        self._wake()
+        return AppendResult(base_offset, append_time)
+
+    # append_batches is the name in the seams doc: several batches, in order.
+    async def append_batches(self, batches: Iterable[tuple[bytearray, records.BatchHeader]]) -> list[AppendResult]:
+        return [await self.append_batch(b, h) for b, h in batches]
+
+    # ---------------------------------------------------------------- reads
+
+    async def read(self, offset: int, max_bytes: int, end_offset: int | None = None) -> FetchResult:
+        """Whole batches from `offset` up to the high watermark (at least one if any)."""
+        if self.closed:
+            raise NotLeaderError(f"{self.topic}-{self.partition} is no longer led here")
+        try:
+            return await self.stream.fetch(offset, end_offset if end_offset is not None else self.stream.confirm_offset, max_bytes)
+        except StreamClosedError:
+            self._fenced()
+            raise NotLeaderError(f"{self.topic}-{self.partition}: stream closed or fenced") from None
+
+    def add_waiter(self, waiter: asyncio.Future[None]) -> None:
+        """`waiter` gets a result when the next append becomes durable (long-poll fetch)."""
+        self._waiters.add(waiter)
+
+    def remove_waiter(self, waiter: asyncio.Future[None]) -> None:
+        self._waiters.discard(waiter)
+
+    def _wake(self) -> None:
+        if not self._waiters:
+            return
+        waiters, self._waiters = self._waiters, set()
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def _fenced(self) -> None:
+        if self._manager is not None and not self.closed:
+            log.warning("stream of %s-%d was fenced (epoch %d): dropping leadership", self.topic, self.partition, self.leader_epoch)
+            self._manager._drop_fenced(self)
+
+    async def close(self) -> None:
+        self.closed = True
+        self._wake()  # long-polling fetches answer now (and get NOT_LEADER next time)
+        try:
+            await self.stream.close()
+        except StreamClosedError:
+            pass
+
+    async def rebuild_producer_state(self) -> None:
+        """Feed K2's ProducerStateManager the producer fields of the log tail's batches."""
+        state = self.producer_state
+        if state is None or not hasattr(state, "rebuild"):
+            return
+        end = self.stream.confirm_offset
+        start = max(self.stream.start_offset, end - PRODUCER_STATE_REBUILD_OFFSETS)
+        entries: list[tuple[int, int, int, int, int, int]] = []
+        offset = start
+        while offset < end:
+            result = await self.stream.fetch(offset, end, PRODUCER_STATE_REBUILD_BYTES)
+            if not result.batches:
+                break
+            for data in result.batches:
+                entries.extend(records.producer_entries(data.payload))
+            offset = result.batches[-1].next_offset
+        state.rebuild(entries)
+
+
+class PartitionManager:
+    """Follows controller metadata; owns the Partition objects this broker leads."""
+
+    WATCH_TIMEOUT_MS = 30_000
+
+    def __init__(self, broker: "Broker") -> None:
+        self._broker = broker
+        self._partitions: dict[tuple[str, int], Partition] = {}
+        self._transitions: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._listeners: list[PartitionListener] = []
+        self._image: MetadataImage | None = None
+        self._topics: dict[str, TopicInfo] = {}
+        self._topics_by_id: dict[str, TopicInfo] = {}
+        self._image_changed = asyncio.Event()
+        self._watch_task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # ---------------------------------------------------------------- queries
+
+    @property
+    def image(self) -> MetadataImage | None:
+        return self._image
+
+    def topic(self, name: str) -> TopicInfo | None:
+        return self._topics.get(name)
+
+    def topic_by_id(self, topic_id: str) -> TopicInfo | None:
+        return self._topics_by_id.get(topic_id)
+
+    def get(self, topic: str, partition: int) -> Partition:
+        p = self._partitions.get((topic, partition))
+        if p is not None and not p.closed:
+            return p
+        info = self._topics.get(topic)
+        if info is None or not 0 <= partition < len(info.partitions):
+            raise UnknownPartitionError(f"unknown partition {topic}-{partition}")
+        raise NotLeaderError(f"{topic}-{partition} is not led by node {self._broker.node_id}")
+
+    def led(self) -> list[Partition]:
+        return [p for p in self._partitions.values() if not p.closed]
+
+    def add_listener(self, listener: PartitionListener) -> None:
+        self._listeners.append(listener)
+        # a listener added late still hears about partitions already open
+        for p in self.led():
+            asyncio.get_running_loop().create_task(self._notify_elected(listener, p))
+
+    async def wait_for_image(self, predicate, timeout: float) -> MetadataImage | None:
+        """Wait until the current image satisfies predicate(image) or timeout; returns it."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            if self._image is not None and predicate(self._image):
+                return self._image
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return self._image
+            self._image_changed.clear()
+            try:
+                await asyncio.wait_for(self._image_changed.wait(), remaining)
+            except TimeoutError:
+                pass
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        self._watch_task = asyncio.get_running_loop().create_task(self._follow(), name="partition-manager-watch")
+
+    async def _follow(self) -> None:
+        cluster = self._broker.cluster
+        since = -1
+        backoff = 0.1
+        while not self._closing:
+            try:
+                image = await cluster.watch_metadata(since, self.WATCH_TIMEOUT_MS)
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("watch_metadata failed (%s); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            if image.version > since or self._image is None:
+                since = image.version
+                self.apply(image)
+
+    def apply(self, image: MetadataImage) -> None:
+        """Take a new image: index it and start opening/closing partitions (tasks)."""
+        self._image = image
+        self._topics = {t.name: t for t in image.topics}
+        self._topics_by_id = {t.topic_id: t for t in image.topics}
+        self._broker._on_metadata(image)
+        self._image_changed.set()
+        if self._closing:
+            return
+        node = self._broker.node_id
+        desired: dict[tuple[str, int], tuple[PartitionInfo, TopicInfo]] = {}
+        for t in image.topics:
+            for p in t.partitions:
+                if p.leader == node and p.state == "online":
+                    desired[(t.name, p.partition)] = (p, t)
+        for key, p in list(self._partitions.items()):
+            want = desired.get(key)
+            if want is None or want[0].leader_epoch != p.leader_epoch or p.closed:
+                moving_info = self._moving_info(image, key)
+                self._schedule(key, self._close_partition(p, moving_info))
+            else:
+                p.configs = dict(want[1].configs)  # config changes (LogAppendTime, max.message.bytes)
+        for key, (info, topic) in desired.items():
+            current = self._partitions.get(key)
+            if current is None or current.leader_epoch != info.leader_epoch:
+                self._schedule(key, self._open_partition(info, topic))
+        # a moving partition we never opened (or already closed) still needs its ack
+        for t in image.topics:
+            for p in t.partitions:
+                key = (t.name, p.partition)
+                if p.state == "moving" and p.leader == node and key not in self._partitions and key not in self._transitions:
+                    self._schedule(key, self._ack_closed(p))
+
+    @staticmethod
+    def _moving_info(image: MetadataImage, key: tuple[str, int]) -> PartitionInfo | None:
+        for t in image.topics:
+            if t.name == key[0]:
+                for p in t.partitions:
+                    if p.partition == key[1] and p.state == "moving":
+                        return p
+        return None
+
+    def _schedule(self, key: tuple[str, int], step) -> None:
+        """Run open/close steps of one partition one after another, in image order."""
+        previous = self._transitions.get(key)
+
+        async def run() -> None:
+            if previous is not None:
+                try:
+                    await previous
+                except BaseException:
+                    pass
+            try:
+                await step
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("partition transition of %s-%d failed", *key)
+            finally:
+                if self._transitions.get(key) is task:
+                    del self._transitions[key]
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"partition-{key[0]}-{key[1]}")
+        self._transitions[key] = task
+
+    async def _open_partition(self, info: PartitionInfo, topic: TopicInfo) -> None:
+        key = (info.topic, info.partition)
+        current = self._partitions.get(key)
+        if current is not None:
+            if current.leader_epoch == info.leader_epoch and not current.closed:
+                return
+            await self._close_partition(current, None)
+        # the image may have moved on while we waited for earlier transitions
+        latest = self._topics.get(info.topic)
+        if latest is None or self._closing:
+            return
+        latest_p = next((p for p in latest.partitions if p.partition == info.partition), None)
+        if latest_p is None or latest_p.leader != self._broker.node_id or latest_p.leader_epoch != info.leader_epoch or latest_p.state != "online":
+            return
+        stream = await self._broker.storage.open_stream(info.stream_id, info.leader_epoch)
+        partition = Partition(info, topic, stream, _new_producer_state(), self)
+        try:
+            await partition.rebuild_producer_state()
+        except Exception:
+            log.exception("rebuilding producer state of %s-%d failed; idempotent producers start fresh", *key)
+        self._partitions[key] = partition
+        self._broker.metrics.partitions.set(len(self._partitions))
+        log.info("leading %s-%d (stream %d, epoch %d, offsets %d..%d)", info.topic, info.partition, info.stream_id, info.leader_epoch, stream.start_offset, stream.end_offset)
+        for listener in list(self._listeners):
+            await self._notify_elected(listener, partition)
+
+    async def _notify_elected(self, listener: PartitionListener, partition: Partition) -> None:
+        try:
+            await listener.on_elected(partition)
+        except Exception:
+            log.exception("listener %r failed on election of %s-%d", listener, partition.topic, partition.partition)
+
+    async def _close_partition(self, partition: Partition, moving: PartitionInfo | None) -> None:
+        key = (partition.topic, partition.partition)
+        if self._partitions.get(key) is partition:
+            del self._partitions[key]
+            self._broker.metrics.partitions.set(len(self._partitions))
+        for listener in list(self._listeners):
+            try:
+                await listener.on_resigned(partition.topic, partition.partition)
+            except Exception:
+                log.exception("listener %r failed on resignation of %s-%d", listener, *key)
+        try:
+            await partition.close()
+        except Exception:
+            log.exception("closing stream of %s-%d failed", *key)
+        log.info("resigned %s-%d (epoch %d)", partition.topic, partition.partition, partition.leader_epoch)
+        if moving is not None:
+            await self._ack_closed(moving)
+
+    async def _ack_closed(self, info: PartitionInfo) -> None:
+        b = self._broker
+        await b.cluster.partition_closed(info.topic, info.partition, b.node_id, b.node_epoch, info.leader_epoch)
+
+    def _drop_fenced(self, partition: Partition) -> None:
+        key = (partition.topic, partition.partition)
+        partition.closed = True
+        if self._partitions.get(key) is partition:
+            self._schedule(key, self._close_partition(partition, None))
+
+    async def close(self) -> None:
+        """Graceful: stop following metadata, close every led partition (flush + upload)."""
+        self._closing = True
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            try:
+                await self._watch_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for task in list(self._transitions.values()):
+            try:
+                await task
+            except BaseException:
+                pass
+        await asyncio.gather(*(self._close_partition(p, None) for p in list(self._partitions.values())), return_exceptions=True)

@@ -1,0 +1,543 @@
+"""The AutoMQCluster custom resource: spec and status as pydantic models.
+
+These models are the one place the resource is described. `automq.operator.crd` turns their
+JSON schema into the CRD's openAPIV3Schema (so every `description=` here is what
+`kubectl explain automqcluster.spec...` prints), and the operator validates every object it
+reconciles through them again, because a CRD schema cannot express everything (cross-field
+rules run as CEL in the API server where it supports them, and always here).
+
+Field names are camelCase on the wire (Kubernetes convention) and snake_case in Python.
+Placeholders for features that come later (autoscaling, balancing, compaction, lake ingestion)
+are validated now so that manifests written today keep working; enabling one is reported as
+"not implemented yet" in an event and in the status, and changes nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+GROUP = "automq.io"
+VERSION = "v1alpha1"
+KIND = "AutoMQCluster"
+PLURAL = "automqclusters"
+SINGULAR = "automqcluster"
+SHORT_NAMES = ["amq"]
+DEFAULT_IMAGE = "ghcr.io/automq-py/automq:0.1.0"  # placeholder registry until images are published
+
+# Ports every node uses unless the spec says otherwise (see docs/operator.md).
+KAFKA_PORT = 9092
+CONTROLLER_PORT = 9093
+BROKER_HTTP_PORT = 9094
+
+# Kubernetes' own resource.Quantity grammar, without a sign: a negative size is never meant.
+QUANTITY_PATTERN = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+
+
+def _quantity(value: Any) -> str:
+    if isinstance(value, bool):
+        raise ValueError("expected a Kubernetes quantity such as '2Gi' or '500m', got a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a quantity cannot be negative, got {value}")
+        return str(value)
+    if isinstance(value, float):
+        if value < 0:
+            raise ValueError(f"a quantity cannot be negative, got {value}")
+        return repr(value)
+    if isinstance(value, str) and _QUANTITY_RE.match(value):
+        return value
+    raise ValueError(f"expected a Kubernetes quantity such as '2Gi', '512Mi', '1' or '500m', got {value!r}")
+
+
+# Stored as the string the user wrote; the CRD marks it int-or-string like core quantities.
+Quantity = Annotated[
+    str,
+    BeforeValidator(_quantity),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        validate_default=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks shared by both roles
+
+
+class Resources(_Model):
+    """Compute resources of one node's container, as in a Pod spec."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="Minimum resources the scheduler reserves, e.g. {cpu: '1', memory: 2Gi}.",
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="Maximum resources the container may use, e.g. {memory: 2Gi}. Memory limit = request is recommended.",
+    )
+
+    @model_validator(mode="after")
+    def _limits_cover_requests(self) -> "Resources":
+        from kubernetes.utils.quantity import parse_quantity
+
+        for name, limit in self.limits.items():
+            request = self.requests.get(name)
+            if request is not None and parse_quantity(request) > parse_quantity(limit):
+                raise ValueError(f"requests.{name} ({request}) is larger than limits.{name} ({limit})")
+        return self
+
+
+class Toleration(_Model):
+    """A taint this role's pods tolerate (same fields as a Pod toleration)."""
+
+    key: str | None = Field(None, description="Taint key; empty with operator Exists matches every taint.")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="Exists or Equal.")
+    value: str | None = Field(None, description="Taint value to match when operator is Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches every effect."
+    )
+    toleration_seconds: int | None = Field(
+        None, ge=0, description="For NoExecute: how long the pod stays bound after the taint appears."
+    )
+
+
+class Scheduling(_Model):
+    """Where this role's pods may run."""
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels a node must carry to run these pods."
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, description="Taints these pods tolerate.")
+    affinity: dict[str, Any] | None = Field(
+        None,
+        description="A core/v1 Affinity, passed through to the pod unchanged (nodeAffinity, podAffinity, podAntiAffinity).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    priority_class_name: str | None = Field(None, description="PriorityClass of the pods.")
+
+    @field_validator("node_selector")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.match(_LABEL_KEY, key):
+                raise ValueError(f"nodeSelector key {key!r} is not a valid label key")
+        return value
+
+
+class RackAwareness(_Model):
+    """Spread brokers over failure domains and tell each broker its rack (zone).
+
+    The rack is read from the pod's `topology.kubernetes.io/zone` label through the downward API;
+    Kubernetes 1.33+ copies the node's zone label onto the pod when it is bound."""
+
+    enabled: bool = Field(False, description="Spread brokers across topologyKey values and report the zone as the broker's rack.")
+    topology_key: str = Field(
+        "topology.kubernetes.io/zone",
+        pattern=_LABEL_KEY,
+        description="Node label whose values are the failure domains brokers are spread over.",
+    )
+
+
+class WalSpec(_Model):
+    """The broker's write-ahead log: acknowledged writes live here until uploaded to the object store."""
+
+    kind: Literal["volume", "s3"] = Field(
+        "volume",
+        description="volume: a ring buffer on a PersistentVolume per broker (low latency). "
+        "s3: bulk objects in the object store (no volume; ~100s of ms per acknowledged write).",
+    )
+    size: Quantity | None = Field(
+        None, description="Size of each broker's WAL volume, e.g. 10Gi. Required when kind is volume."
+    )
+    storage_class_name: str | None = Field(
+        None, description="StorageClass of the WAL volume; the cluster's default class when empty."
+    )
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.kind != 'volume' || has(self.size)",
+                    "message": "spec.broker.wal.size is required when spec.broker.wal.kind is volume (e.g. size: 10Gi)",
+                }
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _volume_needs_size(self) -> "WalSpec":
+        if self.kind == "volume" and self.size is None:
+            raise ValueError("spec.broker.wal.size is required when spec.broker.wal.kind is volume (e.g. size: 10Gi)")
+        if self.kind == "s3" and self.storage_class_name is not None:
+            raise ValueError("spec.broker.wal.storageClassName only applies when spec.broker.wal.kind is volume")
+        return self
+
+
+ConfigOverrides = Annotated[
+    dict[str, str],
+    Field(
+        default_factory=dict,
+        description="Node configuration keys (dotted paths into the node config file, e.g. "
+        "'kafka.num_partitions': '3', 'storage.log_cache_bytes': '512MiB'). Keys the operator "
+        "sets itself (node_id, listeners, ports, object store, WAL kind) are rejected.",
+    ),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Roles
+
+
+class ControllerSpec(_Model):
+    """The metadata controllers: one active, the others standing by (a Lease decides)."""
+
+    replicas: int = Field(
+        1, ge=1, le=9, description="Number of controller pods; 3 for production (one active, two standbys)."
+    )
+    resources: Resources = Field(default_factory=Resources, description="Compute resources of each controller.")
+    scheduling: Scheduling = Field(default_factory=Scheduling, description="Placement of controller pods.")
+    config: ConfigOverrides
+
+
+class BrokerSpec(_Model):
+    """The Kafka-protocol brokers. They keep no partition data: any broker can serve any partition."""
+
+    replicas: int = Field(
+        1, ge=0, le=1000, description="Number of broker pods. Also the scale subresource (kubectl scale, HPA, KEDA)."
+    )
+    resources: Resources = Field(default_factory=Resources, description="Compute resources of each broker.")
+    scheduling: Scheduling = Field(default_factory=Scheduling, description="Placement of broker pods.")
+    rack: RackAwareness = Field(default_factory=RackAwareness, description="Zone awareness.")
+    wal: WalSpec = Field(
+        default_factory=lambda: WalSpec(kind="volume", size="10Gi"),
+        description="Where each broker's write-ahead log lives.",
+    )
+    config: ConfigOverrides
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster-wide settings
+
+
+class SecretKeyRef(_Model):
+    """Object store credentials in a Secret of the cluster's namespace."""
+
+    name: str = Field(..., pattern=_DNS_SUBDOMAIN, description="Secret name.")
+    access_key_id_key: str = Field("AWS_ACCESS_KEY_ID", description="Key of the access key id in the Secret.")
+    secret_access_key_key: str = Field("AWS_SECRET_ACCESS_KEY", description="Key of the secret access key in the Secret.")
+
+
+class ObjectStoreSpec(_Model):
+    """The S3-compatible bucket that holds all partition data and the controller's metadata log."""
+
+    bucket: str = Field(
+        ...,
+        min_length=3,
+        max_length=63,
+        pattern=r"^[a-z0-9][a-z0-9.\-]*[a-z0-9]$",
+        description="Bucket name. It must exist; the operator does not create buckets.",
+    )
+    endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$",
+        description="S3 endpoint URL (http:// or https://); AWS when empty.",
+    )
+    region: str = Field("us-east-1", min_length=1, description="Bucket region.")
+    path_style: bool = Field(False, description="Address the bucket in the path (MinIO, SeaweedFS, Ceph) instead of the host name.")
+    credentials_secret: SecretKeyRef | None = Field(
+        None,
+        description="Secret holding the access keys; when empty the pods rely on the environment (e.g. IRSA, workload identity).",
+    )
+
+    def url(self) -> str:
+        """The node config's object_store_url for this bucket."""
+        query = [f"region={self.region}"]
+        if self.endpoint:
+            query.insert(0, f"endpoint={self.endpoint}")
+        if self.path_style:
+            query.append("path_style=true")
+        return f"s3://{self.bucket}?{'&'.join(query)}"
+
+
+class ListenerSpec(_Model):
+    """A Kafka listener on every broker."""
+
+    name: str = Field(
+        ..., pattern=r"^[A-Z][A-Z0-9_]*$", max_length=32, description="Listener name as Kafka clients see it, e.g. PLAINTEXT."
+    )
+    port: int = Field(..., ge=1024, le=65535, description="Container port (>= 1024: the pods run as non-root).")
+
+
+class MetricsSpec(_Model):
+    """Prometheus metrics every node serves on its HTTP port at /metrics."""
+
+    enabled: bool = Field(True, description="Annotate pods for Prometheus scraping (prometheus.io/scrape, /port, /path).")
+
+
+class AutoscalingSpec(_Model):
+    """Placeholder: metric-driven broker scaling (not implemented yet; validated, otherwise inert).
+    Until then, drive the scale subresource with an HPA or KEDA."""
+
+    enabled: bool = Field(False, description="Not implemented yet: enabling it only reports that in status and events.")
+    min_replicas: int = Field(1, ge=0, description="Lower bound of broker replicas.")
+    max_replicas: int = Field(3, ge=1, description="Upper bound of broker replicas.")
+    target_network_utilization_percent: int = Field(
+        70, ge=1, le=100, description="Average broker network utilisation to aim for."
+    )
+    cooldown_seconds: int = Field(300, ge=0, description="Minimum time between two scaling decisions.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "AutoscalingSpec":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"spec.autoscaling.minReplicas ({self.min_replicas}) exceeds maxReplicas ({self.max_replicas})")
+        return self
+
+
+class BalancingSpec(_Model):
+    """Placeholder: continuous partition balancing (not implemented yet; validated, otherwise inert)."""
+
+    enabled: bool = Field(False, description="Not implemented yet: enabling it only reports that in status and events.")
+    tolerance_percent: int = Field(10, ge=1, le=100, description="Allowed deviation of a broker's load from the mean.")
+    interval_seconds: int = Field(60, ge=10, description="How often load is evaluated.")
+
+
+_CRON = r"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|(\S+\s+){4}\S+)$"
+
+
+class CompactionSpec(_Model):
+    """Placeholder: object compaction as a Spark CronJob (not implemented yet; validated, otherwise inert)."""
+
+    enabled: bool = Field(False, description="Not implemented yet: enabling it only reports that in status and events.")
+    schedule: str = Field("*/5 * * * *", pattern=_CRON, description="Cron schedule of the compaction job.")
+
+
+class LakeIngestionSpec(_Model):
+    """Placeholder: topics to Apache Iceberg tables as a Spark CronJob (not implemented yet; validated, otherwise inert)."""
+
+    enabled: bool = Field(False, description="Not implemented yet: enabling it only reports that in status and events.")
+    schedule: str = Field("*/10 * * * *", pattern=_CRON, description="Cron schedule of the ingestion job.")
+    topics: list[str] = Field(default_factory=list, description="Topics to ingest.")
+    catalog_uri: str | None = Field(None, description="Iceberg catalog URI (REST or SQL).")
+    warehouse: str | None = Field(None, description="Iceberg warehouse location, e.g. s3://bucket/warehouse.")
+
+
+# Node config keys the operator derives from the spec or the pod; an override would break the
+# cluster (pods could not find each other) or contradict another spec field.
+OPERATOR_OWNED_KEYS = {
+    "node_id": "derived from the pod ordinal",
+    "cluster_id": "set by spec.clusterId",
+    "data_dir": "set by the operator to the pod's data volume",
+    "object_store_url": "set by spec.objectStore",
+    "controller_urls": "set by the operator from the controller Service",
+    "rack": "set by spec.broker.rack",
+    "listeners": "set by spec.listeners",
+    "http_host": "set by the operator",
+    "http_port": "set by the operator",
+    "wal.kind": "set by spec.broker.wal.kind",
+    "wal.path": "set by the operator to the WAL volume",
+    "wal.capacity": "derived from spec.broker.wal.size",
+}
+
+
+def nest_overrides(overrides: dict[str, str]) -> dict[str, Any]:
+    """{'kafka.num_partitions': '3'} -> {'kafka': {'num_partitions': '3'}} for NodeConfig."""
+    nested: dict[str, Any] = {}
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        node = nested
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"config key {dotted!r} conflicts with key {part!r}")
+            node = child
+        if isinstance(node.get(parts[-1]), dict):
+            raise ValueError(f"config key {dotted!r} conflicts with a longer key under it")
+        node[parts[-1]] = value
+    return nested
+
+
+def check_overrides(overrides: dict[str, str], where: str) -> None:
+    """Raise ValueError naming the first key that the node config would reject."""
+    from automq.broker.config import NodeConfig
+
+    for key in overrides:
+        if not re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)*", key):
+            raise ValueError(f"{where}[{key!r}]: keys are dotted snake_case node config paths, e.g. 'kafka.num_partitions'")
+        for owned, why in OPERATOR_OWNED_KEYS.items():
+            if key == owned or key.startswith(owned + "."):
+                raise ValueError(f"{where}[{key!r}]: cannot be overridden ({why})")
+    try:
+        NodeConfig.model_validate({"node_id": 0, **nest_overrides(overrides)})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        msg = "unknown node config key" if err["type"] == "extra_forbidden" else err["msg"]
+        raise ValueError(f"{where}[{key!r}]: {msg}") from None
+
+
+class AutoMQClusterSpec(_Model):
+    """Desired state of an AutoMQ cluster: controllers, brokers and the bucket they share."""
+
+    image: str = Field(DEFAULT_IMAGE, min_length=1, description="Container image of controllers and brokers.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="When the kubelet pulls the image."
+    )
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Names of Secrets used to pull the image.")
+    cluster_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="Cluster id reported to Kafka clients; defaults to <namespace>-<name>. Never change it on a running cluster.",
+    )
+    controller: ControllerSpec = Field(default_factory=ControllerSpec, description="Metadata controllers.")
+    broker: BrokerSpec = Field(default_factory=BrokerSpec, description="Kafka-protocol brokers.")
+    object_store: ObjectStoreSpec = Field(..., description="Object storage holding all data and metadata.")
+    listeners: list[ListenerSpec] = Field(
+        default_factory=lambda: [ListenerSpec(name="PLAINTEXT", port=KAFKA_PORT)],
+        min_length=1,
+        max_length=8,
+        description="Kafka listeners of every broker; the first one is the bootstrap Service's port.",
+    )
+    config: ConfigOverrides
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics.")
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="Placeholder, not implemented yet.")
+    balancing: BalancingSpec = Field(default_factory=BalancingSpec, description="Placeholder, not implemented yet.")
+    compaction: CompactionSpec = Field(default_factory=CompactionSpec, description="Placeholder, not implemented yet.")
+    lake_ingestion: LakeIngestionSpec = Field(default_factory=LakeIngestionSpec, description="Placeholder, not implemented yet.")
+    deletion_policy: Literal["Retain", "Delete"] = Field(
+        "Retain",
+        description="What happens to data when the AutoMQCluster is deleted. Retain: WAL volumes (PVCs) and "
+        "bucket objects stay. Delete: the WAL PVCs are deleted too (bucket objects are never deleted by the operator).",
+    )
+
+    @field_validator("listeners")
+    @classmethod
+    def _distinct_listeners(cls, value: list[ListenerSpec]) -> list[ListenerSpec]:
+        names = [listener.name for listener in value]
+        ports = [listener.port for listener in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"listener names must be distinct, got {names}")
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"listener ports must be distinct, got {ports}")
+        taken = {BROKER_HTTP_PORT: "the broker HTTP port (metrics, health)"}
+        for port in ports:
+            if port in taken:
+                raise ValueError(f"listener port {port} is {taken[port]}")
+        return value
+
+    @model_validator(mode="after")
+    def _overrides_are_node_config(self) -> "AutoMQClusterSpec":
+        check_overrides(self.config, "spec.config")
+        check_overrides(self.controller.config, "spec.controller.config")
+        check_overrides(self.broker.config, "spec.broker.config")
+        check_overrides({**self.config, **self.broker.config}, "spec.broker.config")
+        return self
+
+    def placeholders_enabled(self) -> list[str]:
+        """Spec sections that are accepted but do nothing yet."""
+        sections = {
+            "autoscaling": self.autoscaling,
+            "balancing": self.balancing,
+            "compaction": self.compaction,
+            "lakeIngestion": self.lake_ingestion,
+        }
+        return [name for name, section in sections.items() if section.enabled]
+
+
+# ---------------------------------------------------------------------------------------------
+# Status
+
+
+class Condition(_Model):
+    """A standard Kubernetes condition (metav1.Condition)."""
+
+    type: Literal["Ready", "Progressing", "Degraded"] = Field(..., description="Ready, Progressing or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
+    reason: str = Field(..., pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", description="CamelCase reason for the machine.")
+    message: str = Field("", description="What happened, for a person.")
+    last_transition_time: str = Field(..., description="When status last changed (RFC 3339).")
+    observed_generation: int = Field(0, ge=0, description="metadata.generation this condition was computed for.")
+
+
+class RoleStatus(_Model):
+    """Replica counts of one role."""
+
+    desired: int = Field(0, ge=0, description="Replicas the spec asks for.")
+    replicas: int = Field(0, ge=0, description="Pods that exist now (the scale subresource's status.replicas for brokers).")
+    ready: int = Field(0, ge=0, description="Pods that are Ready.")
+    updated: int = Field(0, ge=0, description="Pods running the current pod template.")
+    summary: str = Field("0/0", description="ready/desired, for `kubectl get`.")
+
+
+class AutoMQClusterStatus(_Model):
+    """Observed state, written by the operator."""
+
+    observed_generation: int = Field(0, ge=0, description="The metadata.generation the operator last reconciled.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Progressing and Degraded.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    controllers: RoleStatus = Field(default_factory=RoleStatus, description="Controller replicas.")
+    brokers: RoleStatus = Field(default_factory=RoleStatus, description="Broker replicas.")
+    bootstrap: str | None = Field(None, description="Kafka bootstrap address inside the cluster (host:port).")
+    controller_endpoint: str | None = Field(None, description="Controller API base URL inside the cluster.")
+    broker_selector: str = Field("", description="Label selector of broker pods (the scale subresource's labelSelectorPath).")
+    not_implemented: list[str] = Field(
+        default_factory=list, description="Enabled spec sections that are accepted but do nothing yet."
+    )
+
+
+def explain_validation_error(exc: ValidationError, prefix: str = "spec") -> str:
+    """One line per problem, each naming the field by its wire (camelCase) path."""
+    lines = []
+    for err in exc.errors():
+        path = ".".join([prefix, *(str(p) for p in err["loc"])])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        # Cross-field checks already name their own field(s) in the message.
+        lines.append(msg if msg.startswith(prefix + ".") else f"{path}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_spec(raw: dict[str, Any]) -> AutoMQClusterSpec:
+    """Validate an object's spec; ValueError with every problem named by path otherwise."""
+    try:
+        return AutoMQClusterSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidSpec(explain_validation_error(exc)) from None
+
+
+class InvalidSpec(ValueError):
+    """The AutoMQCluster's spec is invalid; the message names each field and why."""
+

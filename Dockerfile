@@ -1,0 +1,92 @@
+# syntax=docker/dockerfile:1.7
+#
+# One image for every process (`automq broker|controller|operator|local`), plus a Spark
+# image for the compaction and lake-ingestion jobs.
+#
+#   docker build --target runtime -t ghcr.io/automq-py/automq:0.1.0 .        (default target)
+#   docker build --target spark   -t ghcr.io/automq-py/automq-spark:0.1.0 .
+#
+# Stages: `builder` turns the source into wheels (the project and every dependency), the
+# final stages install only those wheels, so no compiler, pip cache or source tree ships.
+# `runtime` is the last stage so that a plain `docker build .` produces it.
+
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+ARG VERSION=0.1.0
+
+# ---------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+# Only what the wheel is built from (see .dockerignore): a change to tests or docs does not
+# invalidate this layer.
+COPY pyproject.toml setup.py README.md ./
+COPY broker/ broker/
+COPY operator/ operator/
+COPY spark-jobs/ spark-jobs/
+RUN pip wheel --wheel-dir /wheels/runtime .
+
+# The Spark extra is large (pyspark ships its jars); only the `spark` target pulls it in.
+FROM builder AS spark-wheels
+RUN pip wheel --wheel-dir /wheels/spark ".[spark]"
+
+# ---------------------------------------------------------------------------------------
+# What both final images share: the unprivileged user and a Python that does not write
+# bytecode next to read-only site-packages.
+FROM ${PYTHON_IMAGE} AS base
+ARG VERSION
+LABEL org.opencontainers.image.title="automq-py" \
+      org.opencontainers.image.description="Kafka-compatible streaming on object storage: broker, controller and Kubernetes operator" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/automq-py/automq-py" \
+      org.opencontainers.image.vendor="automq-py"
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# uid/gid 10001: above the range distributions hand out, so it never collides with a host
+# user, and numeric so that Kubernetes' runAsNonRoot can verify it without /etc/passwd.
+RUN groupadd --system --gid 10001 automq \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/automq --create-home \
+            --shell /usr/sbin/nologin automq
+WORKDIR /var/lib/automq
+
+# ---------------------------------------------------------------------------------------
+FROM base AS spark
+ARG VERSION
+# Debian's security archive drops superseded versions, so an exact version pin would make the
+# image unbuildable after the next JRE security update; the pinned base image tag fixes the
+# distribution (bookworm) and so the major versions (OpenJDK 17, tini 0.19, procps 4).
+# tini reaps the JVM's children and forwards signals; Spark's launch scripts need ps (procps).
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini procps \
+ && rm -rf /var/lib/apt/lists/*
+RUN --mount=type=bind,from=spark-wheels,source=/wheels/spark,target=/wheels \
+    pip install --no-index --find-links=/wheels "automq-py[spark]==${VERSION}" \
+ && python -m pip uninstall --yes pip setuptools wheel
+# The pip-installed pyspark is a complete Spark distribution (bin/, jars/ incl.
+# spark-kubernetes); the entrypoint finds JAVA_HOME from `java` on PATH.
+ENV SPARK_HOME=/usr/local/lib/python3.11/site-packages/pyspark \
+    PYSPARK_PYTHON=python3 \
+    PYSPARK_DRIVER_PYTHON=python3
+COPY --chmod=0755 scripts/spark-entrypoint.sh /usr/local/bin/spark-entrypoint.sh
+USER 10001:10001
+HEALTHCHECK NONE
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/spark-entrypoint.sh"]
+
+# ---------------------------------------------------------------------------------------
+FROM base AS runtime
+ARG VERSION
+RUN --mount=type=bind,from=builder,source=/wheels/runtime,target=/wheels \
+    pip install --no-index --find-links=/wheels "automq-py==${VERSION}" \
+ && python -m pip uninstall --yes pip setuptools wheel
+USER 10001:10001
+# Kafka listener, controller API, broker metrics/health, operator liveness.
+EXPOSE 9092 9093 9094 8080
+# Kubernetes probes /healthz and /readyz on the HTTP port; a Docker HEALTHCHECK would run a
+# second, differently-timed check inside the container.
+HEALTHCHECK NONE
+ENTRYPOINT ["automq"]
+CMD ["--help"]

@@ -90,6 +90,23 @@ class Listener(_Section):
     advertised_port: int | None = None
 
 
+class ControllerConfig(_Section):
+    """The metadata controller (`automq controller`). Its state lives in the object store
+    under `metadata_prefix`; nothing is kept on local disk."""
+
+    advertised_url: str | None = None  # how brokers reach this controller; default http://<http_host>:<port>
+    metadata_prefix: str = "controller/"  # key prefix of the metadata log and snapshots
+    leadership: Literal["log", "lease"] = "log"  # "lease": a coordination.k8s.io Lease decides who tries to lead
+    lease_name: str = "automq-controller"  # Kubernetes Lease name (leadership: lease)
+    lease_namespace: str | None = None  # default: the pod's namespace
+    lease_timeout_ms: DurationMs = 3_000  # a standby takes over after the leader wrote nothing this long
+    renew_interval_ms: DurationMs = 500  # an idle leader writes a heartbeat entry this often
+    poll_interval_ms: DurationMs = 100  # a standby looks for new log entries this often
+    snapshot_interval_entries: int = Field(500, ge=1)  # write a snapshot after this many log entries
+    gc_interval_ms: DurationMs = 5_000  # expire prepared ids / delete garbage objects this often
+    max_batch_commands: int = Field(2_000, ge=1)  # group commit: at most this many requests per log entry
+
+
 class KafkaConfig(_Section):
     """Broker defaults a Kafka user knows by their Kafka names (dots become underscores)."""
 
@@ -129,6 +146,7 @@ class NodeConfig(_Section):
     wal: WalConfig = WalConfig()
     storage: StorageConfig = StorageConfig()
     kafka: KafkaConfig = KafkaConfig()
+    controller: ControllerConfig = ControllerConfig()
 
     @model_validator(mode="after")
     def _check_urls(self) -> "NodeConfig":

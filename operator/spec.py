@@ -366,6 +366,10 @@ OPERATOR_OWNED_KEYS = {
     "wal.kind": "set by spec.broker.wal.kind",
     "wal.path": "set by the operator to the WAL volume",
     "wal.capacity": "derived from spec.broker.wal.size",
+    "controller.advertised_url": "set per pod from the controller's stable DNS name",
+    "controller.leadership": "always a Lease on Kubernetes",
+    "controller.lease_name": "set by the operator (<cluster>-controller)",
+    "controller.lease_namespace": "the cluster's namespace",
 }
 
 

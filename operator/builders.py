@@ -1,0 +1,530 @@
+"""Desired Kubernetes objects of one AutoMQCluster: pure functions, spec in, manifests out.
+
+Nothing here talks to the API server; `reconcile` diffs and applies what these return. Every
+object carries the common `app.kubernetes.io/*` labels and an owner reference to the
+AutoMQCluster, so deleting the cluster garbage-collects them (volume claims excepted, see
+`deletionPolicy`).
+
+Names, for a cluster `demo`:
+    demo-config                ConfigMap: node config template per role (broker.yaml, controller.yaml)
+    demo-bootstrap             Service (ClusterIP): Kafka listeners of all brokers
+    demo-brokers               Service (headless): stable DNS per broker pod
+    demo-controllers           Service (headless): stable DNS per controller pod, controller API
+    demo                       ServiceAccount, Role (Leases), RoleBinding
+    demo-controller/-broker    StatefulSets (updateStrategy OnDelete: the operator orders restarts)
+    demo-controller/-broker    PodDisruptionBudgets (maxUnavailable 1)
+
+Pod `demo-broker-N` is broker node N; `demo-controller-N` is controller node 1000+N (see
+`automq.operator.podconfig` for how each pod gets its own node id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from automq.broker.config import Listener, NodeConfig, dump_config
+from automq.operator.rbac import CLUSTER_RULES
+from automq.operator.spec import (
+    BROKER_HTTP_PORT,
+    CONTROLLER_PORT,
+    GROUP,
+    KIND,
+    VERSION,
+    AutoMQClusterSpec,
+    Resources,
+    Scheduling,
+    nest_overrides,
+)
+
+Role = Literal["controller", "broker"]
+ROLES: tuple[Role, ...] = ("controller", "broker")
+CONTROLLER_NODE_ID_BASE = 1000
+MANAGED_BY = "automq-operator"
+
+# Annotations the operator reads back.
+TEMPLATE_HASH = f"{GROUP}/template-hash"  # on pod templates: a pod with another hash is outdated
+CONFIG_HASH = f"{GROUP}/config-hash"  # on pod templates: config changes roll pods
+LAST_APPLIED = f"{GROUP}/last-applied"  # on every object: what the operator last wrote
+
+CONFIG_DIR = "/etc/automq"
+NODE_CONFIG_DIR = "/config"
+DATA_DIR = "/var/lib/automq/data"
+WAL_DIR = "/var/lib/automq/wal"
+USER_ID = 10001  # the image's non-root user (Dockerfile)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRef:
+    """Identity of the AutoMQCluster the objects belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Names and labels
+
+
+def config_map_name(ref: ClusterRef) -> str:
+    return f"{ref.name}-config"
+
+
+def statefulset_name(ref: ClusterRef, role: Role) -> str:
+    return f"{ref.name}-{role}"
+
+
+def headless_service_name(ref: ClusterRef, role: Role) -> str:
+    return f"{ref.name}-{role}s"
+
+
+def bootstrap_service_name(ref: ClusterRef) -> str:
+    return f"{ref.name}-bootstrap"
+
+
+def pod_name(ref: ClusterRef, role: Role, ordinal: int) -> str:
+    return f"{statefulset_name(ref, role)}-{ordinal}"
+
+
+def lease_name(ref: ClusterRef) -> str:
+    return f"{ref.name}-controller"
+
+
+def broker_node_id(ordinal: int) -> int:
+    return ordinal
+
+
+def selector_labels(ref: ClusterRef, role: Role | None = None) -> dict[str, str]:
+    labels = {"app.kubernetes.io/name": "automq", "app.kubernetes.io/instance": ref.name}
+    if role is not None:
+        labels["app.kubernetes.io/component"] = role
+    return labels
+
+
+def common_labels(ref: ClusterRef, role: Role | None = None) -> dict[str, str]:
+    return {**selector_labels(ref, role), "app.kubernetes.io/part-of": "automq", "app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def label_selector(labels: dict[str, str]) -> str:
+    """A label selector string (what the scale subresource reports) for exact-match labels."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def broker_selector(ref: ClusterRef) -> str:
+    return label_selector(selector_labels(ref, "broker"))
+
+
+def bootstrap_address(spec: AutoMQClusterSpec, ref: ClusterRef) -> str:
+    return f"{bootstrap_service_name(ref)}.{ref.namespace}.svc:{spec.listeners[0].port}"
+
+
+def controller_urls(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[str]:
+    service = headless_service_name(ref, "controller")
+    return [
+        f"http://{pod_name(ref, 'controller', i)}.{service}.{ref.namespace}.svc:{CONTROLLER_PORT}"
+        for i in range(spec.controller.replicas)
+    ]
+
+
+def _metadata(ref: ClusterRef, name: str, role: Role | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": common_labels(ref, role),
+        "ownerReferences": [ref.owner_reference()],
+    }
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def content_hash(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Node config
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def wal_capacity_bytes(size: str) -> int:
+    """Ring size for a WAL volume of `size`: 90 % of it, whole MiB, leaving the filesystem room."""
+    from kubernetes.utils.quantity import parse_quantity
+
+    total = int(parse_quantity(size))
+    return max(1 << 20, (total * 9 // 10) >> 20 << 20)
+
+
+def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeConfig:
+    """The role's config template (node_id 0; each pod fills in its own, see podconfig)."""
+    role_spec = spec.controller if role == "controller" else spec.broker
+    raw: dict[str, Any] = {
+        "node_id": 0,
+        "cluster_id": spec.cluster_id or f"{ref.namespace}-{ref.name}",
+        "data_dir": DATA_DIR,
+        "object_store_url": spec.object_store.url(),
+        "controller_urls": controller_urls(spec, ref),
+        "http_host": "0.0.0.0",
+        "http_port": CONTROLLER_PORT if role == "controller" else BROKER_HTTP_PORT,
+    }
+    if role == "broker":
+        raw["listeners"] = [
+            Listener(name=l.name, host="0.0.0.0", port=l.port, advertised_port=l.port).model_dump() for l in spec.listeners
+        ]
+        wal = spec.broker.wal
+        raw["wal"] = {"kind": wal.kind}
+        if wal.kind == "volume":
+            raw["wal"].update(path=f"{WAL_DIR}/wal", capacity=wal_capacity_bytes(wal.size or "0"))
+    else:
+        raw["listeners"] = []
+        # On Kubernetes the active controller holds a Lease (CLUSTER_RULES grants exactly that).
+        raw["controller"] = {"leadership": "lease", "lease_name": lease_name(ref), "lease_namespace": ref.namespace}
+    overrides = nest_overrides({**spec.config, **role_spec.config})
+    return NodeConfig.model_validate(_deep_merge(raw, overrides))
+
+
+def config_map(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(ref, config_map_name(ref)),
+        "data": {f"{role}.yaml": dump_config(node_config(spec, ref, role)) for role in ROLES},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Services
+
+
+def _port_name(listener_name: str) -> str:
+    # Service port names are DNS labels: lowercase, '-', at most 15 characters.
+    return listener_name.lower().replace("_", "-")[:15].strip("-") or "kafka"
+
+
+def bootstrap_service(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(ref, bootstrap_service_name(ref), "broker"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(ref, "broker"),
+            "ports": [
+                {"name": _port_name(l.name), "port": l.port, "targetPort": l.port, "protocol": "TCP"} for l in spec.listeners
+            ],
+        },
+    }
+
+
+def headless_service(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[str, Any]:
+    if role == "broker":
+        ports = [{"name": _port_name(l.name), "port": l.port, "targetPort": l.port, "protocol": "TCP"} for l in spec.listeners]
+        ports.append({"name": "http", "port": BROKER_HTTP_PORT, "targetPort": BROKER_HTTP_PORT, "protocol": "TCP"})
+    else:
+        ports = [{"name": "http", "port": CONTROLLER_PORT, "targetPort": CONTROLLER_PORT, "protocol": "TCP"}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(ref, headless_service_name(ref, role), role),
+        "spec": {
+            "clusterIP": "None",
+            # Nodes must find each other (and register) before they are Ready.
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(ref, role),
+            "ports": ports,
+        },
+    }
+
+
+def services(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str, Any]]:
+    return [bootstrap_service(spec, ref), headless_service(spec, ref, "broker"), headless_service(spec, ref, "controller")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity and permissions
+
+
+def service_account(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(ref, ref.name),
+        # Only controllers need the API (Leases); their pod spec mounts the token explicitly.
+        "automountServiceAccountToken": False,
+    }
+
+
+def lease_role(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(ref, ref.name),
+        "rules": [dict(rule) for rule in CLUSTER_RULES],
+    }
+
+
+def lease_role_binding(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(ref, ref.name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ref.name},
+        "subjects": [{"kind": "ServiceAccount", "name": ref.name, "namespace": ref.namespace}],
+    }
+
+
+def pod_disruption_budget(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(ref, statefulset_name(ref, role), role),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(ref, role)}},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# StatefulSets
+
+
+def _resources(resources: Resources) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if resources.requests:
+        out["requests"] = dict(resources.requests)
+    if resources.limits:
+        out["limits"] = dict(resources.limits)
+    return out
+
+
+def _scheduling(scheduling: Scheduling) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if scheduling.node_selector:
+        out["nodeSelector"] = dict(scheduling.node_selector)
+    if scheduling.tolerations:
+        out["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in scheduling.tolerations]
+    if scheduling.affinity:
+        out["affinity"] = scheduling.affinity
+    if scheduling.priority_class_name:
+        out["priorityClassName"] = scheduling.priority_class_name
+    return out
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _pod_env(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "AUTOMQ_ROLE", "value": role},
+        {"name": "AUTOMQ_NODE_ID_BASE", "value": str(CONTROLLER_NODE_ID_BASE if role == "controller" else 0)},
+        {
+            "name": "AUTOMQ_ADVERTISED_HOST",
+            # $(POD_NAME) is expanded by the kubelet from the variable above.
+            "value": f"$(POD_NAME).{headless_service_name(ref, role)}.{ref.namespace}.svc",
+        },
+    ]
+    if role == "broker" and spec.broker.rack.enabled:
+        key = spec.broker.rack.topology_key
+        env.append({"name": "AUTOMQ_RACK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{key}']"}}})
+    return env
+
+
+def _credentials_env(spec: AutoMQClusterSpec) -> list[dict[str, Any]]:
+    secret = spec.object_store.credentials_secret
+    env: list[dict[str, Any]] = [{"name": "AWS_DEFAULT_REGION", "value": spec.object_store.region}]
+    if secret is not None:
+        env += [
+            {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.access_key_id_key}}},
+            {
+                "name": "AWS_SECRET_ACCESS_KEY",
+                "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.secret_access_key_key}},
+            },
+            # Keys come from the Secret: never fall back to instance metadata.
+            {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"},
+        ]
+    return env
+
+
+def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port, "scheme": "HTTP"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[str, Any]:
+    """The pod template, annotated with the hash that tells outdated pods apart."""
+    role_spec = spec.controller if role == "controller" else spec.broker
+    http_port = CONTROLLER_PORT if role == "controller" else BROKER_HTTP_PORT
+    env = _pod_env(spec, ref, role)
+    volume_mounts = [
+        {"name": "node-config", "mountPath": NODE_CONFIG_DIR},
+        {"name": "data", "mountPath": DATA_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if role == "broker" and spec.broker.wal.kind == "volume":
+        volume_mounts.append({"name": "wal", "mountPath": WAL_DIR})
+    ports = [{"name": "http", "containerPort": http_port, "protocol": "TCP"}]
+    if role == "broker":
+        ports = [{"name": _port_name(l.name), "containerPort": l.port, "protocol": "TCP"} for l in spec.listeners] + ports
+
+    init = {
+        "name": "node-config",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["python", "-m", "automq.operator.podconfig"],
+        "args": ["--template", f"{CONFIG_DIR}/{role}.yaml", "--out", f"{NODE_CONFIG_DIR}/node.yaml"],
+        "env": env,
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}, {"name": "node-config", "mountPath": NODE_CONFIG_DIR}],
+        "securityContext": _container_security(),
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+    }
+    main = {
+        "name": role,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "args": [role, "--config", f"{NODE_CONFIG_DIR}/node.yaml"],
+        "env": env + _credentials_env(spec),
+        "ports": ports,
+        "volumeMounts": volume_mounts,
+        "readinessProbe": _probe("/readyz", http_port, 5, 3),
+        "livenessProbe": _probe("/healthz", http_port, 10, 6),
+        # WAL recovery replays and uploads before the node serves: allow it up to 10 minutes.
+        "startupProbe": _probe("/healthz", http_port, 5, 120),
+        "securityContext": _container_security(),
+    }
+    resources = _resources(role_spec.resources)
+    if resources:
+        main["resources"] = resources
+
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_map_name(ref)}},
+        {"name": "node-config", "emptyDir": {}},
+        {"name": "data", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": ref.name,
+        "automountServiceAccountToken": role == "controller",
+        "enableServiceLinks": False,
+        # Brokers upload what their WAL holds before exiting; give them time.
+        "terminationGracePeriodSeconds": 120 if role == "broker" else 30,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": USER_ID,
+            "runAsGroup": USER_ID,
+            "fsGroup": USER_ID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "initContainers": [init],
+        "containers": [main],
+        "volumes": volumes,
+        "topologySpreadConstraints": _spread(spec, ref, role),
+        **_scheduling(role_spec.scheduling),
+    }
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
+
+    annotations = {CONFIG_HASH: content_hash(dump_config(node_config(spec, ref, role)))}
+    if spec.metrics.enabled:
+        annotations.update(
+            {"prometheus.io/scrape": "true", "prometheus.io/port": str(http_port), "prometheus.io/path": "/metrics"}
+        )
+    template = {"metadata": {"labels": common_labels(ref, role), "annotations": annotations}, "spec": pod_spec}
+    template["metadata"]["annotations"][TEMPLATE_HASH] = content_hash(template)
+    return template
+
+
+def _spread(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> list[dict[str, Any]]:
+    selector = {"matchLabels": selector_labels(ref, role)}
+    constraints = [
+        # Prefer one node per pod; a small cluster still schedules.
+        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector}
+    ]
+    if role == "broker" and spec.broker.rack.enabled:
+        constraints.append(
+            {"maxSkew": 1, "topologyKey": spec.broker.rack.topology_key, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector}
+        )
+    return constraints
+
+
+def statefulset(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role, replicas: int | None = None) -> dict[str, Any]:
+    """A role's StatefulSet; `replicas` overrides the spec while a scale-in is still draining."""
+    role_spec = spec.controller if role == "controller" else spec.broker
+    sts_spec: dict[str, Any] = {
+        "replicas": role_spec.replicas if replicas is None else replicas,
+        "serviceName": headless_service_name(ref, role),
+        "selector": {"matchLabels": selector_labels(ref, role)},
+        # The operator restarts pods itself, in order, draining brokers first.
+        "updateStrategy": {"type": "OnDelete"},
+        "podManagementPolicy": "Parallel",
+        "template": pod_template(spec, ref, role),
+    }
+    if role == "broker" and spec.broker.wal.kind == "volume":
+        wal = spec.broker.wal
+        claim_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": wal.size}}}
+        if wal.storage_class_name:
+            claim_spec["storageClassName"] = wal.storage_class_name
+        sts_spec["volumeClaimTemplates"] = [
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "wal", "labels": common_labels(ref, role)}, "spec": claim_spec}
+        ]
+        sts_spec["persistentVolumeClaimRetentionPolicy"] = {
+            "whenDeleted": "Delete" if spec.deletion_policy == "Delete" else "Retain",
+            # A removed broker's WAL was drained and uploaded, but keep the volume: scaling back
+            # out reuses it and nothing is lost if an upload was still pending.
+            "whenScaled": "Retain",
+        }
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _metadata(ref, statefulset_name(ref, role), role), "spec": sts_spec}
+
+
+def template_hash(sts: dict[str, Any]) -> str:
+    return sts["spec"]["template"]["metadata"]["annotations"][TEMPLATE_HASH]
+
+
+def wal_claim_names(ref: ClusterRef, ordinals: range) -> list[str]:
+    return [f"wal-{pod_name(ref, 'broker', i)}" for i in ordinals]
+
+
+def desired_objects(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str, Any]]:
+    """Everything the cluster needs, in the order the reconciler applies it."""
+    return [
+        config_map(spec, ref),
+        *services(spec, ref),
+        service_account(spec, ref),
+        lease_role(spec, ref),
+        lease_role_binding(spec, ref),
+        pod_disruption_budget(spec, ref, "controller"),
+        pod_disruption_budget(spec, ref, "broker"),
+        statefulset(spec, ref, "controller"),
+        statefulset(spec, ref, "broker"),
+    ]
+

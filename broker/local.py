@@ -1,0 +1,385 @@
+"""Local mode: a controller and N brokers as separate processes on 127.0.0.1 (`automq local up`).
+
+The processes are the same ones a Kubernetes deployment runs (`automq controller`,
+`automq broker`), each with a NodeConfig file written under the data dir, so local mode
+exercises the real configuration path. Layout of the data dir:
+
+    cluster.yaml              what this data dir was created with (object store URL)
+    config/controller.yaml    generated node configs, rewritten on every start
+    config/broker-<id>.yaml
+    broker-<id>/              a broker's local scratch: its WAL file
+    objects/                  the embedded object store (file://), unless --object-store
+    logs/<node>.log           each process's output
+    run/<node>.pid            pids of the running processes (tests use them to kill -9 one)
+
+Restarting with the same data dir recovers everything: node ids and WAL files are the same,
+and all metadata and data live in the object store.
+
+Supervision: a broker that exits on its own is restarted (its WAL is replayed on start), up
+to a few times a minute; the controller exiting stops the cluster with a non-zero exit code.
+Ctrl-C / SIGTERM stops brokers first (they hand their partitions back to the controller and
+flush their WAL), then the controller; stragglers are killed after a grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from automq.broker.config import Listener, NodeConfig, dump_config
+
+CONTROLLER_NODE_ID = 0
+READY_TIMEOUT_S = 180.0
+BROKER_STOP_GRACE_S = 30.0
+CONTROLLER_STOP_GRACE_S = 10.0
+RESTART_LIMIT = 5  # broker restarts within RESTART_WINDOW_S before the cluster gives up
+RESTART_WINDOW_S = 60.0
+CLUSTER_ID = "automq-local"
+
+
+class LocalClusterError(Exception):
+    """Local mode cannot start; the message says what to change."""
+
+
+@dataclass
+class Node:
+    name: str  # "controller", "broker-1"
+    node_id: int
+    config_path: Path
+    http_port: int
+    kafka_port: int | None
+    log_path: Path
+    pid_path: Path
+    role: str  # "controller" | "broker"
+    process: subprocess.Popen[bytes] | None = None
+    restarts: list[float] = field(default_factory=list)
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "automq.broker.cli", self.role, "--config", str(self.config_path)]
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as the servers bind: SO_REUSEADDR, so a port in TIME_WAIT counts as free
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if not avoid or port not in avoid:
+            return port
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def resolve_object_store(data_dir: Path, requested: str | None) -> str:
+    """The object store URL for this data dir: the one it was created with, so a restart
+    without --object-store finds its data; a different one is refused."""
+    record = data_dir / "cluster.yaml"
+    recorded: str | None = None
+    if record.exists():
+        try:
+            recorded = (yaml.safe_load(record.read_text()) or {}).get("object_store_url")
+        except yaml.YAMLError as exc:
+            raise LocalClusterError(f"{record} is not valid YAML ({exc}); fix or delete it") from None
+    default = (data_dir / "objects").as_uri()
+    url = requested or recorded or default
+    if recorded and url != recorded:
+        raise LocalClusterError(
+            f"data dir {data_dir} holds a cluster on object store {recorded}; pass --object-store {recorded} "
+            "or use another --data-dir"
+        )
+    if not url.startswith(("file://", "s3://")):
+        raise LocalClusterError(f"--object-store must be an s3:// or file:// URL, got {url!r}")
+    if recorded is None:
+        record.write_text(yaml.safe_dump({"object_store_url": url, "cluster_id": CLUSTER_ID}))
+    return url
+
+
+def node_configs(brokers: int, data_dir: Path, port: int, object_store_url: str, controller_http: int, broker_http: list[int]) -> dict[str, NodeConfig]:
+    controller_url = f"http://127.0.0.1:{controller_http}"
+    configs = {
+        "controller": NodeConfig(
+            node_id=CONTROLLER_NODE_ID,
+            cluster_id=CLUSTER_ID,
+            data_dir=str(data_dir / "controller"),
+            object_store_url=object_store_url,
+            controller_urls=[controller_url],
+            listeners=[],
+            http_host="127.0.0.1",
+            http_port=controller_http,
+        )
+    }
+    for i in range(1, brokers + 1):
+        configs[f"broker-{i}"] = NodeConfig(
+            node_id=i,
+            cluster_id=CLUSTER_ID,
+            data_dir=str(data_dir / f"broker-{i}"),
+            object_store_url=object_store_url,
+            controller_urls=[controller_url],
+            listeners=[Listener(name="PLAINTEXT", host="127.0.0.1", port=port + i - 1)],
+            http_host="127.0.0.1",
+            http_port=broker_http[i - 1],
+        )
+    return configs
+
+
+def prepare(brokers: int, data_dir: Path, port: int, object_store_url: str | None) -> list[Node]:
+    """Check ports, write every node's config file; returns the nodes in start order."""
+    if brokers < 1:
+        raise LocalClusterError(f"--brokers must be at least 1, got {brokers}")
+    if port < 1 or port + brokers - 1 > 65535:
+        raise LocalClusterError(f"--port {port} with {brokers} brokers leaves the port range")
+    for i in range(brokers):
+        if not port_is_free(port + i):
+            raise LocalClusterError(
+                f"port {port + i} (broker {i + 1}'s Kafka listener) is already in use on 127.0.0.1; "
+                f"stop what uses it or pick another first port with --port"
+            )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    url = resolve_object_store(data_dir, object_store_url)
+    if url.startswith("file://"):
+        Path(url[len("file://"):]).mkdir(parents=True, exist_ok=True)
+    kafka_ports = set(range(port, port + brokers))
+    taken = set(kafka_ports)
+    controller_http = free_port(avoid=taken)
+    taken.add(controller_http)
+    broker_http = []
+    for _ in range(brokers):
+        p = free_port(avoid=taken)
+        taken.add(p)
+        broker_http.append(p)
+    for sub in ("config", "logs", "run"):
+        (data_dir / sub).mkdir(parents=True, exist_ok=True)
+    nodes = []
+    for name, config in node_configs(brokers, data_dir, port, url, controller_http, broker_http).items():
+        Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+        path = data_dir / "config" / f"{name}.yaml"
+        path.write_text(dump_config(config))
+        nodes.append(
+            Node(
+                name=name,
+                node_id=config.node_id,
+                config_path=path,
+                http_port=config.http_port,
+                kafka_port=config.listeners[0].port if config.listeners else None,
+                log_path=data_dir / "logs" / f"{name}.log",
+                pid_path=data_dir / "run" / f"{name}.pid",
+                role="controller" if name == "controller" else "broker",
+            )
+        )
+    return nodes
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def spawn(node: Node) -> None:
+    log = open(node.log_path, "ab", buffering=0)  # noqa: SIM115 - the child keeps it
+    try:
+        log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {' '.join(node.command)}\n".encode())
+        # its own process group: a terminal's Ctrl-C reaches only us, and we stop the
+        # children in order (brokers before the controller they deregister from)
+        node.process = subprocess.Popen(
+            node.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    finally:
+        log.close()
+    node.pid_path.write_text(f"{node.process.pid}\n")
+
+
+def is_ready(node: Node) -> bool:
+    conn = http.client.HTTPConnection("127.0.0.1", node.http_port, timeout=1.0)
+    try:
+        conn.request("GET", "/readyz")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def log_tail(node: Node, lines: int = 20) -> str:
+    try:
+        text = node.log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+def stop(nodes: list[Node], console: Console) -> None:
+    """Brokers first, then the controller: SIGTERM, wait, SIGKILL stragglers."""
+    brokers = [n for n in nodes if n.role == "broker"]
+    controllers = [n for n in nodes if n.role == "controller"]
+    for group, grace in ((brokers, BROKER_STOP_GRACE_S), (controllers, CONTROLLER_STOP_GRACE_S)):
+        running = [n for n in group if n.process is not None and n.process.poll() is None]
+        for n in running:
+            with contextlib.suppress(ProcessLookupError):
+                n.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for n in running:
+            try:
+                n.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                console.print(f"[yellow]{n.name} did not stop within {grace:.0f}s; killing it[/]")
+                with contextlib.suppress(ProcessLookupError):
+                    n.process.kill()
+                n.process.wait()
+    for n in nodes:
+        with contextlib.suppress(OSError):
+            n.pid_path.unlink()
+
+
+class _Signals:
+    """SIGINT/SIGTERM set a flag; the supervisor loop notices it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last: int | None = None
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        self.count += 1
+        self.last = signum
+        if self.count >= 3:
+            # a third Ctrl-C: the user really wants out
+            raise KeyboardInterrupt
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self)
+        signal.signal(signal.SIGTERM, self)
+
+
+@contextlib.contextmanager
+def _data_dir_lock(data_dir: Path):
+    lock_path = data_dir / ".lock"
+    handle = open(lock_path, "a+")  # noqa: SIM115
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "another process"
+            raise LocalClusterError(f"data dir {data_dir} is in use by another `automq local up` (pid {owner})") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        handle.close()
+
+
+def _wait_ready(nodes: list[Node], console: Console, signals: _Signals) -> bool:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False) as progress:
+        tasks = {n.name: progress.add_task(f"{n.name}: starting", total=1) for n in nodes}
+        pending = list(nodes)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while pending:
+            if signals.count:
+                return False
+            for n in list(pending):
+                code = n.process.poll() if n.process else None
+                if code is not None:
+                    progress.update(tasks[n.name], description=f"[red]{n.name}: exited with code {code}[/]")
+                    console.print(f"[red]{n.name} exited with code {code} while starting. Last lines of {n.log_path}:[/]\n{log_tail(n)}")
+                    return False
+                if is_ready(n):
+                    where = f"127.0.0.1:{n.kafka_port}" if n.kafka_port else f"http://127.0.0.1:{n.http_port}"
+                    progress.update(tasks[n.name], completed=1, description=f"[green]{n.name}: ready[/] ({where})")
+                    pending.remove(n)
+            if time.monotonic() > deadline:
+                for n in pending:
+                    console.print(f"[red]{n.name} not ready after {READY_TIMEOUT_S:.0f}s. Last lines of {n.log_path}:[/]\n{log_tail(n)}")
+                return False
+            time.sleep(0.2)
+    return True
+
+
+def run_local_cluster(brokers: int, data_dir: Path | str, port: int, object_store_url: str | None) -> int:
+    """Run a local cluster in the foreground until Ctrl-C/SIGTERM; returns the exit code."""
+    console = Console(stderr=True)
+    data_dir = Path(data_dir).expanduser().resolve()
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        console.print(f"[red]cannot create data dir {data_dir}: {exc.strerror}[/]")
+        return 2
+    signals = _Signals()
+    signals.install()
+    nodes: list[Node] = []
+    try:
+        with _data_dir_lock(data_dir):
+            nodes = prepare(brokers, data_dir, port, object_store_url)
+            console.print(f"data dir {data_dir}; process logs in {data_dir / 'logs'}")
+            for n in nodes:
+                spawn(n)
+            # brokers retry their controller registration, so all start at once
+            if not _wait_ready(nodes, console, signals):
+                console.print("stopping ...")
+                stop(nodes, console)
+                return 0 if signals.count and signals.last == signal.SIGTERM else (130 if signals.count else 1)
+            bootstrap = ",".join(f"127.0.0.1:{n.kafka_port}" for n in nodes if n.kafka_port)
+            print(f"bootstrap: {bootstrap}", flush=True)
+            console.print(f"cluster ready: {len(nodes) - 1} broker(s); Ctrl-C stops it. Logs: {data_dir / 'logs'}")
+            code = _supervise(nodes, console, signals)
+            console.print("stopping brokers, then the controller ...")
+            stop(nodes, console)
+            console.print("stopped")
+            return code
+    except LocalClusterError as exc:
+        console.print(f"[red]{exc}[/]")
+        stop(nodes, console)
+        return 2
+    except KeyboardInterrupt:
+        for n in nodes:
+            if n.process is not None and n.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    n.process.kill()
+        return 130
+
+
+def _supervise(nodes: list[Node], console: Console, signals: _Signals) -> int:
+    while not signals.count:
+        for n in nodes:
+            code = n.process.poll() if n.process else None
+            if code is None:
+                continue
+            if n.role == "controller":
+                console.print(f"[red]the controller exited with code {code}; stopping the cluster. Last lines of {n.log_path}:[/]\n{log_tail(n)}")
+                return 1
+            now = time.monotonic()
+            n.restarts = [t for t in n.restarts if now - t < RESTART_WINDOW_S] + [now]
+            if len(n.restarts) > RESTART_LIMIT:
+                console.print(f"[red]{n.name} keeps exiting (code {code}); stopping the cluster. Last lines of {n.log_path}:[/]\n{log_tail(n)}")
+                return 1
+            console.print(f"[yellow]{n.name} exited with code {code}; restarting it (its WAL is replayed on start). Log: {n.log_path}[/]")
+            spawn(n)
+        time.sleep(0.25)
+    return 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from automq.broker.storage.metadata import MetadataError
+from automq.broker.storage.metadata import ERRORS_BY_CODE, MetadataError
 
 
 class TopicExistsError(MetadataError):
@@ -43,6 +43,51 @@ class InvalidConfigError(MetadataError):
 
 class BrokerNotAvailableError(MetadataError):
     code = "BROKER_NOT_AVAILABLE"
+
+
+class InvalidTopicError(MetadataError):
+    """The topic name breaks Kafka's rules (characters, length, '.'/'..')."""
+
+    code = "INVALID_TOPIC_EXCEPTION"
+
+
+class ReassignmentInProgressError(MetadataError):
+    """The partition is already moving; wait for that move to finish."""
+
+    code = "REASSIGNMENT_IN_PROGRESS"
+
+
+class WalRecoveryPendingError(MetadataError):
+    """The stream's owner was fenced and its WAL is not recovered yet; the stream reopens
+    only after the recovery job completed."""
+
+    code = "WAL_RECOVERY_PENDING"
+
+
+class WalRecoveryJobError(MetadataError):
+    """The WAL recovery job does not exist, or is claimed by another node."""
+
+    code = "INVALID_WAL_RECOVERY_JOB"
+
+
+class ObjectConflictError(MetadataError):
+    """A compaction's source objects are no longer live (another compaction or a trim won),
+    or its new objects do not cover exactly what the sources held."""
+
+    code = "OBJECT_CONFLICT"
+
+
+class ControllerUnavailableError(MetadataError):
+    """No controller answered (all unreachable, or no leader elected) before the client's
+    retry deadline."""
+
+    code = "CONTROLLER_UNAVAILABLE"
+
+
+class InvalidRequestError(MetadataError):
+    """The request is malformed (missing field, wrong type, negative count...)."""
+
+    code = "INVALID_REQUEST"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +126,21 @@ class TopicInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class WalRecoveryJob:
+    """A fenced broker held open streams: its WAL may hold acknowledged data that is not in
+    objects yet. A live broker (S3 WAL, or a volume it can reach) or the operator claims the
+    job, replays that WAL, commits on the fenced owner's behalf, and completes the job; only
+    then do the partitions reopen elsewhere under a new epoch."""
+
+    job_id: int
+    node_id: int  # the fenced broker whose WAL needs recovery
+    node_epoch: int  # its node epoch when fenced (WAL objects/headers carry it)
+    state: str = "pending"  # "pending" | "claimed"
+    claimed_by: int = -1
+    stream_ids: tuple[int, ...] = ()  # streams it still held open
+
+
+@dataclass(frozen=True, slots=True)
 class MetadataImage:
     """A consistent view of the cluster at one metadata version."""
 
@@ -89,6 +149,8 @@ class MetadataImage:
     controller_id: int
     brokers: tuple[BrokerInfo, ...]
     topics: tuple[TopicInfo, ...]
+    # added after the first contract; defaulted so older constructors still work
+    wal_recovery_jobs: tuple[WalRecoveryJob, ...] = ()
 
 
 @runtime_checkable
@@ -125,3 +187,26 @@ class ClusterClient(Protocol):
         """Move all partitions off a broker and place no new ones on it (scale-in, rolling restart)."""
 
     async def undrain_broker(self, node_id: int) -> None: ...
+
+
+# Every error code the controller API can return (storage contract + cluster ones).
+CLUSTER_ERRORS_BY_CODE: dict[str, type[MetadataError]] = {
+    **ERRORS_BY_CODE,
+    **{
+        cls.code: cls
+        for cls in (
+            TopicExistsError,
+            UnknownTopicError,
+            InvalidPartitionsError,
+            InvalidConfigError,
+            BrokerNotAvailableError,
+            InvalidTopicError,
+            ReassignmentInProgressError,
+            WalRecoveryPendingError,
+            WalRecoveryJobError,
+            ObjectConflictError,
+            InvalidRequestError,
+            ControllerUnavailableError,
+        )
+    },
+}

@@ -1,0 +1,256 @@
+"""`ControllerClient`: the only way brokers, local mode and the operator talk to controllers.
+
+It implements `StreamManager` and `ObjectManager` (automq.broker.storage.metadata) and
+`ClusterClient` (automq.broker.controller.protocol) over the HTTP API of `server.py`.
+
+Following the leader: requests go to the last controller that answered as leader. A
+NOT_CONTROLLER answer names the leader (`leader_url`) and the client goes there at once;
+without a name (an election is running) or when a controller is unreachable, it tries the
+next URL of its list, backing off, until `retry_deadline_s` passes, then raises
+ControllerUnavailableError. Every other error code becomes its exception class
+(`CLUSTER_ERRORS_BY_CODE`), e.g. StreamFencedError for a stale epoch.
+
+Retries after a timeout may apply a request twice; the controller makes the ones that
+matter idempotent (a commit of an already-committed object, open of an already-open
+stream, close, trim and partition_closed succeed again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import aiohttp
+
+from automq.broker.controller import wire
+from automq.broker.controller.protocol import (
+    CLUSTER_ERRORS_BY_CODE,
+    ControllerUnavailableError,
+    Endpoint,
+    MetadataImage,
+    TopicInfo,
+    WalRecoveryJob,
+)
+from automq.broker.controller.wire import to_wire
+from automq.broker.storage.metadata import (
+    CommitStreamSetObjectRequest,
+    MetadataError,
+    NotControllerError,
+    ObjectMetadata,
+    StreamMetadata,
+    StreamObject,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ControllerClient:
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        request_timeout_s: float = 10.0,
+        retry_deadline_s: float = 30.0,
+    ) -> None:
+        if not urls:
+            raise ValueError("ControllerClient needs at least one controller URL")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.request_timeout_s = request_timeout_s
+        self.retry_deadline_s = retry_deadline_s
+        self._leader: str | None = None
+        self._next = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> "ControllerClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=256),
+                json_serialize=lambda obj: json.dumps(obj, separators=(",", ":")),
+            )
+        return self._session
+
+    def _rotate(self) -> str:
+        url = self.urls[self._next % len(self.urls)]
+        self._next += 1
+        return url
+
+    async def call(self, method: str, body: dict[str, Any], *, timeout_s: float | None = None) -> dict[str, Any]:
+        """POST one API method, following the leader and retrying transient failures."""
+        deadline = time.monotonic() + self.retry_deadline_s
+        url = self._leader or self._rotate()
+        backoff = 0.02
+        last_problem = "no attempt"
+        redirects = 0
+        while True:
+            try:
+                async with self._http().post(
+                    f"{url}/v1/{method}",
+                    json=body,
+                    timeout=aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s),
+                ) as resp:
+                    status = resp.status
+                    try:
+                        data = await resp.json(content_type=None)
+                    except ValueError:
+                        data = {"error": "METADATA_ERROR", "message": f"HTTP {status}: not JSON"}
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                last_problem = f"{url}: {type(exc).__name__}: {exc}"
+                self._leader = None
+                url = self._rotate()
+            else:
+                if status == 200:
+                    self._leader = url
+                    return data
+                code = data.get("error") if isinstance(data, dict) else None
+                if code == NotControllerError.code:
+                    self._leader = None
+                    leader = data.get("leader_url")
+                    last_problem = f"{url}: {data.get('message')}"
+                    if leader and leader.rstrip("/") != url and redirects < 3:
+                        redirects += 1
+                        url = leader.rstrip("/")
+                        continue
+                    url = self._rotate()
+                elif status >= 500 and code in (None, "METADATA_ERROR"):
+                    last_problem = f"{url}: HTTP {status}: {data}"
+                    url = self._rotate()
+                else:
+                    cls = CLUSTER_ERRORS_BY_CODE.get(code or "", MetadataError)
+                    raise cls(str(data.get("message", data)))
+            redirects = 0
+            if time.monotonic() + backoff > deadline:
+                raise ControllerUnavailableError(f"{method}: no active controller answered within {self.retry_deadline_s}s ({last_problem})")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    # ------------------------------------------------------------------ ClusterClient
+
+    async def register_broker(self, node_id: int, endpoints: list[Endpoint], rack: str | None) -> int:
+        data = await self.call("register_broker", {"node_id": node_id, "endpoints": to_wire(list(endpoints)), "rack": rack})
+        return data["node_epoch"]
+
+    async def heartbeat(self, node_id: int, node_epoch: int) -> str:
+        return (await self.call("heartbeat", {"node_id": node_id, "node_epoch": node_epoch}))["state"]
+
+    async def unregister_broker(self, node_id: int, node_epoch: int) -> None:
+        await self.call("unregister_broker", {"node_id": node_id, "node_epoch": node_epoch})
+
+    async def watch_metadata(self, since_version: int, timeout_ms: int) -> MetadataImage:
+        data = await self.call(
+            "watch_metadata",
+            {"since_version": since_version, "timeout_ms": timeout_ms},
+            timeout_s=timeout_ms / 1000 + self.request_timeout_s,
+        )
+        return wire.metadata_image(data)
+
+    async def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicInfo:
+        return wire.topic_info(await self.call("create_topic", {"name": name, "partitions": partitions, "configs": dict(configs)}))
+
+    async def delete_topic(self, name: str) -> None:
+        await self.call("delete_topic", {"name": name})
+
+    async def create_partitions(self, name: str, total_count: int) -> TopicInfo:
+        return wire.topic_info(await self.call("create_partitions", {"name": name, "total_count": total_count}))
+
+    async def alter_topic_configs(self, name: str, configs: dict[str, str | None]) -> None:
+        await self.call("alter_topic_configs", {"name": name, "configs": dict(configs)})
+
+    async def reassign_partition(self, topic: str, partition: int, target_node_id: int) -> None:
+        await self.call("reassign_partition", {"topic": topic, "partition": partition, "target_node_id": target_node_id})
+
+    async def partition_closed(self, topic: str, partition: int, node_id: int, node_epoch: int, leader_epoch: int) -> None:
+        await self.call(
+            "partition_closed",
+            {"topic": topic, "partition": partition, "node_id": node_id, "node_epoch": node_epoch, "leader_epoch": leader_epoch},
+        )
+
+    async def drain_broker(self, node_id: int) -> None:
+        await self.call("drain_broker", {"node_id": node_id})
+
+    async def undrain_broker(self, node_id: int) -> None:
+        await self.call("undrain_broker", {"node_id": node_id})
+
+    # ------------------------------------------------------------------ operator / recovery extras
+
+    async def fence_broker(self, node_id: int) -> None:
+        """Stop trusting a broker now (the operator saw its node die)."""
+        await self.call("fence_broker", {"node_id": node_id})
+
+    async def list_wal_recovery_jobs(self) -> list[WalRecoveryJob]:
+        data = await self.call("list_wal_recovery_jobs", {})
+        return [wire.wal_recovery_job(j) for j in data["jobs"]]
+
+    async def claim_wal_recovery(self, job_id: int, node_id: int, node_epoch: int) -> None:
+        await self.call("claim_wal_recovery", {"job_id": job_id, "node_id": node_id, "node_epoch": node_epoch})
+
+    async def complete_wal_recovery(self, job_id: int, node_id: int, node_epoch: int) -> None:
+        await self.call("complete_wal_recovery", {"job_id": job_id, "node_id": node_id, "node_epoch": node_epoch})
+
+    async def abandon_wal_recovery(self, job_id: int) -> None:
+        await self.call("abandon_wal_recovery", {"job_id": job_id})
+
+    async def status(self) -> dict[str, Any]:
+        """`GET /v1/status` of the controller this client currently talks to."""
+        url = self._leader or self.urls[0]
+        async with self._http().get(f"{url}/v1/status", timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)) as resp:
+            return await resp.json()
+
+    # ------------------------------------------------------------------ StreamManager
+
+    async def create_stream(self, tags: dict[str, str] | None = None) -> int:
+        return (await self.call("create_stream", {"tags": dict(tags) if tags else None}))["stream_id"]
+
+    async def open_stream(self, stream_id: int, epoch: int, node_id: int, node_epoch: int) -> StreamMetadata:
+        data = await self.call("open_stream", {"stream_id": stream_id, "epoch": epoch, "node_id": node_id, "node_epoch": node_epoch})
+        return wire.stream_metadata(data)
+
+    async def close_stream(self, stream_id: int, epoch: int, node_id: int, node_epoch: int) -> None:
+        await self.call("close_stream", {"stream_id": stream_id, "epoch": epoch, "node_id": node_id, "node_epoch": node_epoch})
+
+    async def trim_stream(self, stream_id: int, epoch: int, new_start_offset: int, node_id: int, node_epoch: int) -> None:
+        await self.call(
+            "trim_stream",
+            {"stream_id": stream_id, "epoch": epoch, "new_start_offset": new_start_offset, "node_id": node_id, "node_epoch": node_epoch},
+        )
+
+    async def delete_stream(self, stream_id: int, epoch: int, node_id: int, node_epoch: int) -> None:
+        await self.call("delete_stream", {"stream_id": stream_id, "epoch": epoch, "node_id": node_id, "node_epoch": node_epoch})
+
+    async def get_streams(self, stream_ids: list[int]) -> list[StreamMetadata]:
+        data = await self.call("get_streams", {"stream_ids": list(stream_ids)})
+        return [wire.stream_metadata(s) for s in data["streams"]]
+
+    # ------------------------------------------------------------------ ObjectManager
+
+    async def prepare_objects(self, count: int, ttl_ms: int) -> int:
+        return (await self.call("prepare_objects", {"count": count, "ttl_ms": ttl_ms}))["first_object_id"]
+
+    async def commit_stream_set_object(self, request: CommitStreamSetObjectRequest) -> None:
+        await self.call("commit_stream_set_object", to_wire(request))
+
+    async def commit_stream_object(self, obj: StreamObject, node_id: int, node_epoch: int) -> None:
+        await self.call("commit_stream_object", {"object": to_wire(obj), "node_id": node_id, "node_epoch": node_epoch})
+
+    async def get_objects(self, stream_id: int, start_offset: int, end_offset: int, limit: int) -> list[ObjectMetadata]:
+        data = await self.call(
+            "get_objects", {"stream_id": stream_id, "start_offset": start_offset, "end_offset": end_offset, "limit": limit}
+        )
+        return [wire.object_metadata(o) for o in data["objects"]]
+
+    async def get_stream_set_objects(self, node_id: int | None = None) -> list[ObjectMetadata]:
+        data = await self.call("get_stream_set_objects", {"node_id": node_id})
+        return [wire.object_metadata(o) for o in data["objects"]]

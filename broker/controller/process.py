@@ -1,0 +1,110 @@
+"""The controller process: `automq controller --config FILE` ends up in `run_controller`.
+
+`ControllerService` wires a `Controller` to its object store and HTTP server and is also
+what tests and local mode embed (port 0 picks a free port; `url` tells where it listens).
+SIGTERM/SIGINT stop it gracefully: a leader resigns in the log so a standby takes over at
+once instead of waiting out the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from automq.broker.config import NodeConfig
+from automq.broker.controller.controller import Controller
+from automq.broker.controller.server import build_app
+from automq.broker.objectstore import open_object_store
+
+log = logging.getLogger(__name__)
+
+
+class ControllerService:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.store = open_object_store(config.object_store_url)
+        self.controller = Controller(
+            self.store,
+            controller_id=config.node_id,
+            url="",  # known once the socket is bound
+            cluster_id=config.cluster_id,
+            config=config.controller,
+            session_timeout_ms=config.session_timeout_ms,
+            gc_retention_ms=config.storage.object_gc_retention_ms,
+            may_lead=self._lease_gate(config),
+        )
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @staticmethod
+    def _lease_gate(config: NodeConfig):
+        if config.controller.leadership != "lease":
+            return None
+        from automq.broker.controller.lease import KubernetesLease
+
+        return KubernetesLease.from_config(config).try_acquire
+
+    @property
+    def url(self) -> str:
+        return self.controller.url
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(build_app(self.controller), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, reuse_address=True)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        host = self.config.http_host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        self.controller.url = self.config.controller.advertised_url or f"http://{host}:{self.port}"
+        await self.controller.start()
+        log.info("controller %d serving on %s (object store %s)", self.config.node_id, self.url, self.store.url)
+
+    async def stop(self) -> None:
+        await self.controller.resign()
+        await self.controller.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.store.close()
+
+    async def __aenter__(self) -> "ControllerService":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def serve(config: NodeConfig) -> int:
+    service = ControllerService(config)
+    await service.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stopping = asyncio.create_task(stop.wait())
+    fatal = asyncio.create_task(service.controller.wait_stopped())
+    await asyncio.wait({stopping, fatal}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (stopping, fatal):
+        task.cancel()
+    code = 1 if service.controller.fatal is not None else 0
+    await service.stop()
+    return code
+
+
+def run_controller(config: NodeConfig) -> None:
+    """Blocking entry point; returns after SIGTERM/SIGINT (exit code 1 on a fatal error)."""
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        code = asyncio.run(serve(config))
+    else:
+        code = uvloop.run(serve(config))
+    if code:
+        raise SystemExit(code)

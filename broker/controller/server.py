@@ -1,0 +1,458 @@
+"""The controller's HTTP API (aiohttp): one `POST /v1/<method>` per client method.
+
+Bodies are JSON objects validated by the pydantic models below (unknown fields, wrong
+types and out-of-range numbers are rejected with INVALID_REQUEST before the controller sees
+them). A success is `200` with a JSON object; an error is
+
+    {"error": "<CODE>", "message": "...", "leader_url": "http://..." | null}
+
+with status 400 (INVALID_REQUEST), 409 (a MetadataError: stale epoch, offset mismatch, ...),
+421 (NOT_CONTROLLER: retry at `leader_url`) or 500. Also served: `GET /v1/status`,
+`/healthz`, `/readyz` (200 when leader or a caught-up standby) and `/metrics` (Prometheus).
+docs/controller-api.md lists every method.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from automq.broker.controller import commands
+from automq.broker.controller.controller import Controller
+from automq.broker.controller.protocol import Endpoint, InvalidRequestError
+from automq.broker.controller.wire import to_wire
+from automq.broker.storage.metadata import (
+    CommitStreamSetObjectRequest,
+    MetadataError,
+    NotControllerError,
+    ObjectStreamRange,
+    StreamObject,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 << 20
+
+NodeId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+OptNodeId = Annotated[int, Field(ge=-1, le=2**31 - 1)]  # -1: not a broker (compaction jobs)
+Epoch = Annotated[int, Field(ge=0, le=2**63 - 1)]
+OptEpoch = Annotated[int, Field(ge=-1, le=2**63 - 1)]
+Offset = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Id = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Name = Annotated[str, Field(min_length=1, max_length=255)]
+
+
+class _Req(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class EndpointModel(_Req):
+    listener: Name
+    host: Name
+    port: Annotated[int, Field(ge=1, le=65535)]
+
+
+class RegisterBroker(_Req):
+    node_id: NodeId
+    endpoints: list[EndpointModel] = Field(max_length=64)
+    rack: Annotated[str, Field(max_length=255)] | None = None
+
+
+class NodeRef(_Req):
+    node_id: NodeId
+    node_epoch: Epoch
+
+
+class NodeOnly(_Req):
+    node_id: NodeId
+
+
+class WatchMetadata(_Req):
+    since_version: Annotated[int, Field(ge=-1)] = -1
+    timeout_ms: Annotated[int, Field(ge=0, le=600_000)] = 0
+
+
+class CreateTopic(_Req):
+    name: Name
+    partitions: Count
+    configs: dict[str, str] = Field(default_factory=dict)
+
+
+class TopicName(_Req):
+    name: Name
+
+
+class CreatePartitions(_Req):
+    name: Name
+    total_count: Count
+
+
+class AlterTopicConfigs(_Req):
+    name: Name
+    configs: dict[str, str | None]
+
+
+class ReassignPartition(_Req):
+    topic: Name
+    partition: Count
+    target_node_id: NodeId
+
+
+class PartitionClosed(_Req):
+    topic: Name
+    partition: Count
+    node_id: NodeId
+    node_epoch: Epoch
+    leader_epoch: Epoch
+
+
+class JobRef(_Req):
+    job_id: Id
+
+
+class JobNodeRef(_Req):
+    job_id: Id
+    node_id: NodeId
+    node_epoch: Epoch
+
+
+class CreateStream(_Req):
+    tags: dict[str, str] | None = None
+
+
+class StreamRef(_Req):
+    stream_id: Id
+    epoch: Epoch
+    node_id: NodeId
+    node_epoch: Epoch
+
+
+class TrimStream(StreamRef):
+    new_start_offset: Offset
+
+
+class GetStreams(_Req):
+    stream_ids: list[Id] = Field(max_length=100_000)
+
+
+class PrepareObjects(_Req):
+    count: Count
+    ttl_ms: Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class ObjectStreamRangeModel(_Req):
+    stream_id: Id
+    epoch: Epoch
+    start_offset: Offset
+    end_offset: Offset
+    size: Offset
+
+
+class StreamObjectModel(_Req):
+    object_id: Id
+    object_size: Offset
+    stream_id: Id
+    start_offset: Offset
+    end_offset: Offset
+    source_object_ids: list[Id] = Field(default_factory=list, max_length=100_000)
+
+    def to_domain(self) -> StreamObject:
+        return StreamObject(
+            self.object_id, self.object_size, self.stream_id, self.start_offset, self.end_offset, tuple(self.source_object_ids)
+        )
+
+
+class CommitStreamSetObject(_Req):
+    node_id: OptNodeId
+    node_epoch: OptEpoch
+    object_id: Annotated[int, Field(ge=-1, le=2**63 - 1)]
+    object_size: Offset
+    stream_ranges: list[ObjectStreamRangeModel] = Field(default_factory=list, max_length=1_000_000)
+    stream_objects: list[StreamObjectModel] = Field(default_factory=list, max_length=100_000)
+    compacted_object_ids: list[Id] = Field(default_factory=list, max_length=100_000)
+
+    def to_domain(self) -> CommitStreamSetObjectRequest:
+        return CommitStreamSetObjectRequest(
+            self.node_id,
+            self.node_epoch,
+            self.object_id,
+            self.object_size,
+            tuple(ObjectStreamRange(x.stream_id, x.epoch, x.start_offset, x.end_offset, x.size) for x in self.stream_ranges),
+            tuple(so.to_domain() for so in self.stream_objects),
+            tuple(self.compacted_object_ids),
+        )
+
+
+class CommitStreamObject(_Req):
+    object: StreamObjectModel
+    node_id: OptNodeId
+    node_epoch: OptEpoch
+
+
+class GetObjects(_Req):
+    stream_id: Id
+    start_offset: Offset
+    end_offset: Annotated[int, Field(ge=-1, le=2**63 - 1)] = -1
+    limit: Annotated[int, Field(ge=1, le=100_000)] = 1000
+
+
+class GetStreamSetObjects(_Req):
+    node_id: NodeId | None = None
+
+
+class Empty(_Req):
+    pass
+
+
+# --------------------------------------------------------------------------- methods
+
+Handler = Callable[[Controller, Any], Awaitable[Any]]
+METHODS: dict[str, tuple[type[_Req], Handler]] = {}
+
+
+def method(name: str, model: type[_Req]):
+    def wrap(fn: Handler) -> Handler:
+        METHODS[name] = (model, fn)
+        return fn
+
+    return wrap
+
+
+@method("register_broker", RegisterBroker)
+async def _register_broker(c: Controller, q: RegisterBroker) -> dict:
+    endpoints = [Endpoint(e.listener, e.host, e.port) for e in q.endpoints]
+    return {"node_epoch": await c.register_broker(q.node_id, endpoints, q.rack)}
+
+
+@method("heartbeat", NodeRef)
+async def _heartbeat(c: Controller, q: NodeRef) -> dict:
+    return {"state": await c.heartbeat(q.node_id, q.node_epoch)}
+
+
+@method("unregister_broker", NodeRef)
+async def _unregister_broker(c: Controller, q: NodeRef) -> dict:
+    await c.execute(lambda tx: commands.unregister_broker(tx, q.node_id, q.node_epoch))
+    return {}
+
+
+@method("watch_metadata", WatchMetadata)
+async def _watch_metadata(c: Controller, q: WatchMetadata) -> dict:
+    return to_wire(await c.watch(q.since_version, q.timeout_ms))
+
+
+@method("create_topic", CreateTopic)
+async def _create_topic(c: Controller, q: CreateTopic) -> dict:
+    return to_wire(await c.execute(lambda tx: commands.create_topic(tx, q.name, q.partitions, dict(q.configs))))
+
+
+@method("delete_topic", TopicName)
+async def _delete_topic(c: Controller, q: TopicName) -> dict:
+    await c.execute(lambda tx: commands.delete_topic(tx, q.name))
+    return {}
+
+
+@method("create_partitions", CreatePartitions)
+async def _create_partitions(c: Controller, q: CreatePartitions) -> dict:
+    return to_wire(await c.execute(lambda tx: commands.create_partitions(tx, q.name, q.total_count)))
+
+
+@method("alter_topic_configs", AlterTopicConfigs)
+async def _alter_topic_configs(c: Controller, q: AlterTopicConfigs) -> dict:
+    await c.execute(lambda tx: commands.alter_topic_configs(tx, q.name, dict(q.configs)))
+    return {}
+
+
+@method("reassign_partition", ReassignPartition)
+async def _reassign_partition(c: Controller, q: ReassignPartition) -> dict:
+    await c.execute(lambda tx: commands.reassign_partition(tx, q.topic, q.partition, q.target_node_id))
+    return {}
+
+
+@method("partition_closed", PartitionClosed)
+async def _partition_closed(c: Controller, q: PartitionClosed) -> dict:
+    await c.execute(lambda tx: commands.partition_closed(tx, q.topic, q.partition, q.node_id, q.node_epoch, q.leader_epoch))
+    return {}
+
+
+@method("drain_broker", NodeOnly)
+async def _drain_broker(c: Controller, q: NodeOnly) -> dict:
+    await c.execute(lambda tx: commands.drain_broker(tx, q.node_id))
+    return {}
+
+
+@method("undrain_broker", NodeOnly)
+async def _undrain_broker(c: Controller, q: NodeOnly) -> dict:
+    await c.execute(lambda tx: commands.undrain_broker(tx, q.node_id))
+    return {}
+
+
+@method("fence_broker", NodeOnly)
+async def _fence_broker(c: Controller, q: NodeOnly) -> dict:
+    await c.execute(lambda tx: commands.fence_broker(tx, q.node_id))
+    return {}
+
+
+@method("list_wal_recovery_jobs", Empty)
+async def _list_wal_recovery_jobs(c: Controller, q: Empty) -> dict:
+    image = await c.read(lambda st: st.image())
+    return {"jobs": to_wire(image.wal_recovery_jobs)}
+
+
+@method("claim_wal_recovery", JobNodeRef)
+async def _claim_wal_recovery(c: Controller, q: JobNodeRef) -> dict:
+    await c.execute(lambda tx: commands.claim_wal_recovery(tx, q.job_id, q.node_id, q.node_epoch))
+    return {}
+
+
+@method("complete_wal_recovery", JobNodeRef)
+async def _complete_wal_recovery(c: Controller, q: JobNodeRef) -> dict:
+    await c.execute(lambda tx: commands.complete_wal_recovery(tx, q.job_id, q.node_id, q.node_epoch))
+    return {}
+
+
+@method("abandon_wal_recovery", JobRef)
+async def _abandon_wal_recovery(c: Controller, q: JobRef) -> dict:
+    await c.execute(lambda tx: commands.abandon_wal_recovery(tx, q.job_id))
+    return {}
+
+
+@method("create_stream", CreateStream)
+async def _create_stream(c: Controller, q: CreateStream) -> dict:
+    return {"stream_id": await c.execute(lambda tx: commands.create_stream(tx, q.tags))}
+
+
+@method("open_stream", StreamRef)
+async def _open_stream(c: Controller, q: StreamRef) -> dict:
+    return to_wire(await c.execute(lambda tx: commands.open_stream(tx, q.stream_id, q.epoch, q.node_id, q.node_epoch)))
+
+
+@method("close_stream", StreamRef)
+async def _close_stream(c: Controller, q: StreamRef) -> dict:
+    await c.execute(lambda tx: commands.close_stream(tx, q.stream_id, q.epoch, q.node_id, q.node_epoch))
+    return {}
+
+
+@method("trim_stream", TrimStream)
+async def _trim_stream(c: Controller, q: TrimStream) -> dict:
+    await c.execute(lambda tx: commands.trim_stream(tx, q.stream_id, q.epoch, q.new_start_offset, q.node_id, q.node_epoch))
+    return {}
+
+
+@method("delete_stream", StreamRef)
+async def _delete_stream(c: Controller, q: StreamRef) -> dict:
+    await c.execute(lambda tx: commands.delete_stream(tx, q.stream_id, q.epoch, q.node_id, q.node_epoch))
+    return {}
+
+
+@method("get_streams", GetStreams)
+async def _get_streams(c: Controller, q: GetStreams) -> dict:
+    return {"streams": to_wire(await c.read(lambda st: commands.get_streams(st, list(q.stream_ids))))}
+
+
+@method("prepare_objects", PrepareObjects)
+async def _prepare_objects(c: Controller, q: PrepareObjects) -> dict:
+    return {"first_object_id": await c.execute(lambda tx: commands.prepare_objects(tx, q.count, q.ttl_ms))}
+
+
+@method("commit_stream_set_object", CommitStreamSetObject)
+async def _commit_stream_set_object(c: Controller, q: CommitStreamSetObject) -> dict:
+    req = q.to_domain()
+    await c.execute(lambda tx: commands.commit_stream_set_object(tx, req))
+    return {}
+
+
+@method("commit_stream_object", CommitStreamObject)
+async def _commit_stream_object(c: Controller, q: CommitStreamObject) -> dict:
+    obj = q.object.to_domain()
+    await c.execute(lambda tx: commands.commit_stream_object(tx, obj, q.node_id, q.node_epoch))
+    return {}
+
+
+@method("get_objects", GetObjects)
+async def _get_objects(c: Controller, q: GetObjects) -> dict:
+    objs = await c.read(lambda st: commands.get_objects(st, q.stream_id, q.start_offset, q.end_offset, q.limit))
+    return {"objects": to_wire(objs)}
+
+
+@method("get_stream_set_objects", GetStreamSetObjects)
+async def _get_stream_set_objects(c: Controller, q: GetStreamSetObjects) -> dict:
+    return {"objects": to_wire(await c.read(lambda st: commands.get_stream_set_objects(st, q.node_id)))}
+
+
+# --------------------------------------------------------------------------- app
+
+
+def _error(exc: MetadataError, status: int, leader_url: str | None = None) -> web.Response:
+    body = {"error": exc.code, "message": str(exc), "leader_url": leader_url}
+    return web.json_response(body, status=status)
+
+
+def build_app(controller: Controller) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+
+    async def call(request: web.Request) -> web.Response:
+        name = request.match_info["method"]
+        entry = METHODS.get(name)
+        if entry is None:
+            return _error(InvalidRequestError(f"unknown method {name!r}; see docs/controller-api.md"), 404)
+        model, handler = entry
+        raw = await request.read()
+        try:
+            query = model.model_validate_json(raw or b"{}")
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:10])
+            return _error(InvalidRequestError(f"{name}: {problems}"), 400)
+        try:
+            result = await handler(controller, query)
+        except NotControllerError as exc:
+            return _error(exc, 421, getattr(exc, "leader_url", None))
+        except InvalidRequestError as exc:
+            return _error(exc, 400)
+        except MetadataError as exc:
+            return _error(exc, 409)
+        except Exception as exc:  # noqa: BLE001 - answer, and keep serving
+            log.exception("controller API %s failed", name)
+            return _error(MetadataError(f"internal controller error: {type(exc).__name__}"), 500)
+        return web.Response(body=json.dumps(result, separators=(",", ":")), content_type="application/json")
+
+    async def status(request: web.Request) -> web.Response:
+        st = controller.state
+        return web.json_response(
+            {
+                "controller_id": controller.controller_id,
+                "role": controller.role.value,
+                "ready": controller.ready,
+                "leader_url": controller.leader_url,
+                "term": st.term,
+                "log_seq": st.last_seq,
+                "metadata_version": st.version,
+                "cluster_id": st.cluster_id,
+            }
+        )
+
+    async def healthz(request: web.Request) -> web.Response:
+        if controller.fatal is not None:
+            return web.Response(status=500, text=f"fatal: {controller.fatal}\n")
+        return web.Response(text="ok\n")
+
+    async def readyz(request: web.Request) -> web.Response:
+        if controller.ready:
+            return web.Response(text=f"{controller.role.value}\n")
+        return web.Response(status=503, text=f"{controller.role.value}, not caught up\n")
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(controller.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_post("/v1/{method}", call)
+    app.router.add_get("/v1/status", status)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,374 @@
+"""The group coordinator as the broker runs it: the asyncio shell around `state.GroupManager`.
+
+It owns, for this broker:
+- which `__consumer_offsets` partitions it coordinates (it listens to the PartitionManager:
+  `on_elected` replays the partition's stream to rebuild groups and offsets — requests for
+  those groups get COORDINATOR_LOAD_IN_PROGRESS meanwhile — and `on_resigned` drops them);
+- durability: every record the state machine asks for is appended to the group's partition
+  (as a v2 batch, `log.py`) and replies wait until the append is durable, so an acknowledged
+  OffsetCommit survives a broker restart or a coordinator move;
+- time: one task sleeps until the state machine's next deadline (session, rebalance, sync
+  and join timeouts) and ticks it; offsets retention runs every minute.
+
+Requests for groups whose partition this broker does not lead get NOT_COORDINATOR (clients
+then ask FindCoordinator again).
+
+Log compaction: Kafka compacts `__consumer_offsets`; here, when a partition's log holds many
+more records than live state, the coordinator appends a checkpoint (every live record again)
+and trims the stream below it, so replay stays proportional to the live state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from automq.broker.kafka.groups import log as grouplog
+from automq.broker.kafka.groups.state import (
+    CommitPlan,
+    Effects,
+    GroupConfig,
+    GroupManager,
+    JoinResult,
+    SyncResult,
+    Write,
+)
+
+if TYPE_CHECKING:
+    from automq.broker.kafka.broker import Broker
+
+log = logging.getLogger(__name__)
+
+OFFSETS_TOPIC = "__consumer_offsets"
+RETENTION_CHECK_INTERVAL_MS = 60_000
+LOAD_READ_BYTES = 4 << 20
+# Checkpoint a partition when it holds this many records beyond CHECKPOINT_FACTOR x live state.
+CHECKPOINT_MIN_RECORDS = 20_000
+CHECKPOINT_FACTOR = 4
+MAX_RECORDS_PER_BATCH = 1_000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _PendingWrite:
+    __slots__ = ("records", "tasks", "ok")
+
+    def __init__(self) -> None:
+        self.records: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.ok = True
+
+
+class GroupCoordinator:
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        kafka = broker.config.kafka
+        self.config = GroupConfig(
+            min_session_timeout_ms=kafka.group_min_session_timeout_ms,
+            max_session_timeout_ms=kafka.group_max_session_timeout_ms,
+            initial_rebalance_delay_ms=kafka.group_initial_rebalance_delay_ms,
+            offsets_retention_ms=kafka.offsets_retention_ms,
+        )
+        self.num_partitions = kafka.offsets_topic_num_partitions
+        self.manager = GroupManager(self.config, self.num_partitions)
+        self._partitions: dict[int, Any] = {}  # loaded partition index -> Partition
+        self._loading: set[int] = set()
+        self._records_since_checkpoint: dict[int, int] = {}
+        self._inflight: dict[int, int] = {}  # partition -> appends not yet durable
+        self._checkpointing: set[int] = set()
+        self._wakeup = asyncio.Event()
+        self._timer: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        self.broker.partitions.add_listener(self)
+        self._timer = asyncio.get_running_loop().create_task(self._run_timers(), name="group-coordinator-timers")
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            try:
+                await self._timer
+            except (asyncio.CancelledError, Exception):
+                pass
+        for p in list(self._partitions):
+            self._deliver(self.manager.unload(p).replies)
+        self._partitions.clear()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ---------------------------------------------------------------- partition leadership
+
+    async def on_elected(self, partition: Any) -> None:
+        if partition.topic != OFFSETS_TOPIC:
+            return
+        index = partition.partition
+        topic = self.broker.partitions.topic(OFFSETS_TOPIC)
+        if topic is not None and topic.partitions:
+            # the topic's real partition count decides placement (FindCoordinator uses it too)
+            self.manager.num_partitions = self.num_partitions = len(topic.partitions)
+        self._loading.add(index)
+        try:
+            records = await self._read_all(partition)
+            self.manager.load(index, records, now_ms())
+            self._partitions[index] = partition
+            self._records_since_checkpoint[index] = len(records)
+            log.info("coordinating %s-%d: %d records replayed", OFFSETS_TOPIC, index, len(records))
+        finally:
+            self._loading.discard(index)
+        self._wakeup.set()
+
+    async def on_resigned(self, topic: str, partition: int) -> None:
+        if topic != OFFSETS_TOPIC:
+            return
+        self._partitions.pop(partition, None)
+        self._loading.discard(partition)
+        self._records_since_checkpoint.pop(partition, None)
+        self._deliver(self.manager.unload(partition).replies)
+        log.info("no longer coordinating %s-%d", OFFSETS_TOPIC, partition)
+
+    async def _read_all(self, partition: Any) -> list[tuple[object, object | None]]:
+        out: list[tuple[object, object | None]] = []
+        offset = partition.log_start_offset
+        end = partition.high_watermark
+        while offset < end:
+            result = await partition.read(offset, LOAD_READ_BYTES)
+            if not result.batches:
+                break
+            for data in result.batches:
+                for record_offset, key, value in grouplog.decode_batches(data.payload):
+                    if record_offset < offset:
+                        continue  # the first batch may start before where we asked
+                    try:
+                        k = grouplog.decode_key(key)
+                        v = None
+                        if value is not None:
+                            v = grouplog.GroupValue.decode(value) if isinstance(k, grouplog.GroupKey) else grouplog.OffsetValue.decode(value)
+                    except (grouplog.RecordFormatError, UnicodeDecodeError) as exc:
+                        log.warning("%s-%d offset %d: unreadable record skipped: %s", OFFSETS_TOPIC, partition.partition, record_offset, exc)
+                        continue
+                    out.append((k, v))
+            offset = max(offset, result.batches[-1].next_offset)
+        return out
+
+    # ---------------------------------------------------------------- routing
+
+    def partition_for(self, group_id: str) -> int:
+        return self.manager.partition_for(group_id)
+
+    def coordinator_error(self, group_id: str) -> ErrorCode | None:
+        """NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS when this broker cannot serve the group now."""
+        p = self.partition_for(group_id)
+        if p in self._loading:
+            return ErrorCode.coordinator_load_in_progress
+        partition = self._partitions.get(p)
+        if partition is None or getattr(partition, "closed", False):
+            return ErrorCode.not_coordinator
+        return None
+
+    @property
+    def loading(self) -> bool:
+        return bool(self._loading)
+
+    # ---------------------------------------------------------------- effects
+
+    async def apply(self, fx: Effects) -> None:
+        """Persist fx.writes, then deliver fx.replies (NOT_COORDINATOR if the writes failed)."""
+        await self._finish_apply(fx, self._begin_write(fx.writes))
+
+    def apply_soon(self, fx: Effects) -> None:
+        """apply() without waiting (timers); the appends are started now, in call order."""
+        pending = self._begin_write(fx.writes)
+        task = asyncio.get_running_loop().create_task(self._finish_apply(fx, pending))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish_apply(self, fx: Effects, pending: "_PendingWrite") -> None:
+        ok = await self._finish_write(pending)
+        replies = fx.replies
+        if not ok:
+            replies = [
+                (t, JoinResult(ErrorCode.not_coordinator, r.member_id) if isinstance(r, JoinResult) else SyncResult(ErrorCode.not_coordinator))
+                for t, r in replies
+            ]
+        self._deliver(replies)
+        self._wakeup.set()
+
+    @staticmethod
+    def _deliver(replies: list[tuple[Any, Any]]) -> None:
+        for token, result in replies:
+            if isinstance(token, asyncio.Future) and not token.done():
+                token.set_result(result)
+
+    async def write(self, writes: list[Write], on_durable: Any = None) -> bool:
+        """Append records to their partitions; True once all are durable. `on_durable` runs
+        as soon as they are, before anything else can checkpoint the partitions."""
+        return await self._finish_write(self._begin_write(writes), on_durable)
+
+    def _begin_write(self, writes: list[Write]) -> "_PendingWrite":
+        """Start the appends now (synchronously), so the log order of records is the order
+        in which the state machine produced them."""
+        pending = _PendingWrite()
+        for w in writes:
+            pending.records.setdefault(w.partition, []).append((w.key, w.value))
+        for index, records in pending.records.items():
+            try:
+                pending.tasks.extend(self._start_append(index, records))
+            except LookupError as exc:
+                log.warning("writing group records failed: %s", exc)
+                pending.ok = False
+            self._inflight[index] = self._inflight.get(index, 0) + 1
+        return pending
+
+    async def _finish_write(self, pending: "_PendingWrite", on_durable: Any = None) -> bool:
+        ok = pending.ok
+        try:
+            for result in await asyncio.gather(*pending.tasks, return_exceptions=True):
+                if isinstance(result, BaseException):
+                    log.warning("writing group records failed: %s", result)
+                    ok = False
+            if ok and on_durable is not None:
+                on_durable()
+        finally:
+            for index, records in pending.records.items():
+                self._inflight[index] -= 1
+                if ok:
+                    self._records_since_checkpoint[index] = self._records_since_checkpoint.get(index, 0) + len(records)
+                    self._maybe_checkpoint(index)
+        return ok
+
+    def _start_append(self, index: int, records: list[tuple[bytes, bytes | None]]) -> list[asyncio.Task[Any]]:
+        partition = self._partitions.get(index)
+        if partition is None:
+            raise LookupError(f"{OFFSETS_TOPIC}-{index} is not coordinated here")
+        from automq.broker.kafka import records as batches
+
+        loop = asyncio.get_running_loop()
+        tasks = []
+        for start in range(0, len(records), MAX_RECORDS_PER_BATCH):
+            batch = bytearray(grouplog.encode_batch(records[start : start + MAX_RECORDS_PER_BATCH], now_ms()))
+            tasks.append(loop.create_task(partition.append_batch(batch, batches.parse_header(batch))))
+        return tasks
+
+    # ---------------------------------------------------------------- compaction
+
+    def _live_writes(self, index: int) -> list[Write]:
+        out: list[Write] = []
+        for g in self.manager.groups.values():
+            if g.partition != index:
+                continue
+            if g.protocol_type or g.members or g.generation_id:
+                out.append(g.record())
+            for (t, p), o in g.offsets.items():
+                out.append(
+                    Write(index, grouplog.OffsetKey(g.group_id, t, p).encode(),
+                          grouplog.OffsetValue(o.offset, o.leader_epoch, o.metadata, o.commit_timestamp_ms, o.expire_timestamp_ms).encode())
+                )
+        return out
+
+    def _maybe_checkpoint(self, index: int) -> None:
+        written = self._records_since_checkpoint.get(index, 0)
+        if written < CHECKPOINT_MIN_RECORDS or index in self._checkpointing:
+            return
+        live = sum(len(g.offsets) + 1 for g in self.manager.groups.values() if g.partition == index)
+        if written < CHECKPOINT_FACTOR * live:
+            return
+        self._checkpointing.add(index)
+        task = asyncio.get_running_loop().create_task(self._checkpoint(index))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _checkpoint(self, index: int) -> None:
+        """Rewrite the live state and trim the log below it. Only when no other append is in
+        flight: a commit reserved before the checkpoint but not yet applied would otherwise
+        be trimmed away without being part of the checkpoint."""
+        try:
+            partition = self._partitions.get(index)
+            if partition is None or self._inflight.get(index, 0):
+                return
+            start = partition.log_end_offset
+            writes = self._live_writes(index)
+            if writes and not await self.write(writes):
+                return
+            if self._partitions.get(index) is partition:
+                await partition.stream.trim(start)
+                self._records_since_checkpoint[index] = len(writes)
+                log.info("%s-%d checkpointed: %d live records, log trimmed below %d", OFFSETS_TOPIC, index, len(writes), start)
+        except Exception:
+            log.exception("checkpoint of %s-%d failed", OFFSETS_TOPIC, index)
+        finally:
+            self._checkpointing.discard(index)
+
+    # ---------------------------------------------------------------- timers
+
+    async def _run_timers(self) -> None:
+        next_retention = now_ms() + RETENTION_CHECK_INTERVAL_MS
+        while True:
+            deadline = self.manager.next_deadline()
+            wake_at = min(deadline, next_retention) if deadline is not None else next_retention
+            delay = max(0.0, (wake_at - now_ms()) / 1000)
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+            try:
+                current = now_ms()
+                self.apply_soon(self.manager.tick(current))
+                if current >= next_retention:
+                    next_retention = current + RETENTION_CHECK_INTERVAL_MS
+                    self.apply_soon(self.manager.expire_offsets(current))
+            except Exception:
+                log.exception("group coordinator timer failed")
+
+    # ---------------------------------------------------------------- request-level operations
+
+    async def join(self, **kwargs: Any) -> JoinResult:
+        fut: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
+        fx = self.manager.join(now_ms(), token=fut, **kwargs)
+        await self.apply(fx)
+        return await fut
+
+    async def sync(self, **kwargs: Any) -> SyncResult:
+        fut: asyncio.Future[SyncResult] = asyncio.get_running_loop().create_future()
+        fx = self.manager.sync(now_ms(), token=fut, **kwargs)
+        await self.apply(fx)
+        return await fut
+
+    def heartbeat(self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int) -> ErrorCode:
+        error = self.manager.heartbeat(now_ms(), group_id, member_id, group_instance_id, generation_id)
+        self._wakeup.set()
+        return error
+
+    async def leave(self, group_id: str, members: list[tuple[str, str | None]]) -> tuple[ErrorCode, list[ErrorCode]]:
+        top, errors, fx = self.manager.leave(now_ms(), group_id, members)
+        await self.apply(fx)
+        return top, errors
+
+    async def commit(self, plan: CommitPlan) -> dict[tuple[str, int], ErrorCode]:
+        """Make an accepted commit durable, then visible. Errors per partition."""
+        if not plan.writes:
+            return plan.errors
+        if not await self.write(plan.writes, on_durable=lambda: self.manager.complete_commit(plan, now_ms())):
+            return {k: (ErrorCode.not_coordinator if v == ErrorCode.none else v) for k, v in plan.errors.items()}
+        return plan.errors
+
+    async def delete_group(self, group_id: str) -> ErrorCode:
+        error, fx = self.manager.delete_group(group_id, now_ms())
+        if fx.writes and not await self.write(fx.writes):
+            return ErrorCode.not_coordinator
+        return error
+
+    async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
+        top, errors, fx = self.manager.delete_offsets(group_id, partitions)
+        if fx.writes and not await self.write(fx.writes):
+            return ErrorCode.not_coordinator, {}
+        return top, errors

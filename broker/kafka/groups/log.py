@@ -1,0 +1,312 @@
+"""What the group coordinator writes to `__consumer_offsets`, and reading it back.
+
+Records use Kafka's own key and value layouts (non-flexible versions), so Kafka's tooling
+could decode them:
+
+  key v1 (offset commit):   int16 version=1, string group, string topic, int32 partition
+  key v2 (group metadata):  int16 version=2, string group
+  offset value v3:          int16 version=3, int64 offset, int32 leader_epoch, string metadata,
+                            int64 commit_timestamp
+  offset value v1 (with an explicit expiry, OffsetCommit v2-v4 retention_time):
+                            int16 version=1, int64 offset, string metadata,
+                            int64 commit_timestamp, int64 expire_timestamp
+  group value v3:           int16 version=3, string protocol_type, int32 generation,
+                            nullable string protocol, nullable string leader,
+                            int64 current_state_timestamp,
+                            array of members: string member_id, nullable string instance_id,
+                            string client_id, string client_host, int32 rebalance_timeout,
+                            int32 session_timeout, bytes subscription, bytes assignment
+
+A null value is a tombstone (offset deleted / group deleted). Records travel in plain
+(uncompressed) v2 record batches, built here; reading accepts only what this module writes
+and skips, with a log line, anything else a misbehaving client may have put there.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import crc32c
+
+log = logging.getLogger(__name__)
+
+OFFSET_KEY_VERSION = 1
+GROUP_KEY_VERSION = 2
+
+
+class RecordFormatError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------- primitive writers/readers
+
+
+def _str(value: str) -> bytes:
+    raw = value.encode()
+    return struct.pack(">h", len(raw)) + raw
+
+
+def _nstr(value: str | None) -> bytes:
+    return struct.pack(">h", -1) if value is None else _str(value)
+
+
+def _bytes(value: bytes) -> bytes:
+    return struct.pack(">i", len(value)) + value
+
+
+class _Reader:
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise RecordFormatError("truncated record")
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def int16(self) -> int:
+        return struct.unpack(">h", self.take(2))[0]
+
+    def int32(self) -> int:
+        return struct.unpack(">i", self.take(4))[0]
+
+    def int64(self) -> int:
+        return struct.unpack(">q", self.take(8))[0]
+
+    def nstr(self) -> str | None:
+        n = self.int16()
+        return None if n == -1 else self.take(n).decode()
+
+    def str(self) -> str:
+        value = self.nstr()
+        if value is None:
+            raise RecordFormatError("null string where one is required")
+        return value
+
+    def bytes(self) -> bytes:
+        n = self.int32()
+        return b"" if n == -1 else self.take(n)
+
+
+# ---------------------------------------------------------------- keys and values
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetKey:
+    group_id: str
+    topic: str
+    partition: int
+
+    def encode(self) -> bytes:
+        return struct.pack(">h", OFFSET_KEY_VERSION) + _str(self.group_id) + _str(self.topic) + struct.pack(">i", self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupKey:
+    group_id: str
+
+    def encode(self) -> bytes:
+        return struct.pack(">h", GROUP_KEY_VERSION) + _str(self.group_id)
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetValue:
+    offset: int
+    leader_epoch: int
+    metadata: str
+    commit_timestamp_ms: int
+    expire_timestamp_ms: int | None = None
+
+    def encode(self) -> bytes:
+        if self.expire_timestamp_ms is not None:
+            return struct.pack(">hq", 1, self.offset) + _str(self.metadata) + struct.pack(">qq", self.commit_timestamp_ms, self.expire_timestamp_ms)
+        return struct.pack(">hqi", 3, self.offset, self.leader_epoch) + _str(self.metadata) + struct.pack(">q", self.commit_timestamp_ms)
+
+    @classmethod
+    def decode(cls, buf: bytes) -> "OffsetValue":
+        r = _Reader(buf)
+        version = r.int16()
+        if version in (0, 1):
+            offset, metadata, ts = r.int64(), r.str(), r.int64()
+            expire = r.int64() if version == 1 else None
+            return cls(offset, -1, metadata, ts, expire)
+        if version == 3:
+            return cls(r.int64(), r.int32(), r.str(), r.int64())
+        raise RecordFormatError(f"unsupported offset value version {version}")
+
+
+@dataclass(frozen=True, slots=True)
+class MemberValue:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    session_timeout_ms: int
+    subscription: bytes
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GroupValue:
+    protocol_type: str
+    generation_id: int
+    protocol_name: str | None
+    leader_id: str | None
+    state_timestamp_ms: int
+    members: tuple[MemberValue, ...]
+
+    def encode(self) -> bytes:
+        parts = [
+            struct.pack(">h", 3),
+            _str(self.protocol_type),
+            struct.pack(">i", self.generation_id),
+            _nstr(self.protocol_name),
+            _nstr(self.leader_id),
+            struct.pack(">qi", self.state_timestamp_ms, len(self.members)),
+        ]
+        for m in self.members:
+            parts += [
+                _str(m.member_id),
+                _nstr(m.group_instance_id),
+                _str(m.client_id),
+                _str(m.client_host),
+                struct.pack(">ii", m.rebalance_timeout_ms, m.session_timeout_ms),
+                _bytes(m.subscription),
+                _bytes(m.assignment),
+            ]
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, buf: bytes) -> "GroupValue":
+        r = _Reader(buf)
+        version = r.int16()
+        if version != 3:
+            raise RecordFormatError(f"unsupported group value version {version}")
+        protocol_type, generation, protocol, leader, ts = r.str(), r.int32(), r.nstr(), r.nstr(), r.int64()
+        count = r.int32()
+        if count < 0 or count > len(buf):
+            raise RecordFormatError(f"bad member count {count}")
+        members = tuple(
+            MemberValue(r.str(), r.nstr(), r.str(), r.str(), r.int32(), r.int32(), r.bytes(), r.bytes()) for _ in range(count)
+        )
+        return cls(protocol_type, generation, protocol, leader, ts, members)
+
+
+def decode_key(buf: bytes) -> OffsetKey | GroupKey:
+    r = _Reader(buf)
+    version = r.int16()
+    if version in (0, OFFSET_KEY_VERSION):
+        return OffsetKey(r.str(), r.str(), r.int32())
+    if version == GROUP_KEY_VERSION:
+        return GroupKey(r.str())
+    raise RecordFormatError(f"unsupported key version {version}")
+
+
+# ---------------------------------------------------------------- v2 record batches
+
+
+def _varint(value: int) -> bytes:
+    v = (value << 1) ^ (value >> 63)  # zigzag
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise RecordFormatError("truncated or overlong varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+    return (result >> 1) ^ -(result & 1), pos
+
+
+_BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")  # through the record count
+_CRC_START = 21  # attributes begin after baseOffset, batchLength, leaderEpoch, magic, crc
+
+
+def encode_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms: int, base_offset: int = 0) -> bytes:
+    """A plain v2 batch of (key, value) records; value None is a tombstone."""
+    if not records:
+        raise ValueError("a batch needs at least one record")
+    body = bytearray()
+    for delta, (key, value) in enumerate(records):
+        rec = bytearray(b"\x00")  # attributes
+        rec += _varint(0)  # timestamp delta
+        rec += _varint(delta)
+        rec += _varint(len(key)) + key
+        rec += _varint(-1) if value is None else _varint(len(value)) + value
+        rec += _varint(0)  # headers
+        body += _varint(len(rec)) + rec
+    header = _BATCH_HEADER.pack(
+        base_offset, 0, -1, 2, 0, 0, len(records) - 1, timestamp_ms, timestamp_ms, -1, -1, -1, len(records)
+    )
+    batch = bytearray(header) + body
+    struct.pack_into(">i", batch, 8, len(batch) - 12)
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(batch[_CRC_START:]))
+    return bytes(batch)
+
+
+def decode_batches(buf: bytes | memoryview) -> Iterator[tuple[int, bytes, bytes | None]]:
+    """(offset, key, value) of each record in a run of batches written by encode_batch.
+    Corrupt or foreign (compressed, control) batches are skipped with a warning."""
+    buf = memoryview(buf)
+    pos = 0
+    while pos + 61 <= len(buf):
+        (base_offset, length, _epoch, magic, crc, attributes, _lod, _bts, _mts, _pid, _pep, _bseq, count) = _BATCH_HEADER.unpack_from(buf, pos)
+        end = pos + 12 + length
+        if length < 49 or end > len(buf):
+            log.warning("__consumer_offsets: truncated batch at offset %d; ignoring the rest", base_offset)
+            return
+        if magic != 2 or crc32c.crc32c(buf[pos + _CRC_START : end]) != crc:
+            log.warning("__consumer_offsets: corrupt batch at offset %d skipped", base_offset)
+        elif attributes & 0x07 or attributes & 0x20:
+            log.warning("__consumer_offsets: compressed or control batch at offset %d skipped", base_offset)
+        else:
+            try:
+                yield from _decode_records(buf[pos + 61 : end], base_offset, count)
+            except RecordFormatError as exc:
+                log.warning("__consumer_offsets: bad records in batch at offset %d skipped: %s", base_offset, exc)
+        pos = end
+
+
+def _decode_records(buf: memoryview, base_offset: int, count: int) -> Iterator[tuple[int, bytes, bytes | None]]:
+    out = []
+    pos = 0
+    for _ in range(count):
+        length, pos = _read_varint(buf, pos)
+        end = pos + length
+        if length < 0 or end > len(buf):
+            raise RecordFormatError("record overruns its batch")
+        pos += 1  # attributes
+        _ts, pos = _read_varint(buf, pos)
+        delta, pos = _read_varint(buf, pos)
+        klen, pos = _read_varint(buf, pos)
+        if klen < 0 or pos + klen > end:
+            raise RecordFormatError("bad key length")
+        key = bytes(buf[pos : pos + klen])
+        pos += klen
+        vlen, pos = _read_varint(buf, pos)
+        value = None
+        if vlen >= 0:
+            if pos + vlen > end:
+                raise RecordFormatError("bad value length")
+            value = bytes(buf[pos : pos + vlen])
+        out.append((base_offset + delta, key, value))
+        pos = end
+    # all-or-nothing per batch: a half-decoded batch must not half-apply
+    yield from out

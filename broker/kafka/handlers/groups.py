@@ -1,0 +1,409 @@
+"""FindCoordinator and the classic consumer-group APIs: translate kio requests of any version
+into GroupCoordinator calls and build the version's response.
+
+Which broker coordinates a group is Kafka's rule: the leader of `__consumer_offsets`
+partition abs(javaHashCode(group_id)) % partitions (the topic is created on first use).
+A broker asked about a group it does not coordinate says NOT_COORDINATOR; while it replays
+the partition it says COORDINATOR_LOAD_IN_PROGRESS. Transactions are not supported here:
+FindCoordinator for a transactional id says COORDINATOR_NOT_AVAILABLE, as a Kafka cluster
+whose transaction coordinator cannot be placed would.
+
+OffsetCommit/OffsetFetch are served up to v9 (v10 identifies topics by id only, a Kafka 4.1
+addition this broker does not implement; clients negotiate v9).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from automq.broker.kafka.codec import ZERO_THROTTLE, build, has_field, nested
+from automq.broker.kafka.context import RequestContext
+from automq.broker.kafka.groups.coordinator import OFFSETS_TOPIC, GroupCoordinator, now_ms
+from automq.broker.kafka.groups.state import partition_for
+from automq.broker.kafka.handlers.registry import handles
+
+log = logging.getLogger(__name__)
+
+OFFSET_COMMIT = 8
+OFFSET_FETCH = 9
+FIND_COORDINATOR = 10
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
+DELETE_GROUPS = 42
+OFFSET_DELETE = 47
+
+KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = 1
+NO_AUTHORIZED_OPERATIONS = -(2**31)  # Kafka's "not requested" value
+# READ, DELETE, DESCRIBE (AclOperation codes): what any client may do to a group without an authorizer
+GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
+
+
+def _ms(value: Any) -> int:
+    if isinstance(value, datetime.timedelta):
+        return value // datetime.timedelta(milliseconds=1)
+    return int(value)
+
+
+def _coordinator(ctx: RequestContext) -> GroupCoordinator:
+    coordinator = ctx.broker.groups
+    if coordinator is None:
+        raise RuntimeError("this broker runs without a group coordinator")
+    return coordinator
+
+
+def _client_host(ctx: RequestContext) -> str:
+    host = ctx.peer.rsplit(":", 1)[0] if ctx.peer else ""
+    return "/" + host.strip("[]")
+
+
+def _group_error(ctx: RequestContext, group_id: str) -> ErrorCode | None:
+    if not group_id:
+        return None  # the state machine answers INVALID_GROUP_ID where Kafka does
+    return _coordinator(ctx).coordinator_error(group_id)
+
+
+# ---------------------------------------------------------------- FindCoordinator
+
+
+async def _locate(ctx: RequestContext, key_type: int, key: str) -> tuple[ErrorCode, str | None, int, str, int]:
+    """(error, message, node_id, host, port) of the coordinator of `key`."""
+    if key_type == KEY_TYPE_TRANSACTION:
+        return ErrorCode.coordinator_not_available, "transactions are not supported by this cluster", -1, "", -1
+    if key_type != KEY_TYPE_GROUP:
+        return ErrorCode.invalid_request, f"unsupported coordinator key type {key_type}", -1, "", -1
+    broker = ctx.broker
+    try:
+        topic = await broker.ensure_topic(OFFSETS_TOPIC)
+    except Exception as exc:  # the controller is unreachable or refused: clients retry
+        log.warning("cannot create %s: %s", OFFSETS_TOPIC, exc)
+        topic = None
+    if topic is None or not topic.partitions:
+        return ErrorCode.coordinator_not_available, f"{OFFSETS_TOPIC} is not available yet", -1, "", -1
+    info = topic.partitions[partition_for(key, len(topic.partitions))]
+    if info.leader < 0 or info.state != "online":
+        return ErrorCode.coordinator_not_available, "the coordinator is moving", -1, "", -1
+    image = broker.metadata
+    endpoint = None
+    if image is not None:
+        node = next((b for b in image.brokers if b.node_id == info.leader and b.state != "fenced"), None)
+        if node is not None and node.endpoints:
+            wanted = broker.config.listeners[0].name if broker.config.listeners else None
+            endpoint = next((e for e in node.endpoints if e.listener == wanted), node.endpoints[0])
+    if endpoint is None:
+        return ErrorCode.coordinator_not_available, "the coordinator's broker is not available", -1, "", -1
+    return ErrorCode.none, None, info.leader, endpoint.host, endpoint.port
+
+
+@handles(FIND_COORDINATOR)
+async def find_coordinator(request: Any, ctx: RequestContext) -> Any:
+    cls = ctx.response_class
+    key_type = int(getattr(request, "key_type", KEY_TYPE_GROUP))
+    if has_field(cls, "coordinators"):
+        coordinator_cls = nested(cls, "Coordinator")
+        results = []
+        for key in request.coordinator_keys:
+            error, message, node_id, host, port = await _locate(ctx, key_type, key)
+            results.append(build(coordinator_cls, key=key, node_id=node_id, host=host, port=port, error_code=error, error_message=message))
+        return build(cls, throttle_time=ZERO_THROTTLE, coordinators=tuple(results))
+    error, message, node_id, host, port = await _locate(ctx, key_type, request.key)
+    return build(cls, throttle_time=ZERO_THROTTLE, error_code=error, error_message=message, node_id=node_id, host=host, port=port)
+
+
+# ---------------------------------------------------------------- JoinGroup / SyncGroup / Heartbeat / LeaveGroup
+
+
+def _join_response(ctx: RequestContext, error: ErrorCode, member_id: str, result: Any = None) -> Any:
+    cls = ctx.response_class
+    old = ctx.api_version < 7  # protocol_name is not nullable before v7
+    if result is None:
+        return build(cls, throttle_time=ZERO_THROTTLE, error_code=error, generation_id=-1, protocol_type=None,
+                     protocol_name="" if old else None, leader="", skip_assignment=False, member_id=member_id, members=())
+    member_cls = nested(cls, "JoinGroupResponseMember")
+    members = tuple(build(member_cls, member_id=m, group_instance_id=i, metadata=meta) for m, i, meta in result.members)
+    return build(
+        cls,
+        throttle_time=ZERO_THROTTLE,
+        error_code=result.error,
+        generation_id=result.generation_id,
+        protocol_type=result.protocol_type,
+        protocol_name=result.protocol_name if result.protocol_name is not None else ("" if old else None),
+        leader=result.leader_id,
+        skip_assignment=result.skip_assignment,
+        member_id=result.member_id,
+        members=members,
+    )
+
+
+@handles(JOIN_GROUP)
+async def join_group(request: Any, ctx: RequestContext) -> Any:
+    error = _group_error(ctx, request.group_id)
+    if error is not None:
+        return _join_response(ctx, error, request.member_id)
+    session = _ms(request.session_timeout)
+    rebalance = _ms(getattr(request, "rebalance_timeout", -1))
+    result = await _coordinator(ctx).join(
+        group_id=request.group_id,
+        member_id=request.member_id,
+        group_instance_id=getattr(request, "group_instance_id", None),
+        client_id=ctx.client_id or "",
+        client_host=_client_host(ctx),
+        session_timeout_ms=session,
+        rebalance_timeout_ms=rebalance if rebalance >= 0 else session,  # v0 has none: Kafka uses the session timeout
+        protocol_type=request.protocol_type,
+        protocols=[(p.name, bytes(p.metadata)) for p in request.protocols],
+        require_known_member_id=ctx.api_version >= 4,
+    )
+    return _join_response(ctx, result.error, result.member_id, result)
+
+
+@handles(SYNC_GROUP)
+async def sync_group(request: Any, ctx: RequestContext) -> Any:
+    cls = ctx.response_class
+    error = _group_error(ctx, request.group_id)
+    if error is None:
+        result = await _coordinator(ctx).sync(
+            group_id=request.group_id,
+            generation_id=request.generation_id,
+            member_id=request.member_id,
+            group_instance_id=getattr(request, "group_instance_id", None),
+            protocol_type=getattr(request, "protocol_type", None),
+            protocol_name=getattr(request, "protocol_name", None),
+            assignments={a.member_id: bytes(a.assignment) for a in request.assignments},
+        )
+        return build(cls, throttle_time=ZERO_THROTTLE, error_code=result.error, protocol_type=result.protocol_type,
+                      protocol_name=result.protocol_name, assignment=result.assignment)
+    return build(cls, throttle_time=ZERO_THROTTLE, error_code=error, protocol_type=None, protocol_name=None, assignment=b"")
+
+
+@handles(HEARTBEAT)
+async def heartbeat(request: Any, ctx: RequestContext) -> Any:
+    error = _group_error(ctx, request.group_id)
+    if error is None:
+        if not request.group_id:
+            error = ErrorCode.invalid_group_id
+        else:
+            error = _coordinator(ctx).heartbeat(request.group_id, request.member_id, getattr(request, "group_instance_id", None), request.generation_id)
+    return build(ctx.response_class, throttle_time=ZERO_THROTTLE, error_code=error)
+
+
+@handles(LEAVE_GROUP)
+async def leave_group(request: Any, ctx: RequestContext) -> Any:
+    cls = ctx.response_class
+    batched = has_field(type(request), "members")
+    identities = [(m.member_id, m.group_instance_id) for m in request.members] if batched else [(request.member_id, None)]
+    error = _group_error(ctx, request.group_id)
+    if error is None and not request.group_id:
+        error = ErrorCode.invalid_group_id
+    if error is not None:
+        return build(cls, throttle_time=ZERO_THROTTLE, error_code=error, members=())
+    top, errors = await _coordinator(ctx).leave(request.group_id, identities)
+    if not batched:
+        return build(cls, throttle_time=ZERO_THROTTLE, error_code=top if top != ErrorCode.none else errors[0])
+    member_cls = nested(cls, "MemberResponse")
+    members = tuple(
+        build(member_cls, member_id=mid, group_instance_id=iid, error_code=err) for (mid, iid), err in zip(identities, errors)
+    )
+    return build(cls, throttle_time=ZERO_THROTTLE, error_code=top, members=members)
+
+
+# ---------------------------------------------------------------- offsets
+
+
+def _known_partition(ctx: RequestContext, topic: str, partition: int) -> bool:
+    info = ctx.broker.partitions.topic(topic)
+    return info is not None and 0 <= partition < len(info.partitions)
+
+
+@handles(OFFSET_COMMIT, max_version=9)
+async def offset_commit(request: Any, ctx: RequestContext) -> Any:
+    cls = ctx.response_class
+    topic_cls = nested(cls, "OffsetCommitResponseTopic")
+    partition_cls = nested(cls, "OffsetCommitResponsePartition")
+    errors: dict[tuple[str, int], ErrorCode] = {}
+    order = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+    error = _group_error(ctx, request.group_id)
+    if error is not None:
+        errors = {k: error for k in order}
+    else:
+        coordinator = _coordinator(ctx)
+        offsets = []
+        for t in request.topics:
+            for p in t.partitions:
+                if _known_partition(ctx, t.name, p.partition_index):
+                    offsets.append((t.name, p.partition_index, p.committed_offset, getattr(p, "committed_leader_epoch", -1), p.committed_metadata))
+                else:
+                    errors[(t.name, p.partition_index)] = ErrorCode.unknown_topic_or_partition
+        retention = _ms(getattr(request, "retention_time", -1))
+        plan = coordinator.manager.prepare_commit(
+            now_ms(),
+            group_id=request.group_id,
+            generation_id=request.generation_id_or_member_epoch,
+            member_id=request.member_id,
+            group_instance_id=getattr(request, "group_instance_id", None),
+            offsets=offsets,
+            retention_ms=retention if retention >= 0 else -1,
+        )
+        errors.update(await coordinator.commit(plan))
+    topics: dict[str, list[Any]] = {}
+    for name, index in order:
+        topics.setdefault(name, []).append(build(partition_cls, partition_index=index, error_code=errors.get((name, index), ErrorCode.none)))
+    return build(cls, throttle_time=ZERO_THROTTLE, topics=tuple(build(topic_cls, name=n, partitions=tuple(ps)) for n, ps in topics.items()))
+
+
+def _fetch_group(ctx: RequestContext, group_id: str, requested: list[tuple[str, list[int]]] | None) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, Any, ErrorCode]]]]]:
+    """(group error, [(topic, [(partition, CommittedOffset | None, partition error)])])."""
+    error = _group_error(ctx, group_id)
+    if error is None and not group_id:
+        error = ErrorCode.invalid_group_id
+    if error is not None:
+        if requested is None:
+            return error, []
+        return error, [(t, [(p, None, error) for p in ps]) for t, ps in requested]
+    manager = _coordinator(ctx).manager
+    wanted = None if requested is None else [(t, p) for t, ps in requested for p in ps]
+    by_topic: dict[str, list[tuple[int, Any, ErrorCode]]] = {}
+    for t, p, committed in manager.fetch_offsets(group_id, wanted):
+        by_topic.setdefault(t, []).append((p, committed, ErrorCode.none))
+    return ErrorCode.none, list(by_topic.items())
+
+
+@handles(OFFSET_FETCH, max_version=9)
+async def offset_fetch(request: Any, ctx: RequestContext) -> Any:
+    cls = ctx.response_class
+    # require_stable (v7+) asks to wait for pending transactional offsets; there are none here.
+    if has_field(cls, "groups"):
+        group_cls = nested(cls, "OffsetFetchResponseGroup")
+        topic_cls = nested(cls, "OffsetFetchResponseTopics")
+        partition_cls = nested(cls, "OffsetFetchResponsePartitions")
+        groups = []
+        for g in request.groups:
+            requested = None if g.topics is None else [(t.name, list(t.partition_indexes)) for t in g.topics]
+            error, topics = _fetch_group(ctx, g.group_id, requested)
+            groups.append(build(group_cls, group_id=g.group_id, error_code=error, topics=_fetch_topics(topic_cls, partition_cls, topics)))
+        return build(cls, throttle_time=ZERO_THROTTLE, groups=tuple(groups))
+    topic_cls = nested(cls, "OffsetFetchResponseTopic")
+    partition_cls = nested(cls, "OffsetFetchResponsePartition")
+    requested = None if request.topics is None else [(t.name, list(t.partition_indexes)) for t in request.topics]
+    error, topics = _fetch_group(ctx, request.group_id, requested)
+    if has_field(cls, "error_code") and error != ErrorCode.none:
+        topics = []  # v2+: a group-level error is reported once, at the top, with no partitions
+    return build(cls, throttle_time=ZERO_THROTTLE, error_code=error, topics=_fetch_topics(topic_cls, partition_cls, topics))
+
+
+def _fetch_topics(topic_cls: type, partition_cls: type, topics: list[tuple[str, list[tuple[int, Any, ErrorCode]]]]) -> tuple[Any, ...]:
+    out = []
+    for name, parts in topics:
+        out.append(
+            build(
+                topic_cls,
+                name=name,
+                partitions=tuple(
+                    build(
+                        partition_cls,
+                        partition_index=p,
+                        committed_offset=o.offset if o is not None else -1,
+                        committed_leader_epoch=o.leader_epoch if o is not None else -1,
+                        metadata=o.metadata if o is not None else "",
+                        error_code=err,
+                    )
+                    for p, o, err in parts
+                ),
+            )
+        )
+    return tuple(out)
+
+
+@handles(OFFSET_DELETE)
+async def offset_delete(request: Any, ctx: RequestContext) -> Any:
+    cls = ctx.response_class
+    topic_cls = nested(cls, "OffsetDeleteResponseTopic")
+    partition_cls = nested(cls, "OffsetDeleteResponsePartition")
+    error = _group_error(ctx, request.group_id)
+    if error is None and not request.group_id:
+        error = ErrorCode.invalid_group_id
+    if error is not None:
+        return build(cls, error_code=error, throttle_time=ZERO_THROTTLE, topics=())
+    order = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+    unknown = {k: ErrorCode.unknown_topic_or_partition for k in order if not _known_partition(ctx, *k)}
+    top, errors = await _coordinator(ctx).delete_offsets(request.group_id, [k for k in order if k not in unknown])
+    if top != ErrorCode.none:
+        return build(cls, error_code=top, throttle_time=ZERO_THROTTLE, topics=())
+    errors.update(unknown)
+    topics: dict[str, list[Any]] = {}
+    for name, index in order:
+        topics.setdefault(name, []).append(build(partition_cls, partition_index=index, error_code=errors.get((name, index), ErrorCode.none)))
+    return build(cls, error_code=ErrorCode.none, throttle_time=ZERO_THROTTLE,
+                 topics=tuple(build(topic_cls, name=n, partitions=tuple(ps)) for n, ps in topics.items()))
+
+
+# ---------------------------------------------------------------- listing, describing, deleting groups
+
+
+@handles(LIST_GROUPS)
+async def list_groups(request: Any, ctx: RequestContext) -> Any:
+    cls = ctx.response_class
+    group_cls = nested(cls, "ListedGroup")
+    coordinator = _coordinator(ctx)
+    states = list(getattr(request, "states_filter", ()) or ())
+    types = [t.lower() for t in (getattr(request, "types_filter", ()) or ())]
+    listed = coordinator.manager.list_groups(states)
+    if types and "classic" not in types:
+        listed = []
+    error = ErrorCode.coordinator_load_in_progress if coordinator.loading else ErrorCode.none
+    groups = tuple(build(group_cls, group_id=g, protocol_type=pt, group_state=st, group_type="classic") for g, pt, st in listed)
+    return build(cls, throttle_time=ZERO_THROTTLE, error_code=error, groups=groups)
+
+
+@handles(DESCRIBE_GROUPS)
+async def describe_groups(request: Any, ctx: RequestContext) -> Any:
+    cls = ctx.response_class
+    group_cls = nested(cls, "DescribedGroup")
+    member_cls = nested(cls, "DescribedGroupMember")
+    operations = GROUP_OPERATIONS if getattr(request, "include_authorized_operations", False) else NO_AUTHORIZED_OPERATIONS
+    out = []
+    for group_id in request.groups:
+        common = dict(group_id=group_id, authorized_operations=operations, error_message=None)
+        error = _group_error(ctx, group_id)
+        if error is None and not group_id:
+            error = ErrorCode.invalid_group_id
+        if error is not None:
+            out.append(build(group_cls, error_code=error, group_state="", protocol_type="", protocol_data="", members=(), **common))
+            continue
+        summary = _coordinator(ctx).manager.describe(group_id)
+        if summary is None:
+            if ctx.api_version >= 6:
+                out.append(build(group_cls, **{**common, "error_message": f"Group {group_id} not found."}, error_code=ErrorCode.group_id_not_found,
+                                 group_state="Dead", protocol_type="", protocol_data="", members=()))
+            else:
+                out.append(build(group_cls, error_code=ErrorCode.none, group_state="Dead", protocol_type="", protocol_data="", members=(), **common))
+            continue
+        members = tuple(
+            build(member_cls, member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
+                  client_host=m.client_host, member_metadata=m.metadata, member_assignment=m.assignment)
+            for m in summary.members
+        )
+        out.append(build(group_cls, error_code=ErrorCode.none, group_state=summary.state, protocol_type=summary.protocol_type,
+                         protocol_data=summary.protocol_name, members=members, **common))
+    return build(cls, throttle_time=ZERO_THROTTLE, groups=tuple(out))
+
+
+@handles(DELETE_GROUPS)
+async def delete_groups(request: Any, ctx: RequestContext) -> Any:
+    cls = ctx.response_class
+    result_cls = nested(cls, "DeletableGroupResult")
+    results = []
+    for group_id in request.groups_names:
+        error = _group_error(ctx, group_id)
+        if error is None:
+            error = ErrorCode.invalid_group_id if not group_id else await _coordinator(ctx).delete_group(group_id)
+        results.append(build(result_cls, group_id=group_id, error_code=error))
+    return build(cls, throttle_time=ZERO_THROTTLE, results=tuple(results))

@@ -1,0 +1,53 @@
+"""InitProducerId: producer ids for idempotent producers.
+
+Without a transactional id (an idempotent producer), every call gets a fresh producer id with
+epoch 0, as Kafka's coordinator does ("blindly accept and return a new producer id"), also
+when the client passes its current id/epoch (v3+, KIP-360) to recover from an error: a new id
+is always a safe answer for a producer that only needs idempotence.
+
+With a transactional id: this cluster runs no transaction coordinator. A Kafka broker that
+does not coordinate a transactional id answers NOT_COORDINATOR (and FindCoordinator for it
+answers COORDINATOR_NOT_AVAILABLE when no coordinator can be placed), so clients keep looking
+and `initTransactions()` times out rather than failing with a misleading authorization error
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED would tell the user to fix ACLs that do not exist).
+An empty transactional id is INVALID_REQUEST, as in Kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from automq.broker.kafka.codec import ZERO_THROTTLE, build
+from automq.broker.kafka.context import RequestContext
+from automq.broker.kafka.handlers.registry import handles
+from automq.broker.kafka.producers import ProducerIdExhaustedError
+
+log = logging.getLogger(__name__)
+
+INIT_PRODUCER_ID = 22
+
+
+def init_producer_id_answer(transactional_id: str | None, allocate) -> tuple[ErrorCode, int, int]:
+    """(error, producer_id, producer_epoch) for a request; `allocate()` gives a new id."""
+    if transactional_id is not None:
+        if transactional_id == "":
+            return ErrorCode.invalid_request, -1, -1
+        return ErrorCode.not_coordinator, -1, -1
+    try:
+        return ErrorCode.none, allocate(), 0
+    except ProducerIdExhaustedError as exc:
+        log.error("%s", exc)
+        return ErrorCode.coordinator_load_in_progress, -1, -1  # retriable, like Kafka's id block fetch
+
+
+@handles(INIT_PRODUCER_ID)
+async def init_producer_id(request: Any, ctx: RequestContext) -> Any:
+    allocator = ctx.broker.producer_ids
+    if allocator is None:
+        error, pid, epoch = ErrorCode.coordinator_not_available, -1, -1
+    else:
+        error, pid, epoch = init_producer_id_answer(request.transactional_id, allocator.next_id)
+    return build(ctx.response_class, throttle_time=ZERO_THROTTLE, error_code=error, producer_id=pid, producer_epoch=epoch)

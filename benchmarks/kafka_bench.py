@@ -1,0 +1,456 @@
+"""Kafka-level benchmark: a real local cluster, confluent-kafka (librdkafka) as the load
+generator. Prints numbers next to baselines measured in the same run; asserts nothing.
+
+    python benchmarks/kafka_bench.py                         # short default run (~1 min)
+    python benchmarks/kafka_bench.py --catchup-bytes 1GiB --reassign-large 1GiB --duration 30
+    python benchmarks/kafka_bench.py --seaweedfs              # object store: a local SeaweedFS
+    python benchmarks/kafka_bench.py --bootstrap 127.0.0.1:9092   # an already running cluster
+
+What it measures:
+1. baselines: loopback TCP throughput (one socket, 1 MiB writes) and fsync'd file writes
+   (1 MiB writes, fdatasync each) on this machine;
+2. produce throughput (MiB/s) and produce latency p50/p99 (send -> acknowledgement) with
+   acks=all, 1 KiB records, as fast as the producer goes, with one consumer tailing;
+3. the same at a fixed rate (default 10 MiB/s): latency p50/p99 at that load;
+4. catch-up read: a consumer reads --catchup-bytes written earlier from the beginning while
+   producing continues at the fixed rate; read MiB/s and the produce p99 meanwhile;
+5. partition reassignment time for a partition holding 10 MiB and one holding
+   --reassign-large: from AlterPartitionReassignments until a produce to the partition is
+   acknowledged by the new leader.
+
+The load generator runs in this Python process on the same machine as the brokers (2 cores
+here), so the numbers include that contention; latency is measured in the delivery callback,
+so it includes the producer's own queueing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from automq.broker.config import parse_size
+
+MiB = 1 << 20
+RECORD = 1024
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+class Cluster:
+    """`automq local up` in a subprocess, or an existing bootstrap."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.process: subprocess.Popen[str] | None = None
+        self.seaweed = None
+        self.tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.bootstrap = args.bootstrap or ""
+
+    def __enter__(self) -> "Cluster":
+        if self.bootstrap:
+            return self
+        self.tmp = tempfile.TemporaryDirectory(prefix="kafka-bench-")
+        object_store = self.args.object_store
+        if self.args.seaweedfs:
+            from automq.broker.objectstore.seaweedfs import SeaweedFS
+
+            self.seaweed = SeaweedFS(data_dir=Path(self.tmp.name) / "seaweedfs")
+            self.seaweed.start()
+            self.seaweed.export_environment()
+            object_store = self.seaweed.url_for(self.seaweed.create_bucket())
+        port = _free_port_block(self.args.brokers)
+        cmd = [sys.executable, "-m", "automq.broker.cli", "local", "up", "--brokers", str(self.args.brokers),
+               "--data-dir", str(Path(self.tmp.name) / "cluster"), "--port", str(port)]
+        if object_store:
+            cmd += ["--object-store", object_store]
+        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + 180
+        for line in self.process.stdout:
+            if line.startswith("bootstrap: "):
+                self.bootstrap = line.split(" ", 1)[1].strip()
+                break
+            if time.monotonic() > deadline:
+                break
+        if not self.bootstrap:
+            self.__exit__()
+            raise SystemExit("the local cluster did not start; see its logs under " + str(Path(self.tmp.name) / "cluster" / "logs"))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+        if self.seaweed is not None:
+            self.seaweed.stop()
+        if self.tmp is not None:
+            self.tmp.cleanup()
+
+
+def _free_port_block(n: int) -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        ok = True
+        for i in range(n):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", base + i))
+                except OSError:
+                    ok = False
+        if ok and base + n < 65535:
+            return base
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(60)
+    leaders(bootstrap, name, partitions)
+
+
+def leaders(bootstrap: str, name: str, partitions: int, timeout: float = 60) -> dict[int, int]:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        t = admin.list_topics(name, timeout=10).topics.get(name)
+        if t is not None and t.error is None and len(t.partitions) == partitions and all(p.leader >= 0 for p in t.partitions.values()):
+            return {p.id: p.leader for p in t.partitions.values()}
+        time.sleep(0.1)
+    raise RuntimeError(f"no leaders for {name}")
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def loopback_tcp_mib_s(total: int = 512 * MiB) -> float:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+
+    def sink() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while conn.recv_into(buf):
+                pass
+
+    buf = bytearray(MiB)
+    t = threading.Thread(target=sink, daemon=True)
+    t.start()
+    chunk = os.urandom(MiB)
+    with socket.create_connection(("127.0.0.1", port)) as c:
+        start = time.perf_counter()
+        for _ in range(total // MiB):
+            c.sendall(chunk)
+    t.join()
+    elapsed = time.perf_counter() - start
+    server.close()
+    return total / MiB / elapsed
+
+
+def fsync_write_mib_s(directory: str, total: int = 64 * MiB, block: int = MiB) -> tuple[float, float]:
+    """(MiB/s, p99 ms per write+fdatasync) of block-sized writes each made durable."""
+    chunk = os.urandom(block)
+    path = Path(directory) / f"fsync-{uuid.uuid4().hex}"
+    times = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        start = time.perf_counter()
+        for _ in range(total // block):
+            t0 = time.perf_counter()
+            os.write(fd, chunk)
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        path.unlink()
+    return total / MiB / elapsed, _pct(times, 99) * 1000
+
+
+# --------------------------------------------------------------------------- load
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
+
+
+class LoadProducer:
+    """acks=all producer of 1 KiB records whose first 8 bytes carry the send time."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        from confluent_kafka import Producer
+
+        self.topic = topic
+        self.producer = Producer({
+            "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2, "batch.size": 256 * 1024,
+            "queue.buffering.max.kbytes": 256 * 1024, "compression.type": "none", "enable.idempotence": False,
+        })
+        self.latencies: list[float] = []
+        self.acked_bytes = 0
+        self.errors = 0
+        self._padding = os.urandom(RECORD - 8)
+
+    def _on_delivery(self, err, msg) -> None:
+        if err is not None:
+            self.errors += 1
+            return
+        sent = struct.unpack_from(">d", msg.value(), 0)[0]
+        self.latencies.append(time.perf_counter() - sent)
+        self.acked_bytes += RECORD
+
+    def send(self) -> bool:
+        try:
+            self.producer.produce(self.topic, struct.pack(">d", time.perf_counter()) + self._padding, on_delivery=self._on_delivery)
+            return True
+        except BufferError:
+            self.producer.poll(0.001)
+            return False
+
+    def run(self, seconds: float, rate_bytes: float | None = None) -> None:
+        end = time.perf_counter() + seconds
+        start = time.perf_counter()
+        sent = 0
+        while time.perf_counter() < end:
+            if rate_bytes is not None:
+                due = (time.perf_counter() - start) * rate_bytes / RECORD
+                if sent >= due:
+                    self.producer.poll(0)
+                    time.sleep(0.0005)
+                    continue
+            if self.send():
+                sent += 1
+            if sent % 64 == 0:
+                self.producer.poll(0)
+        self.producer.flush(120)
+
+    def reset(self) -> None:
+        self.latencies = []
+        self.acked_bytes = 0
+
+
+class Tail(threading.Thread):
+    """A consumer reading a topic (from the end or the beginning) and counting bytes."""
+
+    def __init__(self, bootstrap: str, topic: str, from_beginning: bool) -> None:
+        super().__init__(daemon=True)
+        from confluent_kafka import Consumer
+
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+            "auto.offset.reset": "earliest" if from_beginning else "latest", "fetch.max.bytes": 64 * MiB,
+            "max.partition.fetch.bytes": 16 * MiB, "queued.max.messages.kbytes": 256 * 1024,
+        })
+        self.consumer.subscribe([topic])
+        self.bytes = 0
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.stop_flag = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_flag.is_set():
+            msgs = self.consumer.consume(10_000, 0.2)
+            if msgs:
+                now = time.perf_counter()
+                if self.first_at is None:
+                    self.first_at = now
+                self.last_at = now
+                self.bytes += sum(len(m.value() or b"") for m in msgs if not m.error())
+        self.consumer.close()
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.join(30)
+
+
+def fill(bootstrap: str, topic: str, total: int) -> float:
+    """Write `total` bytes of 1 KiB records to partition 0 as fast as possible; MiB/s."""
+    p = LoadProducer(bootstrap, topic)
+    start = time.perf_counter()
+    n = total // RECORD
+    sent = 0
+    while sent < n:
+        if p.send():
+            sent += 1
+        if sent % 256 == 0:
+            p.producer.poll(0)
+    p.producer.flush(300)
+    return total / MiB / (time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def throughput(bootstrap: str, seconds: float, partitions: int) -> None:
+    topic = f"bench-tp-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, partitions)
+    tail = Tail(bootstrap, topic, from_beginning=True)
+    tail.start()
+    time.sleep(2.0)  # let the consumer join and fetch before load starts
+    p = LoadProducer(bootstrap, topic)
+    p.run(1.0)  # warm-up
+    p.reset()
+    tail_before = tail.bytes
+    start = time.perf_counter()
+    p.run(seconds)
+    elapsed = time.perf_counter() - start
+    time.sleep(1.0)
+    consumed = tail.bytes - tail_before
+    tail.stop()
+    print(f"produce (max rate, acks=all, 1 KiB, {partitions} partitions, 1 tailing consumer): "
+          f"{p.acked_bytes / MiB / elapsed:.1f} MiB/s, latency p50 {_pct(p.latencies, 50) * 1000:.1f} ms "
+          f"p99 {_pct(p.latencies, 99) * 1000:.1f} ms; consumer read {consumed / MiB / elapsed:.1f} MiB/s; errors {p.errors}")
+
+
+def fixed_rate(bootstrap: str, seconds: float, rate_mib: float, partitions: int) -> None:
+    topic = f"bench-fr-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, partitions)
+    tail = Tail(bootstrap, topic, from_beginning=True)
+    tail.start()
+    time.sleep(2.0)
+    p = LoadProducer(bootstrap, topic)
+    p.run(1.0, rate_mib * MiB)
+    p.reset()
+    start = time.perf_counter()
+    p.run(seconds, rate_mib * MiB)
+    elapsed = time.perf_counter() - start
+    tail.stop()
+    print(f"produce at {rate_mib:g} MiB/s (acks=all, 1 KiB, 1 tailing consumer): achieved {p.acked_bytes / MiB / elapsed:.1f} MiB/s, "
+          f"latency p50 {_pct(p.latencies, 50) * 1000:.2f} ms p99 {_pct(p.latencies, 99) * 1000:.2f} ms "
+          f"max {max(p.latencies, default=float('nan')) * 1000:.1f} ms; errors {p.errors}")
+
+
+def catch_up(bootstrap: str, total: int, rate_mib: float) -> None:
+    old = f"bench-cu-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, old, 1)
+    write_rate = fill(bootstrap, old, total)
+    live = f"bench-live-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, live, 1)
+    p = LoadProducer(bootstrap, live)
+    reader = Tail(bootstrap, old, from_beginning=True)
+    done = threading.Event()
+
+    def produce_meanwhile() -> None:
+        while not done.is_set():
+            p.run(0.5, rate_mib * MiB)
+
+    producing = threading.Thread(target=produce_meanwhile, daemon=True)
+    producing.start()
+    start = time.perf_counter()
+    reader.start()
+    deadline = start + max(120.0, total / MiB)
+    while reader.bytes < total and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    elapsed = time.perf_counter() - start
+    read = reader.bytes
+    reader.stop()
+    done.set()
+    producing.join(60)
+    print(f"catch-up read of {total / MiB:.0f} MiB written earlier (written at {write_rate:.1f} MiB/s): "
+          f"{read / MiB / elapsed:.1f} MiB/s ({read / MiB:.0f} MiB in {elapsed:.1f} s) while producing {rate_mib:g} MiB/s; "
+          f"produce latency meanwhile p50 {_pct(p.latencies, 50) * 1000:.2f} ms p99 {_pct(p.latencies, 99) * 1000:.2f} ms")
+
+
+def reassignment(bootstrap: str, size: int) -> None:
+    from confluent_kafka import Producer
+    from kafka import TopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    topic = f"bench-ra-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, 1)
+    fill(bootstrap, topic, size)
+    leader = leaders(bootstrap, topic, 1)[0]
+    from confluent_kafka.admin import AdminClient
+
+    brokers = sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).brokers)
+    target = next((b for b in brokers if b != leader), None)
+    if target is None:
+        print("reassignment: needs two brokers (--brokers 2)")
+        return
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "message.timeout.ms": 60_000})
+    producer.produce(topic, b"warm")
+    producer.flush(30)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=60_000)
+    try:
+        start = time.perf_counter()
+        admin.alter_partition_reassignments({TopicPartition(topic, 0): [target]})
+        moved_at = None
+        while time.perf_counter() - start < 60:
+            if leaders(bootstrap, topic, 1)[0] == target:
+                moved_at = time.perf_counter()
+                break
+            time.sleep(0.01)
+        acked: list[float] = []
+        producer.produce(topic, b"after-move", on_delivery=lambda err, msg: acked.append(time.perf_counter()) if err is None else None)
+        producer.flush(60)
+    finally:
+        admin.close()
+    if moved_at is None or not acked:
+        print(f"reassignment of a partition holding {size / MiB:.0f} MiB: did not complete within 60 s")
+        return
+    print(f"reassignment of a partition holding {size / MiB:.0f} MiB (broker {leader} -> {target}): "
+          f"new leader in metadata after {(moved_at - start) * 1000:.0f} ms, first produce acknowledged by it after "
+          f"{(acked[0] - start) * 1000:.0f} ms")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bootstrap", help="use a running cluster instead of starting one")
+    ap.add_argument("--brokers", type=int, default=2)
+    ap.add_argument("--object-store", help="object store URL for the started cluster (default: embedded file://)")
+    ap.add_argument("--seaweedfs", action="store_true", help="start a local SeaweedFS and use it as the object store")
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds of each produce run")
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--rate-mib", type=float, default=10.0, help="fixed produce rate for the latency run")
+    ap.add_argument("--catchup-bytes", type=parse_size, default=256 * MiB)
+    ap.add_argument("--reassign-large", type=parse_size, default=100 * MiB)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["baseline", "throughput", "fixed", "catchup", "reassign"])
+    args = ap.parse_args()
+
+    if "baseline" not in args.skip:
+        print(f"baseline: loopback TCP {loopback_tcp_mib_s():.0f} MiB/s (1 MiB writes, one connection)")
+        with tempfile.TemporaryDirectory(prefix="fsync-", dir=os.environ.get("BENCH_FSYNC_DIR")) as d:
+            rate, p99 = fsync_write_mib_s(d)
+            print(f"baseline: fdatasync'd file writes {rate:.0f} MiB/s (1 MiB per write+fdatasync, p99 {p99:.1f} ms) in {d}")
+    with Cluster(args) as cluster:
+        print(f"cluster: {cluster.bootstrap} ({'SeaweedFS' if args.seaweedfs else args.object_store or 'embedded file:// store'})")
+        if "throughput" not in args.skip:
+            throughput(cluster.bootstrap, args.duration, args.partitions)
+        if "fixed" not in args.skip:
+            fixed_rate(cluster.bootstrap, args.duration, args.rate_mib, args.partitions)
+        if "catchup" not in args.skip:
+            catch_up(cluster.bootstrap, args.catchup_bytes, args.rate_mib)
+        if "reassign" not in args.skip:
+            reassignment(cluster.bootstrap, 10 * MiB)
+            reassignment(cluster.bootstrap, args.reassign_large)
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

@@ -37,6 +37,17 @@ from kio.serial.readers import read_compact_array_length, read_int8, read_legacy
 
 ZERO_THROTTLE = datetime.timedelta(0)
 
+
+class _CloseConnection:
+    """Returned by a handler instead of a response: send nothing and close the connection
+    once earlier responses are out (Kafka does this for a failed acks=0 produce)."""
+
+    def __repr__(self) -> str:
+        return "CLOSE_CONNECTION"
+
+
+CLOSE_CONNECTION = _CloseConnection()
+
 # Kafka 4.0 broker ranges (KIP-896 removed the pre-2.1 versions). Only keys with a registered
 # handler are advertised; kio's available versions cut these further (see supported_range).
 KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
@@ -243,20 +254,17 @@ def decode_request(frame: bytes, served: dict[int, tuple[int, int]]) -> DecodedR
     cls = request_class(api_key, api_version)
     header = parse_header(frame, cls.__flexible__)
     try:
-        request, end = _reader(cls)(frame, header.size)
+        request, _size = _reader(cls)(frame, header.size)
     except KeyError as exc:
         # kio knows only the tags of its schema; unknown tags must be skipped (KIP-482)
         try:
-            request, end = _read_entity_tolerant(cls, frame, header.size)
+            request, _end = _read_entity_tolerant(cls, frame, header.size)
         except (DecodeError, ValueError, KeyError, TypeError, UnicodeDecodeError) as inner:
             raise RequestDecodeError(api_key, api_version, correlation_id, str(inner)) from None
         del exc
     except (DecodeError, ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:
         raise RequestDecodeError(api_key, api_version, correlation_id, str(exc) or type(exc).__name__) from None
-    if end != len(frame):
-        # Kafka tolerates trailing bytes? No: the Java parser reads the struct and ignores the
-        # rest, but a size mismatch means a confused client; we follow Java and ignore them.
-        pass
+    # Trailing bytes after the body are ignored, as the Java broker's parser does.
     return DecodedRequest(header, request, response_class(api_key, api_version))
 
 
@@ -292,7 +300,8 @@ def _read_entity_tolerant(cls: type, buf: bytes | memoryview, position: int) -> 
 def _read_field(cls: type, f: dataclasses.Field, buf, position: int, is_tag: bool) -> tuple[Any, int]:
     kind = classify_field(f)
     if isinstance(kind, (PrimitiveField, PrimitiveTupleField)):
-        return get_field_reader(cls, f, False, is_tag)(buf, position)
+        value, size = get_field_reader(cls, f, False, is_tag)(buf, position)  # kio returns sizes, not positions
+        return value, position + size
     if isinstance(kind, EntityField):
         if is_optional(f) and not is_tag:
             marker, n = read_int8(buf, position)
@@ -385,3 +394,40 @@ def has_field(cls: type, name: str) -> bool:
 def nested(cls: type, name: str) -> type:
     """A nested entity class (e.g. 'MetadataResponseBroker') of the same schema module/version."""
     return getattr(importlib.import_module(cls.__module__), name)
+
+
+# ----- error responses for any API (a handler failed unexpectedly)
+
+
+def _default_for(f: dataclasses.Field, error_code: Any) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    kafka_type = f.metadata.get("kafka_type")
+    if kafka_type == "error_code":
+        return error_code
+    kind = classify_field(f)
+    if kind.is_array:
+        return ()
+    if is_optional(f):
+        return None
+    if isinstance(kind, EntityField):
+        return error_response(kind.type_, error_code)
+    return {
+        "string": "",
+        "bytes": b"",
+        "records": b"",
+        "bool": False,
+        "uuid": None,
+        "timedelta_i32": ZERO_THROTTLE,
+        "timedelta_i64": ZERO_THROTTLE,
+        "datetime_i64": datetime.datetime.fromtimestamp(0, datetime.timezone.utc),
+        "float64": 0.0,
+    }.get(kafka_type, -1 if kafka_type in ("int32", "int64") else 0)
+
+
+def error_response(cls: type, error_code: Any) -> Any:
+    """A response of `cls` carrying error_code in every required error field, empty lists
+    elsewhere: what a Java broker's `getErrorResponse` amounts to for unexpected failures."""
+    return cls(**{f.name: _default_for(f, error_code) for f in fields(cls) if f.default is dataclasses.MISSING or f.metadata.get("kafka_type") == "error_code"})

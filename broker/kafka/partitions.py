@@ -64,14 +64,14 @@ class AppendResult:
     duplicate: bool = False  # an idempotent retry answered with its original offset
 
 
-def _new_producer_state() -> Any:
+def _new_producer_state(expiration_ms: int) -> Any:
     try:
         from automq.broker.kafka.producers import ProducerStateManager
     except ModuleNotFoundError as exc:
         if exc.name != "automq.broker.kafka.producers":
             raise
         return None
-    return ProducerStateManager()
+    return ProducerStateManager(producer_id_expiration_ms=expiration_ms)
 
 
 class Partition:
@@ -88,6 +88,9 @@ class Partition:
         self._manager = manager
         self._waiters: set[asyncio.Future[None]] = set()
         self.closed = False
+        # (offset, timestamp) of the largest batch maxTimestamp seen (appends since open and
+        # the tail scanned on open): ListOffsets MAX_TIMESTAMP without scanning the log
+        self.max_timestamp: tuple[int, int] | None = None
 
     # ---------------------------------------------------------------- offsets
 
@@ -138,11 +141,17 @@ class Partition:
         try:
             # stream.append reserves [end_offset, end_offset+count) before its first await
             await self.stream.append(batch, header.record_count)
-        except StreamClosedError:
-            self._fenced()
-            raise NotLeaderError(f"{self.topic}-{self.partition}: stream closed or fenced") from None
+        except BaseException as exc:
+            if idempotent:
+                state.discard(header.producer_id, header.producer_epoch, header.base_sequence, header.record_count)
+            if isinstance(exc, StreamClosedError):
+                self._fenced()
+                raise NotLeaderError(f"{self.topic}-{self.partition}: stream closed or fenced") from None
+            raise
+        timestamp = append_time if append_time >= 0 else header.max_timestamp
+        if self.max_timestamp is None or timestamp > self.max_timestamp[1]:
+            self.max_timestamp = (base_offset + header.last_offset_delta, timestamp)
         if idempotent:
-            timestamp = append_time if append_time >= 0 else header.max_timestamp
             state.record(header.producer_id, header.producer_epoch, header.base_sequence, header.record_count, base_offset, timestamp)
         self._wake()
         return AppendResult(base_offset, append_time)
@@ -191,11 +200,34 @@ class Partition:
         except StreamClosedError:
             pass
 
+    async def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(base offset, maxTimestamp) of the first batch with maxTimestamp >= timestamp_ms.
+
+        Binary search over offsets with one-batch reads, assuming batch max timestamps grow
+        with offsets (what Kafka's time index assumes too), then a forward scan of the
+        batches read around the answer. O(log n) reads instead of reading the whole log."""
+        low, high = self.log_start_offset, self.high_watermark
+        answer: tuple[int, int] | None = None
+        while low < high:
+            mid = (low + high) // 2
+            result = await self.read(mid, 1, high)
+            if not result.batches:
+                break
+            batch = result.batches[0]
+            header = records.parse_header(batch.payload)
+            if header.max_timestamp >= timestamp_ms:
+                answer = (batch.base_offset, header.max_timestamp)
+                if batch.base_offset <= low:
+                    break
+                high = batch.base_offset
+            else:
+                low = max(batch.next_offset, mid + 1)
+        return answer
+
     async def rebuild_producer_state(self) -> None:
-        """Feed K2's ProducerStateManager the producer fields of the log tail's batches."""
+        """Feed K2's ProducerStateManager the producer fields of the log tail's batches
+        (and note the tail's largest timestamp for ListOffsets MAX_TIMESTAMP)."""
         state = self.producer_state
-        if state is None or not hasattr(state, "rebuild"):
-            return
         end = self.stream.confirm_offset
         start = max(self.stream.start_offset, end - PRODUCER_STATE_REBUILD_OFFSETS)
         entries: list[tuple[int, int, int, int, int, int]] = []
@@ -206,8 +238,12 @@ class Partition:
                 break
             for data in result.batches:
                 entries.extend(records.producer_entries(data.payload))
+                latest = records.max_timestamp(data.payload)
+                if latest is not None and (self.max_timestamp is None or latest[1] > self.max_timestamp[1]):
+                    self.max_timestamp = latest
             offset = result.batches[-1].next_offset
-        state.rebuild(entries)
+        if state is not None and hasattr(state, "rebuild"):
+            state.rebuild(entries)
 
 
 class PartitionManager:
@@ -376,7 +412,7 @@ class PartitionManager:
         if latest_p is None or latest_p.leader != self._broker.node_id or latest_p.leader_epoch != info.leader_epoch or latest_p.state != "online":
             return
         stream = await self._broker.storage.open_stream(info.stream_id, info.leader_epoch)
-        partition = Partition(info, topic, stream, _new_producer_state(), self)
+        partition = Partition(info, topic, stream, _new_producer_state(self._broker.config.kafka.producer_id_expiration_ms), self)
         try:
             await partition.rebuild_producer_state()
         except Exception:

@@ -49,5 +49,18 @@ def lookup(api_key: int) -> Registration | None:
     return _HANDLERS.get(api_key)
 
 
+def served_ranges() -> dict[int, tuple[int, int]]:
+    """api key -> (min, max) version for every registered handler: what ApiVersions advertises
+    and what the server accepts (anything else is answered as Kafka does)."""
+    from automq.broker.kafka.codec import supported_range
+
+    served = {}
+    for key, reg in sorted(_HANDLERS.items()):
+        span = supported_range(key, reg.min_version, reg.max_version)
+        if span is not None:
+            served[key] = span
+    return served
+
+
 def registrations() -> dict[int, Registration]:
     return dict(_HANDLERS)

@@ -1,0 +1,285 @@
+"""Fetch: whole stored batches, concatenated as they are, long-polled, with fetch sessions.
+
+- Long poll: if fewer than min_bytes are available the request waits up to max_wait for an
+  append to any of its partitions to become durable (a future per request, woken by the
+  partitions; no polling), then reads again.
+- Only durable data is served: reads stop at the high watermark (= the stream's confirm
+  offset). isolation_level read_committed behaves as read_uncommitted because there are no
+  transactions; the last stable offset is the high watermark and no aborted transactions are
+  reported.
+- OFFSET_OUT_OF_RANGE below the log start offset or past the log end offset (an offset
+  between the high watermark and the log end is a normal wait, as in Kafka).
+- partition_max_bytes and the response max_bytes bound the data, except that the first
+  batch found is always returned whole (KIP-74) so a consumer can always make progress.
+- Fetch sessions (KIP-227, v7+): see fetch_sessions.py. v13+ names topics by topic id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from kio.schema.errors import ErrorCode
+
+from automq.broker.kafka import codec
+from automq.broker.kafka.context import RequestContext
+from automq.broker.kafka.fetch_sessions import FINAL_EPOCH, INITIAL_EPOCH, FetchSession, SessionPartition
+from automq.broker.kafka.handlers.metadata import topic_uuid
+from automq.broker.kafka.handlers.registry import handles
+from automq.broker.kafka.partitions import NotLeaderError, Partition, UnknownPartitionError
+from automq.broker.storage.api import OffsetOutOfRangeError, StreamClosedError
+
+log = logging.getLogger(__name__)
+
+API_KEY = 1
+
+
+@dataclass(slots=True)
+class _Read:
+    """One partition's answer being assembled."""
+
+    target: SessionPartition
+    topic_id: uuid.UUID | None
+    error: ErrorCode = ErrorCode.none
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    payloads: list = field(default_factory=list)
+    size: int = 0
+    partition: Partition | None = None
+
+
+def _resolve_topic(broker, ctx_version: int, topic) -> tuple[str | None, uuid.UUID | None]:
+    if ctx_version >= 13:
+        topic_id = topic.topic_id
+        info = broker.partitions.topic_by_id(str(topic_id)) if topic_id is not None else None
+        return (info.name if info is not None else None), topic_id
+    name = topic.topic
+    info = broker.partitions.topic(name)
+    return name, (topic_uuid(info.topic_id) if info is not None else None)
+
+
+async def _read_partition(read: _Read, max_bytes: int) -> None:
+    """Fill `read` with up to max_bytes of batches (at least one if any) or an error."""
+    partition = read.partition
+    if partition is None:
+        return
+    target = read.target
+    try:
+        hw = partition.high_watermark
+        read.high_watermark = hw
+        read.log_start_offset = partition.log_start_offset
+        offset = target.fetch_offset
+        if offset < read.log_start_offset or offset > partition.log_end_offset:
+            read.error = ErrorCode.offset_out_of_range
+            return
+        if offset >= hw or max_bytes <= 0:
+            return
+        result = await partition.read(offset, max_bytes, hw)
+        read.payloads = [b.payload for b in result.batches]
+        read.size = sum(len(p) for p in read.payloads)
+        read.high_watermark = partition.high_watermark
+        read.log_start_offset = partition.log_start_offset
+    except OffsetOutOfRangeError as exc:
+        read.error = ErrorCode.offset_out_of_range
+        read.log_start_offset = exc.start_offset
+    except (NotLeaderError, StreamClosedError):
+        read.error = ErrorCode.not_leader_or_follower
+    except Exception:
+        log.exception("fetch of %s-%d at %d failed", target.topic, target.partition, target.fetch_offset)
+        read.error = ErrorCode.kafka_storage_error
+
+
+@handles(API_KEY)
+async def fetch(request, ctx: RequestContext):
+    broker = ctx.broker
+    version = ctx.api_version
+    cls = ctx.response_class
+    sessions = broker.fetch_sessions
+
+    # ---- what to read: the request's partitions, or the session's (KIP-227)
+    requested: list[tuple[SessionPartition, uuid.UUID | None, ErrorCode]] = []
+    for topic in request.topics:
+        name, topic_id = _resolve_topic(broker, version, topic)
+        for p in topic.partitions:
+            sp = SessionPartition(
+                topic=name or "",
+                partition=p.partition,
+                fetch_offset=p.fetch_offset,
+                max_bytes=p.partition_max_bytes,
+                current_leader_epoch=getattr(p, "current_leader_epoch", -1),
+            )
+            missing = ErrorCode.none if name is not None else (ErrorCode.unknown_topic_id if version >= 13 else ErrorCode.unknown_topic_or_partition)
+            requested.append((sp, topic_id, missing))
+
+    session: FetchSession | None = None
+    response_session_id = 0
+    incremental = False
+    session_id = getattr(request, "session_id", 0)
+    epoch = getattr(request, "session_epoch", FINAL_EPOCH)
+    if version >= 7:
+        if epoch == FINAL_EPOCH:
+            if session_id:
+                sessions.remove(session_id)
+        elif epoch == INITIAL_EPOCH:
+            if session_id:
+                sessions.remove(session_id)
+            session = sessions.create()
+            if session is not None:
+                response_session_id = session.session_id
+                for sp, _tid, err in requested:
+                    if err == ErrorCode.none:
+                        session.partitions[(sp.topic, sp.partition)] = sp
+        else:
+            session = sessions.get(session_id)
+            if session is None:
+                return _top_level_error(cls, ErrorCode.fetch_session_id_not_found)
+            if session.epoch != epoch:
+                return _top_level_error(cls, ErrorCode.invalid_fetch_session_epoch)
+            incremental = True
+            response_session_id = session.session_id
+            for sp, _tid, err in requested:
+                key = (sp.topic, sp.partition)
+                old = session.partitions.get(key)
+                if old is not None:
+                    old.fetch_offset = sp.fetch_offset
+                    old.max_bytes = sp.max_bytes
+                    old.current_leader_epoch = sp.current_leader_epoch
+                elif err == ErrorCode.none:
+                    session.partitions[key] = sp
+            for forgotten in getattr(request, "forgotten_topics_data", ()):
+                if version >= 13:
+                    info = broker.partitions.topic_by_id(str(forgotten.topic_id))
+                    fname = info.name if info is not None else None
+                else:
+                    fname = forgotten.topic
+                for index in forgotten.partitions:
+                    session.partitions.pop((fname, index), None)
+        if session is not None:
+            session.next_epoch()
+
+    reads: list[_Read] = []
+    if incremental:
+        errors_by_key = {(sp.topic, sp.partition): (tid, err) for sp, tid, err in requested if err != ErrorCode.none}
+        for key, sp in session.partitions.items():
+            info = broker.partitions.topic(sp.topic)
+            tid = topic_uuid(info.topic_id) if info is not None else None
+            reads.append(_Read(sp, tid))
+        for sp, tid, err in requested:
+            if err != ErrorCode.none and (sp.topic, sp.partition) in errors_by_key:
+                reads.append(_Read(sp, tid, error=err))
+    else:
+        reads = [_Read(sp, tid, error=err) for sp, tid, err in requested]
+
+    for read in reads:
+        if read.error != ErrorCode.none:
+            continue
+        try:
+            read.partition = broker.partitions.get(read.target.topic, read.target.partition)
+        except NotLeaderError:
+            read.error = ErrorCode.not_leader_or_follower
+        except UnknownPartitionError:
+            read.error = ErrorCode.unknown_topic_or_partition
+
+    # ---- read, long-poll until min_bytes or max_wait
+    max_bytes = getattr(request, "max_bytes", 0x7FFFFFFF)
+    min_bytes = request.min_bytes
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + request.max_wait.total_seconds()
+    while True:
+        await _read_all(reads, max_bytes)
+        total = sum(r.size for r in reads)
+        any_error = any(r.error != ErrorCode.none for r in reads)
+        remaining = deadline - loop.time()
+        if total >= min_bytes or total >= max_bytes or any_error or remaining <= 0 or not reads:
+            break
+        waiter: asyncio.Future[None] = loop.create_future()
+        led = [r.partition for r in reads if r.partition is not None]
+        for p in led:
+            p.add_waiter(waiter)
+        try:
+            # an append may have landed between the read and registering the waiter
+            if any(p.high_watermark > r.high_watermark for r in reads if (p := r.partition) is not None):
+                continue
+            await asyncio.wait_for(waiter, remaining)
+        except (TimeoutError, asyncio.TimeoutError):
+            pass
+        finally:
+            for p in led:
+                p.remove_waiter(waiter)
+        if loop.time() >= deadline:
+            await _read_all(reads, max_bytes)
+            break
+
+    # ---- answer
+    metrics = broker.metrics
+    partition_cls = codec.nested(cls, "PartitionData")
+    topic_cls = codec.nested(cls, "FetchableTopicResponse")
+    topics: list = []
+    current_key = None
+    current_parts: list = []
+    for read in reads:
+        sp = read.target
+        if incremental and read.size == 0 and read.error == ErrorCode.none and read.high_watermark == sp.last_high_watermark and read.log_start_offset == sp.last_log_start_offset:
+            continue  # nothing new for this partition: incremental responses leave it out
+        sp.last_high_watermark = read.high_watermark
+        sp.last_log_start_offset = read.log_start_offset
+        data = b"".join(read.payloads) if read.payloads else b""
+        if read.size:
+            metrics.record_fetch(sp.topic, read.size)
+        part = codec.build(
+            partition_cls,
+            partition_index=sp.partition,
+            error_code=read.error,
+            high_watermark=read.high_watermark,
+            last_stable_offset=read.high_watermark,
+            log_start_offset=read.log_start_offset,
+            aborted_transactions=None,
+            preferred_read_replica=-1,
+            records=data,
+        )
+        key = read.topic_id if version >= 13 else sp.topic
+        if key != current_key or not topics and not current_parts:
+            if current_parts:
+                topics.append((current_key, current_parts))
+            current_key, current_parts = key, []
+        current_parts.append(part)
+    if current_parts:
+        topics.append((current_key, current_parts))
+    if version >= 13:
+        responses = tuple(codec.build(topic_cls, topic_id=k, partitions=tuple(ps)) for k, ps in topics)
+    else:
+        responses = tuple(codec.build(topic_cls, topic=k, partitions=tuple(ps)) for k, ps in topics)
+    return codec.build(cls, throttle_time=codec.ZERO_THROTTLE, error_code=ErrorCode.none, session_id=response_session_id, responses=responses)
+
+
+async def _read_all(reads: list[_Read], max_bytes: int) -> None:
+    """Read every partition that has nothing yet; then cut to the response's max_bytes in
+    request order, keeping at least the first batch found."""
+    pending = [r for r in reads if r.partition is not None and r.size == 0 and r.error == ErrorCode.none]
+    if not pending:
+        return
+    limits = [min(r.target.max_bytes, max_bytes) for r in pending]
+    if len(pending) == 1:
+        await _read_partition(pending[0], limits[0])
+    else:
+        await asyncio.gather(*(_read_partition(r, lim) for r, lim in zip(pending, limits)))
+    budget = max_bytes
+    first = True
+    for r in reads:
+        if not r.payloads:
+            continue
+        kept, size = [], 0
+        for payload in r.payloads:
+            if size + len(payload) > budget and not (first and not kept):
+                break
+            kept.append(payload)
+            size += len(payload)
+        first = False
+        r.payloads, r.size = kept, size
+        budget -= size
+
+
+def _top_level_error(cls, error: ErrorCode):
+    return codec.build(cls, throttle_time=codec.ZERO_THROTTLE, error_code=error, session_id=0, responses=())

@@ -1,0 +1,74 @@
+"""ListOffsets: earliest (-2), latest (-1), by timestamp, max timestamp (-3).
+
+Latest is the high watermark for both isolation levels (no transactions: the last stable
+offset equals the high watermark). EARLIEST_LOCAL (-4) is the log start (all data is
+"local" in the sense that every offset is readable). By timestamp answers with batch
+granularity: the base offset of the first batch whose maxTimestamp >= the timestamp (record
+headers are not parsed on this path); a consumer seeking there skips the earlier records of
+that batch by timestamp itself. MAX_TIMESTAMP reports the largest batch max timestamp seen by
+this leader (appends since it opened the partition and the tail scanned at open).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kio.schema.errors import ErrorCode
+
+from automq.broker.kafka import codec
+from automq.broker.kafka.context import RequestContext
+from automq.broker.kafka.handlers.registry import handles
+from automq.broker.kafka.partitions import NotLeaderError, UnknownPartitionError
+from automq.broker.storage.api import StreamClosedError
+
+log = logging.getLogger(__name__)
+
+API_KEY = 2
+LATEST = -1
+EARLIEST = -2
+MAX_TIMESTAMP = -3
+EARLIEST_LOCAL = -4
+EARLIEST_TIERED = -5
+
+
+@handles(API_KEY)
+async def list_offsets(request, ctx: RequestContext):
+    broker = ctx.broker
+    cls = ctx.response_class
+    partition_cls = codec.nested(cls, "ListOffsetsPartitionResponse")
+    topic_cls = codec.nested(cls, "ListOffsetsTopicResponse")
+    topics = []
+    for topic in request.topics:
+        parts = []
+        for req in topic.partitions:
+            error, offset, timestamp, epoch = ErrorCode.none, -1, -1, -1
+            try:
+                partition = broker.partitions.get(topic.name, req.partition_index)
+                epoch = partition.leader_epoch
+                current = getattr(req, "current_leader_epoch", -1)
+                if current >= 0 and current > partition.leader_epoch:
+                    error = ErrorCode.unknown_leader_epoch
+                elif current >= 0 and current < partition.leader_epoch:
+                    error = ErrorCode.fenced_leader_epoch
+                elif req.timestamp == LATEST:
+                    offset = partition.high_watermark
+                elif req.timestamp in (EARLIEST, EARLIEST_LOCAL, EARLIEST_TIERED):
+                    offset = partition.log_start_offset
+                elif req.timestamp == MAX_TIMESTAMP:
+                    if partition.max_timestamp is not None:
+                        offset, timestamp = partition.max_timestamp
+                elif req.timestamp >= 0:
+                    found = await partition.offset_for_timestamp(req.timestamp)
+                    if found is not None:
+                        offset, timestamp = found
+                else:
+                    error = ErrorCode.invalid_request
+            except (NotLeaderError, StreamClosedError):
+                error = ErrorCode.not_leader_or_follower
+            except UnknownPartitionError:
+                error = ErrorCode.unknown_topic_or_partition
+            if error != ErrorCode.none:
+                offset, timestamp = -1, -1
+            parts.append(codec.build(partition_cls, partition_index=req.partition_index, error_code=error, timestamp=timestamp, offset=offset, leader_epoch=epoch))
+        topics.append(codec.build(topic_cls, name=topic.name, partitions=tuple(parts)))
+    return codec.build(cls, throttle_time=codec.ZERO_THROTTLE, topics=tuple(topics))

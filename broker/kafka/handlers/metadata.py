@@ -1,0 +1,146 @@
+"""Metadata: brokers, topics, partition leaders, from the controller image this broker follows.
+
+One replica per partition (durability is the WAL + object store): replicas = ISR = [leader].
+A partition without a leader (being placed or moved) reports LEADER_NOT_AVAILABLE. Unknown
+topics are created when both the request and `kafka.auto_create_topics_enable` allow it.
+The controller id reported is this broker: in KRaft clusters clients never talk to the
+controller quorum, and admin clients send controller-bound requests to that node id.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import uuid
+
+from kio.schema.errors import ErrorCode
+
+from automq.broker.controller.protocol import MetadataImage, TopicInfo
+from automq.broker.kafka import codec
+from automq.broker.kafka.broker import INTERNAL_TOPICS
+from automq.broker.kafka.context import RequestContext
+from automq.broker.kafka.handlers.registry import handles
+
+API_KEY = 3
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def valid_topic_name(name: str) -> bool:
+    return bool(_LEGAL_TOPIC.match(name)) and name not in (".", "..")
+
+
+@functools.lru_cache(maxsize=65536)
+def topic_uuid(topic_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(topic_id)
+    except ValueError:
+        # not a UUID string: derive a stable one so clients still get a usable id
+        return uuid.uuid5(uuid.NAMESPACE_OID, topic_id)
+
+
+def _topic_response(cls, topic: TopicInfo, image: MetadataImage, live: set[int]):
+    partition_cls = codec.nested(cls, "MetadataResponsePartition")
+    topic_cls = codec.nested(cls, "MetadataResponseTopic")
+    parts = []
+    for p in topic.partitions:
+        has_leader = p.leader >= 0 and p.leader in live
+        leader = p.leader if has_leader else -1
+        nodes = (leader,) if has_leader else ()
+        parts.append(
+            codec.build(
+                partition_cls,
+                error_code=ErrorCode.none if has_leader else ErrorCode.leader_not_available,
+                partition_index=p.partition,
+                leader_id=leader,
+                leader_epoch=p.leader_epoch,
+                replica_nodes=nodes,
+                isr_nodes=nodes,
+                offline_replicas=(),
+            )
+        )
+    return codec.build(
+        topic_cls,
+        error_code=ErrorCode.none,
+        name=topic.name,
+        topic_id=topic_uuid(topic.topic_id),
+        is_internal=topic.name in INTERNAL_TOPICS,
+        partitions=tuple(parts),
+        topic_authorized_operations=-2147483648,
+    )
+
+
+def _error_topic(cls, name: str | None, error: ErrorCode, topic_id: uuid.UUID | None = None):
+    topic_cls = codec.nested(cls, "MetadataResponseTopic")
+    return codec.build(
+        topic_cls, error_code=error, name=name, topic_id=topic_id, is_internal=False, partitions=(), topic_authorized_operations=-2147483648
+    )
+
+
+@handles(API_KEY)
+async def metadata(request, ctx: RequestContext):
+    broker = ctx.broker
+    cls = ctx.response_class
+    image = broker.metadata
+    requested = request.topics
+    all_topics = requested is None or (ctx.api_version == 0 and not requested)
+    allow_auto = getattr(request, "allow_auto_topic_creation", True) and broker.config.kafka.auto_create_topics_enable
+
+    topics = []
+    if image is not None and all_topics:
+        live = {b.node_id for b in image.brokers if b.state != "fenced"}
+        topics = [_topic_response(cls, t, image, live) for t in image.topics]
+    elif requested:
+        for wanted in requested:
+            name = getattr(wanted, "name", None)
+            wanted_id = getattr(wanted, "topic_id", None)
+            if name is None and wanted_id is not None and wanted_id.int != 0:
+                info = broker.partitions.topic_by_id(str(wanted_id))
+                if info is None:
+                    topics.append(_error_topic(cls, None, ErrorCode.unknown_topic_id, wanted_id))
+                    continue
+            elif name is None:
+                topics.append(_error_topic(cls, None, ErrorCode.invalid_request))
+                continue
+            else:
+                info = broker.partitions.topic(name)
+                if info is None:
+                    if not valid_topic_name(name):
+                        topics.append(_error_topic(cls, name, ErrorCode.invalid_topic_exception))
+                        continue
+                    if not allow_auto or name in INTERNAL_TOPICS:
+                        topics.append(_error_topic(cls, name, ErrorCode.unknown_topic_or_partition))
+                        continue
+                    try:
+                        info = await broker.ensure_topic(name)
+                    except Exception as exc:  # a controller error becomes this topic's error
+                        code = getattr(exc, "code", None)
+                        error = ErrorCode.__members__.get(str(code).lower(), ErrorCode.leader_not_available)
+                        topics.append(_error_topic(cls, name, error))
+                        continue
+                    if info is None:
+                        topics.append(_error_topic(cls, name, ErrorCode.leader_not_available))
+                        continue
+            image = broker.metadata
+            live = {b.node_id for b in image.brokers if b.state != "fenced"}
+            topics.append(_topic_response(cls, info, image, live))
+
+    image = broker.metadata
+    broker_cls = codec.nested(cls, "MetadataResponseBroker")
+    brokers = []
+    if image is not None:
+        listener = broker.config.listeners[0].name if broker.config.listeners else None
+        for b in image.brokers:
+            if b.state == "fenced" or not b.endpoints:
+                continue
+            endpoint = next((e for e in b.endpoints if e.listener == listener), b.endpoints[0])
+            brokers.append(codec.build(broker_cls, node_id=b.node_id, host=endpoint.host, port=endpoint.port, rack=b.rack))
+    return codec.build(
+        cls,
+        throttle_time=codec.ZERO_THROTTLE,
+        brokers=tuple(brokers),
+        cluster_id=image.cluster_id if image is not None else broker.config.cluster_id,
+        controller_id=broker.node_id,
+        topics=tuple(topics),
+        error_code=ErrorCode.none,
+        cluster_authorized_operations=-2147483648,
+    )

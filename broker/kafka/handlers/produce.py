@@ -1,0 +1,146 @@
+"""Produce: validate each partition's v2 batch, assign offsets, answer once the WAL is durable.
+
+acks=1 and acks=-1 (all) both wait for WAL durability: a partition has no followers, the WAL
+and the object store are its replicas. acks=0 gets no response; as in Kafka, a failed acks=0
+produce closes the connection so the client notices. Batches stay bytes: one copy into a
+bytearray to rewrite baseOffset/partitionLeaderEpoch (and maxTimestamp for LogAppendTime
+topics), never per-record work. Transactions are not supported (no transaction coordinator
+APIs are advertised), so transactional/control batches are rejected with INVALID_RECORD.
+
+Ordering: every partition append is started as a task before the handler's first await, and
+request handlers start in arrival order, so pipelined produce requests of one connection
+reserve offsets in request order (what idempotent producers with 5 in-flight requests need).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+
+from kio.schema.errors import ErrorCode
+
+from automq.broker.kafka import codec, records
+from automq.broker.kafka.context import RequestContext
+from automq.broker.kafka.handlers.registry import handles
+from automq.broker.kafka.partitions import AppendResult, NotLeaderError, UnknownPartitionError
+
+log = logging.getLogger(__name__)
+
+API_KEY = 0
+
+
+def _producer_state_error():
+    try:
+        from automq.broker.kafka.producers import ProducerStateError
+    except ModuleNotFoundError:  # pragma: no cover - K2's module is part of the product
+        return ()
+    return ProducerStateError
+
+
+_ProducerStateError = _producer_state_error()
+
+
+def _error_of(exc: BaseException) -> tuple[ErrorCode, str | None]:
+    if isinstance(exc, NotLeaderError):
+        return ErrorCode.not_leader_or_follower, None
+    if isinstance(exc, UnknownPartitionError):
+        return ErrorCode.unknown_topic_or_partition, None
+    if _ProducerStateError and isinstance(exc, _ProducerStateError):
+        return exc.error_code, str(exc)
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return ErrorCode.request_timed_out, None
+    return ErrorCode.kafka_storage_error, str(exc) or type(exc).__name__
+
+
+@handles(API_KEY)
+async def produce(request, ctx: RequestContext):
+    broker = ctx.broker
+    acks = request.acks
+    partitions = broker.partitions
+    default_max = broker.config.kafka.message_max_bytes
+    metrics = broker.metrics
+
+    # (topic, index) -> either an error (code, message) or a pending append task
+    outcome: list[tuple[str, int, object, int]] = []  # topic, index, task-or-error, batch bytes/records
+    for topic_data in request.topic_data:
+        topic = topic_data.name
+        for pdata in topic_data.partition_data:
+            index = pdata.index
+            if acks not in (0, 1, -1):
+                outcome.append((topic, index, (ErrorCode.invalid_required_acks, None), 0))
+                continue
+            try:
+                partition = partitions.get(topic, index)
+                header = records.validate_produce_records(pdata.records, partition.max_message_bytes(default_max))
+                if header.is_transactional or header.is_control:
+                    raise records.InvalidBatchError(ErrorCode.invalid_record, "transactional and control batches are not supported (no transaction coordinator)")
+            except (NotLeaderError, UnknownPartitionError) as exc:
+                outcome.append((topic, index, (_error_of(exc)[0], None), 0))
+                continue
+            except records.InvalidBatchError as exc:
+                log.info("rejecting produce to %s-%d from %s: %s", topic, index, ctx.peer, exc)
+                outcome.append((topic, index, (exc.error_code, str(exc)), 0))
+                continue
+            task = asyncio.ensure_future(partition.append_batch(bytearray(pdata.records), header))
+            outcome.append((topic, index, task, header))
+
+    tasks = [o[2] for o in outcome if isinstance(o[2], asyncio.Future)]
+    if tasks:
+        timeout_s = request.timeout.total_seconds()
+        if acks != 0 and timeout_s > 0:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        else:
+            await asyncio.wait(tasks)
+
+    partition_cls = codec.nested(ctx.response_class, "PartitionProduceResponse")
+    topic_cls = codec.nested(ctx.response_class, "TopicProduceResponse")
+    by_topic: dict[str, list] = {}
+    failed = False
+    for topic, index, result, header in outcome:
+        base_offset, append_time, log_start, error, message = -1, None, -1, ErrorCode.none, None
+        if isinstance(result, asyncio.Future):
+            if not result.done():
+                # still waiting for the WAL past the request timeout; it may still complete
+                error = ErrorCode.request_timed_out
+                result.add_done_callback(_consume_exception)
+            elif result.exception() is not None:
+                exc = result.exception()
+                error, message = _error_of(exc)
+                if error == ErrorCode.kafka_storage_error:
+                    log.error("append to %s-%d failed: %r", topic, index, exc)
+            else:
+                appended: AppendResult = result.result()
+                base_offset = appended.base_offset
+                if appended.log_append_time_ms >= 0:
+                    append_time = datetime.datetime.fromtimestamp(appended.log_append_time_ms / 1000, datetime.timezone.utc)
+                try:
+                    log_start = partitions.get(topic, index).log_start_offset
+                except (NotLeaderError, UnknownPartitionError):
+                    log_start = -1
+                if not appended.duplicate:
+                    metrics.record_produce(topic, header.size, header.record_count)
+        else:
+            error, message = result  # type: ignore[misc]
+        failed = failed or error != ErrorCode.none
+        by_topic.setdefault(topic, []).append(
+            codec.build(
+                partition_cls,
+                index=index,
+                error_code=error,
+                base_offset=base_offset,
+                log_append_time=append_time,
+                log_start_offset=log_start,
+                record_errors=(),
+                error_message=message,
+            )
+        )
+    if acks == 0:
+        return codec.CLOSE_CONNECTION if failed else None
+    responses = tuple(codec.build(topic_cls, name=t, partition_responses=tuple(ps)) for t, ps in by_topic.items())
+    return codec.build(ctx.response_class, responses=responses, throttle_time=codec.ZERO_THROTTLE)
+
+
+def _consume_exception(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("append that outlived its produce request failed: %r", task.exception())

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import socket
 import struct
 import time
 from dataclasses import dataclass
@@ -289,29 +290,49 @@ class KafkaConnection(asyncio.Protocol):
 
 
 class KafkaServer:
-    """Listens on every configured listener; `served` is the api → version range table."""
+    """Listens on every configured listener; `served` is the api → version range table.
 
-    def __init__(self, broker: "Broker") -> None:
+    `bind()` opens the sockets first (so port 0 resolves to a real port that can be
+    advertised when registering with the controller); `start()` begins accepting."""
+
+    def __init__(self, broker: "Broker | None" = None, config=None) -> None:
         self.broker = broker
+        self.config = config if config is not None else broker.config  # type: ignore[union-attr]
         self.connections: set[KafkaConnection] = set()
         self.served = registry.served_ranges()
         self._servers: list[asyncio.AbstractServer] = []
+        self._sockets: dict[str, socket.socket] = {}
         self.bound_ports: dict[str, int] = {}
 
+    def bind(self) -> dict[str, int]:
+        for listener in self.config.listeners:
+            if listener.name in self._sockets:
+                continue
+            host = listener.host or None
+            sock = socket.create_server((host or "", listener.port), backlog=1024, reuse_port=False)
+            sock.setblocking(False)
+            self._sockets[listener.name] = sock
+            self.bound_ports[listener.name] = sock.getsockname()[1]
+        return dict(self.bound_ports)
+
     async def start(self) -> dict[str, int]:
+        if self.broker is None:
+            raise RuntimeError("KafkaServer.start needs a broker")
+        self.bind()
         loop = asyncio.get_running_loop()
-        for listener in self.broker.config.listeners:
-            server = await loop.create_server(lambda: KafkaConnection(self), listener.host, listener.port, reuse_address=True, backlog=1024)
+        for name, sock in self._sockets.items():
+            server = await loop.create_server(lambda: KafkaConnection(self), sock=sock)
             self._servers.append(server)
-            port = server.sockets[0].getsockname()[1]
-            self.bound_ports[listener.name] = port
-            log.info("Kafka listener %s on %s:%d", listener.name, listener.host, port)
+            log.info("Kafka listener %s on %s", name, sock.getsockname())
         return dict(self.bound_ports)
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop accepting, finish in-flight requests (up to timeout), close connections."""
         for server in self._servers:
             server.close()
+        for name, sock in self._sockets.items():
+            if not self._servers:
+                sock.close()
         await asyncio.gather(*(c.drain_and_close(timeout) for c in list(self.connections)), return_exceptions=True)
         for server in self._servers:
             try:

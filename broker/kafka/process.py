@@ -1,0 +1,233 @@
+"""The broker process: `automq broker --config FILE` ends up in `run_broker`.
+
+Start-up order (each step only after the previous one succeeded):
+1. bind the Kafka listeners (port 0 resolves to a real port) and serve HTTP: /healthz is
+   200 from now on, /readyz 503 until step 5;
+2. register with the controller → node epoch (higher than any before: older incarnations of
+   this node are fenced from now on);
+3. start the storage engine with the controller as its StreamManager/ObjectManager: WAL
+   recovery (replay, upload, commit) happens here, before any request is served;
+4. follow metadata (first image), open the partitions this node leads;
+5. accept Kafka connections, heartbeat; /readyz turns 200.
+
+A heartbeat answered "fenced" means the controller gave this node's partitions away: the
+process exits non-zero so its supervisor (local mode, Kubernetes) restarts it with a new epoch.
+SIGTERM/SIGINT: stop accepting, answer in-flight requests, close partitions (flush + upload),
+close the storage engine, unregister, exit 0.
+
+`BrokerService` is the same thing embeddable in tests (start/stop in one event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from automq.broker.config import NodeConfig
+from automq.broker.kafka.broker import Broker, advertised_endpoints
+from automq.broker.kafka.server import KafkaServer
+from automq.broker.storage.metadata import NodeFencedError
+
+log = logging.getLogger(__name__)
+
+
+class BrokerService:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.registry = CollectorRegistry()
+        self.server = KafkaServer(config=config)
+        self.cluster = None
+        self.object_store = None
+        self.storage = None
+        self.broker: Broker | None = None
+        self.http_port = 0
+        self.fatal: str | None = None
+        self._http: web.AppRunner | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._failed = asyncio.Event()
+        self._ready = {"registered": False, "storage_recovered": False, "metadata_received": False, "serving": False}
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def kafka_ports(self) -> dict[str, int]:
+        return dict(self.server.bound_ports)
+
+    @property
+    def bootstrap(self) -> str:
+        endpoint = advertised_endpoints(self.config, self.server.bound_ports)[0]
+        return f"{endpoint.host}:{endpoint.port}"
+
+    @property
+    def ready(self) -> bool:
+        return all(self._ready.values()) and self.fatal is None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        from automq.broker.controller.client import ControllerClient
+        from automq.broker.objectstore import open_object_store
+        from automq.broker.storage.engine import StorageEngine
+
+        config = self.config
+        ports = self.server.bind()
+        await self._start_http()
+        self.cluster = ControllerClient(config.controller_urls)
+        endpoints = advertised_endpoints(config, ports)
+        node_epoch = await self.cluster.register_broker(config.node_id, endpoints, config.rack)
+        self._ready["registered"] = True
+        log.info("broker %d registered with node epoch %d, endpoints %s", config.node_id, node_epoch, endpoints)
+
+        self.object_store = open_object_store(config.object_store_url)
+        self.storage = StorageEngine(config, self.object_store, self.cluster, self.cluster, config.node_id, node_epoch, registry=self.registry)
+        started = time.monotonic()
+        await self.storage.start()
+        self._ready["storage_recovered"] = True
+        log.info("storage engine recovered in %.2fs", time.monotonic() - started)
+
+        self.broker = Broker(config, node_epoch=node_epoch, cluster=self.cluster, storage=self.storage, registry=self.registry)
+        self.server.broker = self.broker
+        self._heartbeat = asyncio.get_running_loop().create_task(self._heartbeat_loop(node_epoch), name="broker-heartbeat")
+        await self.broker.start()
+        self._ready["metadata_received"] = True
+        await self.server.start()
+        self._ready["serving"] = True
+        log.info("broker %d serving Kafka on %s", config.node_id, self.bootstrap)
+
+    async def _heartbeat_loop(self, node_epoch: int) -> None:
+        interval = self.config.heartbeat_interval_ms / 1000.0
+        node_id = self.config.node_id
+        last_ok = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.cluster.heartbeat(node_id, node_epoch)  # type: ignore[union-attr]
+                last_ok = time.monotonic()
+            except NodeFencedError as exc:
+                self.fatal = f"fenced by the controller: {exc}"
+                log.error("broker %d epoch %d was fenced (%s); exiting so the supervisor restarts it", node_id, node_epoch, exc)
+                self._failed.set()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("heartbeat failed (%s); last success %.1fs ago", exc, time.monotonic() - last_ok)
+
+    async def wait_failed(self) -> None:
+        await self._failed.wait()
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Graceful: stop accepting, finish in-flight requests, close partitions (flush +
+        upload), close the engine, unregister. Each step runs even if an earlier one failed."""
+        self._ready["serving"] = False
+        steps = [("kafka listeners", self.server.stop(timeout))]
+        if self.broker is not None:
+            steps.append(("partitions", self.broker.close()))
+        for name, step in steps:
+            try:
+                await step
+            except Exception:
+                log.exception("stopping %s failed", name)
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            try:
+                await self._heartbeat
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.storage is not None:
+            try:
+                await self.storage.close()
+            except Exception:
+                log.exception("closing the storage engine failed")
+        if self.cluster is not None:
+            if self.broker is not None and self.fatal is None:
+                try:
+                    await self.cluster.unregister_broker(self.config.node_id, self.broker.node_epoch)
+                except Exception as exc:
+                    log.warning("unregistering failed: %s", exc)
+            await self.cluster.close()
+        if self.object_store is not None:
+            try:
+                await self.object_store.close()
+            except Exception:
+                log.exception("closing the object store failed")
+        if self._http is not None:
+            await self._http.cleanup()
+            self._http = None
+
+    # ---------------------------------------------------------------- HTTP
+
+    async def _start_http(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        self._http = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._http.setup()
+        site = web.TCPSite(self._http, self.config.http_host, self.config.http_port, reuse_address=True)
+        await site.start()
+        self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        if self.fatal is not None:
+            return web.Response(status=503, text=f"fatal: {self.fatal}\n")
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self.ready:
+            return web.Response(text="ready\n")
+        missing = [k for k, v in self._ready.items() if not v]
+        text = f"not ready: {', '.join(missing) or self.fatal}\n"
+        return web.Response(status=503, text=text)
+
+
+async def serve(config: NodeConfig) -> int:
+    service = BrokerService(config)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    starting = asyncio.create_task(service.start())
+    stopping = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if starting not in done:
+        starting.cancel()
+        try:
+            await starting
+        except (asyncio.CancelledError, Exception):
+            pass
+        await service.stop()
+        return 0
+    if starting.exception() is not None:
+        log.error("broker failed to start: %s", starting.exception(), exc_info=starting.exception())
+        stopping.cancel()
+        await service.stop()
+        return 1
+    failed = asyncio.create_task(service.wait_failed())
+    await asyncio.wait({stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (stopping, failed):
+        task.cancel()
+    await service.stop()
+    return 3 if service.fatal is not None else 0
+
+
+def run_broker(config: NodeConfig) -> None:
+    """Blocking entry point; exits non-zero when start-up fails or the node was fenced."""
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        code = asyncio.run(serve(config))
+    else:
+        code = uvloop.run(serve(config))
+    if code:
+        raise SystemExit(code)

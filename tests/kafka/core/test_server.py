@@ -1,0 +1,199 @@
+"""The TCP server against hostile and pipelined clients, over real sockets.
+
+The broker here has no controller or storage behind it: these tests exercise framing,
+ordering, limits and error answers (ApiVersions, unknown keys, unsupported versions, garbage,
+oversized and truncated frames, idle clients), which never reach storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsV0
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.errors import ErrorCode
+from kio.schema.metadata.v12.request import MetadataRequest
+from kio.schema.metadata.v13.request import MetadataRequest as MetadataV13
+
+from automq.broker.config import parse_config
+from automq.broker.kafka import codec
+from automq.broker.kafka.broker import Broker
+from automq.broker.kafka.handlers import registry
+from automq.broker.kafka.server import KafkaServer
+
+
+class Client:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def connect(cls, port: int) -> "Client":
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    def send_raw(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def send(self, correlation_id: int, request, client_id: str | None = "test") -> None:
+        frame = codec.encode_request(correlation_id, request, client_id)
+        self.writer.write(struct.pack(">i", len(frame)) + frame)
+
+    async def receive(self, request_cls):
+        size = struct.unpack(">i", await asyncio.wait_for(self.reader.readexactly(4), 10))[0]
+        return codec.decode_response(await asyncio.wait_for(self.reader.readexactly(size), 10), request_cls)
+
+    async def closed_by_server(self) -> bool:
+        try:
+            data = await asyncio.wait_for(self.reader.read(1 << 16), 10)
+        except ConnectionResetError:
+            return True
+        return data == b""
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@pytest.fixture
+async def server(tmp_path):
+    config = parse_config(
+        {
+            "node_id": 1,
+            "data_dir": str(tmp_path),
+            "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 0}],
+            "kafka": {"socket_request_max_bytes": 4096, "connections_max_idle_ms": 300},
+        }
+    )
+    broker = Broker(config, node_epoch=1, cluster=None, storage=None)  # nothing here reaches them
+    srv = KafkaServer(broker)
+    await srv.start()
+    yield srv
+    await srv.stop(timeout=1)
+
+
+def port_of(srv: KafkaServer) -> int:
+    return srv.bound_ports["PLAINTEXT"]
+
+
+async def assert_still_serving(srv: KafkaServer) -> None:
+    client = await Client.connect(port_of(srv))
+    client.send(1, ApiVersionsRequest(client_software_name="probe", client_software_version="1"))
+    _, response = await client.receive(ApiVersionsRequest)
+    assert response.error_code == ErrorCode.none
+    client.close()
+
+
+async def test_api_versions_lists_only_served_apis(server):
+    client = await Client.connect(port_of(server))
+    client.send(7, ApiVersionsRequest(client_software_name="t", client_software_version="1"))
+    correlation_id, response = await client.receive(ApiVersionsRequest)
+    assert correlation_id == 7
+    ranges = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
+    assert ranges == registry.served_ranges()
+    assert ranges[0] == (3, 12) and ranges[18] == (0, 4)
+    client.close()
+
+
+async def test_unsupported_api_versions_version_gets_v0_error_with_ranges(server):
+    client = await Client.connect(port_of(server))
+    frame = bytearray(codec.encode_request(9, ApiVersionsRequest(client_software_name="t", client_software_version="1")))
+    frame[2:4] = struct.pack(">h", 99)  # a future ApiVersions version
+    client.send_raw(struct.pack(">i", len(frame)) + frame)
+    correlation_id, response = await client.receive(ApiVersionsV0)
+    assert correlation_id == 9
+    assert response.error_code == ErrorCode.unsupported_version
+    assert any(k.api_key == 18 and k.max_version == 4 for k in response.api_keys)
+    # the connection stays usable: the client retries with a version we serve
+    client.send(10, ApiVersionsV0())
+    _, ok = await client.receive(ApiVersionsV0)
+    assert ok.error_code == ErrorCode.none
+    client.close()
+
+
+async def test_unsupported_version_of_other_api_closes(server):
+    client = await Client.connect(port_of(server))
+    frame = bytearray(codec.encode_request(3, MetadataRequest(topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False)))
+    frame[2:4] = struct.pack(">h", 77)
+    client.send_raw(struct.pack(">i", len(frame)) + frame)
+    assert await client.closed_by_server()
+    await assert_still_serving(server)
+
+
+async def test_unknown_api_key_closes_only_that_connection(server):
+    bystander = await Client.connect(port_of(server))
+    client = await Client.connect(port_of(server))
+    frame = bytearray(codec.encode_request(3, ApiVersionsV0()))
+    frame[0:2] = struct.pack(">h", 999)
+    client.send_raw(struct.pack(">i", len(frame)) + frame)
+    assert await client.closed_by_server()
+    bystander.send(4, ApiVersionsV0())
+    _, response = await bystander.receive(ApiVersionsV0)
+    assert response.error_code == ErrorCode.none
+    bystander.close()
+
+
+@pytest.mark.parametrize("size", [4097, 1 << 30, -1, -(1 << 31)])
+async def test_oversized_or_negative_frame_size_closes(server, size):
+    client = await Client.connect(port_of(server))
+    client.send_raw(struct.pack(">i", size) + b"\x00" * 16)
+    assert await client.closed_by_server()
+    await assert_still_serving(server)
+
+
+async def test_truncated_body_closes(server):
+    client = await Client.connect(port_of(server))
+    frame = codec.encode_request(1, ApiVersionsRequest(client_software_name="abc", client_software_version="1"))
+    cut = frame[:-3]
+    client.send_raw(struct.pack(">i", len(cut)) + cut)
+    assert await client.closed_by_server()
+    await assert_still_serving(server)
+
+
+async def test_idle_and_half_sent_clients_are_closed(server):
+    silent = await Client.connect(port_of(server))
+    partial = await Client.connect(port_of(server))
+    partial.send_raw(struct.pack(">i", 100) + b"\x00\x12")  # promises 100 bytes, sends 2
+    assert await silent.closed_by_server()
+    assert await partial.closed_by_server()
+    assert server.broker.metrics.connections_closed.labels("idle")._value.get() >= 2
+    await assert_still_serving(server)
+
+
+async def test_pipelined_requests_are_answered_in_order(server):
+    client = await Client.connect(port_of(server))
+    batch = b""
+    for cid in range(50):
+        frame = codec.encode_request(cid, ApiVersionsV0() if cid % 2 else ApiVersionsRequest(client_software_name="p", client_software_version="1"))
+        batch += struct.pack(">i", len(frame)) + frame
+    client.send_raw(batch)  # one write: all frames arrive together
+    for cid in range(50):
+        correlation_id, _ = await client.receive(ApiVersionsV0 if cid % 2 else ApiVersionsRequest)
+        assert correlation_id == cid
+    client.close()
+
+
+async def test_failing_handler_answers_unknown_server_error_and_keeps_connection(server, monkeypatch):
+    async def broken(request, ctx):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(registry._HANDLERS, 3, registry.Registration(3, broken, None, None))
+    client = await Client.connect(port_of(server))
+    client.send(5, MetadataV13(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+    correlation_id, response = await client.receive(MetadataV13)
+    assert correlation_id == 5
+    assert response.error_code == ErrorCode.unknown_server_error
+    client.send(6, ApiVersionsV0())
+    _, ok = await client.receive(ApiVersionsV0)
+    assert ok.error_code == ErrorCode.none
+    client.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(garbage=st.binary(min_size=1, max_size=512))
+async def test_random_bytes_never_take_the_server_down(server, garbage):
+    client = await Client.connect(port_of(server))
+    client.send_raw(garbage)
+    await client.writer.drain()
+    client.close()
+    await assert_still_serving(server)

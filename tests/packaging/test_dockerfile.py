@@ -371,6 +371,7 @@ needs_java = pytest.mark.skipif(shutil.which("java") is None,
                                 reason="no java on PATH (scripts/install-system-deps.sh installs OpenJDK 17)")
 
 
+@pytest.mark.slow
 @needs_java
 def test_executor_starts_the_kubernetes_backend_with_spark_java_opts_in_numeric_order():
     port = closed_port()
@@ -389,6 +390,7 @@ def test_executor_starts_the_kubernetes_backend_with_spark_java_opts_in_numeric_
     assert result.returncode != 0
 
 
+@pytest.mark.slow
 @needs_java
 def test_driver_runs_a_pyspark_job_in_client_mode(tmp_path):
     job = tmp_path / "job.py"
@@ -396,7 +398,7 @@ def test_driver_runs_a_pyspark_job_in_client_mode(tmp_path):
         "from pyspark.sql import SparkSession\n"
         "spark = SparkSession.builder.appName('entrypoint-test').getOrCreate()\n"
         "conf = spark.sparkContext.getConf()\n"
-        "total = spark.range(10).groupBy().sum('id').collect()[0][0]\n"
+        "total = spark.range(10).count()\n"
         "print('RESULT', conf.get('spark.submit.deployMode'), conf.get('spark.driver.bindAddress'), total)\n"
         "spark.stop()\n"
     )
@@ -404,4 +406,4 @@ def test_driver_runs_a_pyspark_job_in_client_mode(tmp_path):
                             env={"POD_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
                                  "PYSPARK_DRIVER_PYTHON": sys.executable}, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "RESULT client 127.0.0.1 45" in result.stdout
+    assert "RESULT client 127.0.0.1 10" in result.stdout

@@ -15,7 +15,7 @@ def test_folders_import_under_one_namespace_without_shadowing_stdlib():
     assert hasattr(stdlib_operator, "itemgetter"), "stdlib operator must stay importable"
     for name, folder in {"automq.broker": "broker", "automq.operator": "operator", "automq.spark": "spark-jobs"}.items():
         module = importlib.import_module(name)
-        assert Path(module.__file__).resolve().parent == ROOT / folder
+        assert Path(next(iter(module.__path__))).resolve() == ROOT / folder
 
 
 def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
@@ -37,3 +37,17 @@ def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "automq.broker.cli", "--help"], capture_output=True, text=True, check=True)
     for command in ("broker", "controller", "operator", "local"):
         assert command in out.stdout
+
+
+def test_repo_root_on_sys_path_does_not_shadow_stdlib_operator():
+    # `python -m pip ...` and `python -m pytest` put the current directory first on sys.path.
+    # A regular package operator/ there would replace the stdlib module for every import of
+    # `collections` that follows (a fresh venv imports it late), so operator/ must stay a
+    # namespace portion (no __init__.py): namespace portions always lose to regular modules.
+    assert not (ROOT / "operator" / "__init__.py").exists()
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", "import operator, collections; print(operator.eq.__module__)"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "_operator"

@@ -64,8 +64,10 @@ class ControllerService:
         await self.controller.start()
         log.info("controller %d serving on %s (object store %s)", self.config.node_id, self.url, self.store.url)
 
-    async def stop(self) -> None:
-        await self.controller.resign()
+    async def stop(self, resign: bool = True) -> None:
+        """resign=False stops like a crash would (tests): standbys wait out the lease."""
+        if resign:
+            await self.controller.resign()
         await self.controller.stop()
         if self._runner is not None:
             await self._runner.cleanup()

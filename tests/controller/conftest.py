@@ -25,6 +25,12 @@ def controller_config(object_store_url: str, node_id: int = 0, **controller: obj
 
 
 @pytest.fixture
+def make_config():
+    """controller_config(object_store_url, node_id=0, **controller_settings) -> NodeConfig"""
+    return controller_config
+
+
+@pytest.fixture
 async def service(file_url: str) -> AsyncIterator[ControllerService]:
     svc = ControllerService(controller_config(file_url))
     await svc.start()

@@ -24,6 +24,8 @@ COPY pyproject.toml setup.py README.md ./
 COPY broker/ broker/
 COPY operator/ operator/
 COPY spark-jobs/ spark-jobs/
+# No compiler here: every dependency publishes manylinux wheels for amd64 and arm64 (pyspark is
+# a pure-Python sdist). On another architecture, install build-essential in this stage only.
 RUN pip wheel --wheel-dir /wheels/runtime .
 
 # The Spark extra is large (pyspark ships its jars); only the `spark` target pulls it in.

@@ -271,6 +271,8 @@ BAD_VALUES = [
     ({"health": {"port": 80}}, "/health/port"),
     ({"cluster": {"enabled": "yes"}}, "/cluster/enabled"),
     ({"cluster": {"spec": "objectStore"}}, "/cluster/spec"),
+    ({"cluster": {"name": "Events_Cluster"}}, "/cluster/name"),
+    ({"serviceAccount": {"name": "bad name"}}, "/serviceAccount/name"),
     ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
     ({"replicaCount": 2}, "replicaCount"),
     ({"rbac": {"create": "true"}}, "/rbac/create"),

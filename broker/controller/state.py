@@ -360,7 +360,7 @@ class MetadataState:
     def objects_for(self, stream_id: int, start: int, end: int, limit: int) -> list[ObjectMetadata]:
         index = self.stream_index.get(stream_id, [])
         # first entry whose end > start: entries are contiguous, so search by end offset
-        i = bisect.bisect_right([e[1] for e in index], start) if index else 0
+        i = bisect.bisect_right(index, start, key=lambda e: e[1])
         out: list[ObjectMetadata] = []
         for entry_start, _entry_end, oid in index[i:]:
             if entry_start >= end or len(out) >= limit:

@@ -11,7 +11,9 @@ from automq.broker.controller.client import ControllerClient
 from automq.broker.controller.process import ControllerService
 
 
-def controller_config(object_store_url: str, node_id: int = 0, **controller: object) -> NodeConfig:
+def controller_config(
+    object_store_url: str, node_id: int = 0, session_timeout_ms: int = 60_000, gc_retention_ms: int = 60_000, **controller: object
+) -> NodeConfig:
     settings = {"lease_timeout_ms": 1_000, "renew_interval_ms": 200, "poll_interval_ms": 50, "gc_interval_ms": 60_000}
     settings.update(controller)
     return NodeConfig(
@@ -19,7 +21,8 @@ def controller_config(object_store_url: str, node_id: int = 0, **controller: obj
         object_store_url=object_store_url,
         http_host="127.0.0.1",
         http_port=0,
-        session_timeout_ms=60_000,
+        session_timeout_ms=session_timeout_ms,
+        storage={"object_gc_retention_ms": gc_retention_ms},
         controller=settings,
     )
 

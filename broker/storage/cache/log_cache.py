@@ -1,0 +1,152 @@
+"""The log cache: recent durable appends, in WAL order, grouped into cache blocks.
+
+It serves two masters. Tail readers fetch from it (no object store round trip, no copy:
+batches are the very bytes that were appended). The uploader takes whole sealed blocks from
+it: a block holds every record between two WAL positions, so once a block is uploaded and
+committed the WAL can be trimmed to the block's end.
+
+Eviction is FIFO and bounded by bytes, but only of blocks already uploaded: data that is not
+yet in the object store must stay readable here.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from automq.broker.storage.api import RecordBatchData
+
+
+@dataclass(slots=True)
+class StreamSlice:
+    """One stream's consecutive batches inside one cache block."""
+
+    stream_id: int
+    epoch: int
+    bases: list[int] = field(default_factory=list)
+    batches: list[RecordBatchData] = field(default_factory=list)
+    size: int = 0
+
+    @property
+    def start_offset(self) -> int:
+        return self.bases[0]
+
+    @property
+    def end_offset(self) -> int:
+        return self.batches[-1].next_offset
+
+
+@dataclass(slots=True)
+class CacheBlock:
+    block_id: int
+    created: float = field(default_factory=time.monotonic)
+    size: int = 0
+    wal_end: int = 0  # every record below this WAL position is in this or an earlier block
+    streams: dict[int, StreamSlice] = field(default_factory=dict)
+    sealed: bool = False
+    uploaded: bool = False
+
+
+class LogCache:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._blocks: deque[CacheBlock] = deque()
+        self._next_block_id = 0
+        self.size = 0
+        self._open = self._new_block()
+
+    def _new_block(self) -> CacheBlock:
+        block = CacheBlock(self._next_block_id)
+        self._next_block_id += 1
+        self._blocks.append(block)
+        return block
+
+    @property
+    def open_block(self) -> CacheBlock:
+        return self._open
+
+    @property
+    def unuploaded_bytes(self) -> int:
+        return sum(b.size for b in self._blocks if not b.uploaded)
+
+    def put(self, stream_id: int, epoch: int, base_offset: int, record_count: int, payload: bytes | memoryview, wal_end: int) -> None:
+        """Add a durable record. Called in WAL order."""
+        block = self._open
+        sl = block.streams.get(stream_id)
+        if sl is not None and (sl.epoch != epoch or sl.end_offset != base_offset):
+            # A new epoch (or a gap after a reopen) starts a new block, so one block never
+            # holds two ranges of a stream that would need separate commits.
+            block = self.seal()
+            sl = None
+        if sl is None:
+            sl = block.streams[stream_id] = StreamSlice(stream_id, epoch)
+        sl.bases.append(base_offset)
+        sl.batches.append(RecordBatchData(base_offset, record_count, payload))
+        n = len(payload)
+        sl.size += n
+        block.size += n
+        block.wal_end = wal_end
+        self.size += n
+
+    def seal(self) -> CacheBlock:
+        """Close the open block (it becomes an upload unit) and open a new one. Returns the
+        new open block."""
+        if self._open.size:
+            self._open.sealed = True
+            self._open = self._new_block()
+        return self._open
+
+    def sealed_blocks(self) -> list[CacheBlock]:
+        return [b for b in self._blocks if b.sealed and not b.uploaded]
+
+    def mark_uploaded(self, block: CacheBlock) -> None:
+        block.uploaded = True
+        self.evict()
+
+    def evict(self) -> None:
+        while self.size > self.max_bytes and self._blocks and self._blocks[0].uploaded:
+            b = self._blocks.popleft()
+            self.size -= b.size
+
+    def drop_stream(self, stream_id: int) -> None:
+        """Forget an unuploaded stream's data (it was fenced or deleted: never to be uploaded)."""
+        for b in self._blocks:
+            sl = b.streams.pop(stream_id, None)
+            if sl is not None:
+                b.size -= sl.size
+                self.size -= sl.size
+
+    def first_offset(self, stream_id: int) -> int | None:
+        for b in self._blocks:
+            sl = b.streams.get(stream_id)
+            if sl is not None:
+                return sl.start_offset
+        return None
+
+    def get(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[RecordBatchData]:
+        """Batches overlapping [start, end), beginning with the one that holds `start`; empty
+        when the cache does not hold `start`. Whole batches, first one always included."""
+        out: list[RecordBatchData] = []
+        size = 0
+        pos = start
+        for b in self._blocks:
+            sl = b.streams.get(stream_id)
+            if sl is None or sl.end_offset <= pos:
+                continue
+            i = bisect.bisect_right(sl.bases, pos) - 1
+            if i < 0:
+                return out  # the cache starts after `start` (or, impossibly, has a gap)
+            while i < len(sl.batches):
+                batch = sl.batches[i]
+                if batch.base_offset >= end:
+                    return out
+                n = len(batch.payload)
+                if out and size + n > max_bytes:
+                    return out
+                out.append(batch)
+                size += n
+                pos = batch.next_offset
+                i += 1
+        return out

@@ -1,0 +1,169 @@
+"""Reading committed stream data back out of objects: the catch-up read path.
+
+`ObjectReader.read` asks the ObjectManager which objects cover a range, opens each object's
+index (one ranged GET of the tail, cached in the block cache) and fetches only the data
+blocks it needs, through the block cache. When a reader misses, it reads ahead: the
+needed block plus the stream's following blocks in the same object, in ONE ranged GET, and
+the read-ahead window grows by the initial size on every further miss of that stream (up to
+the maximum), so a consumer catching up sequentially soon reads large ranges per request.
+Concurrent readers of the same block share one GET.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from automq.broker.objectstore import ObjectStore
+from automq.broker.storage.api import RecordBatchData
+from automq.broker.storage.cache.block_cache import BlockCache
+from automq.broker.storage.metadata import ObjectManager, ObjectMetadata
+from automq.broker.storage.objects.format import (
+    FOOTER,
+    TAIL_READ_BYTES,
+    IndexEntry,
+    ObjectIndex,
+    iter_block_batches,
+    parse_index,
+    parse_tail,
+)
+
+INDEX_POSITION = -1
+OBJECTS_PER_READ = 8
+
+
+@dataclass(slots=True)
+class _ReadAhead:
+    window: int
+    misses: int = 0
+
+
+class ObjectReader:
+    def __init__(
+        self,
+        store: ObjectStore,
+        objects: ObjectManager,
+        block_cache: BlockCache,
+        *,
+        read_ahead_initial: int = 512 << 10,
+        read_ahead_max: int = 32 << 20,
+        metrics=None,
+    ) -> None:
+        self._store = store
+        self._objects = objects
+        self._cache = block_cache
+        self._initial = read_ahead_initial
+        self._max = read_ahead_max
+        self._metrics = metrics
+        self._read_ahead: dict[int, _ReadAhead] = {}
+        self._inflight: dict[tuple[int, int], asyncio.Future] = {}
+
+    async def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> tuple[list[RecordBatchData], bool]:
+        """Batches overlapping [start, end) from committed objects, contiguous from the batch
+        holding `start`. Returns (batches, all_from_cache)."""
+        objs = await self._objects.get_objects(stream_id, start, end, OBJECTS_PER_READ)
+        out: list[RecordBatchData] = []
+        size = 0
+        pos = start
+        cached = True
+        for obj in objs:
+            index = await self._index(obj)
+            for entry in index.blocks(stream_id, pos, end):
+                if entry.start_offset > pos and out:
+                    return out, cached  # a gap: never serve around it
+                data, hit = await self._block(obj, index, entry)
+                cached = cached and hit
+                for base, count, payload in iter_block_batches(data, key=obj.key):
+                    if base + count <= pos:
+                        continue
+                    if base >= end:
+                        return out, cached
+                    if out and size + len(payload) > max_bytes:
+                        return out, cached
+                    out.append(RecordBatchData(base, count, payload))
+                    size += len(payload)
+                    pos = base + count
+                if pos >= end:
+                    return out, cached
+        return out, cached
+
+    async def _index(self, obj: ObjectMetadata) -> ObjectIndex:
+        index = self._cache.get(obj.object_id, INDEX_POSITION)
+        if index is not None:
+            return index
+        return await self._shared((obj.object_id, INDEX_POSITION), lambda: self._load_index(obj))
+
+    async def _load_index(self, obj: ObjectMetadata) -> ObjectIndex:
+        size = obj.object_size
+        tail_start = max(0, size - TAIL_READ_BYTES)
+        tail = await self._get(obj.key, tail_start, size)
+        index_pos, index_len, crc = parse_tail(tail, size, key=obj.key)
+        if index_pos >= tail_start:
+            raw = memoryview(tail)[index_pos - tail_start : index_pos - tail_start + index_len]
+        else:  # a big index: one more GET for the part the tail read did not cover
+            raw = await self._get(obj.key, index_pos, tail_start) + tail[: len(tail) - FOOTER.size]
+            raw = memoryview(raw)[:index_len]
+        index = parse_index(raw, crc, size, key=obj.key)
+        self._cache.put(obj.object_id, INDEX_POSITION, index, index_len + 64 * len(index.entries))
+        return index
+
+    async def _block(self, obj: ObjectMetadata, index: ObjectIndex, entry: IndexEntry) -> tuple[bytes | memoryview, bool]:
+        data = self._cache.get(obj.object_id, entry.position)
+        if data is not None:
+            return data, True
+        key = (obj.object_id, entry.position)
+        if key in self._inflight:
+            return await asyncio.shield(self._inflight[key]), False
+        return await self._shared(key, lambda: self._fetch_with_read_ahead(obj, index, entry)), False
+
+    async def _shared(self, key: tuple[int, int], load):
+        fut = self._inflight.get(key)
+        if fut is not None:
+            return await asyncio.shield(fut)
+        fut = asyncio.get_running_loop().create_future()
+        self._inflight[key] = fut
+        try:
+            value = await load()
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved; waiters re-raise it
+            raise
+        finally:
+            self._inflight.pop(key, None)
+        fut.set_result(value)
+        return value
+
+    async def _fetch_with_read_ahead(self, obj: ObjectMetadata, index: ObjectIndex, entry: IndexEntry) -> memoryview:
+        ra = self._read_ahead.get(entry.stream_id)
+        if ra is None:
+            ra = self._read_ahead[entry.stream_id] = _ReadAhead(self._initial)
+        else:
+            ra.misses += 1
+            ra.window = min(self._max, ra.window + self._initial)
+        group = [entry]
+        span = entry.size
+        for nxt in index.stream_blocks_after(entry):
+            if span + nxt.size > ra.window or self._cache.contains(obj.object_id, nxt.position):
+                break
+            if nxt.position != group[-1].position + group[-1].size:
+                break
+            group.append(nxt)
+            span += nxt.size
+        first = group[0].position
+        raw = memoryview(await self._get(obj.key, first, first + span))
+        if len(raw) < span:
+            from automq.broker.storage.objects.format import ObjectFormatError
+
+            raise ObjectFormatError(f"short read of blocks [{first}, +{span}): got {len(raw)} bytes", key=obj.key)
+        for e in group:
+            self._cache.put(obj.object_id, e.position, raw[e.position - first : e.position - first + e.size], e.size)
+        return raw[: entry.size]
+
+    async def _get(self, key: str, start: int, end: int) -> bytes:
+        t0 = time.perf_counter()
+        data = await self._store.get(key, start, end)
+        if self._metrics is not None:
+            self._metrics.object_read_seconds.observe(time.perf_counter() - t0)
+            self._metrics.object_read_bytes.inc(len(data))
+        return data

@@ -1,0 +1,306 @@
+"""The uploader: turns sealed log-cache blocks into objects, commits them, then trims the WAL.
+
+Order is the whole point. Blocks are uploaded one at a time, oldest first; a block is marked
+uploaded (evictable) and the WAL trimmed to its end only after the ObjectManager accepted the
+commit. A failed upload or commit is retried (new object ids; the abandoned ones expire) and
+never trims. Before a retry the commit is reconciled with the stream metadata, which makes it
+idempotent: ranges already committed (a commit whose answer was lost, or a replay after a
+crash) are dropped, and streams fenced by a newer owner are handed to `on_fenced`.
+
+One upload writes at most one stream-set object (every stream with a little data) plus one
+stream object per stream that has `stream_split_bytes` or more in the block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from automq.broker.objectstore import ObjectStore
+from automq.broker.storage.api import RecordBatchData
+from automq.broker.storage.cache.log_cache import CacheBlock, LogCache, StreamSlice
+from automq.broker.storage.metadata import (
+    CommitStreamSetObjectRequest,
+    MetadataError,
+    NodeFencedError,
+    ObjectManager,
+    ObjectStreamRange,
+    OffsetMismatchError,
+    StreamFencedError,
+    StreamManager,
+    StreamNotFoundError,
+    StreamNotOpenError,
+    StreamObject,
+)
+from automq.broker.storage.metadata import object_key
+from automq.broker.storage.objects.format import ObjectWriter
+from automq.broker.storage.wal.base import WriteAheadLog
+
+log = logging.getLogger(__name__)
+
+PREPARE_TTL_MS = 10 * 60_000
+MULTIPART_THRESHOLD = 16 << 20
+MULTIPART_PART = 8 << 20
+
+
+class UploaderStoppedError(Exception):
+    """The uploader stopped (node fenced or engine closed); nothing more will be uploaded."""
+
+
+@dataclass(slots=True)
+class UploadSettings:
+    upload_block_bytes: int
+    upload_interval_ms: int
+    stream_split_bytes: int
+    object_block_bytes: int
+
+
+class Uploader:
+    def __init__(
+        self,
+        cache: LogCache,
+        wal: WriteAheadLog | None,
+        store: ObjectStore,
+        streams: StreamManager,
+        objects: ObjectManager,
+        settings: UploadSettings,
+        node_id: int,
+        node_epoch: int,
+        *,
+        metrics=None,
+        on_fenced: Callable[[int], None] | None = None,
+        on_node_fenced: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self._cache = cache
+        self._wal = wal
+        self._store = store
+        self._streams = streams
+        self._objects = objects
+        self._settings = settings
+        self.node_id = node_id
+        self.node_epoch = node_epoch
+        self._metrics = metrics
+        self._on_fenced = on_fenced or (lambda sid: None)
+        self._on_node_fenced = on_node_fenced or (lambda exc: None)
+        self._wake = asyncio.Event()
+        self._progress = asyncio.Event()
+        self._force = False
+        self._task: asyncio.Task | None = None
+        self._stopped: BaseException | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="uploader")
+
+    def request_upload(self) -> None:
+        """Seal the open block now and upload everything sealed (WAL or cache pressure)."""
+        self._force = True
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Upload and commit everything appended so far (durable records in the cache)."""
+        self._cache.seal()
+        target = [b for b in self._cache.sealed_blocks()]
+        self._wake.set()
+        while any(not b.uploaded for b in target):
+            if self._stopped is not None:
+                raise UploaderStoppedError(f"uploader stopped: {self._stopped}") from self._stopped
+            if self._task is None or self._task.done():
+                # not running (recovery before start, or after close): upload inline
+                for b in target:
+                    if not b.uploaded:
+                        await self._upload_until_done(b)
+                continue
+            self._progress.clear()
+            await self._progress.wait()
+
+    async def wait_progress(self) -> None:
+        """Wait until the uploader finished an upload round (or stopped)."""
+        if self._stopped is not None:
+            raise UploaderStoppedError(f"uploader stopped: {self._stopped}") from self._stopped
+        self._progress.clear()
+        await self._progress.wait()
+
+    async def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        interval = self._settings.upload_interval_ms / 1000
+        tick = max(0.05, min(1.0, interval / 4))
+        try:
+            while not self._closing:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=tick)
+                except asyncio.TimeoutError:
+                    pass
+                self._wake.clear()
+                block = self._cache.open_block
+                if block.size and (
+                    self._force or block.size >= self._settings.upload_block_bytes or time.monotonic() - block.created >= interval
+                ):
+                    self._cache.seal()
+                self._force = False
+                for b in self._cache.sealed_blocks():
+                    await self._upload_until_done(b)
+                    self._progress.set()
+                self._progress.set()
+        except NodeFencedError as exc:
+            self._stopped = exc
+            self._progress.set()
+            self._on_node_fenced(exc)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug: stop loudly rather than trim wrongly
+            log.exception("uploader failed")
+            self._stopped = exc
+            self._progress.set()
+            self._on_node_fenced(exc)
+
+    async def _upload_until_done(self, block: CacheBlock) -> None:
+        delay = 0.1
+        while True:
+            try:
+                await self.upload_block(block)
+                return
+            except NodeFencedError:
+                raise
+            except (StreamFencedError, StreamNotOpenError, OffsetMismatchError, StreamNotFoundError) as exc:
+                log.warning("commit of cache block %d rejected (%s); reconciling with stream metadata", block.block_id, exc)
+            except Exception as exc:
+                log.warning("upload of cache block %d failed (%r); retrying in %.1fs", block.block_id, exc, delay, exc_info=True)
+            if self._metrics is not None:
+                self._metrics.upload_failures.inc()
+            if self._closing:
+                raise UploaderStoppedError("engine closing with an upload still failing")
+            await asyncio.sleep(delay)
+            delay = min(5.0, delay * 2)
+
+    async def _reconcile(self, block: CacheBlock) -> None:
+        """Drop what metadata says is already committed or no longer ours."""
+        metas = {m.stream_id: m for m in await self._streams.get_streams(list(block.streams))}
+        for sid, sl in list(block.streams.items()):
+            m = metas.get(sid)
+            if m is None or m.epoch != sl.epoch or m.owner_node_id != self.node_id or m.state != "open":
+                if m is not None and m.end_offset >= sl.end_offset:
+                    del block.streams[sid]  # already committed; nothing lost
+                    continue
+                log.warning("stream %d was fenced or deleted with uncommitted data [%d, %d); dropping it", sid, sl.start_offset, sl.end_offset)
+                del block.streams[sid]
+                self._on_fenced(sid)
+                continue
+            if m.end_offset >= sl.end_offset:
+                del block.streams[sid]
+            elif m.end_offset > sl.start_offset:
+                keep = [b for b in sl.batches if b.base_offset >= m.end_offset]
+                if not keep or keep[0].base_offset != m.end_offset:
+                    raise OffsetMismatchError(f"stream {sid}: committed end {m.end_offset} falls inside a batch")
+                sl.batches = keep
+                sl.bases = [b.base_offset for b in keep]
+                sl.size = sum(len(b.payload) for b in keep)
+            elif m.end_offset < sl.start_offset:
+                raise OffsetMismatchError(f"stream {sid}: committed end {m.end_offset} is below cached data at {sl.start_offset} (a gap)")
+
+    async def upload_block(self, block: CacheBlock, *, reconcile: bool = True) -> None:
+        if reconcile:
+            # One get_streams per upload buys idempotence: a replay after a crash, or a retry
+            # of a commit whose answer was lost, drops what is already committed.
+            await self._reconcile(block)
+        started = time.perf_counter()
+        slices = sorted(block.streams.values(), key=lambda s: s.stream_id)
+        total = sum(s.size for s in slices)
+        if slices:
+            await self._write_and_commit(slices)
+        if self._metrics is not None:
+            self._metrics.upload_seconds.observe(time.perf_counter() - started)
+            self._metrics.upload_bytes.inc(total)
+        self._cache.mark_uploaded(block)
+        if self._wal is not None and block.wal_end > 0:
+            try:
+                await self._wal.trim(block.wal_end)
+            except Exception:  # the data is committed; a later trim covers this one
+                log.exception("WAL trim to %d failed", block.wal_end)
+            if self._metrics is not None:
+                self._metrics.wal_bytes_pending.set(self._wal.bytes_pending_trim)
+
+    async def _write_and_commit(self, slices: list[StreamSlice]) -> None:
+        split = self._settings.stream_split_bytes
+        shared = [s for s in slices if s.size < split]
+        own = [s for s in slices if s.size >= split]
+        count = (1 if shared else 0) + len(own)
+        first_id = await self._objects.prepare_objects(count, PREPARE_TTL_MS)
+        next_id = first_id
+        puts = []
+        sso_id, sso_size = -1, 0
+        ranges: list[ObjectStreamRange] = []
+        if shared:
+            sso_id = next_id
+            next_id += 1
+            writer = ObjectWriter(self._settings.object_block_bytes)
+            for sl in shared:
+                self._add_slice(writer, sl)
+                ranges.append(ObjectStreamRange(sl.stream_id, sl.epoch, sl.start_offset, sl.end_offset, sl.size))
+            sso_size = writer.total_size
+            puts.append(self._put(object_key(sso_id), writer.finish(), sso_size))
+        stream_objects = []
+        for sl in own:
+            writer = ObjectWriter(self._settings.object_block_bytes)
+            self._add_slice(writer, sl)
+            size = writer.total_size
+            stream_objects.append(StreamObject(next_id, size, sl.stream_id, sl.start_offset, sl.end_offset))
+            puts.append(self._put(object_key(next_id), writer.finish(), size))
+            next_id += 1
+        await asyncio.gather(*puts)
+        # Stream objects carry no epoch; the commit checks them against the stream's current
+        # epoch, so give each stream-object stream a zero-length range with its epoch when the
+        # stream has no stream-set range (a stale owner must not slip through).
+        for sl in own:
+            if not any(r.stream_id == sl.stream_id for r in ranges):
+                ranges.append(ObjectStreamRange(sl.stream_id, sl.epoch, sl.start_offset, sl.start_offset, 0))
+        request = CommitStreamSetObjectRequest(
+            node_id=self.node_id,
+            node_epoch=self.node_epoch,
+            object_id=sso_id,
+            object_size=sso_size,
+            stream_ranges=tuple(ranges),
+            stream_objects=tuple(stream_objects),
+        )
+        await self._objects.commit_stream_set_object(request)
+        if self._metrics is not None:
+            if sso_id >= 0:
+                self._metrics.objects_committed.labels("stream_set").inc()
+            if stream_objects:
+                self._metrics.objects_committed.labels("stream").inc(len(stream_objects))
+
+    @staticmethod
+    def _add_slice(writer: ObjectWriter, sl: StreamSlice) -> None:
+        b: RecordBatchData
+        for b in sl.batches:
+            writer.add_batch(sl.stream_id, b.base_offset, b.record_count, b.payload)
+
+    async def _put(self, key: str, parts: list[bytes | memoryview], size: int) -> None:
+        if size <= MULTIPART_THRESHOLD:
+            await self._store.put(key, b"".join(parts))
+            return
+        chunks: list[bytes] = []
+        current: list[bytes | memoryview] = []
+        n = 0
+        for p in parts:
+            current.append(p)
+            n += len(p)
+            if n >= MULTIPART_PART:
+                chunks.append(b"".join(current))
+                current, n = [], 0
+        if current:
+            chunks.append(b"".join(current))
+        await self._store.put_multipart(key, chunks)

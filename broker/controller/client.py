@@ -135,7 +135,7 @@ class ControllerClient:
             if time.monotonic() + backoff > deadline:
                 raise ControllerUnavailableError(f"{method}: no active controller answered within {self.retry_deadline_s}s ({last_problem})")
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+            backoff = min(backoff * 2, 0.25)  # an election takes ~lease timeout; do not add much to it
 
     # ------------------------------------------------------------------ ClusterClient
 

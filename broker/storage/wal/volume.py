@@ -385,7 +385,8 @@ class VolumeWal(WriteAheadLog):
                         p.future.set_result(p.record.wal_end)
         except BaseException as exc:  # a failed write/sync: nothing queued can be acknowledged
             self._failed = exc
-            log.exception("WAL %s write failed; failing all pending appends", self.path)
+            if not isinstance(exc, asyncio.CancelledError):
+                log.exception("WAL %s write failed; failing all pending appends", self.path)
             while self._queue:
                 p = self._queue.popleft()
                 if not p.future.done():

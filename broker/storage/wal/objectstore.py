@@ -1,0 +1,351 @@
+"""The S3 WAL: appends buffered into bulk objects in the object store (no volume needed).
+
+An append is acknowledged once the PUT of the bulk object holding it completed (and the
+fence check after it passed). A bulk is cut every `bulk_interval_ms` or at `bulk_bytes`,
+whichever comes first; several PUTs may be in flight, but appends are acknowledged strictly
+in order.
+
+Keys (per node, sorted so a listing is replay order):
+
+    wal/<node>/data/<node epoch>/<first position>-<end position>   bulk objects
+    wal/<node>/fence/<node epoch>                                  one marker per incarnation
+
+Fencing: a new incarnation (or another node recovering this one) first writes its fence
+marker, then lists and replays the data objects. A writer checks the fence markers after
+each PUT and acknowledges nothing once a newer epoch's marker exists. Strongly consistent
+listing makes this safe: either the recoverer's listing saw the old writer's object (and
+replays it), or that object was written after the marker, so the old writer's check after
+its PUT sees the marker and never acknowledges it.
+
+Bulk object format: a 32-byte header (magic, version, node id, node epoch, record count,
+CRC) then records framed as `stream id u64 | stream epoch u64 | base offset u64 | record
+count u32 | payload length u32 | payload CRC u32 | header CRC u32 | payload`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections import deque
+
+import crc32c
+
+from automq.broker.objectstore import ObjectNotFound, ObjectStore
+from automq.broker.storage.wal.base import (
+    RecoveryReport,
+    WalClosedError,
+    WalCorruptionError,
+    WalFencedError,
+    WalRecord,
+    WriteAheadLog,
+)
+
+log = logging.getLogger(__name__)
+
+BULK_MAGIC = 0x414D5142  # "AMQB"
+BULK_VERSION = 1
+BULK_HEADER = struct.Struct(">IHHqqII")  # magic, version, flags, node id, node epoch, count, crc = 32 bytes
+REC_HEADER = struct.Struct(">QQQIII")  # + header crc u32 = 44 bytes
+REC_HEADER_SIZE = REC_HEADER.size + 4
+MAX_INFLIGHT = 4
+
+
+def data_prefix(node_id: int) -> str:
+    return f"wal/{node_id}/data/"
+
+
+def fence_prefix(node_id: int) -> str:
+    return f"wal/{node_id}/fence/"
+
+
+def encode_bulk(node_id: int, node_epoch: int, records: list[WalRecord]) -> bytes:
+    parts: list[bytes | memoryview] = []
+    for r in records:
+        head = REC_HEADER.pack(r.stream_id, r.stream_epoch, r.base_offset, r.record_count, len(r.payload), crc32c.crc32c(r.payload))
+        parts.append(head + struct.pack(">I", crc32c.crc32c(head)))
+        parts.append(r.payload)
+    body = b"".join(parts)
+    head = BULK_HEADER.pack(BULK_MAGIC, BULK_VERSION, 0, node_id, node_epoch, len(records), 0)
+    return head[:-4] + struct.pack(">I", crc32c.crc32c(head[:-4])) + body
+
+
+def decode_bulk(data: bytes, key: str, start_position: int) -> list[WalRecord]:
+    view = memoryview(data)
+    if len(view) < BULK_HEADER.size:
+        raise WalCorruptionError(f"S3 WAL object {key}: {len(view)} bytes is shorter than its header")
+    magic, version, _f, _node, _epoch, count, crc = BULK_HEADER.unpack_from(view, 0)
+    if magic != BULK_MAGIC or crc32c.crc32c(view[: BULK_HEADER.size - 4]) != crc:
+        raise WalCorruptionError(f"S3 WAL object {key}: bad header (magic {magic:#x})")
+    if version != BULK_VERSION:
+        raise WalCorruptionError(f"S3 WAL object {key}: unsupported version {version}")
+    pos = BULK_HEADER.size
+    out = []
+    for i in range(count):
+        if pos + REC_HEADER_SIZE > len(view):
+            raise WalCorruptionError(f"S3 WAL object {key}: record {i} header is truncated")
+        head = view[pos : pos + REC_HEADER.size]
+        (hcrc,) = struct.unpack_from(">I", view, pos + REC_HEADER.size)
+        if crc32c.crc32c(head) != hcrc:
+            raise WalCorruptionError(f"S3 WAL object {key}: record {i} header CRC mismatch")
+        sid, sepoch, base, n, length, pcrc = REC_HEADER.unpack(head)
+        pos += REC_HEADER_SIZE
+        payload = view[pos : pos + length]
+        if len(payload) != length or crc32c.crc32c(payload) != pcrc:
+            raise WalCorruptionError(f"S3 WAL object {key}: payload CRC mismatch for stream {sid} offset {base}")
+        pos += length
+        out.append(WalRecord(sid, sepoch, base, n, payload, start_position + pos))
+    if pos != len(view):
+        raise WalCorruptionError(f"S3 WAL object {key}: {len(view) - pos} trailing bytes")
+    return out
+
+
+class _Bulk:
+    __slots__ = ("pending", "start", "end", "key", "done", "error")
+
+    def __init__(self, pending: list, start: int, end: int, key: str) -> None:
+        self.pending = pending
+        self.start = start
+        self.end = end
+        self.key = key
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class ObjectStoreWal(WriteAheadLog):
+    def __init__(
+        self,
+        store: ObjectStore,
+        node_id: int,
+        node_epoch: int,
+        *,
+        bulk_interval_ms: int = 250,
+        bulk_bytes: int = 8 << 20,
+        max_inflight: int = MAX_INFLIGHT,
+        metrics=None,
+    ) -> None:
+        self._store = store
+        self.node_id = node_id
+        self.node_epoch = node_epoch
+        self._interval = bulk_interval_ms / 1000
+        self._bulk_bytes = bulk_bytes
+        self._metrics = metrics
+        self._buffer: list[tuple[WalRecord, asyncio.Future[int]]] = []
+        self._buffer_bytes = 0
+        self._buffer_since = 0.0
+        self._kick = asyncio.Event()
+        self._inflight: deque[_Bulk] = deque()
+        self._slots = asyncio.Semaphore(max_inflight)
+        self._uploaded: deque[tuple[int, str]] = deque()  # (end position, key) of durable bulks
+        self._next = 0
+        self._durable = 0
+        self._trimmed = 0
+        self._recovered_keys: list[str] = []
+        self._task: asyncio.Task | None = None
+        self._put_tasks: set[asyncio.Task] = set()
+        self._closed = False
+        self._failed: BaseException | None = None
+        self.report = RecoveryReport()
+
+    def _data_key(self, start: int, end: int) -> str:
+        return f"{data_prefix(self.node_id)}{self.node_epoch:010d}/{start:020d}-{end:020d}"
+
+    # ------------------------------------------------------------------ recovery
+
+    async def _newest_fence(self) -> int:
+        newest = -1
+        async for info in self._store.list(fence_prefix(self.node_id)):
+            try:
+                newest = max(newest, int(info.key.rsplit("/", 1)[1]))
+            except ValueError:
+                continue
+        return newest
+
+    async def recover(self) -> list[WalRecord]:
+        newest = await self._newest_fence()
+        if newest > self.node_epoch:
+            raise WalFencedError(f"S3 WAL of node {self.node_id} is fenced by epoch {newest} (this is epoch {self.node_epoch})")
+        await self._store.put(f"{fence_prefix(self.node_id)}{self.node_epoch:010d}", b"")
+        keys = []
+        async for info in self._store.list(data_prefix(self.node_id)):
+            rest = info.key[len(data_prefix(self.node_id)) :]
+            try:
+                epoch_s, span = rest.split("/")
+                epoch = int(epoch_s)
+                start = int(span.split("-")[0])
+            except ValueError:
+                self.report.details.append(f"ignored foreign key {info.key}")
+                continue
+            if epoch <= self.node_epoch:
+                keys.append((epoch, start, info.key))
+        keys.sort()
+        records: list[WalRecord] = []
+        report = RecoveryReport(stop_reason="empty")
+        position = 0
+        for _epoch, _start, key in keys:
+            try:
+                data = await self._store.get(key)
+            except ObjectNotFound:
+                continue  # trimmed by a racing earlier incarnation after we listed
+            recs = decode_bulk(data, key, position)
+            position += len(data)
+            records.extend(recs)
+            report.records += len(recs)
+            report.bytes += sum(len(r.payload) for r in recs)
+            report.stop_reason = "end"
+        report.end_position = position
+        self._recovered_keys = [k for _, _, k in keys]
+        self.report = report
+        return records
+
+    async def start(self, trim_position: int) -> None:
+        # Everything replayed is committed now: drop it, and older incarnations' markers.
+        if self._recovered_keys:
+            await self._store.delete_many(self._recovered_keys)
+            self._recovered_keys = []
+        old_fences = []
+        async for info in self._store.list(fence_prefix(self.node_id)):
+            try:
+                if int(info.key.rsplit("/", 1)[1]) < self.node_epoch:
+                    old_fences.append(info.key)
+            except ValueError:
+                continue
+        if old_fences:
+            await self._store.delete_many(old_fences)
+        self._task = asyncio.create_task(self._flush_loop(), name=f"s3-wal-{self.node_id}")
+
+    # ------------------------------------------------------------------ appends
+
+    @property
+    def durable_position(self) -> int:
+        return self._durable
+
+    @property
+    def bytes_pending_trim(self) -> int:
+        return self._next - self._trimmed
+
+    def append(self, record: WalRecord) -> asyncio.Future[int]:
+        if self._failed is not None:
+            raise WalClosedError(f"S3 WAL of node {self.node_id} failed: {self._failed}") from self._failed
+        if self._closed or self._task is None:
+            raise WalClosedError(f"S3 WAL of node {self.node_id} is not accepting appends")
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        if not self._buffer:
+            self._buffer_since = time.monotonic()
+        self._buffer.append((record, fut))
+        self._buffer_bytes += len(record.payload) + REC_HEADER_SIZE
+        if self._buffer_bytes >= self._bulk_bytes or len(self._buffer) == 1:
+            self._kick.set()
+        return fut
+
+    async def _flush_loop(self) -> None:
+        try:
+            while True:
+                if not self._buffer:
+                    if self._closed:
+                        return
+                    self._kick.clear()
+                    await self._kick.wait()
+                    continue
+                wait = self._buffer_since + self._interval - time.monotonic()
+                if self._buffer_bytes < self._bulk_bytes and wait > 0 and not self._closed:
+                    self._kick.clear()
+                    try:
+                        await asyncio.wait_for(self._kick.wait(), timeout=wait)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                await self._slots.acquire()
+                pending, self._buffer, self._buffer_bytes = self._buffer, [], 0
+                start = self._next
+                size = BULK_HEADER.size + sum(REC_HEADER_SIZE + len(r.payload) for r, _ in pending)
+                self._next = start + size
+                pos = start + BULK_HEADER.size
+                for r, _ in pending:
+                    pos += REC_HEADER_SIZE + len(r.payload)
+                    r.wal_end = pos
+                bulk = _Bulk(pending, start, self._next, self._data_key(start, self._next))
+                self._inflight.append(bulk)
+                task = asyncio.create_task(self._put(bulk))
+                self._put_tasks.add(task)
+                task.add_done_callback(self._put_tasks.discard)
+        except BaseException as exc:
+            self._fail(exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _put(self, bulk: _Bulk) -> None:
+        try:
+            records = [r for r, _ in bulk.pending]
+            data = await asyncio.to_thread(encode_bulk, self.node_id, self.node_epoch, records)
+            delay = 0.1
+            started = time.perf_counter()
+            while True:
+                try:
+                    await self._store.put(bulk.key, data)
+                    break
+                except Exception as exc:
+                    if self._closed and self._failed is not None:
+                        raise
+                    log.warning("S3 WAL PUT %s failed (%r); retrying in %.1fs", bulk.key, exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(5.0, delay * 2)
+            newest = await self._newest_fence()
+            if newest > self.node_epoch:
+                raise WalFencedError(f"S3 WAL of node {self.node_id} epoch {self.node_epoch} was fenced by epoch {newest}")
+            if self._metrics is not None:
+                self._metrics.wal_sync_seconds.observe(time.perf_counter() - started)
+                self._metrics.wal_bytes_written.inc(len(data))
+            bulk.done = True
+            self._complete_in_order()
+        except BaseException as exc:
+            self._fail(exc)
+        finally:
+            self._slots.release()
+
+    def _complete_in_order(self) -> None:
+        while self._inflight and self._inflight[0].done:
+            bulk = self._inflight.popleft()
+            self._uploaded.append((bulk.end, bulk.key))
+            self._durable = bulk.end
+            if self.on_durable is not None:
+                self.on_durable([r for r, _ in bulk.pending])
+            for r, fut in bulk.pending:
+                if not fut.done():
+                    fut.set_result(r.wal_end)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failed is None:
+            self._failed = exc
+            log.error("S3 WAL of node %d stopped: %r", self.node_id, exc)
+        err = exc if isinstance(exc, WalFencedError) else WalClosedError(f"S3 WAL failed: {exc!r}")
+        for bulk in self._inflight:
+            for _, fut in bulk.pending:
+                if not fut.done():
+                    fut.set_exception(err)
+        self._inflight.clear()
+        for _, fut in self._buffer:
+            if not fut.done():
+                fut.set_exception(err)
+        self._buffer = []
+
+    async def trim(self, position: int) -> None:
+        keys = []
+        while self._uploaded and self._uploaded[0][0] <= position:
+            keys.append(self._uploaded.popleft()[1])
+        self._trimmed = max(self._trimmed, position)
+        if keys:
+            await self._store.delete_many(keys)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._kick.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=30)
+            except asyncio.TimeoutError:
+                self._task.cancel()
+            self._task = None
+        if self._put_tasks:
+            await asyncio.wait(list(self._put_tasks), timeout=30)

@@ -156,8 +156,8 @@ async def fetch(request, ctx: RequestContext):
                     fname = forgotten.topic
                 for index in forgotten.partitions:
                     session.partitions.pop((fname, index), None)
-        if session is not None:
-            session.next_epoch()
+        if incremental:
+            session.next_epoch()  # a new session already expects epoch 1
 
     reads: list[_Read] = []
     if incremental:

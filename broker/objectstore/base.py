@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import AsyncIterator
 
 
@@ -71,6 +72,54 @@ class ObjectStoreStats:
     errors: dict[str, int] = field(default_factory=dict)
 
 
+MAX_KEY_BYTES = 1024
+
+
+def validate_key(key: str) -> str:
+    """Reject keys that are not portable across both backends (ValueError naming why).
+
+    A key is 1..1024 UTF-8 bytes of '/'-separated non-empty segments, none of them '.' or
+    '..', without a leading '/', backslashes or control characters. S3 would accept more,
+    but these keys could escape a local root, collide as files, break S3 XML listings, or be
+    rewritten by the server (SeaweedFS turns '\\' into '/').
+    """
+    if not isinstance(key, str):
+        raise ValueError(f"object key must be a str, not {type(key).__name__}")
+    if not key:
+        raise ValueError("object key must not be empty")
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise ValueError(f"object key longer than {MAX_KEY_BYTES} bytes: {key[:64]!r}...")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F or 0xD800 <= ord(ch) <= 0xDFFF for ch in key):
+        raise ValueError(f"object key contains a control character or lone surrogate: {key!r}")
+    if "\\" in key:
+        raise ValueError(f"object key must not contain a backslash: {key!r}")
+    if key.startswith("/"):
+        raise ValueError(f"object key must not start with '/': {key!r}")
+    for segment in key.split("/"):
+        if segment in ("", ".", ".."):
+            raise ValueError(f"object key has an empty, '.' or '..' segment: {key!r}")
+    return key
+
+
+def validate_range(start: int, end: int | None) -> None:
+    if start < 0:
+        raise ValueError(f"range start must be >= 0, got {start}")
+    if end is not None and end < start:
+        raise ValueError(f"range end {end} is before start {start}")
+
+
+async def iterate_parts(
+    parts: AsyncIterator[bytes | memoryview] | Iterable[bytes | memoryview],
+) -> AsyncIterator[bytes | memoryview]:
+    """The parts given to `put_multipart`, whether a list or an async iterator."""
+    if hasattr(parts, "__aiter__"):
+        async for part in parts:  # type: ignore[union-attr]
+            yield part
+    else:
+        for part in parts:  # type: ignore[union-attr]
+            yield part
+
+
 class ObjectStore(abc.ABC):
     """Object storage with the guarantees the rest of the system relies on.
 
@@ -80,7 +129,9 @@ class ObjectStore(abc.ABC):
       depends on this.
     - `put(..., if_match=etag)` replaces only if the current ETag matches.
     - `get(key, start, end)` reads bytes [start, end) (end exclusive, None = to the end);
-      a range past the end is clipped, a start past the end raises ObjectNotFound.
+      a range past the end is clipped, a start past the end raises ObjectNotFound
+      ("past the end" = start >= size while start > 0, as S3 answers 416 there; start 0
+      always works, so an empty object reads as b"").
     - `delete_many` ignores keys that do not exist.
     """
 

@@ -1,0 +1,507 @@
+"""The embedded object store: objects as files under one root directory (`file:///path`).
+
+A real backend for local mode and single-machine deployments, with the same guarantees as
+S3 (see `base.ObjectStore`), including across processes sharing the directory:
+
+- put: write a temp file in the target directory, fsync it, rename it over the target,
+  fsync the directory. Readers see the old or the new file, never a prefix.
+- conditional create: `os.link(temp, target)` fails with EEXIST if the target exists, so
+  exactly one of any number of racing writers (threads or processes) wins.
+- every change of a key's file (rename, link, unlink) happens under an `flock` on one lock
+  file per directory, so If-Match can read the current ETag and replace it without another
+  writer slipping in between. Only the rename is under the lock, never the data write/fsync.
+- ETag = md5 hex of the content, stored in the `user.automq.etag` xattr of the temp file
+  before the rename (so it is atomic with the content); computed from the data when the
+  filesystem has no user xattrs.
+
+On-disk names: key "a/b/c" is stored as `<root>/a/b/c%obj`. Every '%' in a segment is
+written as '%25', so the names we add ("…%obj" files, ".%tmp-…" temp files, "%lock") can
+never collide with a directory or object of another key ("x" and "x/y" both exist in S3).
+Segments are limited to what a file name can hold (~250 bytes).
+
+Blocking file I/O runs in threads (`asyncio.to_thread`), at most `max_concurrency` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import hashlib
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import parse_qsl, urlsplit
+
+from automq.broker.objectstore.base import (
+    BucketNotFound,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+    ObjectStoreStats,
+    PreconditionFailed,
+    PutResult,
+    iterate_parts,
+    validate_key,
+    validate_range,
+)
+
+OBJECT_SUFFIX = "%obj"
+TEMP_PREFIX = ".%tmp-"
+LOCK_NAME = "%lock"
+ETAG_XATTR = "user.automq.etag"
+_MAX_NAME_BYTES = 255
+_COPY_CHUNK = 1 << 20
+
+
+def _encode_segment(segment: str) -> str:
+    encoded = segment.replace("%", "%25")
+    if len((encoded + OBJECT_SUFFIX).encode("utf-8")) > _MAX_NAME_BYTES:
+        raise ValueError(f"key segment too long for the local object store (max ~250 bytes): {segment[:40]!r}...")
+    return encoded
+
+
+def _is_encoded(name: str) -> bool:
+    """True for names `_encode_segment` can produce: every '%' starts '%25'."""
+    index = name.find("%")
+    while index != -1:
+        if not name.startswith("%25", index):
+            return False
+        index = name.find("%", index + 3)
+    return True
+
+
+def _decode_segment(name: str) -> str:
+    return name.replace("%25", "%")
+
+
+@dataclass(frozen=True, slots=True)
+class _Stat:
+    size: int
+    etag: str
+    mtime: float
+
+
+class LocalObjectStore(ObjectStore):
+    def __init__(self, root: str | Path, *, max_concurrency: int = 16, fsync: bool = True) -> None:
+        self.root = Path(root)
+        self.url = f"file://{self.root}"
+        self.stats = ObjectStoreStats()
+        self._fsync = fsync
+        self._max_concurrency = max_concurrency
+        self._semaphore: asyncio.Semaphore | None = None
+        self._root_checked = False
+        self._xattrs = True  # cleared the first time the filesystem refuses user xattrs
+
+    @classmethod
+    def from_url(cls, url: str) -> "LocalObjectStore":
+        """`file:///abs/path[?fsync=false&max_concurrency=N]`; ValueError naming what is wrong."""
+        parts = urlsplit(url)
+        if parts.scheme != "file":
+            raise ValueError(f"local object store URL {url!r}: scheme must be file://")
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"local object store URL {url!r}: host must be empty (file:///abs/path), got {parts.netloc!r}")
+        if not parts.path.startswith("/") or parts.path == "/":
+            raise ValueError(f"local object store URL {url!r}: needs an absolute directory path other than /")
+        if "\x00" in parts.path:
+            raise ValueError(f"local object store URL {url!r}: path contains NUL")
+        kwargs: dict[str, object] = {}
+        for name, value in parse_qsl(parts.query, keep_blank_values=True):
+            if name == "fsync":
+                if value not in ("true", "false"):
+                    raise ValueError(f"local object store URL {url!r}: fsync must be true or false, got {value!r}")
+                kwargs["fsync"] = value == "true"
+            elif name == "max_concurrency":
+                try:
+                    kwargs["max_concurrency"] = int(value)
+                except ValueError:
+                    raise ValueError(f"local object store URL {url!r}: max_concurrency must be an integer") from None
+                if kwargs["max_concurrency"] < 1:  # type: ignore[operator]
+                    raise ValueError(f"local object store URL {url!r}: max_concurrency must be >= 1")
+            else:
+                raise ValueError(f"local object store URL {url!r}: unknown query parameter {name!r} (known: fsync, max_concurrency)")
+        return cls(parts.path, **kwargs)  # type: ignore[arg-type]
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def _run(self, op: str, func, *args):  # noqa: ANN001, ANN202
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self._max_concurrency)
+        async with self._semaphore:
+            try:
+                return await asyncio.to_thread(func, *args)
+            except ObjectStoreError as exc:
+                self.stats.errors[type(exc).__name__] = self.stats.errors.get(type(exc).__name__, 0) + 1
+                raise
+            except OSError as exc:
+                self.stats.errors["OSError"] = self.stats.errors.get("OSError", 0) + 1
+                raise ObjectStoreError(f"{op} failed on {self.root}: {exc}") from exc
+
+    def _check_root(self) -> None:
+        if self._root_checked:
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise BucketNotFound(f"local object store root {self.root} exists but is not a directory") from None
+        except NotADirectoryError:
+            raise BucketNotFound(f"local object store root {self.root}: a parent path is a file, not a directory") from None
+        if not self.root.is_dir():
+            raise BucketNotFound(f"local object store root {self.root} exists but is not a directory")
+        self._root_checked = True
+
+    def _path(self, key: str) -> tuple[Path, str]:
+        """(directory, file name) of a key's object file."""
+        validate_key(key)
+        segments = [_encode_segment(s) for s in key.split("/")]
+        directory = self.root.joinpath(*segments[:-1])
+        return directory, segments[-1] + OBJECT_SUFFIX
+
+    def _ensure_dir(self, directory: Path) -> None:
+        """Create `directory` (under root) durably: each new directory's parent is fsynced."""
+        if directory.is_dir():
+            return
+        missing: list[Path] = []
+        current = directory
+        while not current.is_dir():
+            missing.append(current)
+            current = current.parent
+        for path in reversed(missing):
+            try:
+                path.mkdir()
+            except FileExistsError:
+                if not path.is_dir():
+                    raise ObjectStoreError(f"{path} is in the way of an object directory (not a directory)") from None
+            self._fsync_dir(path.parent)
+
+    def _fsync_dir(self, directory: Path) -> None:
+        if not self._fsync:
+            return
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def _dir_lock(self, directory: Path) -> Iterator[None]:
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    def _etag_of_fd(self, fd: int) -> str:
+        if self._xattrs:
+            try:
+                return os.getxattr(fd, ETAG_XATTR).decode("ascii")
+            except OSError as exc:
+                if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+        digest = hashlib.md5(usedforsecurity=False)
+        offset = 0
+        while chunk := os.pread(fd, _COPY_CHUNK, offset):
+            digest.update(chunk)
+            offset += len(chunk)
+        return digest.hexdigest()
+
+    def _stat_fd(self, fd: int) -> _Stat:
+        st = os.fstat(fd)
+        return _Stat(size=st.st_size, etag=self._etag_of_fd(fd), mtime=st.st_mtime)
+
+    def _current_etag(self, path: Path) -> str | None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            return self._etag_of_fd(fd)
+        finally:
+            os.close(fd)
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def _write_temp(self, directory: Path, chunks: Iterable[bytes | bytearray | memoryview]) -> tuple[Path, str, int]:
+        """Write chunks to a fresh temp file next to the target; fsync; tag it with its ETag."""
+        self._ensure_dir(directory)
+        temp = directory / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+        digest = hashlib.md5(usedforsecurity=False)
+        size = 0
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk).cast("B")
+                digest.update(view)
+                size += len(view)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+            etag = digest.hexdigest()
+            if self._xattrs:
+                try:
+                    os.setxattr(fd, ETAG_XATTR, etag.encode("ascii"))
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                        raise
+                    self._xattrs = False
+            if self._fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            temp.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        return temp, etag, size
+
+    def _commit(self, key: str, directory: Path, name: str, temp: Path, etag: str, size: int,
+                if_none_match: bool, if_match: str | None) -> PutResult:
+        target = directory / name
+        try:
+            with self._dir_lock(directory):
+                if if_none_match:
+                    try:
+                        os.link(temp, target)  # atomic create-if-absent, also across processes
+                    except FileExistsError:
+                        raise PreconditionFailed(f"object {key!r} already exists", key=key) from None
+                    os.unlink(temp)
+                else:
+                    if if_match is not None:
+                        current = self._current_etag(target)
+                        if current is None:
+                            # S3 answers 404 for If-Match on a missing key; a lost race either way.
+                            raise PreconditionFailed(f"object {key!r} does not exist (If-Match {if_match})", key=key)
+                        if current != if_match.strip('"'):
+                            raise PreconditionFailed(
+                                f"object {key!r} has ETag {current}, not {if_match.strip(chr(34))}", key=key
+                            )
+                    os.rename(temp, target)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        self._fsync_dir(directory)
+        return PutResult(key=key, etag=etag, size=size)
+
+    def _put_sync(self, key: str, data: bytes | bytearray | memoryview, if_none_match: bool,
+                  if_match: str | None) -> PutResult:
+        self._check_root()
+        directory, name = self._path(key)
+        temp, etag, size = self._write_temp(directory, [data])
+        return self._commit(key, directory, name, temp, etag, size, if_none_match, if_match)
+
+    async def put(self, key: str, data: bytes | bytearray | memoryview, *, if_none_match: bool = False,
+                  if_match: str | None = None) -> PutResult:
+        validate_key(key)
+        if if_none_match and if_match is not None:
+            raise ValueError("put: if_none_match and if_match are mutually exclusive")
+        result = await self._run("put", self._put_sync, key, data, if_none_match, if_match)
+        self.stats.puts += 1
+        self.stats.bytes_put += result.size
+        return result
+
+    async def put_multipart(self, key: str, parts: AsyncIterator[bytes | memoryview] | list[bytes | memoryview]) -> PutResult:
+        validate_key(key)
+        await self._run("put_multipart", self._check_root)
+        directory, name = self._path(key)
+        temp: Path | None = None
+        digest = hashlib.md5(usedforsecurity=False)
+        size = 0
+        fd: int | None = None
+
+        def open_temp() -> tuple[Path, int]:
+            self._ensure_dir(directory)
+            path = directory / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+            return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+        def append(chunk: bytes | memoryview) -> None:
+            view = memoryview(chunk).cast("B")
+            while view:
+                written = os.write(fd, view)  # type: ignore[arg-type]
+                view = view[written:]
+
+        def finish() -> None:
+            etag = digest.hexdigest()
+            if self._xattrs:
+                try:
+                    os.setxattr(fd, ETAG_XATTR, etag.encode("ascii"))  # type: ignore[arg-type]
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                        raise
+                    self._xattrs = False
+            if self._fsync:
+                os.fsync(fd)  # type: ignore[arg-type]
+
+        try:
+            temp, fd = await self._run("put_multipart", open_temp)
+            async for part in iterate_parts(parts):
+                digest.update(part)
+                size += len(part)
+                await self._run("put_multipart", append, part)
+            await self._run("put_multipart", finish)
+            os.close(fd)
+            fd = None
+            result = await self._run(
+                "put_multipart", self._commit, key, directory, name, temp, digest.hexdigest(), size, False, None
+            )
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            if temp is not None:
+                temp.unlink(missing_ok=True)
+            raise
+        self.stats.puts += 1
+        self.stats.bytes_put += size
+        return result
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _open_object(self, key: str) -> int:
+        self._check_root()
+        directory, name = self._path(key)
+        try:
+            return os.open(directory / name, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFound(f"object {key!r} not found", key=key) from None
+
+    def _get_sync(self, key: str, start: int, end: int | None) -> bytes:
+        fd = self._open_object(key)
+        try:
+            size = os.fstat(fd).st_size
+            if start > 0 and start >= size:
+                raise ObjectNotFound(f"range start {start} is past the end of {key!r} ({size} bytes)", key=key)
+            stop = size if end is None else min(end, size)
+            length = max(0, stop - start)
+            chunks = []
+            offset = start
+            while length > 0:
+                chunk = os.pread(fd, min(length, 64 << 20), offset)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                offset += len(chunk)
+                length -= len(chunk)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        validate_key(key)
+        validate_range(start, end)
+        data = await self._run("get", self._get_sync, key, start, end)
+        self.stats.gets += 1
+        self.stats.bytes_got += len(data)
+        return data
+
+    def _head_sync(self, key: str) -> ObjectInfo:
+        fd = self._open_object(key)
+        try:
+            st = self._stat_fd(fd)
+        finally:
+            os.close(fd)
+        return ObjectInfo(key=key, size=st.size, etag=st.etag, last_modified=st.mtime)
+
+    async def head(self, key: str) -> ObjectInfo:
+        validate_key(key)
+        return await self._run("head", self._head_sync, key)
+
+    # -- listing ----------------------------------------------------------------------------
+
+    def _scan_dir(self, directory: Path, key_prefix: str, prefix: str) -> list[tuple[bytes, str, bool]]:
+        """Sorted (sort key, key or key prefix, is_object) entries of one directory that can
+        match `prefix`. Directories sort as 'segment/' so a depth-first walk yields keys in
+        S3's order (UTF-8 bytes)."""
+        entries: list[tuple[bytes, str, bool]] = []
+        try:
+            scanner = os.scandir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            return entries
+        with scanner:
+            for entry in scanner:
+                name = entry.name
+                if name.endswith(OBJECT_SUFFIX):
+                    stem = name[: -len(OBJECT_SUFFIX)]
+                    if not _is_encoded(stem):
+                        continue
+                    key = key_prefix + _decode_segment(stem)
+                    if key.startswith(prefix) and entry.is_file(follow_symlinks=False):
+                        entries.append((key.encode("utf-8", "surrogatepass"), key, True))
+                elif _is_encoded(name) and entry.is_dir(follow_symlinks=False):
+                    sub = key_prefix + _decode_segment(name) + "/"
+                    if sub.startswith(prefix) or prefix.startswith(sub):
+                        entries.append((sub.encode("utf-8", "surrogatepass"), sub, False))
+        entries.sort()
+        return entries
+
+    def _info_sync(self, directory: Path, key: str) -> ObjectInfo | None:
+        name = _encode_segment(key.rsplit("/", 1)[-1]) + OBJECT_SUFFIX
+        try:
+            fd = os.open(directory / name, os.O_RDONLY)
+        except FileNotFoundError:
+            return None  # deleted while we listed
+        try:
+            st = self._stat_fd(fd)
+        finally:
+            os.close(fd)
+        return ObjectInfo(key=key, size=st.size, etag=st.etag, last_modified=st.mtime)
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        if not isinstance(prefix, str) or "\x00" in prefix:
+            raise ValueError(f"list prefix must be a str without NUL: {prefix!r}")
+        await self._run("list", self._check_root)
+        # Depth-first walk; each stack frame is a directory's remaining sorted entries.
+        stack: list[tuple[Path, list[tuple[bytes, str, bool]]]] = []
+        root_entries = await self._run("list", self._scan_dir, self.root, "", prefix)
+        stack.append((self.root, root_entries[::-1]))
+        while stack:
+            directory, pending = stack[-1]
+            if not pending:
+                stack.pop()
+                continue
+            _, name, is_object = pending.pop()
+            if is_object:
+                info = await self._run("list", self._info_sync, directory, name)
+                if info is not None:
+                    yield info
+            else:
+                subdir = directory / _encode_segment(name[:-1].rsplit("/", 1)[-1])
+                entries = await self._run("list", self._scan_dir, subdir, name, prefix)
+                stack.append((subdir, entries[::-1]))
+
+    # -- deleting ---------------------------------------------------------------------------
+
+    def _delete_sync(self, keys: list[str]) -> None:
+        self._check_root()
+        by_directory: dict[Path, list[str]] = {}
+        for key in keys:
+            directory, name = self._path(key)
+            by_directory.setdefault(directory, []).append(name)
+        for directory, names in by_directory.items():
+            if not directory.is_dir():
+                continue
+            removed = False
+            with self._dir_lock(directory):
+                for name in names:
+                    try:
+                        os.unlink(directory / name)
+                        removed = True
+                    except FileNotFoundError:
+                        pass
+            if removed:
+                self._fsync_dir(directory)
+
+    async def delete_many(self, keys: list[str]) -> None:
+        if isinstance(keys, str):
+            raise ValueError("delete_many takes a list of keys, not a str")
+        keys = list(keys)
+        for key in keys:
+            validate_key(key)
+        if keys:
+            await self._run("delete_many", self._delete_sync, keys)
+
+
+__all__ = ["LocalObjectStore"]

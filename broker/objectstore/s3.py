@@ -1,0 +1,449 @@
+"""The S3 backend (`s3://bucket?endpoint=...&region=...&path_style=true`), on aiobotocore.
+
+Owns: URL parsing, one lazily created aiobotocore client per store, mapping S3 errors to
+the `base` error classes, retries with exponential backoff and jitter, ranged reads,
+multipart uploads and batched deletes.
+
+Credentials come from the standard AWS chain (environment, config files, instance roles);
+they never appear in the URL.
+
+Retries and conditional writes: a conditional PUT whose earlier attempt failed ambiguously
+(connection dropped or timed out after the request may have reached the server) can come
+back 412 because *our own* earlier attempt succeeded. In that case the current ETag is
+compared with the MD5 of our data: equal means the object holds exactly our bytes, which
+for conditional writers (the controller's log) is the same as having won.
+
+A store's client belongs to the event loop that first used it; use one store per loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlsplit
+
+from automq.broker.objectstore.base import (
+    AccessDenied,
+    BucketNotFound,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+    ObjectStoreStats,
+    ObjectStoreUnavailable,
+    PreconditionFailed,
+    PutResult,
+    iterate_parts,
+    validate_key,
+    validate_range,
+)
+
+T = TypeVar("T")
+
+MIN_PART_SIZE = 5 << 20
+MAX_DELETE_BATCH = 1000
+_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
+_DENIED_CODES = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
+                 "ExpiredToken", "AllAccessDisabled", "AccountProblem", "Forbidden"}
+_RETRY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+                "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequests",
+                "BandwidthLimitExceeded", "OperationAborted"}
+_PRECONDITION_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412"}
+
+
+@dataclass(frozen=True, slots=True)
+class S3Settings:
+    bucket: str
+    endpoint: str | None = None
+    region: str = "us-east-1"
+    path_style: bool = False
+    max_attempts: int = 5
+    timeout_ms: int = 30_000
+    backoff_ms: int = 100
+    max_backoff_ms: int = 5_000
+    multipart_threshold: int = 16 << 20
+    part_size: int = 8 << 20
+    max_connections: int = 32
+
+
+_INT_PARAMS = {"max_attempts": 1, "timeout_ms": 1, "backoff_ms": 0, "max_backoff_ms": 0,
+               "multipart_threshold": MIN_PART_SIZE, "part_size": MIN_PART_SIZE, "max_connections": 1}
+
+
+def parse_s3_url(url: str) -> S3Settings:
+    """Settings from `s3://bucket?endpoint=...&region=...&path_style=true&max_attempts=5&...`.
+
+    Raises ValueError naming the problem (missing bucket, unknown or malformed parameter)."""
+    parts = urlsplit(url)
+    if parts.scheme != "s3":
+        raise ValueError(f"S3 object store URL {url!r}: scheme must be s3://")
+    bucket = parts.netloc
+    if not bucket:
+        raise ValueError(f"S3 object store URL {url!r}: missing bucket (s3://<bucket>?endpoint=...)")
+    if not (3 <= len(bucket) <= 63) or not all(c.islower() or c.isdigit() or c in ".-" for c in bucket) \
+            or not bucket[0].isalnum() or not bucket[-1].isalnum():
+        raise ValueError(f"S3 object store URL {url!r}: {bucket!r} is not a valid bucket name "
+                         "(3-63 lowercase letters, digits, '.', '-')")
+    if parts.path not in ("", "/"):
+        raise ValueError(f"S3 object store URL {url!r}: a key prefix in the path is not supported; use a bucket per cluster")
+    values: dict[str, Any] = {"bucket": bucket}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name in values:
+            raise ValueError(f"S3 object store URL {url!r}: parameter {name!r} given twice")
+        if name == "endpoint":
+            endpoint = urlsplit(value)
+            if endpoint.scheme not in ("http", "https") or not endpoint.netloc:
+                raise ValueError(f"S3 object store URL {url!r}: endpoint must be an http(s):// URL, got {value!r}")
+            values[name] = value.rstrip("/")
+        elif name == "region":
+            if not value:
+                raise ValueError(f"S3 object store URL {url!r}: region must not be empty")
+            values[name] = value
+        elif name == "path_style":
+            if value not in ("true", "false"):
+                raise ValueError(f"S3 object store URL {url!r}: path_style must be true or false, got {value!r}")
+            values[name] = value == "true"
+        elif name in _INT_PARAMS:
+            try:
+                number = int(value)
+            except ValueError:
+                raise ValueError(f"S3 object store URL {url!r}: {name} must be an integer, got {value!r}") from None
+            if number < _INT_PARAMS[name]:
+                raise ValueError(f"S3 object store URL {url!r}: {name} must be >= {_INT_PARAMS[name]}, got {number}")
+            values[name] = number
+        else:
+            known = ", ".join(["endpoint", "region", "path_style", *_INT_PARAMS])
+            raise ValueError(f"S3 object store URL {url!r}: unknown parameter {name!r} (known: {known})")
+    return S3Settings(**values)
+
+
+def _strip_etag(etag: str) -> str:
+    return etag.strip('"')
+
+
+class _RangeNotSatisfiable(ObjectNotFound):
+    """416 InvalidRange: the range starts past the end (or the object is empty)."""
+
+
+class _Retryable(Exception):
+    """An attempt failed in a way worth retrying; `ambiguous` if the request may have been applied."""
+
+    def __init__(self, cause: BaseException, *, ambiguous: bool) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.ambiguous = ambiguous
+
+
+class S3ObjectStore(ObjectStore):
+    def __init__(self, settings: S3Settings, url: str | None = None) -> None:
+        self.settings = settings
+        self.url = url or f"s3://{settings.bucket}"
+        self.stats = ObjectStoreStats()
+        self._client: Any = None
+        self._client_lock: asyncio.Lock | None = None
+        self._exit_stack: contextlib.AsyncExitStack | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> "S3ObjectStore":
+        return cls(parse_s3_url(url), url)
+
+    # -- client and error handling ------------------------------------------------------------
+
+    async def _get_client(self) -> Any:
+        if self._client is not None:
+            return self._client
+        if self._client_lock is None:
+            self._client_lock = asyncio.Lock()
+        async with self._client_lock:
+            if self._client is None:
+                from aiobotocore.config import AioConfig
+                from aiobotocore.session import get_session
+
+                s = self.settings
+                config = AioConfig(
+                    region_name=s.region,
+                    connect_timeout=min(s.timeout_ms, 10_000) / 1000,
+                    read_timeout=s.timeout_ms / 1000,
+                    retries={"total_max_attempts": 1, "mode": "standard"},  # we retry ourselves
+                    s3={"addressing_style": "path" if s.path_style else "auto"},
+                    max_pool_connections=s.max_connections,
+                )
+                stack = contextlib.AsyncExitStack()
+                self._client = await stack.enter_async_context(
+                    get_session().create_client("s3", endpoint_url=s.endpoint, config=config)
+                )
+                self._exit_stack = stack
+        return self._client
+
+    async def close(self) -> None:
+        stack, self._exit_stack, self._client = self._exit_stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    def _count_error(self, exc: BaseException) -> None:
+        name = "ObjectNotFound" if isinstance(exc, _RangeNotSatisfiable) else type(exc).__name__
+        self.stats.errors[name] = self.stats.errors.get(name, 0) + 1
+
+    def _translate(self, exc: BaseException, op: str, key: str | None) -> BaseException:
+        """A final (non-retried) error as a base-module error, or _Retryable."""
+        import aiohttp
+        import botocore.exceptions as bce
+
+        where = f"{op} s3://{self.settings.bucket}/{key or ''}"
+        if isinstance(exc, bce.ClientError):
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            message = f"{where}: {code or status} {error.get('Message', '')}".rstrip()
+            if code in _PRECONDITION_CODES or status == 412:
+                return PreconditionFailed(message, key=key)
+            if code == "NoSuchBucket":
+                return BucketNotFound(message, key=key)
+            if code == "InvalidRange" or status == 416:
+                return _RangeNotSatisfiable(message, key=key)
+            if code in _NOT_FOUND_CODES or status == 404:
+                return ObjectNotFound(message, key=key)
+            if code in _DENIED_CODES or status == 403:
+                return AccessDenied(message, key=key)
+            if code in _RETRY_CODES or status in (429, 500, 502, 503, 504) or status >= 500:
+                return _Retryable(ObjectStoreUnavailable(message, key=key), ambiguous=True)
+            return ObjectStoreError(message, key=key)
+        if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
+            return AccessDenied(f"{where}: no usable AWS credentials ({exc}); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY", key=key)
+        if isinstance(exc, (bce.EndpointConnectionError, bce.ConnectTimeoutError)):
+            # The connection was never made: the request cannot have been applied.
+            return _Retryable(ObjectStoreUnavailable(f"{where}: {exc}", key=key), ambiguous=False)
+        if isinstance(exc, (bce.ConnectionError, bce.HTTPClientError, bce.IncompleteReadError,
+                            aiohttp.ClientError, TimeoutError, OSError)):
+            return _Retryable(ObjectStoreUnavailable(f"{where}: {type(exc).__name__}: {exc}", key=key), ambiguous=True)
+        return exc
+
+    async def _call(self, op: str, key: str | None, attempt: Callable[[Any], Awaitable[T]],
+                    on_precondition_after_ambiguous: Callable[[], Awaitable[T | None]] | None = None) -> T:
+        """Run `attempt(client)` with retries; map errors. See the module docstring for the
+        precondition-after-ambiguous-failure rule."""
+        s = self.settings
+        ambiguous = False
+        last: _Retryable | None = None
+        for number in range(s.max_attempts):
+            if number:
+                self.stats.retries += 1
+                ceiling = min(s.max_backoff_ms, s.backoff_ms * (2 ** (number - 1)))
+                await asyncio.sleep((ceiling / 2 + random.uniform(0, ceiling / 2)) / 1000)
+            try:
+                client = await self._get_client()
+                return await attempt(client)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - translated below
+                mapped = exc if isinstance(exc, ObjectStoreError) else self._translate(exc, op, key)
+                if isinstance(mapped, _Retryable):
+                    ambiguous = ambiguous or mapped.ambiguous
+                    last = mapped
+                    continue
+                if isinstance(mapped, PreconditionFailed) and ambiguous and on_precondition_after_ambiguous:
+                    won = await on_precondition_after_ambiguous()
+                    if won is not None:
+                        return won
+                self._count_error(mapped)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
+        assert last is not None
+        final = ObjectStoreUnavailable(f"{last.cause} (gave up after {s.max_attempts} attempts)", key=key)
+        self._count_error(final)
+        raise final from last.cause
+
+    # -- writing ------------------------------------------------------------------------------
+
+    async def put(self, key: str, data: bytes | bytearray | memoryview, *, if_none_match: bool = False,
+                  if_match: str | None = None) -> PutResult:
+        validate_key(key)
+        if if_none_match and if_match is not None:
+            raise ValueError("put: if_none_match and if_match are mutually exclusive")
+        size = memoryview(data).nbytes
+        conditional = if_none_match or if_match is not None
+        if not conditional and size > self.settings.multipart_threshold:
+            view = memoryview(data).cast("B")
+            step = self.settings.part_size
+            return await self.put_multipart(key, [view[i:i + step] for i in range(0, size, step)])
+        body = bytes(data) if isinstance(data, memoryview) else data
+        params: dict[str, Any] = {"Bucket": self.settings.bucket, "Key": key, "Body": body}
+        if if_none_match:
+            params["IfNoneMatch"] = "*"
+        if if_match is not None:
+            params["IfMatch"] = f'"{_strip_etag(if_match)}"'
+
+        async def attempt(client: Any) -> PutResult:
+            response = await client.put_object(**params)
+            return PutResult(key=key, etag=_strip_etag(response["ETag"]), size=size)
+
+        async def maybe_ours() -> PutResult | None:
+            ours = hashlib.md5(body, usedforsecurity=False).hexdigest()
+            try:
+                info = await self.head(key)
+            except ObjectNotFound:
+                return None
+            return PutResult(key=key, etag=info.etag, size=size) if info.etag == ours else None
+
+        try:
+            result = await self._call("put", key, attempt, maybe_ours if conditional else None)
+        except ObjectNotFound as exc:
+            if if_match is None:
+                raise
+            # AWS answers If-Match on a missing key with 404; for the caller it is a lost race.
+            raise PreconditionFailed(f"object {key!r} does not exist (If-Match {if_match})", key=key) from exc
+        self.stats.puts += 1
+        self.stats.bytes_put += size
+        return result
+
+    async def put_multipart(self, key: str, parts: AsyncIterator[bytes | memoryview] | list[bytes | memoryview]) -> PutResult:
+        """Parts are re-buffered into uploads of exactly `part_size` bytes (the last may be
+        shorter), so callers may pass chunks of any size; a total below `part_size` becomes a
+        single PUT."""
+        validate_key(key)
+        bucket = self.settings.bucket
+        buffer = bytearray()
+        upload_id: str | None = None
+        completed: list[dict[str, Any]] = []
+        total = 0
+
+        async def upload(chunk: bytes) -> None:
+            nonlocal upload_id
+            if upload_id is None:
+                created = await self._call("create_multipart_upload", key,
+                                           lambda c: c.create_multipart_upload(Bucket=bucket, Key=key))
+                upload_id = created["UploadId"]
+            number = len(completed) + 1
+            response = await self._call("upload_part", key, lambda c: c.upload_part(
+                Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=chunk))
+            completed.append({"PartNumber": number, "ETag": response["ETag"]})
+
+        try:
+            async for part in iterate_parts(parts):
+                buffer += part
+                total += len(part)
+                while len(buffer) >= self.settings.part_size:
+                    chunk = bytes(memoryview(buffer)[:self.settings.part_size])
+                    del buffer[:self.settings.part_size]
+                    await upload(chunk)
+            if upload_id is None:
+                return await self.put(key, bytes(buffer))
+            if buffer:
+                await upload(bytes(buffer))
+            response = await self._call("complete_multipart_upload", key, lambda c: c.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": completed}))
+        except BaseException:
+            if upload_id is not None:
+                await asyncio.shield(self._abort(key, upload_id))
+            raise
+        self.stats.puts += 1
+        self.stats.bytes_put += total
+        return PutResult(key=key, etag=_strip_etag(response["ETag"]), size=total)
+
+    async def _abort(self, key: str, upload_id: str) -> None:
+        """Best effort: an upload left behind only costs storage until a bucket lifecycle rule."""
+        with contextlib.suppress(Exception):
+            await self._call("abort_multipart_upload", key, lambda c: c.abort_multipart_upload(
+                Bucket=self.settings.bucket, Key=key, UploadId=upload_id))
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        validate_key(key)
+        validate_range(start, end)
+        if end is not None and end == start:
+            # S3 cannot express an empty range; check existence and the start rule instead.
+            info = await self.head(key)
+            if start > 0 and start >= info.size:
+                raise ObjectNotFound(f"range start {start} is past the end of {key!r} ({info.size} bytes)", key=key)
+            return b""
+        params: dict[str, Any] = {"Bucket": self.settings.bucket, "Key": key}
+        if start or end is not None:
+            params["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+
+        async def attempt(client: Any) -> bytes:
+            response = await client.get_object(**params)
+            async with response["Body"] as body:
+                return await body.read()
+
+        try:
+            data = await self._call("get", key, attempt)
+        except _RangeNotSatisfiable as exc:
+            if start != 0:
+                raise ObjectNotFound(str(exc), key=key) from None
+            # A ranged GET of an empty object is 416 on S3; the contract says it reads b"".
+            info = await self.head(key)
+            if info.size != 0:
+                raise ObjectNotFound(str(exc), key=key) from None
+            self.stats.errors["ObjectNotFound"] -= 1  # not an error after all
+            data = b""
+        self.stats.gets += 1
+        self.stats.bytes_got += len(data)
+        return data
+
+    async def head(self, key: str) -> ObjectInfo:
+        validate_key(key)
+
+        async def attempt(client: Any) -> ObjectInfo:
+            r = await client.head_object(Bucket=self.settings.bucket, Key=key)
+            return ObjectInfo(key=key, size=r["ContentLength"], etag=_strip_etag(r["ETag"]),
+                              last_modified=r["LastModified"].timestamp())
+
+        return await self._call("head", key, attempt)
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        """Pages are fetched in full and sorted before anything is yielded: SeaweedFS (and
+        other filer-backed servers) list depth-first by path segment, so "a/b" comes before
+        "a-c", while the contract (and AWS) promise UTF-8 byte order."""
+        if not isinstance(prefix, str) or "\x00" in prefix:
+            raise ValueError(f"list prefix must be a str without NUL: {prefix!r}")
+        items: list[ObjectInfo] = []
+        token: str | None = None
+        while True:
+            params: dict[str, Any] = {"Bucket": self.settings.bucket, "Prefix": prefix, "MaxKeys": 1000}
+            if token:
+                params["ContinuationToken"] = token
+            page = await self._call("list", prefix or None, lambda c, p=params: c.list_objects_v2(**p))
+            for item in page.get("Contents", []):
+                items.append(ObjectInfo(key=item["Key"], size=item["Size"], etag=_strip_etag(item.get("ETag", "")),
+                                        last_modified=item["LastModified"].timestamp()))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                break
+        items.sort(key=lambda info: info.key.encode("utf-8", "surrogatepass"))
+        for info in items:
+            yield info
+
+    # -- deleting -----------------------------------------------------------------------------
+
+    async def delete_many(self, keys: list[str]) -> None:
+        if isinstance(keys, str):
+            raise ValueError("delete_many takes a list of keys, not a str")
+        keys = list(dict.fromkeys(keys))
+        for key in keys:
+            validate_key(key)
+        failures: list[tuple[str, str, str]] = []
+        for index in range(0, len(keys), MAX_DELETE_BATCH):
+            batch = keys[index:index + MAX_DELETE_BATCH]
+            request = {"Objects": [{"Key": k} for k in batch], "Quiet": True}
+            response = await self._call("delete_many", batch[0], lambda c, r=request: c.delete_objects(
+                Bucket=self.settings.bucket, Delete=r))
+            for error in response.get("Errors", []):
+                if error.get("Code") != "NoSuchKey":
+                    failures.append((error.get("Key", "?"), error.get("Code", "?"), error.get("Message", "")))
+        if failures:
+            detail = "; ".join(f"{k}: {c} {m}".rstrip() for k, c, m in failures[:10])
+            more = f" (and {len(failures) - 10} more)" if len(failures) > 10 else ""
+            kind = AccessDenied if all(c in _DENIED_CODES for _, c, _ in failures) else ObjectStoreError
+            error = kind(f"delete_many: {len(failures)} keys not deleted: {detail}{more}", key=failures[0][0])
+            self._count_error(error)
+            raise error
+
+
+__all__ = ["S3ObjectStore", "S3Settings", "parse_s3_url"]

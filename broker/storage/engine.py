@@ -305,8 +305,10 @@ class StorageEngine:
                 s._confirmed(r.base_offset + r.record_count)
         self.metrics.cache_bytes.labels("log_cache").set(cache.size)
         self.metrics.wal_bytes_pending.set(self.wal.bytes_pending_trim)
-        block = cache.open_block
-        if block.size >= self.config.storage.upload_block_bytes:
+        if cache.open_block.size >= self.config.storage.upload_block_bytes:
+            # Seal here, not in the uploader: while it is busy with the previous block the
+            # open one must not grow past the configured size.
+            cache.seal()
             self.uploader.request_upload()
 
     async def _after_append(self) -> None:

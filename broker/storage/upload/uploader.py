@@ -42,7 +42,7 @@ from automq.broker.storage.wal.base import WriteAheadLog
 log = logging.getLogger(__name__)
 
 PREPARE_TTL_MS = 10 * 60_000
-MULTIPART_THRESHOLD = 16 << 20
+MULTIPART_THRESHOLD = 256 << 20  # single PUTs are fine up to 5 GiB; multipart only for huge blocks
 MULTIPART_PART = 8 << 20
 
 
@@ -289,9 +289,15 @@ class Uploader:
             writer.add_batch(sl.stream_id, b.base_offset, b.record_count, b.payload)
 
     async def _put(self, key: str, parts: list[bytes | memoryview], size: int) -> None:
+        # Joining tens of MiB takes tens of ms: do it off the event loop so appends and
+        # fetches are not stalled behind an upload.
         if size <= MULTIPART_THRESHOLD:
-            await self._store.put(key, b"".join(parts))
+            await self._store.put(key, await asyncio.to_thread(b"".join, parts))
             return
+        await self._store.put_multipart(key, await asyncio.to_thread(self._chunks, parts))
+
+    @staticmethod
+    def _chunks(parts: list[bytes | memoryview]) -> list[bytes]:
         chunks: list[bytes] = []
         current: list[bytes | memoryview] = []
         n = 0
@@ -303,4 +309,4 @@ class Uploader:
                 current, n = [], 0
         if current:
             chunks.append(b"".join(current))
-        await self._store.put_multipart(key, chunks)
+        return chunks

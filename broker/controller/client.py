@@ -194,10 +194,15 @@ class ControllerClient:
         data = await self.call("list_wal_recovery_jobs", {})
         return [wire.wal_recovery_job(j) for j in data["jobs"]]
 
-    async def claim_wal_recovery(self, job_id: int, node_id: int, node_epoch: int) -> None:
-        await self.call("claim_wal_recovery", {"job_id": job_id, "node_id": node_id, "node_epoch": node_epoch})
+    async def claim_wal_recovery(self, job_id: int, node_id: int = -1, node_epoch: int = -1) -> int:
+        """Claim a fenced node's WAL (node_id/node_epoch: the claiming broker, or -1/-1 for the
+        operator). Returns the recovery epoch: replay that WAL and commit as
+        (job.node_id, recovery epoch), e.g. `storage.recovery.recover_wal(node_id=job.node_id,
+        node_epoch=<it>)`; then `complete_wal_recovery`."""
+        data = await self.call("claim_wal_recovery", {"job_id": job_id, "node_id": node_id, "node_epoch": node_epoch})
+        return data["recovery_epoch"]
 
-    async def complete_wal_recovery(self, job_id: int, node_id: int, node_epoch: int) -> None:
+    async def complete_wal_recovery(self, job_id: int, node_id: int = -1, node_epoch: int = -1) -> None:
         await self.call("complete_wal_recovery", {"job_id": job_id, "node_id": node_id, "node_epoch": node_epoch})
 
     async def abandon_wal_recovery(self, job_id: int) -> None:

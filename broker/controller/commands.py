@@ -123,6 +123,17 @@ def check_node(state: MetadataState, node_id: int, node_epoch: int) -> BrokerSta
     return b
 
 
+def check_committer(state: MetadataState, node_id: int, node_epoch: int) -> None:
+    """Like check_node, but a fenced node's id is also accepted under the recovery epoch of
+    its claimed WAL recovery job: the recoverer commits that WAL's data as the dead node."""
+    b = state.brokers.get(node_id)
+    if b is not None and b.state == "fenced" and node_epoch == b.node_epoch:
+        job = state.pending_job_for(node_id)
+        if job is not None and job.state == "claimed" and job.recovery_epoch == node_epoch:
+            return
+    check_node(state, node_id, node_epoch)
+
+
 def _stream(state: MetadataState, stream_id: int) -> StreamState:
     s = state.streams.get(stream_id)
     if s is None:
@@ -191,9 +202,10 @@ def register_broker(tx: Tx, node_id: int, endpoints: list[Endpoint], rack: str |
     if old is not None and old.state == "draining":
         tx.emit(r.BrokerStateChanged(node_id, "draining"))
     job = state.pending_job_for(node_id)
-    if job is not None and job.state == "pending":
+    if job is not None:
         # It is back (same node id, so same volume / S3 WAL keys) and recovers its own WAL
         # before it opens streams; its streams stay open to it so that recovery can commit.
+        # A claimer's recovery epoch is below the new node epoch now: it stops committing.
         tx.emit(r.WalRecoveryJobCancelled(job.job_id))
     place_offline_partitions(tx)
     continue_drains(tx)
@@ -591,7 +603,7 @@ def commit_stream_set_object(tx: Tx, req: CommitStreamSetObjectRequest) -> None:
     state = tx.state
     compaction = bool(req.compacted_object_ids)
     if not compaction or req.node_id >= 0:
-        check_node(state, req.node_id, req.node_epoch)
+        check_committer(state, req.node_id, req.node_epoch)
     if _same_commit(state, req):
         return
     _require(req.object_id >= 0 or not req.stream_ranges, "stream_ranges need a stream-set object (object_id >= 0)")
@@ -643,7 +655,7 @@ def commit_stream_set_object(tx: Tx, req: CommitStreamSetObjectRequest) -> None:
 def commit_stream_object(tx: Tx, obj: StreamObject, node_id: int, node_epoch: int) -> None:
     state = tx.state
     if not obj.source_object_ids or node_id >= 0:
-        check_node(state, node_id, node_epoch)
+        check_committer(state, node_id, node_epoch)
     existing = state.objects.get(obj.object_id)
     if existing is not None and existing.state != PREPARED and existing.node_id == node_id and existing.object_size == obj.object_size:
         return  # a retry of a commit that went through
@@ -717,18 +729,29 @@ def _job(state: MetadataState, job_id: int):
     return job
 
 
-def claim_wal_recovery(tx: Tx, job_id: int, node_id: int, node_epoch: int) -> None:
-    check_node(tx.state, node_id, node_epoch)
+def _check_claimer(state: MetadataState, node_id: int, node_epoch: int) -> None:
+    if node_id != -1:  # -1: the operator, which is no broker
+        check_node(state, node_id, node_epoch)
+
+
+def claim_wal_recovery(tx: Tx, job_id: int, node_id: int, node_epoch: int) -> int:
+    """Returns the recovery epoch: commit the recovered data as (job.node_id, that epoch)."""
+    _check_claimer(tx.state, node_id, node_epoch)
     job = _job(tx.state, job_id)
     if job.state == "claimed":
         if job.claimed_by == node_id:
-            return
+            return job.recovery_epoch
         raise WalRecoveryJobError(f"WAL recovery job {job_id} is claimed by node {job.claimed_by}")
-    tx.emit(r.WalRecoveryJobClaimed(job_id, node_id))
+    dead = tx.state.brokers[job.node_id]
+    if dead.state != "fenced":
+        raise WalRecoveryJobError(f"node {job.node_id} registered again and recovers its own WAL")
+    recovery_epoch = dead.node_epoch + 1
+    tx.emit(r.WalRecoveryJobClaimed(job_id, node_id, recovery_epoch))
+    return recovery_epoch
 
 
 def complete_wal_recovery(tx: Tx, job_id: int, node_id: int, node_epoch: int) -> None:
-    check_node(tx.state, node_id, node_epoch)
+    _check_claimer(tx.state, node_id, node_epoch)
     job = _job(tx.state, job_id)
     if job.state != "claimed" or job.claimed_by != node_id:
         raise WalRecoveryJobError(f"WAL recovery job {job_id} is not claimed by node {node_id}")

@@ -138,6 +138,8 @@ class WalRecoveryJob:
     state: str = "pending"  # "pending" | "claimed"
     claimed_by: int = -1
     stream_ids: tuple[int, ...] = ()  # streams it still held open
+    # while claimed: commit as (node_id, recovery_epoch), e.g. storage.recovery.recover_wal
+    recovery_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)

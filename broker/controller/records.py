@@ -270,8 +270,12 @@ class WalRecoveryJobCreated(Record):
 @_record("wal_recovery_job_claimed", visible=True)
 @dataclass(frozen=True, slots=True)
 class WalRecoveryJobClaimed(Record):
+    """The claimer recovers the fenced node's WAL and commits *as that node* under
+    `recovery_epoch`, a node epoch above every one the node used (the node stays fenced)."""
+
     job_id: int
-    node_id: int  # the claimer
+    node_id: int  # the claimer (-1: the operator)
+    recovery_epoch: int = -1
 
 
 @_record("wal_recovery_job_released", visible=True)

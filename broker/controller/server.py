@@ -119,8 +119,8 @@ class JobRef(_Req):
 
 class JobNodeRef(_Req):
     job_id: Id
-    node_id: NodeId
-    node_epoch: Epoch
+    node_id: OptNodeId  # -1 with node_epoch -1: the operator
+    node_epoch: OptEpoch
 
 
 class CreateStream(_Req):
@@ -307,8 +307,7 @@ async def _list_wal_recovery_jobs(c: Controller, q: Empty) -> dict:
 
 @method("claim_wal_recovery", JobNodeRef)
 async def _claim_wal_recovery(c: Controller, q: JobNodeRef) -> dict:
-    await c.execute(lambda tx: commands.claim_wal_recovery(tx, q.job_id, q.node_id, q.node_epoch))
-    return {}
+    return {"recovery_epoch": await c.execute(lambda tx: commands.claim_wal_recovery(tx, q.job_id, q.node_id, q.node_epoch))}
 
 
 @method("complete_wal_recovery", JobNodeRef)

@@ -105,6 +105,7 @@ class JobState:
     state: str = "pending"
     claimed_by: int = -1
     created_at_ms: int = 0
+    recovery_epoch: int = -1
 
 
 class MetadataState:
@@ -279,7 +280,9 @@ class MetadataState:
 
     def _wal_recovery_job_claimed(self, rec: r.WalRecoveryJobClaimed) -> None:
         job = self.jobs[rec.job_id]
-        job.state, job.claimed_by = "claimed", rec.node_id
+        job.state, job.claimed_by, job.recovery_epoch = "claimed", rec.node_id, rec.recovery_epoch
+        if rec.recovery_epoch >= 0:
+            self.brokers[job.node_id].node_epoch = rec.recovery_epoch
 
     def _wal_recovery_job_released(self, rec: r.WalRecoveryJobReleased) -> None:
         job = self.jobs[rec.job_id]
@@ -398,7 +401,7 @@ class MetadataState:
             for t in sorted(self.topics.values(), key=lambda t: t.name)
         )
         jobs = tuple(
-            WalRecoveryJob(j.job_id, j.node_id, j.node_epoch, j.state, j.claimed_by, tuple(j.stream_ids))
+            WalRecoveryJob(j.job_id, j.node_id, j.node_epoch, j.state, j.claimed_by, tuple(j.stream_ids), j.recovery_epoch)
             for j in sorted(self.jobs.values(), key=lambda j: j.job_id)
         )
         return MetadataImage(self.version, self.cluster_id, self.controller_id, brokers, topics, jobs)
@@ -432,7 +435,10 @@ class MetadataState:
                 [o.object_id, o.state, o.object_type, o.object_size, o.node_id, o.ranges, o.committed_at_ms, o.expires_at_ms, o.marked_at_ms]
                 for o in self.objects.values()
             ],
-            "jobs": [[j.job_id, j.node_id, j.node_epoch, j.stream_ids, j.state, j.claimed_by, j.created_at_ms] for j in self.jobs.values()],
+            "jobs": [
+                [j.job_id, j.node_id, j.node_epoch, j.stream_ids, j.state, j.claimed_by, j.created_at_ms, j.recovery_epoch]
+                for j in self.jobs.values()
+            ],
         }
 
     @classmethod
@@ -460,8 +466,8 @@ class MetadataState:
                 st.stream_index[sid].append((start, end, oid))
         for index in st.stream_index.values():
             index.sort()
-        for job_id, node_id, epoch, stream_ids, state, claimed_by, at in data["jobs"]:
-            st.jobs[job_id] = JobState(job_id, node_id, epoch, stream_ids, state, claimed_by, at)
+        for job_id, node_id, epoch, stream_ids, state, claimed_by, at, recovery_epoch in data["jobs"]:
+            st.jobs[job_id] = JobState(job_id, node_id, epoch, stream_ids, state, claimed_by, at, recovery_epoch)
         return st
 
     # ------------------------------------------------------------------ invariants

@@ -68,7 +68,9 @@ def broker_info(d: dict) -> BrokerInfo:
 
 
 def wal_recovery_job(d: dict) -> WalRecoveryJob:
-    return WalRecoveryJob(d["job_id"], d["node_id"], d["node_epoch"], d["state"], d["claimed_by"], tuple(d["stream_ids"]))
+    return WalRecoveryJob(
+        d["job_id"], d["node_id"], d["node_epoch"], d["state"], d["claimed_by"], tuple(d["stream_ids"]), d.get("recovery_epoch", -1)
+    )
 
 
 def metadata_image(d: dict) -> MetadataImage:

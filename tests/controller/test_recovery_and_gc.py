@@ -95,11 +95,21 @@ async def test_fenced_broker_wal_is_recovered_before_partitions_reopen(file_url:
             with pytest.raises(WalRecoveryJobError):
                 await client.complete_wal_recovery(job.job_id, 2, e2)  # not claimed yet
 
-            # broker 2 claims the job, replays broker 1's WAL and commits on its behalf
-            await client.claim_wal_recovery(job.job_id, 2, e2)
-            await client.claim_wal_recovery(job.job_id, 2, e2)  # idempotent for the claimer
+            # broker 2 claims the job, replays broker 1's WAL and commits as broker 1 under the
+            # recovery epoch (what storage.recovery.recover_wal does)
+            recovery_epoch = await client.claim_wal_recovery(job.job_id, 2, e2)
+            assert recovery_epoch > e1
+            assert await client.claim_wal_recovery(job.job_id, 2, e2) == recovery_epoch  # idempotent for the claimer
+            with pytest.raises(WalRecoveryJobError):
+                await client.claim_wal_recovery(job.job_id)  # someone else (the operator) cannot take it over
+            with pytest.raises(NodeFencedError):  # the zombie is still fenced
+                await client.commit_stream_set_object(
+                    CommitStreamSetObjectRequest(1, e1, oid + 1, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 5, 8, 10),))
+                )
+            with pytest.raises(NodeFencedError):  # the recovery epoch commits, it does not heartbeat
+                await client.heartbeat(1, recovery_epoch)
             await client.commit_stream_set_object(
-                CommitStreamSetObjectRequest(2, e2, oid + 1, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 5, 8, 10),))
+                CommitStreamSetObjectRequest(1, recovery_epoch, oid + 1, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 5, 8, 10),))
             )
             await client.complete_wal_recovery(job.job_id, 2, e2)
             image = await _wait_image(client, lambda im: im.topics[0].partitions[p1.partition].state == "online")
@@ -134,6 +144,36 @@ async def test_restarted_broker_recovers_its_own_wal(file_url: str, make_config)
         )
         reopened = await client.open_stream(p.stream_id, back.leader_epoch, 1, e1b)
         assert (reopened.epoch, reopened.end_offset) == (back.leader_epoch, 3)
+
+
+async def test_operator_claims_and_completes_a_recovery(file_url: str, make_config) -> None:
+    async with running(make_config(file_url)) as (_svc, client):
+        e1 = await client.register_broker(1, EP, None)
+        e2 = await client.register_broker(2, EP, None)
+        topic = await client.create_topic("t", 2, {})
+        p1 = next(p for p in topic.partitions if p.leader == 1)
+        await client.open_stream(p1.stream_id, p1.leader_epoch, 1, e1)
+        await client.fence_broker(1)
+        (job,) = await client.list_wal_recovery_jobs()
+        recovery_epoch = await client.claim_wal_recovery(job.job_id)  # node -1: the operator
+        (claimed,) = await client.list_wal_recovery_jobs()
+        assert (claimed.state, claimed.claimed_by, claimed.recovery_epoch) == ("claimed", -1, recovery_epoch)
+        oid = await client.prepare_objects(1, 60_000)
+        await client.commit_stream_set_object(
+            CommitStreamSetObjectRequest(1, recovery_epoch, oid, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 0, 4, 10),))
+        )
+        with pytest.raises(WalRecoveryJobError):
+            await client.complete_wal_recovery(job.job_id, 2, e2)  # only the claimer completes
+        await client.complete_wal_recovery(job.job_id)
+        image = await client.watch_metadata(-1, 0)
+        part = image.topics[0].partitions[p1.partition]
+        assert (part.leader, part.leader_epoch) == (2, p1.leader_epoch + 1)
+        assert (await client.open_stream(p1.stream_id, part.leader_epoch, 2, e2)).end_offset == 4
+        with pytest.raises(NodeFencedError):  # recovery is over: the recovery epoch commits no more
+            oid2 = await client.prepare_objects(1, 60_000)
+            await client.commit_stream_set_object(
+                CommitStreamSetObjectRequest(1, recovery_epoch, oid2, 10, (ObjectStreamRange(p1.stream_id, part.leader_epoch, 4, 5, 10),))
+            )
 
 
 async def test_operator_can_abandon_a_lost_wal(file_url: str, make_config) -> None:

@@ -203,6 +203,30 @@ class ControllerMachine(RuleBasedStateMachine):
             self.acked[so.stream_id] = so.end_offset
         self.readable.update(oid for oid in (first, first + 1) if self.state.objects.get(oid) and self.state.objects[oid].state == COMMITTED)
 
+    @precondition(lambda self: self.state.jobs)
+    @rule(data=st.data(), complete=st.booleans())
+    def recover_wal(self, data, complete: bool) -> None:
+        """The operator claims a fenced node's WAL job, commits as that node under the
+        recovery epoch (must be accepted), and maybe completes the job."""
+        job = data.draw(st.sampled_from(sorted(self.state.jobs.values(), key=lambda j: j.job_id)))
+        try:
+            recovery_epoch = self.run(c.claim_wal_recovery, job.job_id, -1, -1)
+        except MetadataError:
+            return
+        held = sorted((s for s in self.state.streams.values() if s.owner == job.node_id and s.state == "open"),
+                      key=lambda s: s.stream_id)
+        if held:
+            s = held[0]
+            oid = self.run(c.prepare_objects, 1, 10_000)
+            req = CommitStreamSetObjectRequest(job.node_id, recovery_epoch, oid, 10,
+                                               (ObjectStreamRange(s.stream_id, s.epoch, s.end_offset, s.end_offset + 3, 10),))
+            self.run(c.commit_stream_set_object, req)  # must not raise
+            if s.stream_id in self.acked:
+                self.acked[s.stream_id] = s.end_offset
+        if complete:
+            self.run(c.complete_wal_recovery, job.job_id, -1, -1)
+            assert not any(s.owner == job.node_id and s.state == "open" for s in self.state.streams.values())
+
     @rule(data=st.data())
     def compact_stream_sets(self, data) -> None:
         sets = c.get_stream_set_objects(self.state, None)

@@ -150,6 +150,22 @@ def node_configs(brokers: int, data_dir: Path, port: int, object_store_url: str,
     return configs
 
 
+def _config_yaml(config: NodeConfig) -> str:
+    """Only the keys local mode sets: a key written to the file counts as set by the operator
+    of the node (DescribeConfigs reports it as STATIC_BROKER_CONFIG, as Kafka does for
+    server.properties), so defaults stay out of it. Reads back to an equal NodeConfig."""
+    text = yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+    if load_config_text(text) != config:  # never write a file that means something else
+        text = dump_config(config)
+    return text
+
+
+def load_config_text(text: str) -> NodeConfig:
+    from automq.broker.config import parse_config
+
+    return parse_config(yaml.safe_load(text) or {})
+
+
 def prepare(brokers: int, data_dir: Path, port: int, object_store_url: str | None) -> list[Node]:
     """Check ports, write every node's config file; returns the nodes in start order."""
     if brokers < 1:
@@ -181,7 +197,7 @@ def prepare(brokers: int, data_dir: Path, port: int, object_store_url: str | Non
     for name, config in node_configs(brokers, data_dir, port, url, controller_http, broker_http).items():
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
         path = data_dir / "config" / f"{name}.yaml"
-        path.write_text(dump_config(config))
+        path.write_text(_config_yaml(config))
         nodes.append(
             Node(
                 name=name,
@@ -232,6 +248,13 @@ def log_tail(node: Node, lines: int = 20) -> str:
     except OSError:
         return ""
     return "\n".join(text[-lines:])
+
+
+def _write_tail(node: Node) -> None:
+    # raw, not through rich: log lines hold brackets rich would read as markup, and wrapping
+    # them at the terminal width makes tracebacks unreadable
+    sys.stderr.write(log_tail(node) + "\n")
+    sys.stderr.flush()
 
 
 def stop(nodes: list[Node], console: Console) -> None:
@@ -308,7 +331,8 @@ def _wait_ready(nodes: list[Node], console: Console, signals: _Signals) -> bool:
                 code = n.process.poll() if n.process else None
                 if code is not None:
                     progress.update(tasks[n.name], description=f"[red]{n.name}: exited with code {code}[/]")
-                    console.print(f"[red]{n.name} exited with code {code} while starting. Last lines of {n.log_path}:[/]\n{log_tail(n)}")
+                    console.print(f"[red]{n.name} exited with code {code} while starting. Last lines of {n.log_path}:[/]")
+                    _write_tail(n)
                     return False
                 if is_ready(n):
                     where = f"127.0.0.1:{n.kafka_port}" if n.kafka_port else f"http://127.0.0.1:{n.http_port}"
@@ -316,7 +340,8 @@ def _wait_ready(nodes: list[Node], console: Console, signals: _Signals) -> bool:
                     pending.remove(n)
             if time.monotonic() > deadline:
                 for n in pending:
-                    console.print(f"[red]{n.name} not ready after {READY_TIMEOUT_S:.0f}s. Last lines of {n.log_path}:[/]\n{log_tail(n)}")
+                    console.print(f"[red]{n.name} not ready after {READY_TIMEOUT_S:.0f}s. Last lines of {n.log_path}:[/]")
+                    _write_tail(n)
                 return False
             time.sleep(0.2)
     return True
@@ -324,7 +349,7 @@ def _wait_ready(nodes: list[Node], console: Console, signals: _Signals) -> bool:
 
 def run_local_cluster(brokers: int, data_dir: Path | str, port: int, object_store_url: str | None) -> int:
     """Run a local cluster in the foreground until Ctrl-C/SIGTERM; returns the exit code."""
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     data_dir = Path(data_dir).expanduser().resolve()
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -372,12 +397,14 @@ def _supervise(nodes: list[Node], console: Console, signals: _Signals) -> int:
             if code is None:
                 continue
             if n.role == "controller":
-                console.print(f"[red]the controller exited with code {code}; stopping the cluster. Last lines of {n.log_path}:[/]\n{log_tail(n)}")
+                console.print(f"[red]the controller exited with code {code}; stopping the cluster. Last lines of {n.log_path}:[/]")
+                _write_tail(n)
                 return 1
             now = time.monotonic()
             n.restarts = [t for t in n.restarts if now - t < RESTART_WINDOW_S] + [now]
             if len(n.restarts) > RESTART_LIMIT:
-                console.print(f"[red]{n.name} keeps exiting (code {code}); stopping the cluster. Last lines of {n.log_path}:[/]\n{log_tail(n)}")
+                console.print(f"[red]{n.name} keeps exiting (code {code}); stopping the cluster. Last lines of {n.log_path}:[/]")
+                _write_tail(n)
                 return 1
             console.print(f"[yellow]{n.name} exited with code {code}; restarting it (its WAL is replayed on start). Log: {n.log_path}[/]")
             spawn(n)

@@ -21,6 +21,9 @@ def test_prepare_writes_loadable_configs(tmp_path):
     nodes = local.prepare(2, tmp_path, port, None)
     assert [n.name for n in nodes] == ["controller", "broker-1", "broker-2"]
     configs = {n.name: load_config(n.config_path) for n in nodes}
+    # only what local mode sets is in the files (a written key counts as set by the user)
+    text = nodes[1].config_path.read_text()
+    assert "node_id: 1" in text and "wal:" not in text and "kafka:" not in text
     assert configs["controller"].node_id == 0
     assert [configs[f"broker-{i}"].node_id for i in (1, 2)] == [1, 2]
     assert [configs[f"broker-{i}"].listeners[0].port for i in (1, 2)] == [port, port + 1]

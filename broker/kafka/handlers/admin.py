@@ -57,9 +57,10 @@ _LEGAL_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 METADATA_PROPAGATION_WAIT_S = 5.0
 CONTROLLER_CALL_TIMEOUT_S = 30.0
 # Cluster operations reported when a client asks for authorized operations: no authorizer
-# runs, so every cluster operation is allowed (ALTER, CLUSTER_ACTION, CREATE, DESCRIBE,
-# DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, ALTER/DESCRIBE... Kafka's AclOperation codes).
-_CLUSTER_OPERATIONS = sum(1 << op for op in (3, 4, 7, 8, 10, 11, 12))
+# runs, so every operation on the cluster resource is allowed (Kafka's AclOperation codes:
+# CREATE 5, ALTER 7, DESCRIBE 8, CLUSTER_ACTION 9, DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11,
+# IDEMPOTENT_WRITE 12).
+_CLUSTER_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
 
 
 class AdminError(Exception):

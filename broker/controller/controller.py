@@ -19,9 +19,9 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -52,6 +52,14 @@ class Role(str, enum.Enum):
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
+
+
+class LeadershipLease(Protocol):
+    """An outside lock on who may try to lead (a Kubernetes Lease, `lease.py`)."""
+
+    async def try_acquire(self) -> bool: ...
+
+    async def release(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -90,7 +98,7 @@ class Controller:
         config: ControllerConfig | None = None,
         session_timeout_ms: int = 10_000,
         gc_retention_ms: int = 60_000,
-        may_lead: Callable[[], Awaitable[bool]] | None = None,
+        lease: "LeadershipLease | None" = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.store = store
@@ -101,7 +109,7 @@ class Controller:
         self.session_timeout_ms = session_timeout_ms
         self.gc_retention_ms = gc_retention_ms
         # extra gate before trying to lead (the Kubernetes Lease); the log rule always applies
-        self._may_lead = may_lead
+        self.lease = lease
         self.registry = registry or CollectorRegistry()
         self.metrics = ControllerMetrics(self.registry)
         self.log = MetadataLog(store, self.config.metadata_prefix)
@@ -142,6 +150,8 @@ class Controller:
             await asyncio.wait_for(self.execute(resign), timeout_s)
         except (MetadataError, TimeoutError) as exc:
             log.warning("controller %d: could not resign cleanly: %s", self.controller_id, exc)
+        if self.lease is not None:
+            await self.lease.release()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -239,7 +249,7 @@ class Controller:
             await asyncio.sleep(poll_s)
 
     async def _try_elect(self) -> bool:
-        if self._may_lead is not None and not await self._may_lead():
+        if self.lease is not None and not await self.lease.try_acquire():
             return False
         try:
             seqs = await self.log.snapshot_seqs()
@@ -280,6 +290,8 @@ class Controller:
             asyncio.create_task(self._session_loop(), name="controller-sessions"),
             asyncio.create_task(self._gc_loop(), name="controller-gc"),
         ]
+        if self.lease is not None:
+            timers.append(asyncio.create_task(self._lease_loop(), name="controller-lease"))
         try:
             await self._commit_loop()
         finally:
@@ -392,6 +404,19 @@ class Controller:
                 log.warning("controller %d: snapshot %d failed: %s", self.controller_id, seq, exc)
 
         self._snapshot_task = asyncio.create_task(write(), name="controller-snapshot")
+
+    async def _lease_loop(self) -> None:
+        """Keep the Lease while leading; give up leadership once it could not be renewed for
+        a whole lease timeout (another controller may hold it by now)."""
+        assert self.lease is not None
+        renewed = time.monotonic()
+        while self.role is Role.LEADER:
+            await asyncio.sleep(self.config.renew_interval_ms / 1000)
+            if await self.lease.try_acquire():
+                renewed = time.monotonic()
+            elif time.monotonic() - renewed > self.config.lease_timeout_ms / 1000:
+                self._step_down("lost the Kubernetes Lease")
+                return
 
     async def _session_loop(self) -> None:
         interval = max(0.05, min(1.0, self.session_timeout_ms / 4000))

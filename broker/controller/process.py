@@ -34,18 +34,18 @@ class ControllerService:
             config=config.controller,
             session_timeout_ms=config.session_timeout_ms,
             gc_retention_ms=config.storage.object_gc_retention_ms,
-            may_lead=self._lease_gate(config),
+            lease=self._lease(config),
         )
         self._runner: web.AppRunner | None = None
         self.port = 0
 
     @staticmethod
-    def _lease_gate(config: NodeConfig):
+    def _lease(config: NodeConfig):
         if config.controller.leadership != "lease":
             return None
         from automq.broker.controller.lease import KubernetesLease
 
-        return KubernetesLease.from_config(config).try_acquire
+        return KubernetesLease.from_config(config)
 
     @property
     def url(self) -> str:

@@ -699,7 +699,8 @@ def get_stream_set_objects(state: MetadataState, node_id: int | None) -> list[Ob
 
 def expire_prepared(tx: Tx) -> int:
     """Prepared ids past their TTL become garbage (whatever was written under them goes)."""
-    expired = [o.object_id for o in tx.state.objects.values() if o.state == PREPARED and o.expires_at_ms < tx.now_ms]
+    objects = tx.state.objects
+    expired = [oid for oid in tx.state.prepared_ids if objects[oid].expires_at_ms < tx.now_ms]
     expired = sorted(expired)[:GC_BATCH]
     if expired:
         tx.emit(r.ObjectsMarkedForDeletion(expired, tx.now_ms))
@@ -709,7 +710,7 @@ def expire_prepared(tx: Tx) -> int:
 def deletable_objects(state: MetadataState, now_ms: int, retention_ms: int) -> list[int]:
     """Ids marked for deletion at least `retention_ms` ago: readers that listed them before
     they were replaced have had that long to finish."""
-    ids = [o.object_id for o in state.objects.values() if o.state == MARKED and o.marked_at_ms + retention_ms <= now_ms]
+    ids = [oid for oid in state.marked_ids if state.objects[oid].marked_at_ms + retention_ms <= now_ms]
     return sorted(ids)[:GC_BATCH]
 
 

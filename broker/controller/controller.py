@@ -241,7 +241,12 @@ class Controller:
                 self.metrics.last_seq.set(self.state.last_seq)
                 self._publish()
                 eager = eager or self.state.leader_resigned
-            if not self._resigning and (eager or time.monotonic() - last_progress >= lease_s):
+            if self.lease is not None:
+                # the Lease holder leads: ask for it every renew interval (it expires by itself)
+                due = eager or time.monotonic() - last_progress >= self.config.renew_interval_ms / 1000
+            else:
+                due = eager or time.monotonic() - last_progress >= lease_s
+            if due and not self._resigning:
                 eager = False
                 if await self._try_elect():
                     return
@@ -311,6 +316,8 @@ class Controller:
             try:
                 first = await asyncio.wait_for(self._queue.get(), renew_s)
             except TimeoutError:
+                if self.lease is not None:
+                    continue  # the Lease says we are alive; no heartbeat entries (PUTs cost money)
                 first = _Pending(lambda tx: tx.emit(r.LeaderHeartbeat(term, tx.now_ms)), None)
             batch = [first]
             while len(batch) < limit and not self._queue.empty():

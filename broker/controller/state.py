@@ -131,6 +131,9 @@ class MetadataState:
         self.stream_index: dict[int, list[tuple[int, int, int]]] = {}
         # derived: stream id -> (topic, partition)
         self.partition_of_stream: dict[int, tuple[str, int]] = {}
+        # derived: ids by state, so GC rounds do not scan every object
+        self.prepared_ids: set[int] = set()
+        self.marked_ids: set[int] = set()
 
     # ------------------------------------------------------------------ apply
 
@@ -226,6 +229,7 @@ class MetadataState:
     def _objects_prepared(self, rec: r.ObjectsPrepared) -> None:
         for oid in range(rec.first_object_id, rec.first_object_id + rec.count):
             self.objects[oid] = ObjectState(oid, PREPARED, expires_at_ms=rec.expires_at_ms)
+            self.prepared_ids.add(oid)
         self.next_object_id = max(self.next_object_id, rec.first_object_id + rec.count)
 
     def _stream_set_object_committed(self, rec: r.StreamSetObjectCommitted) -> None:
@@ -273,6 +277,8 @@ class MetadataState:
     def _objects_destroyed(self, rec: r.ObjectsDestroyed) -> None:
         for oid in rec.object_ids:
             self.objects.pop(oid, None)
+            self.marked_ids.discard(oid)
+            self.prepared_ids.discard(oid)
 
     def _wal_recovery_job_created(self, rec: r.WalRecoveryJobCreated) -> None:
         self.jobs[rec.job_id] = JobState(rec.job_id, rec.node_id, rec.node_epoch, list(rec.stream_ids), created_at_ms=rec.at_ms)
@@ -307,6 +313,7 @@ class MetadataState:
 
     def _commit_object(self, oid: int, otype: int, size: int, node_id: int, ranges: list, at_ms: int) -> None:
         obj = self.objects[oid]
+        self.prepared_ids.discard(oid)
         obj.state, obj.object_type, obj.object_size, obj.node_id = COMMITTED, int(otype), size, node_id
         obj.committed_at_ms, obj.expires_at_ms = at_ms, 0
         live = []
@@ -327,6 +334,7 @@ class MetadataState:
         obj.ranges = [rg for rg in obj.ranges if not (rg[0] == sid and rg[1] == start and rg[2] == end)]
         if not obj.ranges and obj.state == COMMITTED:
             obj.state, obj.marked_at_ms = MARKED, at_ms
+            self.marked_ids.add(oid)
 
     def _unindex(self, sid: int, start: int, end: int, oid: int) -> None:
         index = self.stream_index.get(sid)
@@ -344,6 +352,8 @@ class MetadataState:
             self._unindex(sid, start, end, oid)
         obj.ranges = []
         obj.state, obj.marked_at_ms = MARKED, at_ms
+        self.prepared_ids.discard(oid)
+        self.marked_ids.add(oid)
 
     # ------------------------------------------------------------------ queries
 
@@ -462,6 +472,10 @@ class MetadataState:
             st.stream_index[sid] = []
         for oid, state, otype, size, node_id, ranges, committed_at, expires_at, marked_at in data["objects"]:
             st.objects[oid] = ObjectState(oid, state, otype, size, node_id, ranges, committed_at, expires_at, marked_at)
+            if state == PREPARED:
+                st.prepared_ids.add(oid)
+            elif state == MARKED:
+                st.marked_ids.add(oid)
             for sid, start, end in ranges:
                 st.stream_index[sid].append((start, end, oid))
         for index in st.stream_index.values():
@@ -500,6 +514,8 @@ class MetadataState:
                 obj = self.objects[oid]
                 assert obj.state == COMMITTED, f"object {oid} indexed but {obj.state}"
                 assert [sid, start, end] in obj.ranges
+        assert self.prepared_ids == {o for o, x in self.objects.items() if x.state == PREPARED}, "prepared ids out of sync"
+        assert self.marked_ids == {o for o, x in self.objects.items() if x.state == MARKED}, "marked ids out of sync"
         for oid, obj in self.objects.items():
             if obj.state == COMMITTED:
                 assert obj.ranges, f"committed object {oid} holds no live range"

@@ -139,6 +139,11 @@ def controller_urls(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[str]:
     ]
 
 
+def controller_service_url(ref: ClusterRef) -> str:
+    """Every controller behind one name (the headless Service resolves to all of them)."""
+    return f"http://{headless_service_name(ref, 'controller')}.{ref.namespace}.svc:{CONTROLLER_PORT}"
+
+
 def _metadata(ref: ClusterRef, name: str, role: Role | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,

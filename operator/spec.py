@@ -516,6 +516,10 @@ class AutoMQClusterStatus(_Model):
     bootstrap: str | None = Field(None, description="Kafka bootstrap address inside the cluster (host:port).")
     controller_endpoint: str | None = Field(None, description="Controller API base URL inside the cluster.")
     broker_selector: str = Field("", description="Label selector of broker pods (the scale subresource's labelSelectorPath).")
+    drained_brokers: list[int] = Field(
+        default_factory=list,
+        description="Broker node ids the operator drained for a restart or scale-in and will undrain once they are back.",
+    )
     not_implemented: list[str] = Field(
         default_factory=list, description="Enabled spec sections that are accepted but do nothing yet."
     )

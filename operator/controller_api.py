@@ -1,0 +1,73 @@
+"""The operator's one door to the AutoMQ controller: drain and undrain brokers.
+
+It wraps `automq.broker.controller.client.ControllerClient` (which follows the active
+controller) and narrows it to what the reconciler needs, so tests inject a recording
+implementation and later features (balancing, node-loss fencing) add methods here.
+
+Every failure surfaces as `ControllerApiError` with the reason, whatever the client raised,
+so the reconciler decides once what an unreachable controller means (wait and report).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+
+class ControllerApiError(Exception):
+    """The controller could not be asked (unreachable, no leader yet) or refused."""
+
+
+class ControllerApi(Protocol):
+    async def drain_broker(self, node_id: int) -> None:
+        """Start moving all partition leadership off a broker; place nothing new on it."""
+
+    async def undrain_broker(self, node_id: int) -> None:
+        """Let the broker lead partitions again."""
+
+    async def broker_drained(self, node_id: int) -> bool:
+        """True once no partition is led by (or still moving off) the broker."""
+
+    async def close(self) -> None: ...
+
+
+ControllerApiFactory = Callable[[list[str]], ControllerApi]
+
+
+class ControllerClientApi:
+    """ControllerApi over the controller's HTTP API."""
+
+    def __init__(self, urls: list[str], *, request_timeout_s: float = 5.0, retry_deadline_s: float = 10.0) -> None:
+        from automq.broker.controller.client import ControllerClient
+
+        self._client = ControllerClient(urls, request_timeout_s=request_timeout_s, retry_deadline_s=retry_deadline_s)
+
+    async def drain_broker(self, node_id: int) -> None:
+        try:
+            await self._client.drain_broker(node_id)
+        except Exception as exc:  # every client error means the same here: not drained yet
+            raise ControllerApiError(f"drain of broker {node_id} failed: {exc}") from exc
+
+    async def undrain_broker(self, node_id: int) -> None:
+        try:
+            await self._client.undrain_broker(node_id)
+        except Exception as exc:
+            raise ControllerApiError(f"undrain of broker {node_id} failed: {exc}") from exc
+
+    async def broker_drained(self, node_id: int) -> bool:
+        try:
+            image = await self._client.watch_metadata(since_version=-1, timeout_ms=0)
+        except Exception as exc:
+            raise ControllerApiError(f"cannot read cluster metadata: {exc}") from exc
+        for topic in image.topics:
+            for partition in topic.partitions:
+                if partition.leader == node_id:
+                    return False
+        return True
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+def connect(urls: list[str]) -> ControllerApi:
+    """The default factory: a client for the cluster's controllers."""
+    return ControllerClientApi(urls)

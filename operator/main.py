@@ -1,0 +1,58 @@
+"""`automq operator`: run the kopf operator for AutoMQCluster resources.
+
+Kube config resolution is kopf's and the `kubernetes` package's: the in-cluster service
+account when running in a pod, else KUBECONFIG / ~/.kube/config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from automq.operator.controller_api import ControllerApiFactory, connect
+from automq.operator.handlers import OperatorContext, register
+from automq.operator.reconcile import ReconcileSettings
+
+
+async def operate(
+    namespaces: list[str],
+    clusterwide: bool,
+    liveness: str | None = None,
+    *,
+    context: OperatorContext | None = None,
+    stop_flag: Any = None,
+    ready_flag: Any = None,
+) -> None:
+    """The operator as a coroutine (tests run it in a thread with their own flags)."""
+    if not clusterwide and not namespaces:
+        raise ValueError("give namespaces to watch, or clusterwide=True")
+    context = context or OperatorContext()
+    registry = register(kopf.OperatorRegistry(), status_interval_s=context.status_interval_s, resync_interval_s=context.resync_interval_s)
+    await kopf.operator(
+        registry=registry,
+        clusterwide=clusterwide,
+        namespaces=[] if clusterwide else namespaces,
+        liveness_endpoint=liveness,
+        standalone=True,
+        memo=kopf.Memo(automq=context),
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+def run_operator(
+    namespaces: list[str],
+    clusterwide: bool,
+    liveness: str | None,
+    *,
+    controller_api_factory: ControllerApiFactory = connect,
+    settings: ReconcileSettings | None = None,
+) -> None:
+    """Block running the operator until SIGINT/SIGTERM (called by `automq operator`)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    context = OperatorContext(controller_api_factory=controller_api_factory, settings=settings or ReconcileSettings())
+    asyncio.run(operate(namespaces, clusterwide, liveness, context=context))
+

@@ -1,0 +1,525 @@
+"""Reconciliation of one AutoMQCluster: a chain of small named steps over the pure builders.
+
+    configMap → services → serviceAccountAndRbac → podDisruptionBudgets
+      → controllerStatefulSet → brokerStatefulSet (scale-in drains first)
+      → rollingUpdate → podsReady → updateStatus
+
+Each step is an async function of a `Cluster` (what the steps share: the API, the spec, what was
+observed, what is still in progress, what is wrong). A pass applies what differs, advances a
+rolling change by at most one pod, and reports; the kopf handler runs passes until the cluster
+is Ready (`kopf.TemporaryError` between them), so a spec change made mid-roll is picked up by
+the next pass.
+
+Rolling changes (StatefulSets use `updateStrategy: OnDelete`, the operator chooses the order):
+  - a pod whose `automq.io/template-hash` differs from the StatefulSet's template is outdated;
+  - outdated pods that are not Ready are restarted first (they serve nothing);
+  - otherwise nothing restarts while any pod of the cluster is not Ready;
+  - brokers go one at a time: drain through the controller, delete the pod, wait until its
+    replacement is Ready, undrain; controllers go last, one at a time.
+Scale-in drains the brokers being removed before the StatefulSet shrinks. Drained broker ids are
+kept in `status.drainedBrokers` so an operator restart never leaves a broker drained.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Protocol
+
+from automq.operator import builders
+from automq.operator.builders import ClusterRef, Role
+from automq.operator.controller_api import ControllerApi, ControllerApiError, ControllerApiFactory
+from automq.operator.kube import KubeApi, apply, wait_until
+from automq.operator.spec import AutoMQClusterSpec, AutoMQClusterStatus, Condition, RoleStatus
+
+log = logging.getLogger(__name__)
+
+# Container states that mean "this will not get better by waiting a few seconds".
+STUCK_REASONS = {
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+}
+
+
+class Reporter(Protocol):
+    """Kubernetes Events about the cluster, for a person to read (`kubectl describe amq`)."""
+
+    def info(self, reason: str, message: str) -> None: ...
+
+    def warn(self, reason: str, message: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    poll_interval_s: float = 2.0  # how often to look at a pod being waited for
+    pod_ready_timeout_s: float = 600.0  # a restarted pod that is not Ready by then is reported
+    drain_timeout_s: float = 120.0  # a drain that takes longer is reported; the restart goes on
+    scale_in_wait_s: float = 30.0  # how long one pass waits for scale-in drains before yielding
+
+
+@dataclass(frozen=True)
+class Note:
+    reason: str
+    message: str
+
+
+@dataclass
+class Cluster:
+    """Everything the steps of one pass share."""
+
+    api: KubeApi
+    ref: ClusterRef
+    spec: AutoMQClusterSpec
+    raw_spec: dict[str, Any]  # as stored, to notice a change while rolling
+    generation: int
+    previous_status: dict[str, Any]
+    reporter: Reporter
+    controller_api_factory: ControllerApiFactory
+    settings: ReconcileSettings = field(default_factory=ReconcileSettings)
+    # Filled in by the steps.
+    broker_replicas: int = 0  # what the broker StatefulSet is set to (above spec while draining)
+    pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    progress: list[Note] = field(default_factory=list)
+    problems: list[Note] = field(default_factory=list)
+    drained: list[int] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+    _controller_api: ControllerApi | None = None
+
+    def __post_init__(self) -> None:
+        self.drained = list(self.previous_status.get("drainedBrokers") or [])
+        self.broker_replicas = self.spec.broker.replicas
+
+    def controller_api(self) -> ControllerApi:
+        if self._controller_api is None:
+            self._controller_api = self.controller_api_factory(builders.controller_urls(self.spec, self.ref))
+        return self._controller_api
+
+    async def close(self) -> None:
+        if self._controller_api is not None:
+            await self._controller_api.close()
+            self._controller_api = None
+
+    async def remember_drained(self, node_ids: list[int]) -> None:
+        """Persist drained ids before acting, so a crash in between cannot strand a drained broker."""
+        merged = sorted(set(self.drained) | set(node_ids))
+        if merged != self.drained:
+            self.drained = merged
+            await self.api.patch("AutoMQCluster", self.ref.namespace, self.ref.name, {"status": {"drainedBrokers": merged}}, "status")
+
+
+Step = Callable[[Cluster], Awaitable[None]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pods
+
+
+def ordinal(pod: dict[str, Any]) -> int:
+    return int(pod["metadata"]["name"].rsplit("-", 1)[1])
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pod_hash(pod: dict[str, Any]) -> str | None:
+    return (pod.get("metadata", {}).get("annotations") or {}).get(builders.TEMPLATE_HASH)
+
+
+def stuck_reason(pod: dict[str, Any]) -> Note | None:
+    """Why a pod cannot become Ready on its own (crash loop, image, unschedulable), if it cannot."""
+    name = pod["metadata"]["name"]
+    status = pod.get("status") or {}
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_REASONS:
+            detail = f" (restarts: {cs.get('restartCount', 0)})" if waiting["reason"] == "CrashLoopBackOff" else ""
+            extra = f": {waiting['message']}" if waiting.get("message") else ""
+            return Note(waiting["reason"], f"pod {name} container {cs.get('name')}: {waiting['reason']}{detail}{extra}")
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" and condition.get("reason") == "Unschedulable":
+            return Note("Unschedulable", f"pod {name} cannot be scheduled: {condition.get('message', '')}".rstrip(": "))
+    return None
+
+
+async def role_pods(c: Cluster, role: Role) -> list[dict[str, Any]]:
+    prefix = builders.statefulset_name(c.ref, role) + "-"
+    pods = await c.api.list("Pod", c.ref.namespace, builders.selector_labels(c.ref, role))
+    pods = [p for p in pods if p["metadata"]["name"].startswith(prefix) and p["metadata"]["name"][len(prefix):].isdigit()]
+    return sorted(pods, key=ordinal)
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps
+
+
+async def _apply(c: Cluster, obj: dict[str, Any]) -> dict[str, Any]:
+    result, live = await apply(c.api, obj)
+    if result != "unchanged":
+        log.info("%s %s/%s %s", obj["kind"], c.ref.namespace, obj["metadata"]["name"], result)
+    return live
+
+
+async def config_map(c: Cluster) -> None:
+    await _apply(c, builders.config_map(c.spec, c.ref))
+
+
+async def services(c: Cluster) -> None:
+    for service in builders.services(c.spec, c.ref):
+        await _apply(c, service)
+
+
+async def service_account_and_rbac(c: Cluster) -> None:
+    await _apply(c, builders.service_account(c.spec, c.ref))
+    await _apply(c, builders.lease_role(c.spec, c.ref))
+    await _apply(c, builders.lease_role_binding(c.spec, c.ref))
+
+
+async def pod_disruption_budgets(c: Cluster) -> None:
+    for role in builders.ROLES:
+        await _apply(c, builders.pod_disruption_budget(c.spec, c.ref, role))
+
+
+def _claims(sts: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    return [
+        (t["metadata"]["name"], t["spec"].get("resources", {}).get("requests", {}).get("storage"), t["spec"].get("storageClassName"))
+        for t in sts.get("spec", {}).get("volumeClaimTemplates") or []
+    ]
+
+
+async def _apply_statefulset(c: Cluster, role: Role, desired: dict[str, Any]) -> None:
+    live = await c.api.get("StatefulSet", c.ref.namespace, desired["metadata"]["name"])
+    if live is not None and _claims(live) != _claims(desired):
+        # volumeClaimTemplates are immutable: changing the WAL kind, size or class would need the
+        # StatefulSet recreated and every WAL moved. Keep the running shape, change replicas only.
+        c.problems.append(
+            Note(
+                "WalChangeNotSupported",
+                "spec.broker.wal (kind, size, storageClassName) cannot change on a running cluster: "
+                f"the StatefulSet has {_claims(live) or 'no WAL volume'}, the spec asks for {_claims(desired) or 'no WAL volume'}. "
+                "Revert spec.broker.wal; the rest of the spec is applied except broker pod changes.",
+            )
+        )
+        if live["spec"].get("replicas") != desired["spec"]["replicas"]:
+            await c.api.patch("StatefulSet", c.ref.namespace, desired["metadata"]["name"], {"spec": {"replicas": desired["spec"]["replicas"]}})
+        return
+    await _apply(c, desired)
+
+
+async def controller_statefulset(c: Cluster) -> None:
+    await _apply_statefulset(c, "controller", builders.statefulset(c.spec, c.ref, "controller"))
+
+
+async def broker_statefulset(c: Cluster) -> None:
+    wanted = c.spec.broker.replicas
+    live = await c.api.get("StatefulSet", c.ref.namespace, builders.statefulset_name(c.ref, "broker"))
+    current = int(live["spec"].get("replicas", 0)) if live else 0
+    replicas = wanted
+    if live is not None and wanted < current:
+        removing = list(range(wanted, current))
+        if await _drain_for_scale_in(c, removing):
+            c.reporter.info("ScaledIn", f"brokers {removing} drained; scaling brokers from {current} to {wanted}")
+        else:
+            replicas = current
+            c.progress.append(Note("ScalingIn", f"draining brokers {removing} before removing them"))
+    elif live is not None and wanted > current:
+        c.reporter.info("ScalingOut", f"scaling brokers from {current} to {wanted}")
+    c.broker_replicas = replicas
+    await _apply_statefulset(c, "broker", builders.statefulset(c.spec, c.ref, "broker", replicas=replicas))
+
+
+async def _drain_for_scale_in(c: Cluster, node_ids: list[int]) -> bool:
+    pods = {ordinal(p): p for p in await role_pods(c, "broker")}
+    # A broker whose pod is gone or not serving leads nothing the controller would not move anyway.
+    running = [n for n in node_ids if n in pods and is_ready(pods[n])]
+    if not running:
+        return True
+    await c.remember_drained(running)
+    api = c.controller_api()
+    try:
+        for node_id in running:
+            await api.drain_broker(builders.broker_node_id(node_id))
+
+        async def all_drained() -> bool:
+            return all([await api.broker_drained(builders.broker_node_id(n)) for n in running])
+
+        return await wait_until(all_drained, c.settings.scale_in_wait_s, c.settings.poll_interval_s)
+    except ControllerApiError as exc:
+        c.problems.append(Note("ControllerUnavailable", f"cannot drain brokers {running} for scale-in: {exc}"))
+        return False
+
+
+async def rolling_update(c: Cluster) -> None:
+    """Restart outdated pods one at a time: brokers first (drained), controllers last.
+
+    After each restarted pod the spec is read again; if it changed, the pass ends so the next
+    one rolls towards the newest spec instead of finishing an outdated plan."""
+    if any(p.reason == "WalChangeNotSupported" for p in c.problems):
+        return
+    while True:
+        restarted = await _roll_one(c)
+        if not restarted:
+            return
+        live = await c.api.get("AutoMQCluster", c.ref.namespace, c.ref.name)
+        if live is None or live.get("spec") != c.raw_spec:
+            c.progress.append(Note("RollingUpdate", "the spec changed during the rolling update; continuing with the new spec"))
+            return
+
+
+async def _roll_one(c: Cluster) -> bool:
+    """Restart the next outdated pod if it is safe to; True when one was restarted and is Ready."""
+    pods = {role: await role_pods(c, role) for role in builders.ROLES}
+    limits = {"broker": c.broker_replicas, "controller": c.spec.controller.replicas}
+    for role in ("broker", "controller"):
+        want = builders.template_hash(builders.statefulset(c.spec, c.ref, role))
+        current = [p for p in pods[role] if ordinal(p) < limits[role]]
+        outdated = [p for p in current if pod_hash(p) != want]
+        if not outdated:
+            continue
+        unready = [p for p in outdated if not is_ready(p)]
+        if unready:
+            pod = unready[0]
+            if not pod["metadata"].get("deletionTimestamp"):
+                await c.api.delete("Pod", c.ref.namespace, pod["metadata"]["name"])
+                c.reporter.info("RestartedUnreadyPod", f"restarted {pod['metadata']['name']} (not ready, outdated) without draining")
+            c.progress.append(Note("RollingUpdate", f"{role} pod {pod['metadata']['name']} restarted with the new template"))
+            return False
+        waiting = [p["metadata"]["name"] for r in builders.ROLES for p in pods[r] if not is_ready(p)]
+        if waiting:
+            c.progress.append(Note("RollingUpdate", f"waiting for {', '.join(waiting)} to be ready before restarting {outdated[0]['metadata']['name']}"))
+            return False
+        return await _restart(c, role, outdated[0], want)
+    return False
+
+
+async def _restart(c: Cluster, role: Role, pod: dict[str, Any], want: str) -> bool:
+    name = pod["metadata"]["name"]
+    node_id = builders.broker_node_id(ordinal(pod)) if role == "broker" else None
+    if node_id is not None:
+        await c.remember_drained([node_id])
+        api = c.controller_api()
+        try:
+            await api.drain_broker(node_id)
+
+            async def drained() -> bool:
+                return await api.broker_drained(node_id)
+
+            if not await wait_until(drained, c.settings.drain_timeout_s, c.settings.poll_interval_s):
+                c.reporter.warn("DrainTimeout", f"broker {node_id} still leads partitions after {c.settings.drain_timeout_s:.0f}s; restarting it anyway")
+        except ControllerApiError as exc:
+            c.problems.append(Note("ControllerUnavailable", f"cannot drain broker {node_id} before restarting {name}: {exc}"))
+            c.progress.append(Note("RollingUpdate", f"waiting to drain broker {node_id}"))
+            return False
+    c.reporter.info("RollingRestart", f"restarting {name} to apply the new {role} template")
+    restarting = Note("RollingUpdate", f"restarting {name}")
+    c.progress.append(restarting)
+    await write_progress(c)
+    old_uid = pod["metadata"].get("uid")
+    await c.api.delete("Pod", c.ref.namespace, name)
+
+    async def replaced_and_ready() -> bool:
+        new = await c.api.get("Pod", c.ref.namespace, name)
+        return new is not None and new["metadata"].get("uid") != old_uid and pod_hash(new) == want and is_ready(new)
+
+    if await wait_until(replaced_and_ready, c.settings.pod_ready_timeout_s, c.settings.poll_interval_s):
+        if node_id is not None:
+            await _undrain(c, node_id)
+        c.reporter.info("PodRestarted", f"{name} is ready with the new template")
+        c.progress.remove(restarting)
+        return True
+    else:
+        # Leave the broker drained: podsReady undrains it once it is Ready.
+        c.problems.append(Note("PodNotReady", f"{name} was restarted but is not ready after {c.settings.pod_ready_timeout_s:.0f}s; rolling update paused"))
+        c.reporter.warn("RollingUpdatePaused", f"{name} is not ready after its restart; no further pods are restarted until it is")
+        return False
+
+
+async def _undrain(c: Cluster, node_id: int, *, quiet: bool = False) -> bool:
+    try:
+        await c.controller_api().undrain_broker(node_id)
+    except ControllerApiError as exc:
+        if not quiet:
+            c.problems.append(Note("ControllerUnavailable", f"cannot undrain broker {node_id}: {exc}"))
+            return False
+    c.drained = [n for n in c.drained if n != node_id]
+    return True
+
+
+async def pods_ready(c: Cluster) -> None:
+    """Observe the pods: counts, stuck ones, and brokers to undrain now that they are back."""
+    desired = {"broker": c.spec.broker.replicas, "controller": c.spec.controller.replicas}
+    for role in builders.ROLES:
+        c.pods[role] = await role_pods(c, role)
+        want = builders.template_hash(builders.statefulset(c.spec, c.ref, role))
+        pods = c.pods[role]
+        ready = sum(1 for p in pods if is_ready(p))
+        updated = sum(1 for p in pods if pod_hash(p) == want)
+        c.status[f"{role}s"] = RoleStatus(desired=desired[role], replicas=len(pods), ready=ready, updated=updated, summary=f"{ready}/{desired[role]}")
+        for pod in pods:
+            note = stuck_reason(pod)
+            if note is not None:
+                c.problems.append(note)
+        if ready < desired[role] or len(pods) != desired[role] or updated < len(pods):
+            if not any(n.reason in ("RollingUpdate", "ScalingIn") for n in c.progress):
+                c.progress.append(Note("WaitingForPods", f"{role}s: {ready} of {desired[role]} ready, {updated} of {len(pods)} up to date"))
+    brokers = {ordinal(p): p for p in c.pods["broker"]}
+    for node_id in list(c.drained):
+        pod = brokers.get(node_id)
+        back = pod is not None and is_ready(pod) and node_id < c.spec.broker.replicas
+        gone = node_id >= c.spec.broker.replicas and pod is None
+        if back:
+            await _undrain(c, node_id)
+        elif gone:
+            # Removed by scale-in. Undrain anyway (best effort: the controller may have
+            # forgotten the broker), so that a later scale-out reusing the id is not drained.
+            await _undrain(c, node_id, quiet=True)
+
+
+def _condition(previous: list[dict[str, Any]], kind: str, ok: bool, reason: str, message: str, generation: int, now: str) -> Condition:
+    status = "True" if ok else "False"
+    before = next((p for p in previous if p.get("type") == kind), None)
+    since = before["lastTransitionTime"] if before and before.get("status") == status and before.get("lastTransitionTime") else now
+    return Condition(type=kind, status=status, reason=reason, message=message, last_transition_time=since, observed_generation=generation)  # type: ignore[arg-type]
+
+
+def _conditions(c: Cluster, now: str) -> list[Condition]:
+    previous = c.previous_status.get("conditions") or []
+    problems, progress = c.problems, c.progress
+    ready = not problems and not progress
+    if ready:
+        ready_reason, ready_message = "Ready", "every controller and broker is ready and up to date"
+    else:
+        first = (problems or progress)[0]
+        ready_reason, ready_message = first.reason, first.message
+    return [
+        _condition(previous, "Ready", ready, ready_reason, ready_message, c.generation, now),
+        _condition(previous, "Progressing", bool(progress), progress[0].reason if progress else "UpToDate",
+                   "; ".join(n.message for n in progress) if progress else "nothing to change", c.generation, now),
+        _condition(previous, "Degraded", bool(problems), problems[0].reason if problems else "AsExpected",
+                   "; ".join(n.message for n in problems) if problems else "no problems seen", c.generation, now),
+    ]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def write_progress(c: Cluster) -> None:
+    """Conditions only, in the middle of a pass (a rolling update can take a while)."""
+    conditions = [cond.model_dump(by_alias=True, mode="json") for cond in _conditions(c, _now())]
+    await c.api.patch("AutoMQCluster", c.ref.namespace, c.ref.name, {"status": {"conditions": conditions}}, "status")
+    c.previous_status = {**c.previous_status, "conditions": conditions}
+
+
+async def update_status(c: Cluster) -> None:
+    previous = c.previous_status.get("conditions") or []
+    problems = c.problems
+    conditions = _conditions(c, _now())
+    ready = conditions[0].status == "True"
+    ready_message = conditions[0].message
+    enabled = c.spec.placeholders_enabled()
+    newly = [name for name in enabled if name not in (c.previous_status.get("notImplemented") or [])]
+    if newly:
+        c.reporter.warn("NotImplemented", f"spec.{', spec.'.join(newly)} accepted but not implemented yet: it has no effect")
+    was_ready = any(p.get("type") == "Ready" and p.get("status") == "True" for p in previous)
+    if ready and not was_ready:
+        c.reporter.info("ClusterReady", ready_message)
+    for note in problems:
+        if not any(p.get("type") == "Degraded" and p.get("status") == "True" and note.message in p.get("message", "") for p in previous):
+            c.reporter.warn(note.reason, note.message)
+    status = AutoMQClusterStatus(
+        observed_generation=c.generation,
+        conditions=conditions,
+        controllers=c.status.get("controllers", RoleStatus()),
+        brokers=c.status.get("brokers", RoleStatus()),
+        bootstrap=builders.bootstrap_address(c.spec, c.ref),
+        controller_endpoint=builders.controller_service_url(c.ref),
+        broker_selector=builders.broker_selector(c.ref),
+        drained_brokers=sorted(c.drained),
+        not_implemented=enabled,
+    )
+    c.status["document"] = status.model_dump(by_alias=True, mode="json")
+    await c.api.patch("AutoMQCluster", c.ref.namespace, c.ref.name, {"status": copy.deepcopy(c.status["document"])}, "status")
+
+
+# What a status refresh between changes runs: observe, then write the status.
+STATUS_STEPS: tuple[tuple[str, Step], ...] = (("podsReady", pods_ready),)
+
+STEPS: tuple[tuple[str, Step], ...] = (
+    ("configMap", config_map),
+    ("services", services),
+    ("serviceAccountAndRbac", service_account_and_rbac),
+    ("podDisruptionBudgets", pod_disruption_budgets),
+    ("controllerStatefulSet", controller_statefulset),
+    ("brokerStatefulSet", broker_statefulset),
+    ("rollingUpdate", rolling_update),
+    ("podsReady", pods_ready),
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ready: bool
+    message: str
+    status: dict[str, Any]
+
+
+async def reconcile(c: Cluster, steps: tuple[tuple[str, Step], ...] = STEPS) -> Outcome:
+    """One pass of the steps (all by default); the status is written even when a step fails."""
+    try:
+        for name, step in steps:
+            log.debug("%s/%s: %s", c.ref.namespace, c.ref.name, name)
+            await step(c)
+    except Exception as exc:
+        c.problems.append(Note("ReconcileFailed", f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        try:
+            await update_status(c)
+        finally:
+            await c.close()
+    notes = c.problems + c.progress
+    return Outcome(ready=not notes, message="; ".join(n.message for n in notes) or "ready", status=c.status["document"])
+
+
+async def write_invalid_spec_status(api: KubeApi, ref: ClusterRef, generation: int, previous_status: dict[str, Any], message: str) -> None:
+    """Report a spec the models reject: Ready False and Degraded True, reason InvalidSpec."""
+    now = _now()
+    previous = previous_status.get("conditions") or []
+    conditions = [
+        _condition(previous, "Ready", False, "InvalidSpec", message, generation, now),
+        _condition(previous, "Progressing", False, "InvalidSpec", "the spec must be fixed first", generation, now),
+        _condition(previous, "Degraded", True, "InvalidSpec", message, generation, now),
+    ]
+    patch = {"status": {"observedGeneration": generation, "conditions": [cond.model_dump(by_alias=True, mode="json") for cond in conditions]}}
+    await api.patch("AutoMQCluster", ref.namespace, ref.name, patch, "status")
+
+
+async def delete_cluster_data(api: KubeApi, ref: ClusterRef, spec: AutoMQClusterSpec | None, reporter: Reporter) -> list[str]:
+    """On deletion: remove the WAL volume claims when deletionPolicy is Delete; say what is kept."""
+    if spec is None or spec.deletion_policy != "Delete":
+        bucket = f" and the objects in bucket {spec.object_store.bucket}" if spec is not None else ""
+        reporter.info("DataRetained", f"deletionPolicy is Retain: WAL volume claims{bucket} are kept")
+        return []
+    claims = await api.list("PersistentVolumeClaim", ref.namespace, builders.selector_labels(ref, "broker"))
+    prefix = f"wal-{builders.statefulset_name(ref, 'broker')}-"
+    deleted = []
+    for claim in claims:
+        name = claim["metadata"]["name"]
+        if name.startswith(prefix) and await api.delete("PersistentVolumeClaim", ref.namespace, name):
+            deleted.append(name)
+    reporter.info(
+        "DataDeleted",
+        f"deletionPolicy is Delete: deleted WAL volume claims {deleted or '(none)'}; objects in bucket {spec.object_store.bucket} are left for you to remove",
+    )
+    return deleted

@@ -1,0 +1,530 @@
+"""The real kopf operator against the kmock Kubernetes emulator.
+
+One emulator and one operator for the module (they run in threads with their own event loops);
+the tests run in order on the clusters they create. What kmock lacks is supplied here, visibly:
+  - a StatefulSet controller + kubelet (`PodSimulator`): creates each StatefulSet's pods from its
+    current template, recreates deleted ones (not Ready at first, Ready shortly after), removes
+    pods above `replicas`; it can make a pod crash-loop;
+  - the scale subresource (`ScalingEmulator`): GET/PATCH .../scale mapped onto the paths the
+    generated CRD declares, as the API server does;
+  - uids on created objects (the tests give them).
+The controller API is a recording fake: drains and undrains land in the same ordered log as
+pod deletions, so the tests can assert the order of a rolling change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import aiohttp.web
+import jsonpatch
+import kmock
+import pytest
+import yaml
+from kubernetes.config import kube_config
+
+from automq.operator import builders
+from automq.operator.builders import ClusterRef
+from automq.operator.crd import build_crd
+from automq.operator.handlers import OperatorContext
+from automq.operator.kube import KubeApi
+from automq.operator.main import operate
+from automq.operator.reconcile import ReconcileSettings
+from automq.operator.spec import GROUP, PLURAL, VERSION, parse_spec
+
+NS = "streaming"
+WAIT_S = 60.0  # upper bound for a condition to become true (generous: CI machines are shared)
+
+_CRD_VERSION = build_crd()["spec"]["versions"][0]
+SCALE = _CRD_VERSION["subresources"]["scale"]
+
+
+def _get_path(obj: dict[str, Any], path: str) -> Any:
+    for part in path.strip(".").split("."):
+        obj = (obj or {}).get(part)  # type: ignore[assignment]
+    return obj
+
+
+def _set_path(path: str, value: Any) -> dict[str, Any]:
+    patch: dict[str, Any] = value
+    for part in reversed(path.strip(".").split(".")):
+        patch = {part: patch}
+    return patch
+
+
+class ScalingEmulator(kmock.KubernetesEmulator):
+    """kmock plus the scale subresource of AutoMQCluster (following the CRD's declared paths),
+    proper 404 answers for missing objects, names for objects created with generateName, and a new
+    resourceVersion on every write."""
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        resource = request.resource
+        meta = request.data.get("metadata") if isinstance(request.data, dict) else None
+        if request.action == kmock.action.CREATE and meta is not None and not meta.get("name") and meta.get("generateName"):
+            # kmock 0.8 ignores generateName; kopf names its Events that way.
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:10]
+        if request.action in (kmock.action.CREATE, kmock.action.UPDATE) and request.data is not None:
+            # kmock 0.8 keeps resourceVersion as given; kopf tells fresh watch events from stale
+            # ones by it, so every write gets a new one, as on a real API server.
+            self._versions = getattr(self, "_versions", 1) + 1
+            version = str(self._versions)
+            if isinstance(request.data, list):
+                request.data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
+            elif isinstance(request.data, dict):
+                request.data.setdefault("metadata", {})
+                if request.data["metadata"] is not None:
+                    request.data["metadata"]["resourceVersion"] = version
+        if resource is not None and resource.plural == PLURAL and request.subresource == "scale" and request.name:
+            key = (resource, request.namespace, request.name)
+            async with self._lock:
+                if key not in self._objects or self._objects[key].deleted:
+                    return aiohttp.web.json_response({"kind": "Status", "code": 404, "message": "not found"}, status=404)
+                if request.method == "PATCH":
+                    self._objects[key].patch(_set_path(SCALE["specReplicasPath"], request.data["spec"]["replicas"]))
+                    self._objects[key].patch({"metadata": request.data["metadata"]})
+                    await self._buses[resource].put({"type": "MODIFIED", "object": self._objects[key].raw})
+                obj = self._objects[key].raw
+            return aiohttp.web.json_response(
+                {
+                    "apiVersion": "autoscaling/v1",
+                    "kind": "Scale",
+                    "metadata": {"name": request.name, "namespace": request.namespace},
+                    "spec": {"replicas": _get_path(obj, SCALE["specReplicasPath"])},
+                    "status": {"replicas": _get_path(obj, SCALE["statusReplicasPath"]) or 0, "selector": _get_path(obj, SCALE["labelSelectorPath"]) or ""},
+                }
+            )
+        try:
+            return await super()._handle(request)
+        except jsonpatch.JsonPatchTestFailed as exc:
+            # A stale resourceVersion in kopf's optimistic JSON patch: 422, as the API answers.
+            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422, "message": str(exc)}, status=422)
+        except kmock.KubernetesError as exc:
+            # kmock 0.8 lets a missing object's 404 escape as an HTTP 500; answer as the API does.
+            return aiohttp.web.json_response(
+                {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": exc.status, "reason": exc.reason, "message": exc.message},
+                status=exc.status,
+            )
+
+
+class Log:
+    """An ordered, thread-safe record of what happened (drains, pod deletions, replicas)."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple] = []
+        self._lock = threading.Lock()
+
+    def add(self, *entry: Any) -> None:
+        with self._lock:
+            self.entries.append(entry)
+
+    def snapshot(self) -> list[tuple]:
+        with self._lock:
+            return list(self.entries)
+
+
+class RecordingControllerApi:
+    def __init__(self, log: Log, urls: list[str]) -> None:
+        self.log = log
+        self.urls = urls
+
+    async def drain_broker(self, node_id: int) -> None:
+        self.log.add("drain", node_id)
+
+    async def undrain_broker(self, node_id: int) -> None:
+        self.log.add("undrain", node_id)
+
+    async def broker_drained(self, node_id: int) -> bool:
+        return True
+
+    async def close(self) -> None:
+        pass
+
+
+class PodSimulator:
+    """The StatefulSet controller and kubelet kmock does not have."""
+
+    def __init__(self, api: KubeApi, log: Log) -> None:
+        self.api = api
+        self.log = log
+        self.crashing: set[str] = set()
+        self.replicas: dict[str, int] = {}
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.step()
+            except Exception as exc:  # keep simulating; a test will time out with the log
+                self.log.add("simulator-error", repr(exc))
+            await asyncio.sleep(0.2)
+
+    async def step(self) -> None:
+        for sts in await self.api.list("StatefulSet", NS):
+            name = sts["metadata"]["name"]
+            replicas = sts["spec"]["replicas"]
+            if self.replicas.get(name) != replicas:
+                self.log.add("replicas", name, replicas)
+                self.replicas[name] = replicas
+            template = sts["spec"]["template"]
+            pods = {p["metadata"]["name"]: p for p in await self.api.list("Pod", NS, template["metadata"]["labels"])}
+            for i in range(replicas):
+                pod_name = f"{name}-{i}"
+                pod = pods.get(pod_name)
+                if pod is None:
+                    if self.replicas.get(("seen", pod_name)):
+                        self.log.add("deleted", pod_name)
+                    self.replicas[("seen", pod_name)] = True  # type: ignore[index]
+                    await self.api.create(self._pod(pod_name, template, ready=False))
+                elif pod_name in self.crashing:
+                    if not (pod.get("status", {}).get("containerStatuses") or [{}])[0].get("state", {}).get("waiting"):
+                        await self.api.patch("Pod", NS, pod_name, {"status": self._crashing_status(template)})
+                elif not _is_ready(pod):
+                    await self.api.patch("Pod", NS, pod_name, {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}], "containerStatuses": None}})
+            for pod_name, pod in pods.items():
+                if int(pod_name.rsplit("-", 1)[1]) >= replicas:
+                    await self.api.delete("Pod", NS, pod_name)
+                    self.replicas.pop(("seen", pod_name), None)  # type: ignore[arg-type]
+                    self.log.add("removed", pod_name)
+
+    @staticmethod
+    def _pod(name: str, template: dict[str, Any], ready: bool) -> dict[str, Any]:
+        meta = copy.deepcopy(template["metadata"])
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {**meta, "name": name, "namespace": NS, "uid": str(uuid.uuid4())},
+            "spec": copy.deepcopy(template["spec"]),
+            "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        }
+
+    @staticmethod
+    def _crashing_status(template: dict[str, Any]) -> dict[str, Any]:
+        container = template["spec"]["containers"][0]["name"]
+        return {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": container, "restartCount": 4, "ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}}}],
+        }
+
+
+def _is_ready(pod: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+class Harness:
+    """kmock + simulator in one thread, the operator in another; sync helpers for the tests."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.log = Log()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="kmock", daemon=True)
+        self.stop_flag = threading.Event()
+        self.ready_flag = threading.Event()
+        self.operator_errors: list[BaseException] = []
+
+    def call(self, coro: Any, timeout: float = WAIT_S) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> None:
+        self.thread.start()
+        self.url = self.call(self._start_kmock())
+        kubeconfig = self.tmp / "kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+                    "users": [{"name": "test", "user": {"token": "test-token"}}],
+                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test", "namespace": NS}}],
+                    "current-context": "kmock",
+                }
+            )
+        )
+        self._old_kubeconfig = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = str(kubeconfig)
+        # kopf logs in through the kubernetes client, which read KUBECONFIG when it was imported
+        # (long before this fixture); point its default at our file for the operator thread.
+        self._old_default = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
+        self.context = OperatorContext(
+            controller_api_factory=lambda urls: RecordingControllerApi(self.log, urls),
+            settings=ReconcileSettings(poll_interval_s=0.1, pod_ready_timeout_s=WAIT_S, drain_timeout_s=5, scale_in_wait_s=1),
+            retry_delay_s=0.2,
+            status_interval_s=1.0,
+            resync_interval_s=3600.0,  # drift repair is not what these tests look at
+        )
+        self.operator_thread = threading.Thread(target=self._run_operator, name="operator", daemon=True)
+        self.operator_thread.start()
+        assert self.ready_flag.wait(WAIT_S), f"operator did not start: {self.operator_errors}"
+
+    async def _start_kmock(self) -> str:
+        self.emulator = ScalingEmulator()
+        self.emulator.resources.load_bundled()
+        info = self.emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"]
+        info.kind = "AutoMQCluster"
+        info.namespaced = True
+        info.verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
+        info.subresources = {"status", "scale"}
+        self.server = kmock.Server(self.emulator)
+        await self.server.__aenter__()
+        self.api = KubeApi(str(self.server.url))
+        self.simulator = PodSimulator(self.api, self.log)
+        self.simulator_task = asyncio.get_running_loop().create_task(self.simulator.run())
+        return str(self.server.url).rstrip("/")
+
+    def _run_operator(self) -> None:
+        try:
+            asyncio.run(operate([], True, None, context=self.context, stop_flag=self.stop_flag, ready_flag=self.ready_flag))
+        except BaseException as exc:  # noqa: BLE001 - reported by start()/stop()
+            self.operator_errors.append(exc)
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.operator_thread.join(WAIT_S)
+
+        async def shutdown() -> None:
+            self.simulator_task.cancel()
+            await self.api.close()
+            await self.server.__aexit__(None, None, None)
+
+        self.call(shutdown())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(WAIT_S)
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = self._old_default
+        if self._old_kubeconfig is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = self._old_kubeconfig
+
+    # -- helpers for tests -------------------------------------------------------------------
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        return self.call(self.api.get(kind, NS, name))
+
+    def list(self, kind: str) -> list[dict[str, Any]]:
+        return self.call(self.api.list(kind, NS))
+
+    def create_cluster(self, name: str, spec: dict[str, Any]) -> ClusterRef:
+        uid = str(uuid.uuid4())
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AutoMQCluster", "metadata": {"name": name, "namespace": NS, "uid": uid, "generation": 1, "resourceVersion": "1"}, "spec": spec}
+        self.call(self.api.create(body))
+        return ClusterRef(name, NS, uid)
+
+    def patch_spec(self, name: str, spec_patch: dict[str, Any]) -> None:
+        self.call(self.api.patch("AutoMQCluster", NS, name, {"spec": spec_patch}))
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        return self.call(self.api._request(method, path, body, "application/merge-patch+json"))
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.list("Event") if e.get("involvedObject", {}).get("name") == name]
+
+    def wait_for(self, what: str, check: Callable[[], Any]) -> Any:
+        deadline = time.monotonic() + WAIT_S
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                last = check()
+            except (KeyError, TypeError, IndexError) as exc:
+                last = exc
+            else:
+                if last:
+                    return last
+            time.sleep(0.05)
+        pytest.fail(f"timed out waiting for {what}; last: {last!r}; operator errors: {self.operator_errors}; log tail: {self.log.snapshot()[-20:]}")
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == kind:
+            return c
+    return {}
+
+
+@pytest.fixture(scope="module")
+def k8s(tmp_path_factory: pytest.TempPathFactory):
+    harness = Harness(tmp_path_factory.mktemp("kmock"))
+    harness.start()
+    try:
+        yield harness
+    finally:
+        harness.stop()
+
+
+SPEC = {
+    "controller": {"replicas": 2},
+    "broker": {"replicas": 3, "wal": {"kind": "volume", "size": "5Gi"}, "resources": {"requests": {"cpu": "1"}}},
+    "objectStore": {"bucket": "automq-data", "endpoint": "http://seaweedfs:8333", "pathStyle": True},
+    "deletionPolicy": "Delete",
+}
+
+
+def _ready(k8s: Harness, name: str) -> dict[str, Any] | None:
+    obj = k8s.get("AutoMQCluster", name)
+    return obj if condition(obj, "Ready").get("status") == "True" else None
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def test_create_builds_every_object_with_owner_references(k8s: Harness) -> None:
+    ref = k8s.create_cluster("demo", SPEC)
+    spec = parse_spec(SPEC)
+    expected = builders.desired_objects(spec, ref)
+    for want in expected:
+        live = k8s.wait_for(f"{want['kind']} {want['metadata']['name']}", lambda: k8s.get(want["kind"], want["metadata"]["name"]))
+        assert live["metadata"]["ownerReferences"] == [ref.owner_reference()]
+        for key in ("spec", "data", "rules", "roleRef", "subjects"):
+            if key in want:
+                assert live[key] == want[key], (want["kind"], key)
+    cluster = k8s.wait_for("cluster Ready", lambda: _ready(k8s, "demo"))
+    status = cluster["status"]
+    assert status["brokers"] == {"desired": 3, "replicas": 3, "ready": 3, "updated": 3, "summary": "3/3"}
+    assert status["controllers"]["summary"] == "2/2"
+    assert status["bootstrap"] == "demo-bootstrap.streaming.svc:9092"
+    assert status["brokerSelector"] == builders.broker_selector(ref)
+    assert condition(cluster, "Degraded")["status"] == "False"
+    assert condition(cluster, "Progressing")["status"] == "False"
+    assert "automq.io/finalizer" in cluster["metadata"]["finalizers"]
+    k8s.wait_for("ClusterReady event", lambda: any(e["reason"] == "ClusterReady" for e in k8s.events("demo")))
+    # Nothing was drained or restarted while creating.
+    assert [e for e in k8s.log.snapshot() if e[0] in ("drain", "deleted")] == []
+
+
+def test_config_change_rolls_brokers_one_at_a_time_then_controllers(k8s: Harness) -> None:
+    before = len(k8s.log.snapshot())
+    k8s.patch_spec("demo", {"config": {"kafka.num_partitions": "12"}})
+    k8s.wait_for("ConfigMap with the override", lambda: "num_partitions: 12" in k8s.get("ConfigMap", "demo-config")["data"]["broker.yaml"])
+
+    def rolled() -> bool:
+        deleted = [e for e in k8s.log.snapshot()[before:] if e[0] == "deleted"]
+        return len(deleted) == 5 and _ready(k8s, "demo") is not None
+
+    k8s.wait_for("all five pods restarted and the cluster Ready", rolled)
+    steps = [e for e in k8s.log.snapshot()[before:] if e[0] in ("drain", "undrain", "deleted")]
+    assert steps == [
+        ("drain", 0), ("deleted", "demo-broker-0"), ("undrain", 0),
+        ("drain", 1), ("deleted", "demo-broker-1"), ("undrain", 1),
+        ("drain", 2), ("deleted", "demo-broker-2"), ("undrain", 2),
+        ("deleted", "demo-controller-0"), ("deleted", "demo-controller-1"),
+    ]
+    want = builders.template_hash(k8s.get("StatefulSet", "demo-broker"))
+    for i in range(3):
+        assert k8s.get("Pod", f"demo-broker-{i}")["metadata"]["annotations"][builders.TEMPLATE_HASH] == want
+    events = {e["reason"] for e in k8s.events("demo")}
+    assert {"RollingRestart", "PodRestarted"} <= events
+    assert k8s.get("AutoMQCluster", "demo")["status"]["drainedBrokers"] == []
+
+
+def test_broker_resources_change_restarts_only_brokers(k8s: Harness) -> None:
+    before = len(k8s.log.snapshot())
+    k8s.patch_spec("demo", {"broker": {"resources": {"requests": {"cpu": "2"}}}})
+
+    def rolled() -> bool:
+        deleted = [e for e in k8s.log.snapshot()[before:] if e[0] == "deleted"]
+        return len(deleted) == 3 and _ready(k8s, "demo") is not None
+
+    k8s.wait_for("three brokers restarted", rolled)
+    deleted = [e[1] for e in k8s.log.snapshot()[before:] if e[0] == "deleted"]
+    assert deleted == ["demo-broker-0", "demo-broker-1", "demo-broker-2"]
+    container = k8s.get("StatefulSet", "demo-broker")["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == {"requests": {"cpu": "2"}}
+
+
+def test_scale_subresource_scales_in_after_draining_and_back_out(k8s: Harness) -> None:
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}/demo/scale"
+    scale = k8s.request("GET", base)
+    assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
+    assert scale["status"]["selector"] == "app.kubernetes.io/component=broker,app.kubernetes.io/instance=demo,app.kubernetes.io/name=automq"
+
+    before = len(k8s.log.snapshot())
+    k8s.request("PATCH", base, {"spec": {"replicas": 1}})
+    k8s.wait_for("brokers scaled to 1 and Ready", lambda: _ready(k8s, "demo") and k8s.get("AutoMQCluster", "demo")["status"]["brokers"]["replicas"] == 1)
+    entries = [e for e in k8s.log.snapshot()[before:] if e[0] in ("drain", "replicas", "removed")]
+    drains = [e for e in entries if e[0] == "drain"]
+    assert sorted(d[1] for d in drains) == [1, 2]
+    shrink = entries.index(("replicas", "demo-broker", 1))
+    assert all(entries.index(d) < shrink for d in drains), entries  # drained before the StatefulSet shrank
+    assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 1
+    assert k8s.request("GET", base)["status"]["replicas"] == 1
+    assert k8s.get("AutoMQCluster", "demo")["status"]["drainedBrokers"] == []  # nothing left drained
+
+    k8s.request("PATCH", base, {"spec": {"replicas": 2}})
+    k8s.wait_for("brokers scaled to 2 and Ready", lambda: _ready(k8s, "demo") and k8s.get("AutoMQCluster", "demo")["status"]["brokers"]["ready"] == 2)
+    assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 2
+    assert any(e["reason"] == "ScalingOut" for e in k8s.events("demo"))
+
+
+def test_crash_looping_pod_is_reported_degraded(k8s: Harness) -> None:
+    k8s.simulator.crashing.add("demo-broker-1")
+    k8s.call(k8s.api.patch("Pod", NS, "demo-broker-1", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}))
+    cluster = k8s.wait_for("Degraded CrashLoopBackOff", lambda: (c := k8s.get("AutoMQCluster", "demo")) and condition(c, "Degraded").get("reason") == "CrashLoopBackOff" and c)
+    assert condition(cluster, "Degraded")["status"] == "True"
+    assert "demo-broker-1" in condition(cluster, "Degraded")["message"]
+    assert condition(cluster, "Ready")["status"] == "False"
+    k8s.wait_for("CrashLoopBackOff warning event", lambda: any(e["reason"] == "CrashLoopBackOff" and e["type"] == "Warning" for e in k8s.events("demo")))
+    k8s.simulator.crashing.discard("demo-broker-1")
+    k8s.call(k8s.api.patch("Pod", NS, "demo-broker-1", {"status": {"containerStatuses": None}}))
+    cluster = k8s.wait_for("Ready again", lambda: _ready(k8s, "demo"))
+    assert condition(cluster, "Degraded")["status"] == "False"
+
+
+def test_placeholder_is_reported_not_implemented(k8s: Harness) -> None:
+    k8s.patch_spec("demo", {"autoscaling": {"enabled": True, "maxReplicas": 5}})
+    k8s.wait_for("notImplemented in status", lambda: k8s.get("AutoMQCluster", "demo")["status"].get("notImplemented") == ["autoscaling"])
+    k8s.wait_for("NotImplemented event", lambda: any(e["reason"] == "NotImplemented" and "autoscaling" in e["message"] for e in k8s.events("demo")))
+    assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 2  # inert
+
+
+def test_invalid_spec_is_reported_and_recovers_when_fixed(k8s: Harness) -> None:
+    def degraded_message(name: str, fragment: str) -> Any:
+        c = k8s.get("AutoMQCluster", name)
+        message = condition(c, "Degraded").get("message", "")
+        return condition(c, "Degraded").get("reason") == "InvalidSpec" and fragment in message and c
+
+    k8s.create_cluster("broken", {"objectStore": {"bucket": "automq-data"}, "broker": {"wal": {"kind": "volume"}}, "config": {"kafka.num_partition": "3"}})
+    cluster = k8s.wait_for("InvalidSpec status", lambda: degraded_message("broken", "spec.broker.wal.size is required when spec.broker.wal.kind is volume"))
+    assert condition(cluster, "Degraded")["status"] == "True"
+    assert condition(cluster, "Ready")["status"] == "False" and condition(cluster, "Ready")["reason"] == "InvalidSpec"
+    event = k8s.wait_for("InvalidSpec event", lambda: [e for e in k8s.events("broken") if e["reason"] == "InvalidSpec"])
+    assert event[0]["type"] == "Warning" and "wal.size" in event[0]["message"]
+    assert k8s.get("StatefulSet", "broken-broker") is None  # nothing built from a bad spec
+
+    # Half fixed: the next problem is named.
+    k8s.patch_spec("broken", {"broker": {"wal": {"size": "1Gi"}}})
+    k8s.wait_for("config key named", lambda: degraded_message("broken", "spec.config['kafka.num_partition']: unknown node config key"))
+    assert k8s.get("StatefulSet", "broken-broker") is None
+
+    k8s.patch_spec("broken", {"config": {"kafka.num_partition": None, "kafka.num_partitions": "3"}})
+    k8s.wait_for("fixed cluster Ready", lambda: _ready(k8s, "broken"))
+    assert k8s.get("StatefulSet", "broken-broker")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "1Gi"
+
+
+def test_delete_runs_the_finalizer(k8s: Harness) -> None:
+    # kmock has no volume controller: make the claims the StatefulSet controller would have made.
+    labels = builders.selector_labels(ClusterRef("demo", NS, ""), "broker")
+    for name in ("wal-demo-broker-0", "wal-demo-broker-1"):
+        k8s.call(k8s.api.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": NS, "uid": str(uuid.uuid4()), "labels": labels}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}}}}))
+    for name in ("wal-broken-broker-0",):
+        k8s.call(k8s.api.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": NS, "uid": str(uuid.uuid4()), "labels": builders.selector_labels(ClusterRef("broken", NS, ""), "broker")}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}))
+
+    k8s.call(k8s.api.delete("AutoMQCluster", NS, "demo"))
+    k8s.wait_for("demo gone (finalizer removed)", lambda: k8s.get("AutoMQCluster", "demo") is None)
+    assert k8s.get("PersistentVolumeClaim", "wal-demo-broker-0") is None  # deletionPolicy: Delete
+    assert k8s.get("PersistentVolumeClaim", "wal-demo-broker-1") is None
+    assert k8s.get("PersistentVolumeClaim", "wal-broken-broker-0") is not None  # another cluster's data
+
+    k8s.call(k8s.api.delete("AutoMQCluster", NS, "broken"))  # deletionPolicy defaults to Retain
+    k8s.wait_for("broken gone", lambda: k8s.get("AutoMQCluster", "broken") is None)
+    assert k8s.get("PersistentVolumeClaim", "wal-broken-broker-0") is not None
+    reasons = {e["reason"] for e in k8s.events("demo") + k8s.events("broken")}
+    assert {"DataDeleted", "DataRetained"} <= reasons
+    assert k8s.operator_errors == []

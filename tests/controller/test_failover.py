@@ -17,7 +17,7 @@ import yaml
 
 from automq.broker.controller import records as r
 from automq.broker.controller.client import ControllerClient
-from automq.broker.controller.log import MetadataLog
+from automq.broker.controller.log import LogConflictError, MetadataLog
 from automq.broker.controller.process import ControllerService
 from automq.broker.controller.protocol import Endpoint
 from automq.broker.objectstore import open_object_store
@@ -92,17 +92,22 @@ async def test_standby_takes_over_after_crash_without_losing_commits(store_url: 
             await s.stop()
 
 
-async def test_deposed_leader_write_fails_and_it_steps_down(file_url: str, make_config) -> None:
-    async with ControllerService(make_config(file_url, lease_timeout_ms=60_000)) as svc:
+async def test_deposed_leader_write_fails_and_it_steps_down(store_url: str, make_config) -> None:
+    async with ControllerService(make_config(store_url, lease_timeout_ms=60_000)) as svc:
         await svc.controller.wait_leader(10)
         client = ControllerClient([svc.url], retry_deadline_s=0.5)
         try:
             await client.register_broker(1, EP, None)
             # another controller wins the next sequence number (e.g. after a long GC pause here)
-            store = open_object_store(file_url)
+            store = open_object_store(store_url)
             lg = MetadataLog(store)
-            nxt = svc.controller.state.last_seq + 1
-            await lg.append(nxt, 9, [r.ControllerElected(9, "http://127.0.0.1:1", svc.controller.state.term + 1, 0)])
+            while True:  # the leader keeps writing heartbeats: win the next free entry
+                nxt = svc.controller.state.last_seq + 1
+                try:
+                    await lg.append(nxt, 9, [r.ControllerElected(9, "http://127.0.0.1:1", svc.controller.state.term + 1, 0)])
+                    break
+                except LogConflictError:
+                    await asyncio.sleep(0)
             await store.close()
             with pytest.raises(Exception) as info:  # the racing write is refused, never acknowledged
                 await client.create_topic("lost", 1, {})
@@ -159,11 +164,11 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-async def test_kill_9_active_controller_process(tmp_path, file_url: str) -> None:
+async def test_kill_9_active_controller_process(tmp_path, store_url: str) -> None:
     ports = [_free_port(), _free_port()]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "automq.broker.cli", "controller", "--config", str(_write_config(tmp_path, i, ports[i], file_url))],
+            [sys.executable, "-m", "automq.broker.cli", "controller", "--config", str(_write_config(tmp_path, i, ports[i], store_url))],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         for i in (0, 1)

@@ -83,6 +83,7 @@ class GroupCoordinator:
         self._inflight: dict[int, int] = {}  # partition -> appends not yet durable
         self._checkpointing: set[int] = set()
         self._wakeup = asyncio.Event()
+        self._closing = False
         self._timer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -93,12 +94,16 @@ class GroupCoordinator:
         self._timer = asyncio.get_running_loop().create_task(self._run_timers(), name="group-coordinator-timers")
 
     async def close(self) -> None:
+        # Stop the timer loop by flag, not by cancel: cancelling a task blocked in wait_for
+        # can be swallowed when the awaited event fires at the same moment (Python 3.11).
+        self._closing = True
+        self._wakeup.set()
         if self._timer is not None:
-            self._timer.cancel()
             try:
                 await self._timer
-            except (asyncio.CancelledError, Exception):
-                pass
+            except Exception:
+                log.exception("group coordinator timer failed")
+            self._timer = None
         for p in list(self._partitions):
             self._deliver(self.manager.unload(p).replies)
         self._partitions.clear()
@@ -171,8 +176,18 @@ class GroupCoordinator:
             return ErrorCode.coordinator_load_in_progress
         partition = self._partitions.get(p)
         if partition is None or getattr(partition, "closed", False):
+            if self._placed_here(p):
+                # the controller put the partition here and it is being opened: retry here
+                return ErrorCode.coordinator_load_in_progress
             return ErrorCode.not_coordinator
         return None
+
+    def _placed_here(self, index: int) -> bool:
+        topic = self.broker.partitions.topic(OFFSETS_TOPIC)
+        if topic is None or not 0 <= index < len(topic.partitions):
+            return False
+        info = topic.partitions[index]
+        return info.leader == self.broker.node_id and info.state == "online"
 
     @property
     def loading(self) -> bool:
@@ -311,15 +326,18 @@ class GroupCoordinator:
 
     async def _run_timers(self) -> None:
         next_retention = now_ms() + RETENTION_CHECK_INTERVAL_MS
-        while True:
+        while not self._closing:
             deadline = self.manager.next_deadline()
             wake_at = min(deadline, next_retention) if deadline is not None else next_retention
             delay = max(0.0, (wake_at - now_ms()) / 1000)
             self._wakeup.clear()
             try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout=delay)
+                async with asyncio.timeout(delay):
+                    await self._wakeup.wait()
             except TimeoutError:
                 pass
+            if self._closing:
+                return
             try:
                 current = now_ms()
                 self.apply_soon(self.manager.tick(current))

@@ -61,10 +61,14 @@ def _set_path(path: str, value: Any) -> dict[str, Any]:
 
 class ScalingEmulator(kmock.KubernetesEmulator):
     """kmock plus the scale subresource of AutoMQCluster (following the CRD's declared paths),
-    proper 404 answers for missing objects, names for objects created with generateName, and a new
+    constant-time request matching, proper 404 answers for missing objects, names for objects created with generateName, and a new
     resourceVersion on every write."""
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        # kmock matches every request against its whole request history (to support assertions
+        # over past requests, which these tests do not use): keep only the current one, or each
+        # request gets slower than the last.
+        del self._requests[:-1]
         resource = request.resource
         meta = request.data.get("metadata") if isinstance(request.data, dict) else None
         if request.action == kmock.action.CREATE and meta is not None and not meta.get("name") and meta.get("generateName"):

@@ -25,6 +25,7 @@ from automq.broker.storage.metadata import (
     CommitStreamSetObjectRequest,
     NotControllerError,
     ObjectStreamRange,
+    StreamObject,
 )
 
 EP = [Endpoint("PLAINTEXT", "127.0.0.1", 9092)]
@@ -197,3 +198,44 @@ async def test_kill_9_active_controller_process(tmp_path, store_url: str) -> Non
             if p.poll() is None:
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+async def test_new_controller_starts_from_snapshot_after_log_truncation(store_url: str, make_config) -> None:
+    first = ControllerService(make_config(store_url, node_id=0, snapshot_interval_entries=5))
+    await first.start()
+    client = ControllerClient([first.url], retry_deadline_s=30)
+    second = None
+    try:
+        await first.controller.wait_leader(10)
+        epoch = await client.register_broker(1, EP, None)
+        for i in range(12):
+            await client.create_topic(f"t{i}", 1, {})
+        sid = await client.create_stream({"k": "v"})
+        await client.open_stream(sid, 0, 1, epoch)
+        first_id = await client.prepare_objects(20, 600_000)
+        for i in range(20):
+            await client.commit_stream_object(StreamObject(first_id + i, 1, sid, i, i + 1), 1, epoch)
+        lg = MetadataLog(open_object_store(store_url))
+        try:
+            deadline = time.monotonic() + 30
+            while await lg.read_entry(0) is not None:  # truncated once two snapshots exist
+                assert time.monotonic() < deadline, "the log was never truncated"
+                await asyncio.sleep(0.05)
+        finally:
+            await lg.store.close()
+        second = ControllerService(make_config(store_url, node_id=1, snapshot_interval_entries=5))
+        await second.start()
+        await first.stop()  # resigns: the new one takes over from snapshot + tail
+        client.urls.append(second.url)
+        await second.controller.wait_leader(20)
+        image = await client.watch_metadata(-1, 0)
+        assert sorted(t.name for t in image.topics) == sorted(f"t{i}" for i in range(12))
+        (sm,) = await client.get_streams([sid])
+        assert sm.end_offset == 20
+        assert len(await client.get_objects(sid, 0, -1, 100)) == 20
+        second.controller.state.check_invariants()
+    finally:
+        await client.close()
+        await first.stop()
+        if second is not None:
+            await second.stop()

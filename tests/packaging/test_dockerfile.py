@@ -406,3 +406,12 @@ def test_driver_runs_a_pyspark_job_in_client_mode(tmp_path):
                                  "PYSPARK_DRIVER_PYTHON": sys.executable}, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "RESULT client 127.0.0.1 10" in result.stdout
+
+
+def test_exposed_ports_are_the_operator_defaults(dockerfile):
+    from automq.operator.spec import BROKER_HTTP_PORT, CONTROLLER_PORT, KAFKA_PORT
+
+    _, by_name, _ = dockerfile
+    [exposed] = by_name["runtime"].all("EXPOSE")
+    chart_health = 8080  # charts/automq-operator/values.yaml health.port, the CLI's default liveness port
+    assert set(map(int, exposed.split())) == {KAFKA_PORT, CONTROLLER_PORT, BROKER_HTTP_PORT, chart_health}

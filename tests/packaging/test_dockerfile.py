@@ -413,5 +413,7 @@ def test_exposed_ports_are_the_operator_defaults(dockerfile):
 
     _, by_name, _ = dockerfile
     [exposed] = by_name["runtime"].all("EXPOSE")
-    chart_health = 8080  # charts/automq-operator/values.yaml health.port, the CLI's default liveness port
+    import yaml
+
+    chart_health = yaml.safe_load((ROOT / "charts" / "automq-operator" / "values.yaml").read_text())["health"]["port"]
     assert set(map(int, exposed.split())) == {KAFKA_PORT, CONTROLLER_PORT, BROKER_HTTP_PORT, chart_health}

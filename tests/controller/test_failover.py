@@ -239,3 +239,48 @@ async def test_new_controller_starts_from_snapshot_after_log_truncation(store_ur
         await first.stop()
         if second is not None:
             await second.stop()
+
+
+async def test_controller_of_another_cluster_refuses_the_log(file_url: str, make_config) -> None:
+    async with ControllerService(make_config(file_url)) as svc:
+        await svc.controller.wait_leader(10)
+    config = make_config(file_url).model_copy(update={"cluster_id": "someone-else"})
+    other = ControllerService(config)
+    await other.start()
+    try:
+        await asyncio.wait_for(other.controller.wait_stopped(), 20)
+        assert "cluster_id mismatch" in str(other.controller.fatal)
+        assert not other.controller.is_leader
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{other.url}/healthz") as resp:
+                assert resp.status == 500
+    finally:
+        await other.stop()
+
+
+async def test_standby_reports_ready_and_redirects(file_url: str, make_config) -> None:
+    services = [ControllerService(make_config(file_url, node_id=i)) for i in (0, 1)]
+    for s in services:
+        await s.start()
+    try:
+        leader = await _leader_of(services)
+        standby = next(s for s in services if s is not leader)
+        async with aiohttp.ClientSession() as http:
+            deadline = time.monotonic() + 20
+            while True:  # it follows the log: soon ready, and knows the leader
+                async with http.get(f"{standby.url}/readyz") as resp:
+                    ready = resp.status == 200
+                async with http.get(f"{standby.url}/v1/status") as resp:
+                    status = await resp.json()
+                if ready and status["leader_url"] is not None:
+                    break
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            assert (status["role"], status["leader_url"]) == ("standby", leader.url)
+        # a client that only knows the standby is sent to the leader
+        async with ControllerClient([standby.url]) as client:
+            assert await client.register_broker(5, EP, None) == 1
+            assert client._leader == leader.url
+    finally:
+        for s in services:
+            await s.stop()

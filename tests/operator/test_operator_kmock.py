@@ -5,7 +5,7 @@ the tests run in order on the clusters they create. What kmock lacks is supplied
   - a StatefulSet controller + kubelet (`PodSimulator`): creates each StatefulSet's pods from its
     current template, recreates deleted ones (not Ready at first, Ready shortly after), removes
     pods above `replicas`; it can make a pod crash-loop;
-  - the scale subresource (`ScalingEmulator`): GET/PATCH .../scale mapped onto the paths the
+  - the scale subresource (`ScalingEmulator` in conftest.py): GET/PATCH .../scale mapped onto the paths the
     generated CRD declares, as the API server does;
   - uids on created objects (the tests give them).
 The controller API is a recording fake: drains and undrains land in the same ordered log as
@@ -23,8 +23,6 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-import aiohttp.web
-import jsonpatch
 import kmock
 import pytest
 import yaml
@@ -32,7 +30,6 @@ from kubernetes.config import kube_config
 
 from automq.operator import builders
 from automq.operator.builders import ClusterRef
-from automq.operator.crd import build_crd
 from automq.operator.handlers import OperatorContext
 from automq.operator.kube import KubeApi
 from automq.operator.main import operate
@@ -41,81 +38,6 @@ from automq.operator.spec import GROUP, PLURAL, VERSION, parse_spec
 
 NS = "streaming"
 WAIT_S = 60.0  # upper bound for a condition to become true (generous: CI machines are shared)
-
-_CRD_VERSION = build_crd()["spec"]["versions"][0]
-SCALE = _CRD_VERSION["subresources"]["scale"]
-
-
-def _get_path(obj: dict[str, Any], path: str) -> Any:
-    for part in path.strip(".").split("."):
-        obj = (obj or {}).get(part)  # type: ignore[assignment]
-    return obj
-
-
-def _set_path(path: str, value: Any) -> dict[str, Any]:
-    patch: dict[str, Any] = value
-    for part in reversed(path.strip(".").split(".")):
-        patch = {part: patch}
-    return patch
-
-
-class ScalingEmulator(kmock.KubernetesEmulator):
-    """kmock plus the scale subresource of AutoMQCluster (following the CRD's declared paths),
-    constant-time request matching, proper 404 answers for missing objects, names for objects created with generateName, and a new
-    resourceVersion on every write."""
-
-    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        # kmock matches every request against its whole request history (to support assertions
-        # over past requests, which these tests do not use): keep only the current one, or each
-        # request gets slower than the last.
-        del self._requests[:-1]
-        resource = request.resource
-        meta = request.data.get("metadata") if isinstance(request.data, dict) else None
-        if request.action == kmock.action.CREATE and meta is not None and not meta.get("name") and meta.get("generateName"):
-            # kmock 0.8 ignores generateName; kopf names its Events that way.
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:10]
-        if request.action in (kmock.action.CREATE, kmock.action.UPDATE) and request.data is not None:
-            # kmock 0.8 keeps resourceVersion as given; kopf tells fresh watch events from stale
-            # ones by it, so every write gets a new one, as on a real API server.
-            self._versions = getattr(self, "_versions", 1) + 1
-            version = str(self._versions)
-            if isinstance(request.data, list):
-                request.data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
-            elif isinstance(request.data, dict):
-                request.data.setdefault("metadata", {})
-                if request.data["metadata"] is not None:
-                    request.data["metadata"]["resourceVersion"] = version
-        if resource is not None and resource.plural == PLURAL and request.subresource == "scale" and request.name:
-            key = (resource, request.namespace, request.name)
-            async with self._lock:
-                if key not in self._objects or self._objects[key].deleted:
-                    return aiohttp.web.json_response({"kind": "Status", "code": 404, "message": "not found"}, status=404)
-                if request.method == "PATCH":
-                    self._objects[key].patch(_set_path(SCALE["specReplicasPath"], request.data["spec"]["replicas"]))
-                    self._objects[key].patch({"metadata": request.data["metadata"]})
-                    await self._buses[resource].put({"type": "MODIFIED", "object": self._objects[key].raw})
-                obj = self._objects[key].raw
-            return aiohttp.web.json_response(
-                {
-                    "apiVersion": "autoscaling/v1",
-                    "kind": "Scale",
-                    "metadata": {"name": request.name, "namespace": request.namespace},
-                    "spec": {"replicas": _get_path(obj, SCALE["specReplicasPath"])},
-                    "status": {"replicas": _get_path(obj, SCALE["statusReplicasPath"]) or 0, "selector": _get_path(obj, SCALE["labelSelectorPath"]) or ""},
-                }
-            )
-        try:
-            return await super()._handle(request)
-        except jsonpatch.JsonPatchTestFailed as exc:
-            # A stale resourceVersion in kopf's optimistic JSON patch: 422, as the API answers.
-            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422, "message": str(exc)}, status=422)
-        except kmock.KubernetesError as exc:
-            # kmock 0.8 lets a missing object's 404 escape as an HTTP 500; answer as the API does.
-            return aiohttp.web.json_response(
-                {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": exc.status, "reason": exc.reason, "message": exc.message},
-                status=exc.status,
-            )
-
 
 class Log:
     """An ordered, thread-safe record of what happened (drains, pod deletions, replicas)."""
@@ -224,8 +146,9 @@ def _is_ready(pod: dict[str, Any]) -> bool:
 class Harness:
     """kmock + simulator in one thread, the operator in another; sync helpers for the tests."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, emulator_class: type) -> None:
         self.tmp = tmp
+        self.emulator_class = emulator_class
         self.log = Log()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="kmock", daemon=True)
@@ -270,7 +193,7 @@ class Harness:
         assert self.ready_flag.wait(WAIT_S), f"operator did not start: {self.operator_errors}"
 
     async def _start_kmock(self) -> str:
-        self.emulator = ScalingEmulator()
+        self.emulator = self.emulator_class()
         self.emulator.resources.load_bundled()
         info = self.emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"]
         info.kind = "AutoMQCluster"
@@ -354,8 +277,8 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def k8s(tmp_path_factory: pytest.TempPathFactory):
-    harness = Harness(tmp_path_factory.mktemp("kmock"))
+def k8s(tmp_path_factory: pytest.TempPathFactory, emulator_class: type):
+    harness = Harness(tmp_path_factory.mktemp("kmock"), emulator_class)
     harness.start()
     try:
         yield harness

@@ -343,14 +343,16 @@ class Controller:
             started = time.perf_counter()
             try:
                 await self.log.append(seq, self.controller_id, records)
-            except (LogConflictError, ObjectStoreError) as exc:
+            except BaseException as exc:  # noqa: BLE001 - whatever happened, these records may be lost
                 self._writing = False
-                self._step_down(f"log entry {seq} failed: {exc}")
+                self._step_down(f"log entry {seq} failed: {type(exc).__name__}: {exc}")
                 err = self._not_controller()
                 for pending in batch:
                     if pending.future is not None and not pending.future.done():
                         pending.future.set_exception(err)
-                return
+                if isinstance(exc, (LogConflictError, ObjectStoreError)):
+                    return
+                raise
             self.state.last_seq = seq
             self.metrics.commit_seconds.observe(time.perf_counter() - started)
             self.metrics.last_seq.set(seq)

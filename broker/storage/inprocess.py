@@ -4,11 +4,11 @@ For tests and single-process use (local mode without a controller). It enforces 
 of the contract in `metadata.py`; the rule checks are the small `_rule_*`/`_do_*` functions
 below so they can be read (and compared with the controller's) in one sitting.
 
-Durability: the whole state is one JSON document, written as a new object per version
-(`metadata/inprocess/state-<version>`) with create-if-absent. Two processes sharing a bucket
-cannot both win a version: the loser gets PreconditionFailed, reloads the newest state and
-re-applies its change, so every rule is checked against the state that actually won.
-Older versions are deleted after a new one is written.
+Durability: the whole state is one JSON document (`metadata/inprocess/state.json`), replaced
+with a conditional PUT on the ETag it was read at (created with If-None-Match). Two
+processes sharing a bucket cannot both win a change: the loser gets PreconditionFailed,
+reloads the newest state and re-applies its change, so every rule is checked against the
+state that actually won. (A version number inside the state makes every ETag distinct.)
 
 Deviation from the letter of the contract, on purpose: opening a stream with the SAME epoch
 it already has is allowed for the same node (a reopen) or when the stream is closed, but not
@@ -27,6 +27,7 @@ from typing import Any
 from automq.broker.objectstore import ObjectNotFound, ObjectStore, PreconditionFailed
 from automq.broker.storage.metadata import (
     CommitStreamSetObjectRequest,
+    MetadataError,
     NodeFencedError,
     ObjectMetadata,
     ObjectNotPreparedError,
@@ -43,7 +44,7 @@ from automq.broker.storage.metadata import (
 
 log = logging.getLogger(__name__)
 
-STATE_PREFIX = "metadata/inprocess/state-"
+STATE_KEY = "metadata/inprocess/state.json"
 MAX_RETRIES = 50
 
 
@@ -69,30 +70,35 @@ class InProcessMetadata:
         self._store = object_store
         self._gc_retention_ms = gc_retention_ms
         self._state: dict[str, Any] | None = None
+        self._etag: str | None = None
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ persistence
 
-    async def _load_latest(self) -> dict[str, Any]:
-        newest = None
-        async for info in self._store.list(STATE_PREFIX):
-            newest = info.key  # keys are zero-padded, so list order is version order
-        if newest is None:
-            return _empty_state()
-        try:
-            return json.loads(await self._store.get(newest))
-        except ObjectNotFound:  # deleted by a newer writer between list and get
-            return await self._load_latest()
+    async def _load_latest(self) -> tuple[dict[str, Any], str | None]:
+        """The newest state and the ETag it has. HEAD, GET, HEAD: the two HEADs agreeing
+        proves the body read belongs to that ETag."""
+        while True:
+            try:
+                before = await self._store.head(STATE_KEY)
+                body = await self._store.get(STATE_KEY)
+                after = await self._store.head(STATE_KEY)
+            except ObjectNotFound:
+                if await self._store.exists(STATE_KEY):
+                    continue  # created between our calls
+                return _empty_state(), None
+            if before.etag == after.etag:
+                return json.loads(body), after.etag
 
     async def refresh(self) -> None:
         async with self._lock:
-            self._state = await self._load_latest()
+            self._state, self._etag = await self._load_latest()
 
     async def _read(self) -> dict[str, Any]:
         if self._state is None:
             async with self._lock:
                 if self._state is None:
-                    self._state = await self._load_latest()
+                    self._state, self._etag = await self._load_latest()
         return self._state
 
     async def _mutate(self, change):
@@ -100,23 +106,33 @@ class InProcessMetadata:
         version. Rule violations (MetadataError) propagate without writing anything."""
         async with self._lock:
             if self._state is None:
-                self._state = await self._load_latest()
+                self._state, self._etag = await self._load_latest()
             for _ in range(MAX_RETRIES):
                 new = copy.deepcopy(self._state)
                 now = _now_ms()
                 deletable = self._sweep(new, now)
-                result = change(new, now)
-                new["version"] += 1
-                key = f"{STATE_PREFIX}{new['version']:020d}"
                 try:
-                    await self._store.put(key, json.dumps(new, separators=(",", ":")).encode(), if_none_match=True)
-                except PreconditionFailed:
-                    self._state = await self._load_latest()
+                    result = change(new, now)
+                except MetadataError:
+                    # Judged against our copy; another process may have moved on. Only a
+                    # verdict on the newest state counts.
+                    latest, etag = await self._load_latest()
+                    if etag == self._etag:
+                        raise
+                    self._state, self._etag = latest, etag
                     continue
-                old_version = self._state["version"]
-                self._state = new
-                stale = [f"{STATE_PREFIX}{v:020d}" for v in range(max(1, old_version - 2), old_version)]
-                await self._delete_quietly(stale + deletable)
+                new["version"] += 1
+                body = json.dumps(new, separators=(",", ":")).encode()
+                try:
+                    if self._etag is None:
+                        put = await self._store.put(STATE_KEY, body, if_none_match=True)
+                    else:
+                        put = await self._store.put(STATE_KEY, body, if_match=self._etag)
+                except PreconditionFailed:
+                    self._state, self._etag = await self._load_latest()
+                    continue
+                self._state, self._etag = new, put.etag
+                await self._delete_quietly(deletable)
                 return result
             raise RuntimeError("metadata state kept changing under us; gave up after retries")
 

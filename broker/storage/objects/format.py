@@ -26,7 +26,7 @@ import crc32c
 
 FORMAT_VERSION = 1
 FOOTER_MAGIC = 0x4155544F4D513031  # "AUTOMQ01"
-FOOTER = struct.Struct(">QIIHH16sQ")  # 48 bytes
+FOOTER = struct.Struct(">QIIHH20sQ")  # 48 bytes
 INDEX_ENTRY = struct.Struct(">QQIIQI")  # 36 bytes
 BATCH_HEADER = struct.Struct(">QII")  # 16 bytes
 # The reader's first GET takes this much of the tail: footer plus, usually, the whole index
@@ -139,7 +139,7 @@ class ObjectWriter:
                 INDEX_ENTRY.pack(e.stream_id, e.start_offset, e.end_offset - e.start_offset, e.record_count, e.position, e.size)
                 for e in self._index
             )
-            footer = FOOTER.pack(self._position, len(index), crc32c.crc32c(index), FORMAT_VERSION, 0, b"\0" * 16, FOOTER_MAGIC)
+            footer = FOOTER.pack(self._position, len(index), crc32c.crc32c(index), FORMAT_VERSION, 0, b"\0" * 20, FOOTER_MAGIC)
             self._finished = self._parts + [index, footer]
             self._position += len(index) + len(footer)
         return self._finished

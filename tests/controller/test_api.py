@@ -7,6 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
+from automq.broker.controller import commands
 from automq.broker.controller.client import ControllerClient
 from automq.broker.controller.protocol import (
     BrokerNotAvailableError,
@@ -224,3 +225,43 @@ async def test_unreachable_controllers_raise_unavailable() -> None:
     async with ControllerClient(["http://127.0.0.1:1"], retry_deadline_s=0.3) as c:
         with pytest.raises(ControllerUnavailableError):
             await c.heartbeat(1, 1)
+
+
+async def test_group_commit_keeps_each_request_apart(service, client: ControllerClient) -> None:
+    """Many concurrent requests share log entries; each still gets its own answer, and of
+    racing commits at the same offset exactly one wins."""
+    epoch = await client.register_broker(1, EP, None)
+    sids = [await client.create_stream({"i": str(i)}) for i in range(20)]
+    for sid in sids:
+        await client.open_stream(sid, 0, 1, epoch)
+    first = await client.prepare_objects(100, 60_000)
+    seq_before = service.controller.state.last_seq
+
+    def commit(oid: int, sid: int, start: int) -> CommitStreamSetObjectRequest:
+        return CommitStreamSetObjectRequest(1, epoch, oid, 1, (ObjectStreamRange(sid, 0, start, start + 1, 1),))
+
+    ok = [commit(first + i, sid, 0) for i, sid in enumerate(sids)]
+    racing = [commit(first + 50 + i, sids[0], 1) for i in range(5)]  # all want offset 1 of stream 0
+    results = await asyncio.gather(*(client.commit_stream_set_object(r) for r in ok + racing), return_exceptions=True)
+    assert results[: len(ok)] == [None] * len(ok)
+    outcomes = results[len(ok):]
+    assert sum(r is None for r in outcomes) == 1
+    assert all(isinstance(r, OffsetMismatchError) for r in outcomes if r is not None)
+    assert service.controller.state.last_seq > seq_before
+    ends = {s.stream_id: s.end_offset for s in await client.get_streams(sids)}
+    assert ends == {sid: (2 if sid == sids[0] else 1) for sid in sids}
+
+
+async def test_queued_requests_share_one_log_entry(service) -> None:
+    ctl = service.controller
+    sizes: list[int] = []
+    original = ctl._commit
+
+    async def recording(batch):
+        sizes.append(len(batch))
+        await original(batch)
+
+    ctl._commit = recording
+    firsts = await asyncio.gather(*(ctl.execute(lambda tx: commands.prepare_objects(tx, 1, 1000)) for _ in range(30)))
+    assert sorted(firsts) == list(range(min(firsts), min(firsts) + 30))  # each got its own id
+    assert max(sizes) >= 30  # all queued before the leader looked: one entry for all of them

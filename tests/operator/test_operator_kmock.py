@@ -44,6 +44,7 @@ class Log:
 
     def __init__(self) -> None:
         self.entries: list[tuple] = []
+        self.held: set[int] = set()  # brokers whose drain does not finish until released
         self._lock = threading.Lock()
 
     def add(self, *entry: Any) -> None:
@@ -67,7 +68,7 @@ class RecordingControllerApi:
         self.log.add("undrain", node_id)
 
     async def broker_drained(self, node_id: int) -> bool:
-        return True
+        return node_id not in self.log.held
 
     async def close(self) -> None:
         pass
@@ -411,6 +412,36 @@ def test_placeholder_is_reported_not_implemented(k8s: Harness) -> None:
     assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 2  # inert
 
 
+def test_scale_in_waits_for_the_drain(k8s: Harness) -> None:
+    k8s.log.held.add(1)
+    before = len(k8s.log.snapshot())
+    k8s.patch_spec("demo", {"broker": {"replicas": 1}})
+    cluster = k8s.wait_for("ScalingIn in progress", lambda: (c := k8s.get("AutoMQCluster", "demo")) and condition(c, "Progressing").get("reason") == "ScalingIn" and c)
+    assert "draining brokers [1]" in condition(cluster, "Progressing")["message"]
+    assert ("drain", 1) in k8s.log.snapshot()[before:]
+    assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 2  # not before the drain is done
+    assert cluster["status"]["drainedBrokers"] == [1]
+
+    k8s.log.held.discard(1)
+    k8s.wait_for("scaled in", lambda: k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 1 and _ready(k8s, "demo"))
+    assert k8s.get("AutoMQCluster", "demo")["status"]["drainedBrokers"] == []
+
+
+def test_wal_change_is_refused_without_restarting_anything(k8s: Harness) -> None:
+    before = len(k8s.log.snapshot())
+    k8s.patch_spec("demo", {"broker": {"wal": {"size": "50Gi"}, "resources": {"requests": {"cpu": "3"}}}})
+    cluster = k8s.wait_for("WalChangeNotSupported", lambda: (c := k8s.get("AutoMQCluster", "demo")) and condition(c, "Degraded").get("reason") == "WalChangeNotSupported" and c)
+    assert "spec.broker.wal" in condition(cluster, "Degraded")["message"]
+    sts = k8s.get("StatefulSet", "demo-broker")
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    assert sts["spec"]["template"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2"}}  # held back too
+    k8s.wait_for("WalChangeNotSupported event", lambda: any(e["reason"] == "WalChangeNotSupported" for e in k8s.events("demo")))
+    assert [e for e in k8s.log.snapshot()[before:] if e[0] in ("drain", "deleted")] == []
+
+    k8s.patch_spec("demo", {"broker": {"wal": {"size": "5Gi"}, "resources": {"requests": {"cpu": "2"}}}})
+    k8s.wait_for("Ready after the revert", lambda: _ready(k8s, "demo"))
+
+
 def test_invalid_spec_is_reported_and_recovers_when_fixed(k8s: Harness) -> None:
     def degraded_message(name: str, fragment: str) -> Any:
         c = k8s.get("AutoMQCluster", name)
@@ -455,3 +486,39 @@ def test_delete_runs_the_finalizer(k8s: Harness) -> None:
     reasons = {e["reason"] for e in k8s.events("demo") + k8s.events("broken")}
     assert {"DataDeleted", "DataRetained"} <= reasons
     assert k8s.operator_errors == []
+
+
+def test_automq_operator_command_serves_liveness_and_stops_on_sigterm(k8s: Harness) -> None:
+    """The console entry point in its own process: KUBECONFIG login, liveness, clean SIGTERM."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    assert k8s.list("AutoMQCluster") == []  # runs last: nothing for a second operator to touch
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "KUBECONFIG": str(k8s.tmp / "kubeconfig")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "automq.broker.cli", "operator", "-A", "--liveness", f"http://127.0.0.1:{port}/healthz"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+                    return resp.status == 200
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                return False
+
+        k8s.wait_for("liveness endpoint", healthy)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=WAIT_S)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -284,3 +284,46 @@ async def test_standby_reports_ready_and_redirects(file_url: str, make_config) -
     finally:
         for s in services:
             await s.stop()
+
+
+async def test_no_acknowledged_change_lost_when_the_leader_crashes_under_load(store_url: str, make_config) -> None:
+    services = [ControllerService(make_config(store_url, node_id=i)) for i in (0, 1)]
+    for s in services:
+        await s.start()
+    client = ControllerClient([s.url for s in services], retry_deadline_s=60)
+    try:
+        leader = await _leader_of(services)
+        epoch = await client.register_broker(1, EP, None)
+        sids = [await client.create_stream({"w": str(i)}) for i in range(8)]
+        for sid in sids:
+            await client.open_stream(sid, 0, 1, epoch)
+        first = await client.prepare_objects(8 * 40, 600_000)
+        acked: dict[int, int] = {sid: 0 for sid in sids}  # acknowledged end offset per stream
+        crashed = asyncio.Event()
+
+        async def writer(w: int) -> None:
+            sid = sids[w]
+            for i in range(40):
+                req = CommitStreamSetObjectRequest(1, epoch, first + w * 40 + i, 1, (ObjectStreamRange(sid, 0, i, i + 1, 1),))
+                await client.commit_stream_set_object(req)  # retried across the crash by the client
+                acked[sid] = i + 1
+                if w == 0 and i == 10:
+                    crashed.set()
+
+        async def crash() -> None:
+            await crashed.wait()
+            await leader.stop(resign=False)
+
+        await asyncio.gather(crash(), *(writer(w) for w in range(len(sids))))
+        survivor = next(s for s in services if s is not leader)
+        assert survivor.controller.is_leader
+        streams = {s.stream_id: s.end_offset for s in await client.get_streams(sids)}
+        assert streams == acked == {sid: 40 for sid in sids}
+        for sid in sids:
+            objs = await client.get_objects(sid, 0, -1, 100)
+            assert [o.ranges[0].start_offset for o in objs] == list(range(40))
+        survivor.controller.state.check_invariants()
+    finally:
+        await client.close()
+        for s in services:
+            await s.stop()

@@ -7,11 +7,12 @@ multipart uploads and batched deletes.
 Credentials come from the standard AWS chain (environment, config files, instance roles);
 they never appear in the URL.
 
-Retries and conditional writes: a conditional PUT whose earlier attempt failed ambiguously
-(connection dropped or timed out after the request may have reached the server) can come
-back 412 because *our own* earlier attempt succeeded. In that case the current ETag is
-compared with the MD5 of our data: equal means the object holds exactly our bytes, which
-for conditional writers (the controller's log) is the same as having won.
+Retries and conditional writes: a conditional PUT can come back 412 because *our own*
+earlier attempt succeeded and only its reply was lost. Such retries also happen below us:
+aiohttp silently re-sends an idempotent request (PUT counts as one) when the connection
+drops before the reply. So on every 412 of a conditional PUT the current ETag is compared
+with the MD5 of our data: equal means the object holds exactly our bytes, which for
+conditional writers (the controller's log) is the same as having won.
 
 A store's client belongs to the event loop that first used it; use one store per loop.
 """
@@ -131,12 +132,11 @@ class _RangeNotSatisfiable(ObjectNotFound):
 
 
 class _Retryable(Exception):
-    """An attempt failed in a way worth retrying; `ambiguous` if the request may have been applied."""
+    """An attempt failed in a way worth retrying (network, timeout, throttling, 5xx)."""
 
-    def __init__(self, cause: BaseException, *, ambiguous: bool) -> None:
+    def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
-        self.ambiguous = ambiguous
 
 
 class S3ObjectStore(ObjectStore):
@@ -211,24 +211,22 @@ class S3ObjectStore(ObjectStore):
             if code in _DENIED_CODES or status == 403:
                 return AccessDenied(message, key=key)
             if code in _RETRY_CODES or status in (429, 500, 502, 503, 504) or status >= 500:
-                return _Retryable(ObjectStoreUnavailable(message, key=key), ambiguous=True)
+                return _Retryable(ObjectStoreUnavailable(message, key=key))
             return ObjectStoreError(message, key=key)
         if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
             return AccessDenied(f"{where}: no usable AWS credentials ({exc}); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY", key=key)
         if isinstance(exc, (bce.EndpointConnectionError, bce.ConnectTimeoutError)):
-            # The connection was never made: the request cannot have been applied.
-            return _Retryable(ObjectStoreUnavailable(f"{where}: {exc}", key=key), ambiguous=False)
+            return _Retryable(ObjectStoreUnavailable(f"{where}: {exc}", key=key))
         if isinstance(exc, (bce.ConnectionError, bce.HTTPClientError, bce.IncompleteReadError,
                             aiohttp.ClientError, TimeoutError, OSError)):
-            return _Retryable(ObjectStoreUnavailable(f"{where}: {type(exc).__name__}: {exc}", key=key), ambiguous=True)
+            return _Retryable(ObjectStoreUnavailable(f"{where}: {type(exc).__name__}: {exc}", key=key))
         return exc
 
     async def _call(self, op: str, key: str | None, attempt: Callable[[Any], Awaitable[T]],
-                    on_precondition_after_ambiguous: Callable[[], Awaitable[T | None]] | None = None) -> T:
-        """Run `attempt(client)` with retries; map errors. See the module docstring for the
-        precondition-after-ambiguous-failure rule."""
+                    on_precondition: Callable[[], Awaitable[T | None]] | None = None) -> T:
+        """Run `attempt(client)` with retries; map errors. `on_precondition` may turn a 412
+        into success (see the module docstring)."""
         s = self.settings
-        ambiguous = False
         last: _Retryable | None = None
         for number in range(s.max_attempts):
             if number:
@@ -243,11 +241,10 @@ class S3ObjectStore(ObjectStore):
             except Exception as exc:  # noqa: BLE001 - translated below
                 mapped = exc if isinstance(exc, ObjectStoreError) else self._translate(exc, op, key)
                 if isinstance(mapped, _Retryable):
-                    ambiguous = ambiguous or mapped.ambiguous
                     last = mapped
                     continue
-                if isinstance(mapped, PreconditionFailed) and ambiguous and on_precondition_after_ambiguous:
-                    won = await on_precondition_after_ambiguous()
+                if isinstance(mapped, PreconditionFailed) and on_precondition:
+                    won = await on_precondition()
                     if won is not None:
                         return won
                 self._count_error(mapped)

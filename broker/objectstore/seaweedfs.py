@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_REGION = "us-east-1"
+HEALTH_BUCKET = "automq-health"  # the readiness probe writes here; tests never see it
 # Components whose listening ports we choose (each also gets a gRPC port at +10000).
 _COMPONENTS = ("master", "volume", "filer", "s3", "admin")
 _GRPC_OFFSET = 10000
@@ -140,6 +141,8 @@ class SeaweedFS:
             f"-s3.config={identities}",
             # Small volumes, many allowed: every test bucket is a collection with its own volumes.
             "-master.volumeSizeLimitMB=64", "-volume.max=2000",
+            # A restarted single master otherwise waits ~15 s before it serves volume lookups.
+            "-master.electionTimeout=1s",
         ]
         for name, port in self.ports.items():
             args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + _GRPC_OFFSET}"]
@@ -227,8 +230,11 @@ class SeaweedFS:
         return "\n".join(text.splitlines()[-lines:])
 
     def _wait_until_serving(self) -> None:
+        """Ready = a signed ListBuckets works AND an object can be written and read back: the
+        S3 gateway answers before the volume server has registered its volumes with the
+        master, and until then reads of existing data fail (notably right after a restart)."""
         deadline = time.monotonic() + self.startup_timeout
-        client = self.client(max_attempts=1, connect_timeout=1, read_timeout=2)
+        client = self.client(max_attempts=1, connect_timeout=1, read_timeout=5)
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             assert self._process is not None
@@ -237,8 +243,17 @@ class SeaweedFS:
                     f"weed mini exited with status {self._process.returncode}; log tail:\n{self.log_tail()}"
                 )
             try:
-                client.list_buckets()
+                buckets = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+                if HEALTH_BUCKET not in buckets:
+                    client.create_bucket(Bucket=HEALTH_BUCKET)
+                probe = f"probe-{secrets.token_hex(4)}"
+                client.put_object(Bucket=HEALTH_BUCKET, Key=probe, Body=b"ok")
+                if client.get_object(Bucket=HEALTH_BUCKET, Key=probe)["Body"].read() != b"ok":
+                    raise SeaweedFSStartError("health probe read back the wrong bytes")
+                client.delete_object(Bucket=HEALTH_BUCKET, Key=probe)
                 return
+            except SeaweedFSStartError:
+                raise
             except Exception as exc:  # noqa: BLE001 - any failure means "not yet"
                 last_error = exc
                 time.sleep(0.2)

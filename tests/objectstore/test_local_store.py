@@ -1,0 +1,144 @@
+"""What only the local directory store has to prove: atomicity across processes, its on-disk
+layout, crash leftovers, and its root directory rules."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from automq.broker.objectstore import BucketNotFound, ObjectNotFound, open_object_store
+from automq.broker.objectstore.local import ETAG_XATTR, LocalObjectStore
+
+WORKER = textwrap.dedent(
+    """
+    import asyncio, json, os, sys, time
+    from automq.broker.objectstore import PreconditionFailed, open_object_store
+
+    url, go_file, mode, me, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+
+    async def main():
+        store = open_object_store(url)
+        while not os.path.exists(go_file):  # start together to make the race real
+            time.sleep(0.001)
+        won = []
+        if mode == "create":
+            for n in range(rounds):
+                try:
+                    await store.put(f"log/{n:08d}", b"writer-%d" % me, if_none_match=True)
+                    won.append(n)
+                except PreconditionFailed:
+                    pass
+        else:  # compare-and-swap increments of one counter
+            for _ in range(rounds):
+                while True:
+                    info = await store.head("counter")
+                    value = int(await store.get("counter"))
+                    try:
+                        await store.put("counter", b"%d" % (value + 1), if_match=info.etag)
+                        break
+                    except PreconditionFailed:
+                        continue
+        print(json.dumps(won))
+
+    asyncio.run(main())
+    """
+)
+
+
+def run_workers(url: str, tmp_path: Path, mode: str, processes: int, rounds: int) -> list[list[int]]:
+    go_file = tmp_path / "go"
+    children = [
+        subprocess.Popen([sys.executable, "-c", WORKER, url, str(go_file), mode, str(me), str(rounds)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for me in range(processes)
+    ]
+    time.sleep(0.5)  # let the interpreters start; correctness does not depend on this
+    go_file.touch()
+    results = []
+    for child in children:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err
+        results.append(json.loads(out))
+    return results
+
+
+async def test_conditional_create_race_across_processes(file_url, tmp_path):
+    rounds = 40
+    winners_by_process = run_workers(file_url, tmp_path, "create", processes=4, rounds=rounds)
+    store = open_object_store(file_url)
+    for n in range(rounds):
+        winners = [me for me, won in enumerate(winners_by_process) if n in won]
+        assert len(winners) == 1, f"log/{n:08d}: winners {winners}"
+        assert await store.get(f"log/{n:08d}") == b"writer-%d" % winners[0]
+
+
+async def test_compare_and_swap_counter_across_processes_loses_no_update(file_url, tmp_path):
+    store = open_object_store(file_url)
+    await store.put("counter", b"0")
+    run_workers(file_url, tmp_path, "cas", processes=3, rounds=30)
+    assert await store.get("counter") == b"90"
+
+
+async def test_objects_are_plain_files_with_no_temp_leftovers(tmp_path):
+    root = tmp_path / "objects"
+    store = LocalObjectStore.from_url(f"file://{root}")
+    await store.put("streams/7/obj", b"payload")
+    await store.put_multipart("streams/7/big", [b"a" * 100, b"b" * 100])
+    assert (root / "streams" / "7" / "obj%obj").read_bytes() == b"payload"
+    names = sorted(p.name for p in (root / "streams" / "7").iterdir())
+    assert names == ["%lock", "big%obj", "obj%obj"]
+
+
+async def test_crash_leftovers_and_foreign_files_are_invisible(tmp_path):
+    root = tmp_path / "objects"
+    store = LocalObjectStore.from_url(f"file://{root}")
+    await store.put("k", b"committed")
+    # A writer that died between write and rename leaves a temp file; strangers leave junk.
+    (root / ".%tmp-deadbeef").write_bytes(b"half-written")
+    (root / "notes.txt").write_bytes(b"not an object")
+    (root / "bad%zzobj").write_bytes(b"not ours either")
+    assert [info.key async for info in store.list()] == ["k"]
+    assert await store.get("k") == b"committed"
+
+
+async def test_etag_is_computed_when_the_xattr_is_missing(tmp_path):
+    root = tmp_path / "objects"
+    store = LocalObjectStore.from_url(f"file://{root}")
+    result = await store.put("k", b"data")
+    os.removexattr(root / "k%obj", ETAG_XATTR)  # e.g. copied in by a tool that drops xattrs
+    assert (await store.head("k")).etag == result.etag == hashlib.md5(b"data").hexdigest()
+    await store.put("k", b"new", if_match=result.etag)
+    assert await store.get("k") == b"new"
+
+
+async def test_missing_root_is_created_and_file_root_is_bucket_not_found(tmp_path):
+    store = open_object_store(f"file://{tmp_path}/a/b/objects")
+    await store.put("x", b"1")
+    assert (tmp_path / "a" / "b" / "objects" / "x%obj").is_file()
+
+    (tmp_path / "plainfile").write_bytes(b"")
+    for url in (f"file://{tmp_path}/plainfile", f"file://{tmp_path}/plainfile/objects"):
+        blocked = open_object_store(url)
+        with pytest.raises(BucketNotFound, match="not a directory"):
+            await blocked.put("x", b"1")
+        with pytest.raises(BucketNotFound):
+            await blocked.get("x")
+        with pytest.raises(BucketNotFound):
+            [info async for info in blocked.list()]
+
+
+async def test_key_segments_too_long_for_a_file_name_are_rejected(file_url):
+    store = open_object_store(file_url)
+    with pytest.raises(ValueError, match="too long"):
+        await store.put("s" * 300, b"x")
+    await store.put("s" * 200 + "/" + "t" * 200, b"ok")  # long keys are fine, long segments are not
+    with pytest.raises(ObjectNotFound):
+        await store.get("s" * 200)

@@ -1,0 +1,135 @@
+"""The S3 backend under failure: server down and back, bad credentials, missing bucket,
+unreachable endpoint, and a reply lost after a conditional write took effect."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from automq.broker.objectstore import (
+    AccessDenied,
+    BucketNotFound,
+    ObjectStoreUnavailable,
+    PreconditionFailed,
+    open_object_store,
+)
+
+pytestmark = pytest.mark.s3
+
+FAST_FAIL = "&max_attempts=3&backoff_ms=20&timeout_ms=3000"
+
+
+async def test_server_stopped_mid_test_fails_then_recovers(seaweedfs, s3_url):
+    async with open_object_store(s3_url + FAST_FAIL) as store:
+        await store.put("before", b"survives restarts")
+        seaweedfs.stop()
+        try:
+            with pytest.raises(ObjectStoreUnavailable):
+                await store.put("during", b"x")
+            with pytest.raises(ObjectStoreUnavailable):
+                await store.get("before")
+            with pytest.raises(ObjectStoreUnavailable):
+                [info async for info in store.list()]
+            assert store.stats.retries >= 6  # every attempt beyond the first of each call
+        finally:
+            seaweedfs.start()
+        assert await store.get("before") == b"survives restarts"
+        await store.put("after", b"y")
+        assert [info.key async for info in store.list()] == ["after", "before"]
+
+
+@pytest.mark.parametrize("variable, value", [("AWS_SECRET_ACCESS_KEY", "wrong-secret"),
+                                             ("AWS_ACCESS_KEY_ID", "unknown-key")])
+async def test_wrong_credentials_are_access_denied(s3_url, monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    async with open_object_store(s3_url) as store:
+        with pytest.raises(AccessDenied):
+            await store.put("k", b"x")
+        with pytest.raises(AccessDenied):
+            await store.get("k")
+        with pytest.raises(AccessDenied):
+            [info async for info in store.list()]
+        assert store.stats.retries == 0  # not worth retrying
+
+
+async def test_no_credentials_at_all_is_access_denied(s3_url, monkeypatch, tmp_path):
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    async with open_object_store(s3_url) as store:
+        with pytest.raises(AccessDenied, match="credentials"):
+            await store.put("k", b"x")
+
+
+async def test_missing_bucket_is_bucket_not_found(seaweedfs):
+    async with open_object_store(seaweedfs.url_for("no-such-bucket-here")) as store:
+        with pytest.raises(BucketNotFound):
+            await store.put("k", b"x")
+        with pytest.raises(BucketNotFound):
+            await store.get("k")
+        with pytest.raises(BucketNotFound):
+            [info async for info in store.list()]
+    # and it was not created behind our back
+    names = [b["Name"] for b in seaweedfs.client().list_buckets().get("Buckets", [])]
+    assert "no-such-bucket-here" not in names
+
+
+async def test_unreachable_endpoint_is_unavailable_after_bounded_retries():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again below: nothing listens there
+    url = f"s3://some-bucket?endpoint=http://127.0.0.1:{port}&region=us-east-1&path_style=true" + FAST_FAIL
+    async with open_object_store(url) as store:
+        with pytest.raises(ObjectStoreUnavailable, match="3 attempts"):
+            await store.get("k")
+        assert store.stats.retries == 2
+
+
+async def test_conditional_put_whose_reply_was_lost_still_reports_the_win(seaweedfs, s3_url):
+    """A proxy forwards the first PUT to the server, then drops the connection instead of
+    relaying the 200. The retry (ours or aiohttp's own) meets 412 from our own object; the
+    store must see that the object is ours."""
+    target_port = int(seaweedfs.endpoint.rsplit(":", 1)[1])
+    dropped = asyncio.Event()
+
+    async def relay(reader, writer):
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", target_port)
+
+        async def pump(src, dst, is_reply):
+            try:
+                while data := await src.read(65536):
+                    if is_reply and not dropped.is_set() and data.startswith(b"HTTP/1.1 200"):
+                        dropped.set()
+                        writer.transport.abort()
+                        return
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        try:
+            await asyncio.gather(pump(reader, upstream_writer, False), pump(upstream_reader, writer, True))
+        except asyncio.CancelledError:
+            pass  # the proxy is closing
+
+    proxy = await asyncio.start_server(relay, "127.0.0.1", 0)
+    proxy_port = proxy.sockets[0].getsockname()[1]
+    url = s3_url.replace(seaweedfs.endpoint, f"http://127.0.0.1:{proxy_port}") + FAST_FAIL
+    try:
+        async with open_object_store(url) as store:
+            result = await store.put("metadata/log/00000001", b"entry-1", if_none_match=True)
+            assert dropped.is_set(), "the proxy never dropped a reply; the test proved nothing"
+            assert await store.get("metadata/log/00000001") == b"entry-1"
+            assert result.size == 7
+            # Someone else's bytes at the key are still a lost race.
+            with pytest.raises(PreconditionFailed):
+                await store.put("metadata/log/00000001", b"entry-1-other", if_none_match=True)
+    finally:
+        proxy.close()
+        await proxy.wait_closed()

@@ -24,6 +24,8 @@ from typing import Any
 import yaml
 
 from automq.operator.spec import (
+    CLUSTER_NAME_MAX,
+    CLUSTER_NAME_PATTERN,
     GROUP,
     KIND,
     PLURAL,
@@ -155,7 +157,13 @@ def build_crd() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object (automq.io/v1alpha1)."},
             "kind": {"type": "string", "description": "Kind of this object (AutoMQCluster)."},
-            "metadata": {"type": "object"},
+            # Structural schemas may restrict metadata.name (and nothing else in metadata).
+            "metadata": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": CLUSTER_NAME_MAX, "pattern": CLUSTER_NAME_PATTERN},
+                },
+            },
             "spec": spec_schema,
             "status": status_schema,
         },

@@ -36,7 +36,7 @@ from automq.operator.reconcile import (
     reconcile,
     write_invalid_spec_status,
 )
-from automq.operator.spec import GROUP, PLURAL, VERSION, InvalidSpec, parse_spec
+from automq.operator.spec import GROUP, PLURAL, VERSION, InvalidSpec, check_cluster_name, parse_spec
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ async def _pass(ctx: OperatorContext, body: Any, name: str, namespace: str, uid:
     generation = int(live.get("metadata", {}).get("generation") or 0)
     raw_spec = dict(live.get("spec") or {})
     try:
+        check_cluster_name(name)
         spec = parse_spec(raw_spec)
     except InvalidSpec as exc:
         await write_invalid_spec_status(api, ref, generation, previous, str(exc))

@@ -435,7 +435,9 @@ async def update_status(c: Cluster) -> None:
     if ready and not was_ready:
         c.reporter.info("ClusterReady", ready_message)
     for note in problems:
-        if not any(p.get("type") == "Degraded" and p.get("status") == "True" and note.message in p.get("message", "") for p in previous):
+        # One event per problem and object, not one per pass (a restart count keeps changing).
+        subject = note.message.split(":", 1)[0]
+        if not any(p.get("type") == "Degraded" and p.get("status") == "True" and subject in p.get("message", "") for p in previous):
             c.reporter.warn(note.reason, note.message)
     status = AutoMQClusterStatus(
         observed_generation=c.generation,

@@ -525,6 +525,20 @@ class AutoMQClusterStatus(_Model):
     )
 
 
+# Service names must be DNS-1035 labels (start with a letter), and the longest derived name,
+# pod `<name>-controller-NNN` with its StatefulSet's revision label, must stay within 63 characters.
+CLUSTER_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+CLUSTER_NAME_MAX = 40
+
+
+def check_cluster_name(name: str) -> None:
+    """Raise InvalidSpec when objects derived from this name would be invalid."""
+    if len(name) > CLUSTER_NAME_MAX:
+        raise InvalidSpec(f"metadata.name: at most {CLUSTER_NAME_MAX} characters (Service and pod names derive from it), got {len(name)}")
+    if not re.match(CLUSTER_NAME_PATTERN, name):
+        raise InvalidSpec(f"metadata.name: must start with a letter and contain only a-z, 0-9 and '-' (it names Services), got {name!r}")
+
+
 def explain_validation_error(exc: ValidationError, prefix: str = "spec") -> str:
     """One line per problem, each naming the field by its wire (camelCase) path."""
     lines = []

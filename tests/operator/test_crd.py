@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from automq.operator.crd import CRD_FILE, build_crd, render_crd, structural
-from automq.operator.spec import AutoMQClusterSpec, InvalidSpec, parse_spec
+from automq.operator.spec import AutoMQClusterSpec, InvalidSpec, check_cluster_name, parse_spec
 
 K8S_VERSION = "1.35"
 
@@ -111,8 +111,9 @@ def test_crd_schema_is_structural() -> None:
     (version,) = crd["spec"]["versions"]
     schema = version["schema"]["openAPIV3Schema"]
     assert structural_problems(schema) == []
-    # metadata may only restrict name/generateName: we restrict nothing.
-    assert schema["properties"]["metadata"] == {"type": "object"}
+    # metadata may only restrict name/generateName.
+    metadata = schema["properties"]["metadata"]
+    assert metadata["type"] == "object" and set(metadata.get("properties", {})) <= {"name", "generateName"}
 
 
 def test_crd_validates_as_a_kubernetes_document() -> None:
@@ -273,6 +274,22 @@ def test_rejected_specs(name: str, spec_validator: jsonschema.Draft7Validator) -
     schema_errors = list(spec_validator.iter_errors(spec))
     # Cross-field and node-config rules are beyond openAPI; the operator reports those.
     assert bool(schema_errors) == schema_rejects, [e.message for e in schema_errors]
+
+
+@pytest.mark.parametrize("name", ["demo", "a", "prod-eu-1", "x" * 40])
+def test_cluster_names_accepted(name: str) -> None:
+    check_cluster_name(name)
+    rule = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"]["properties"]["name"]
+    jsonschema.validate(name, rule)
+
+
+@pytest.mark.parametrize("name", ["1demo", "Demo", "demo-", "x" * 41, "demo.eu"])
+def test_cluster_names_rejected(name: str) -> None:
+    with pytest.raises(InvalidSpec, match="metadata.name"):
+        check_cluster_name(name)
+    rule = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"]["properties"]["name"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(name, rule)
 
 
 def test_cel_rule_for_volume_wal_matches_the_model() -> None:

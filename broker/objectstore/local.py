@@ -411,11 +411,12 @@ class LocalObjectStore(ObjectStore):
 
     # -- listing ----------------------------------------------------------------------------
 
-    def _scan_dir(self, directory: Path, key_prefix: str, prefix: str) -> list[tuple[bytes, str, bool]]:
-        """Sorted (sort key, key or key prefix, is_object) entries of one directory that can
-        match `prefix`. Directories sort as 'segment/' so a depth-first walk yields keys in
-        S3's order (UTF-8 bytes)."""
-        entries: list[tuple[bytes, str, bool]] = []
+    def _scan_dir(self, directory: Path, key_prefix: str, prefix: str) -> list[tuple[bytes, str, ObjectInfo | None]]:
+        """Sorted (sort key, key or key prefix, info for objects / None for directories) of
+        one directory's entries that can match `prefix`. Directories sort as 'segment/' so a
+        depth-first walk yields keys in S3's order (UTF-8 bytes). Objects are stat'ed here so
+        a listing costs one thread hop per directory, not per object."""
+        entries: list[tuple[bytes, str, ObjectInfo | None]] = []
         try:
             scanner = os.scandir(directory)
         except (FileNotFoundError, NotADirectoryError):
@@ -428,33 +429,31 @@ class LocalObjectStore(ObjectStore):
                     if not _is_encoded(stem):
                         continue
                     key = key_prefix + _decode_segment(stem)
-                    if key.startswith(prefix) and entry.is_file(follow_symlinks=False):
-                        entries.append((key.encode("utf-8", "surrogatepass"), key, True))
+                    if not key.startswith(prefix) or not entry.is_file(follow_symlinks=False):
+                        continue
+                    try:
+                        fd = os.open(entry.path, os.O_RDONLY)
+                    except FileNotFoundError:
+                        continue  # deleted while we listed
+                    try:
+                        st = self._stat_fd(fd)
+                    finally:
+                        os.close(fd)
+                    info = ObjectInfo(key=key, size=st.size, etag=st.etag, last_modified=st.mtime)
+                    entries.append((key.encode("utf-8", "surrogatepass"), key, info))
                 elif _is_encoded(name) and entry.is_dir(follow_symlinks=False):
                     sub = key_prefix + _decode_segment(name) + "/"
                     if sub.startswith(prefix) or prefix.startswith(sub):
-                        entries.append((sub.encode("utf-8", "surrogatepass"), sub, False))
-        entries.sort()
+                        entries.append((sub.encode("utf-8", "surrogatepass"), sub, None))
+        entries.sort(key=lambda entry: entry[0])
         return entries
-
-    def _info_sync(self, directory: Path, key: str) -> ObjectInfo | None:
-        name = _encode_segment(key.rsplit("/", 1)[-1]) + OBJECT_SUFFIX
-        try:
-            fd = os.open(directory / name, os.O_RDONLY)
-        except FileNotFoundError:
-            return None  # deleted while we listed
-        try:
-            st = self._stat_fd(fd)
-        finally:
-            os.close(fd)
-        return ObjectInfo(key=key, size=st.size, etag=st.etag, last_modified=st.mtime)
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         if not isinstance(prefix, str) or "\x00" in prefix:
             raise ValueError(f"list prefix must be a str without NUL: {prefix!r}")
         await self._run("list", self._check_root)
-        # Depth-first walk; each stack frame is a directory's remaining sorted entries.
-        stack: list[tuple[Path, list[tuple[bytes, str, bool]]]] = []
+        # Depth-first walk; each stack frame is a directory's remaining entries, reversed.
+        stack: list[tuple[Path, list[tuple[bytes, str, ObjectInfo | None]]]] = []
         root_entries = await self._run("list", self._scan_dir, self.root, "", prefix)
         stack.append((self.root, root_entries[::-1]))
         while stack:
@@ -462,11 +461,9 @@ class LocalObjectStore(ObjectStore):
             if not pending:
                 stack.pop()
                 continue
-            _, name, is_object = pending.pop()
-            if is_object:
-                info = await self._run("list", self._info_sync, directory, name)
-                if info is not None:
-                    yield info
+            _, name, info = pending.pop()
+            if info is not None:
+                yield info
             else:
                 subdir = directory / _encode_segment(name[:-1].rsplit("/", 1)[-1])
                 entries = await self._run("list", self._scan_dir, subdir, name, prefix)

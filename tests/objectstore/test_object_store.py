@@ -327,3 +327,46 @@ async def test_keys_with_url_and_filesystem_special_characters_round_trip(store)
     for key in keys:
         assert await store.get(key) == key.encode(), key
     assert await keys_of(store) == sorted(keys, key=lambda k: k.encode())
+
+
+KEY_ALPHABET = "ab-./% +~\u00e9\U0001f600?#&=:@*!,;'()[]{}$^`|\"<>\t"
+
+
+def _portable(key: str) -> bool:
+    from automq.broker.objectstore.base import validate_key
+
+    try:
+        validate_key(key)
+    except ValueError:
+        return False
+    return True
+
+
+def test_arbitrary_valid_keys_round_trip_and_list_in_byte_order(store_url):
+    """Property: any key validate_key accepts is stored under exactly that name (no server or
+    filesystem rewriting) and listed in UTF-8 byte order."""
+    keys_strategy = st.lists(
+        st.text(alphabet=KEY_ALPHABET.replace("\t", ""), min_size=1, max_size=12).filter(_portable),
+        min_size=1, max_size=6, unique=True,
+    )
+    with asyncio.Runner() as runner:
+        store = open_object_store(store_url)
+        round_number = iter(range(10_000))
+
+        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(keys=keys_strategy)
+        def check(keys: list[str]) -> None:
+            base = f"r{next(round_number):04d}/"
+            for key in keys:
+                runner.run(store.put(base + key, key.encode()))
+            listed = runner.run(keys_of(store, base))
+            assert listed == sorted((base + k for k in keys), key=lambda k: k.encode())
+            for key in keys:
+                assert runner.run(store.get(base + key)) == key.encode()
+            runner.run(store.delete_many([base + k for k in keys]))
+            assert runner.run(keys_of(store, base)) == []
+
+        try:
+            check()
+        finally:
+            runner.run(store.close())

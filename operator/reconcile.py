@@ -15,7 +15,8 @@ Rolling changes (StatefulSets use `updateStrategy: OnDelete`, the operator choos
   - outdated pods that are not Ready are restarted first (they serve nothing);
   - otherwise nothing restarts while any pod of the cluster is not Ready;
   - brokers go one at a time: drain through the controller, delete the pod, wait until its
-    replacement is Ready, undrain; controllers go last, one at a time.
+    replacement is Ready, undrain (a single broker has nowhere to move leadership to and is
+    restarted without draining); controllers go last, one at a time.
 Scale-in drains the brokers being removed before the StatefulSet shrinks. Drained broker ids are
 kept in `status.drainedBrokers` so an operator restart never leaves a broker drained.
 """
@@ -280,31 +281,37 @@ async def _roll_one(c: Cluster) -> bool:
     """Restart the next outdated pod if it is safe to; True when one was restarted and is Ready."""
     pods = {role: await role_pods(c, role) for role in builders.ROLES}
     limits = {"broker": c.broker_replicas, "controller": c.spec.controller.replicas}
-    for role in ("broker", "controller"):
-        want = builders.template_hash(builders.statefulset(c.spec, c.ref, role))
-        current = [p for p in pods[role] if ordinal(p) < limits[role]]
-        outdated = [p for p in current if pod_hash(p) != want]
-        if not outdated:
-            continue
-        unready = [p for p in outdated if not is_ready(p)]
-        if unready:
-            pod = unready[0]
+    want = {role: builders.template_hash(builders.statefulset(c.spec, c.ref, role)) for role in builders.ROLES}
+    outdated = {
+        role: [p for p in pods[role] if ordinal(p) < limits[role] and pod_hash(p) != want[role]] for role in ("broker", "controller")
+    }
+    # Outdated pods that are not Ready serve nothing: restart them first, whatever their role
+    # (crash-looping controllers waiting for a config fix must not wait for the brokers' turn).
+    for role, candidates in outdated.items():
+        for pod in candidates:
+            if is_ready(pod):
+                continue
             if not pod["metadata"].get("deletionTimestamp"):
                 await c.api.delete("Pod", c.ref.namespace, pod["metadata"]["name"])
                 c.reporter.info("RestartedUnreadyPod", f"restarted {pod['metadata']['name']} (not ready, outdated) without draining")
             c.progress.append(Note("RollingUpdate", f"{role} pod {pod['metadata']['name']} restarted with the new template"))
             return False
+    for role in ("broker", "controller"):
+        if not outdated[role]:
+            continue
         waiting = [p["metadata"]["name"] for r in builders.ROLES for p in pods[r] if not is_ready(p)]
         if waiting:
-            c.progress.append(Note("RollingUpdate", f"waiting for {', '.join(waiting)} to be ready before restarting {outdated[0]['metadata']['name']}"))
+            c.progress.append(Note("RollingUpdate", f"waiting for {', '.join(waiting)} to be ready before restarting {outdated[role][0]['metadata']['name']}"))
             return False
-        return await _restart(c, role, outdated[0], want)
+        others = [p for p in pods["broker"] if p is not outdated[role][0]]
+        return await _restart(c, role, outdated[role][0], want[role], drain=role == "broker" and bool(others))
     return False
 
 
-async def _restart(c: Cluster, role: Role, pod: dict[str, Any], want: str) -> bool:
+async def _restart(c: Cluster, role: Role, pod: dict[str, Any], want: str, *, drain: bool) -> bool:
+    """Restart one Ready pod; brokers are drained first unless there is no other broker to take over."""
     name = pod["metadata"]["name"]
-    node_id = builders.broker_node_id(ordinal(pod)) if role == "broker" else None
+    node_id = builders.broker_node_id(ordinal(pod)) if drain else None
     if node_id is not None:
         await c.remember_drained([node_id])
         api = c.controller_api()

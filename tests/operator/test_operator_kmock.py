@@ -80,7 +80,7 @@ class PodSimulator:
     def __init__(self, api: KubeApi, log: Log) -> None:
         self.api = api
         self.log = log
-        self.crashing: set[str] = set()
+        self.crashing: dict[str, str] = {}  # pod name -> template hash that crash-loops
         self.replicas: dict[str, int] = {}
 
     async def run(self) -> None:
@@ -108,7 +108,7 @@ class PodSimulator:
                         self.log.add("deleted", pod_name)
                     self.replicas[("seen", pod_name)] = True  # type: ignore[index]
                     await self.api.create(self._pod(pod_name, template, ready=False))
-                elif pod_name in self.crashing:
+                elif self.crashing.get(pod_name) == (pod["metadata"].get("annotations") or {}).get(builders.TEMPLATE_HASH):
                     if not (pod.get("status", {}).get("containerStatuses") or [{}])[0].get("state", {}).get("waiting"):
                         await self.api.patch("Pod", NS, pod_name, {"status": self._crashing_status(template)})
                 elif not _is_ready(pod):
@@ -392,17 +392,35 @@ def test_scale_subresource_scales_in_after_draining_and_back_out(k8s: Harness) -
 
 
 def test_crash_looping_pod_is_reported_degraded(k8s: Harness) -> None:
-    k8s.simulator.crashing.add("demo-broker-1")
+    k8s.simulator.crashing["demo-broker-1"] = k8s.get("Pod", "demo-broker-1")["metadata"]["annotations"][builders.TEMPLATE_HASH]
     k8s.call(k8s.api.patch("Pod", NS, "demo-broker-1", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}))
     cluster = k8s.wait_for("Degraded CrashLoopBackOff", lambda: (c := k8s.get("AutoMQCluster", "demo")) and condition(c, "Degraded").get("reason") == "CrashLoopBackOff" and c)
     assert condition(cluster, "Degraded")["status"] == "True"
     assert "demo-broker-1" in condition(cluster, "Degraded")["message"]
     assert condition(cluster, "Ready")["status"] == "False"
     k8s.wait_for("CrashLoopBackOff warning event", lambda: any(e["reason"] == "CrashLoopBackOff" and e["type"] == "Warning" for e in k8s.events("demo")))
-    k8s.simulator.crashing.discard("demo-broker-1")
+    k8s.simulator.crashing.pop("demo-broker-1")
     k8s.call(k8s.api.patch("Pod", NS, "demo-broker-1", {"status": {"containerStatuses": None}}))
     cluster = k8s.wait_for("Ready again", lambda: _ready(k8s, "demo"))
     assert condition(cluster, "Degraded")["status"] == "False"
+
+
+def test_crash_looping_controller_is_restarted_first_by_a_fix(k8s: Harness) -> None:
+    """Outdated pods that are not Ready go first: a broken controller does not wait for brokers."""
+    k8s.simulator.crashing["demo-controller-1"] = k8s.get("Pod", "demo-controller-1")["metadata"]["annotations"][builders.TEMPLATE_HASH]
+    k8s.call(k8s.api.patch("Pod", NS, "demo-controller-1", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}))
+    k8s.wait_for("controller crash loop reported", lambda: "demo-controller-1" in condition(k8s.get("AutoMQCluster", "demo"), "Degraded").get("message", ""))
+    before = len(k8s.log.snapshot())
+    k8s.patch_spec("demo", {"config": {"kafka.num_partitions": "6"}})  # the "fix": both roles outdated
+    k8s.wait_for("Ready after the fix", lambda: len([e for e in k8s.log.snapshot()[before:] if e[0] == "deleted"]) == 4 and _ready(k8s, "demo"))
+    steps = [e for e in k8s.log.snapshot()[before:] if e[0] in ("drain", "undrain", "deleted")]
+    assert steps == [
+        ("deleted", "demo-controller-1"),
+        ("drain", 0), ("deleted", "demo-broker-0"), ("undrain", 0),
+        ("drain", 1), ("deleted", "demo-broker-1"), ("undrain", 1),
+        ("deleted", "demo-controller-0"),
+    ]
+    k8s.simulator.crashing.clear()
 
 
 def test_placeholder_is_reported_not_implemented(k8s: Harness) -> None:

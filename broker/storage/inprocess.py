@@ -324,8 +324,10 @@ class InProcessMetadata:
                         epochs[so.stream_id] = st["epoch"]
                     pieces.append((so.stream_id, epochs[so.stream_id], so.start_offset, so.end_offset))
                 for sid, epoch, start, end in sorted(pieces, key=lambda p: (p[0], p[2])):
+                    if end <= start:
+                        raise OffsetMismatchError(f"stream {sid}: empty or negative range [{start}, {end})")
                     st = self._rule_owner(s, sid, epoch, request.node_id)
-                    if start != st["end"] or end < start:
+                    if start != st["end"]:
                         raise OffsetMismatchError(f"stream {sid}: range [{start}, {end}) does not continue committed end {st['end']}")
                     st["end"] = end
             if request.object_id >= 0:

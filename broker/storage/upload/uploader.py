@@ -261,12 +261,9 @@ class Uploader:
             puts.append(self._put(object_key(next_id), writer.finish(), size))
             next_id += 1
         await asyncio.gather(*puts)
-        # Stream objects carry no epoch; the commit checks them against the stream's current
-        # epoch, so give each stream-object stream a zero-length range with its epoch when the
-        # stream has no stream-set range (a stale owner must not slip through).
-        for sl in own:
-            if not any(r.stream_id == sl.stream_id for r in ranges):
-                ranges.append(ObjectStreamRange(sl.stream_id, sl.epoch, sl.start_offset, sl.start_offset, 0))
+        # Stream objects carry no epoch: the commit checks them against the stream's current
+        # epoch and owner (a reopen by this node under a newer epoch first commits the old
+        # epoch's data, see StorageEngine.open_stream). Ranges are never empty.
         request = CommitStreamSetObjectRequest(
             node_id=self.node_id,
             node_epoch=self.node_epoch,

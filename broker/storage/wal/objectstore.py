@@ -15,7 +15,8 @@ marker, then lists and replays the data objects. A writer checks the fence marke
 each PUT and acknowledges nothing once a newer epoch's marker exists. Strongly consistent
 listing makes this safe: either the recoverer's listing saw the old writer's object (and
 replays it), or that object was written after the marker, so the old writer's check after
-its PUT sees the marker and never acknowledges it.
+its PUT sees the marker and never acknowledges it (and deletes that object, so a later
+recovery does not commit a write nobody acknowledged).
 
 Bulk object format: a 32-byte header (magic, version, node id, node epoch, record count,
 CRC) then records framed as `stream id u64 | stream epoch u64 | base offset u64 | record
@@ -293,6 +294,13 @@ class ObjectStoreWal(WriteAheadLog):
                     delay = min(5.0, delay * 2)
             newest = await self._newest_fence()
             if newest > self.node_epoch:
+                # Never acknowledged; remove it so a later recovery does not resurrect it
+                # (best effort: if this fails, a recovery may commit it, which is allowed
+                # for an unacknowledged write but not what anyone wants).
+                try:
+                    await self._store.delete(bulk.key)
+                except Exception:
+                    log.warning("fenced S3 WAL writer could not delete its last object %s", bulk.key)
                 raise WalFencedError(f"S3 WAL of node {self.node_id} epoch {self.node_epoch} was fenced by epoch {newest}")
             if self._metrics is not None:
                 self._metrics.wal_sync_seconds.observe(time.perf_counter() - started)

@@ -137,3 +137,76 @@ async def cluster(tmp_path: Path, file_url: str):
     await c.start_controller()
     yield c
     await c.close()
+
+
+# ---------------------------------------------------------------- a real broker with sockets
+
+
+def broker_config(tmp_path: Path, objects: str, controller_url: str, node_id: int = 1, advertised_port: int | None = None, **kafka: Any) -> NodeConfig:
+    from automq.broker.config import parse_config
+
+    settings = {"offsets_topic_num_partitions": 4, "group_min_session_timeout_ms": 1_000}
+    settings.update(kafka)
+    listener: dict[str, Any] = {"name": "PLAINTEXT", "host": "127.0.0.1", "port": 0}
+    if advertised_port is not None:
+        listener.update(advertised_host="127.0.0.1", advertised_port=advertised_port)
+    return parse_config(
+        {
+            "node_id": node_id,
+            "data_dir": str(tmp_path / f"b{node_id}"),
+            "object_store_url": objects,
+            "controller_urls": [controller_url],
+            "listeners": [listener],
+            "http_host": "127.0.0.1",
+            "http_port": 0,
+            "heartbeat_interval_ms": 200,
+            "wal": {"capacity": "16MiB"},
+            "storage": {"log_cache_bytes": "32MiB", "block_cache_bytes": "16MiB"},
+            "kafka": settings,
+        }
+    )
+
+
+class RealCluster:
+    """A controller and brokers (BrokerService: the real process object with its Kafka
+    server) in this event loop; blocking clients must run in worker threads."""
+
+    def __init__(self, tmp_path: Path, objects: str) -> None:
+        self.tmp_path = tmp_path
+        self.objects = objects
+        self.controller: ControllerService | None = None
+        self.brokers: dict[int, Any] = {}
+
+    async def start(self) -> None:
+        from automq.broker.config import parse_config
+
+        cfg = parse_config({"node_id": 0, "data_dir": str(self.tmp_path / "c"), "object_store_url": self.objects, "http_host": "127.0.0.1", "http_port": 0})
+        self.controller = ControllerService(cfg)
+        await self.controller.start()
+
+    async def start_broker(self, node_id: int = 1, **kwargs: Any) -> Any:
+        from automq.broker.kafka.process import BrokerService
+
+        assert self.controller is not None
+        service = BrokerService(broker_config(self.tmp_path, self.objects, self.controller.url, node_id, **kwargs))
+        await asyncio.wait_for(service.start(), 60)
+        self.brokers[node_id] = service
+        return service
+
+    async def stop_broker(self, node_id: int) -> None:
+        await self.brokers.pop(node_id).stop(timeout=5)
+
+    async def close(self) -> None:
+        for node_id in list(self.brokers):
+            with contextlib.suppress(Exception):
+                await self.stop_broker(node_id)
+        if self.controller is not None:
+            await self.controller.stop()
+
+
+@pytest.fixture
+async def real_cluster(tmp_path: Path, file_url: str):
+    c = RealCluster(tmp_path, file_url)
+    await c.start()
+    yield c
+    await c.close()

@@ -17,7 +17,8 @@ broker applies to idempotent (non-transactional) producers:
 * A producer the partition knows nothing about (new, expired, or its batches trimmed away)
   is accepted at any sequence. Since KIP-360 (Kafka 2.5) brokers do not answer Produce with
   UNKNOWN_PRODUCER_ID any more; the client's sequence simply becomes the new baseline.
-* Producers idle for `producer_id_expiration_ms` are forgotten (`expire`).
+* Producers idle for `producer_id_expiration_ms` are forgotten (`expire`; also run by
+  `record` itself every EXPIRE_CHECK_EVERY records, so memory stays bounded without a timer).
 
 Pipelining. A client keeps up to 5 batches in flight, and a batch becomes durable only after
 the WAL sync, so `record` (called after the append is durable) runs long after the next
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -43,6 +45,7 @@ NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
 MAX_SEQUENCE = 2**31 - 1
 BATCHES_TO_RETAIN = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN; clients keep <= 5 in flight
+EXPIRE_CHECK_EVERY = 10_000  # records between lazy expiry passes
 
 
 def sequence_after(sequence: int, increment: int) -> int:
@@ -108,9 +111,11 @@ class ProducerStateManager:
     """Per-partition idempotent producer state (see module docstring). Not thread-safe: one
     partition is served by one event loop."""
 
-    def __init__(self, producer_id_expiration_ms: int = 24 * 3_600_000) -> None:
+    def __init__(self, producer_id_expiration_ms: int = 24 * 3_600_000, clock=None) -> None:
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self._producers: dict[int, ProducerEntry] = {}
+        self._clock = clock or (lambda: int(time.time() * 1000))
+        self._records_until_expiry = EXPIRE_CHECK_EVERY
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -193,6 +198,10 @@ class ProducerStateManager:
             batch.timestamp_ms = timestamp_ms
             entry.trim()  # durable now, so it may leave the window
         entry.last_timestamp_ms = max(entry.last_timestamp_ms, timestamp_ms)
+        self._records_until_expiry -= 1
+        if self._records_until_expiry <= 0:
+            self._records_until_expiry = EXPIRE_CHECK_EVERY
+            self.expire(self._clock())
 
     def discard(self, producer_id: int, producer_epoch: int, base_sequence: int, record_count: int) -> None:
         """The append of a batch accepted by `check` failed: forget it so a retry is checked afresh."""

@@ -149,6 +149,21 @@ def test_expire_forgets_idle_producers_only() -> None:
     assert psm.check(1, 0, 77, 1) is None
 
 
+def test_record_expires_idle_producers_lazily(monkeypatch) -> None:
+    import automq.broker.kafka.producers as producers
+
+    monkeypatch.setattr(producers, "EXPIRE_CHECK_EVERY", 3)
+    now = [10_000]
+    psm = ProducerStateManager(producer_id_expiration_ms=1_000, clock=lambda: now[0])
+    psm.check(1, 0, 0, 1)
+    psm.record(1, 0, 0, 1, 0, 1_000)  # idle since t=1000
+    now[0] = 10_000
+    for seq in range(3):
+        psm.check(2, 0, seq, 1)
+        psm.record(2, 0, seq, 1, seq + 1, 9_900)
+    assert psm.entry(1) is None and psm.entry(2) is not None
+
+
 def test_producer_ids_are_unique_across_nodes_and_epochs() -> None:
     seen = set()
     for node_id in (0, 1, 4095):

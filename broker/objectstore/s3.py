@@ -70,10 +70,12 @@ class S3Settings:
     multipart_threshold: int = 16 << 20
     part_size: int = 8 << 20
     max_connections: int = 32
+    upload_concurrency: int = 4
 
 
 _INT_PARAMS = {"max_attempts": 1, "timeout_ms": 1, "backoff_ms": 0, "max_backoff_ms": 0,
-               "multipart_threshold": MIN_PART_SIZE, "part_size": MIN_PART_SIZE, "max_connections": 1}
+               "multipart_threshold": MIN_PART_SIZE, "part_size": MIN_PART_SIZE, "max_connections": 1,
+               "upload_concurrency": 1}
 
 
 def parse_s3_url(url: str) -> S3Settings:
@@ -264,11 +266,16 @@ class S3ObjectStore(ObjectStore):
         if if_none_match and if_match is not None:
             raise ValueError("put: if_none_match and if_match are mutually exclusive")
         size = memoryview(data).nbytes
-        conditional = if_none_match or if_match is not None
-        if not conditional and size > self.settings.multipart_threshold:
+        if not (if_none_match or if_match is not None) and size > self.settings.multipart_threshold:
             view = memoryview(data).cast("B")
             step = self.settings.part_size
             return await self.put_multipart(key, [view[i:i + step] for i in range(0, size, step)])
+        return await self._put_single(key, data, if_none_match=if_none_match, if_match=if_match)
+
+    async def _put_single(self, key: str, data: bytes | bytearray | memoryview, *, if_none_match: bool = False,
+                          if_match: str | None = None) -> PutResult:
+        size = memoryview(data).nbytes
+        conditional = if_none_match or if_match is not None
         body = bytes(data) if isinstance(data, memoryview) else data
         params: dict[str, Any] = {"Bucket": self.settings.bucket, "Key": key, "Body": body}
         if if_none_match:
@@ -301,41 +308,58 @@ class S3ObjectStore(ObjectStore):
 
     async def put_multipart(self, key: str, parts: AsyncIterator[bytes | memoryview] | list[bytes | memoryview]) -> PutResult:
         """Parts are re-buffered into uploads of exactly `part_size` bytes (the last may be
-        shorter), so callers may pass chunks of any size; a total below `part_size` becomes a
-        single PUT."""
+        shorter), so callers may pass chunks of any size; up to `upload_concurrency` parts are
+        in flight at once. A total below `part_size` becomes a single PUT. On any failure
+        (or cancellation) the multipart upload is aborted, so nothing becomes visible."""
         validate_key(key)
-        bucket = self.settings.bucket
+        bucket, part_size = self.settings.bucket, self.settings.part_size
         buffer = bytearray()
         upload_id: str | None = None
         completed: list[dict[str, Any]] = []
+        in_flight: set[asyncio.Task[None]] = set()
         total = 0
 
-        async def upload(chunk: bytes) -> None:
+        async def upload_part(number: int, chunk: bytes) -> None:
+            response = await self._call("upload_part", key, lambda c: c.upload_part(
+                Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=chunk))
+            completed.append({"PartNumber": number, "ETag": response["ETag"]})
+
+        async def start_part(chunk: bytes) -> None:
             nonlocal upload_id
             if upload_id is None:
                 created = await self._call("create_multipart_upload", key,
                                            lambda c: c.create_multipart_upload(Bucket=bucket, Key=key))
                 upload_id = created["UploadId"]
-            number = len(completed) + 1
-            response = await self._call("upload_part", key, lambda c: c.upload_part(
-                Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=chunk))
-            completed.append({"PartNumber": number, "ETag": response["ETag"]})
+            number = len(completed) + len(in_flight) + 1
+            in_flight.add(asyncio.create_task(upload_part(number, chunk)))
+            if len(in_flight) >= self.settings.upload_concurrency:
+                done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    in_flight.discard(task)
+                    task.result()  # raises the part's error
 
         try:
             async for part in iterate_parts(parts):
                 buffer += part
                 total += len(part)
-                while len(buffer) >= self.settings.part_size:
-                    chunk = bytes(memoryview(buffer)[:self.settings.part_size])
-                    del buffer[:self.settings.part_size]
-                    await upload(chunk)
+                while len(buffer) >= part_size:
+                    chunk = bytes(memoryview(buffer)[:part_size])
+                    del buffer[:part_size]
+                    await start_part(chunk)
             if upload_id is None:
-                return await self.put(key, bytes(buffer))
+                return await self._put_single(key, bytes(buffer))
             if buffer:
-                await upload(bytes(buffer))
+                await start_part(bytes(buffer))
+            while in_flight:
+                task = in_flight.pop()
+                await task
+            completed.sort(key=lambda item: item["PartNumber"])
             response = await self._call("complete_multipart_upload", key, lambda c: c.complete_multipart_upload(
                 Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": completed}))
         except BaseException:
+            for task in in_flight:
+                task.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
             if upload_id is not None:
                 await asyncio.shield(self._abort(key, upload_id))
             raise

@@ -15,6 +15,7 @@ Choices that matter:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -161,6 +162,8 @@ class SeaweedFS:
         """Terminate the whole process group (SIGTERM, then SIGKILL) and wait for it."""
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGCONT)  # a frozen server cannot handle SIGTERM
             for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
                 try:
                     os.killpg(process.pid, sig)
@@ -174,6 +177,15 @@ class SeaweedFS:
         if self._log_file is not None:
             self._log_file.close()  # type: ignore[attr-defined]
             self._log_file = None
+
+    def freeze(self) -> None:
+        """SIGSTOP the server: connections stay open but nothing answers (a hung network/server)."""
+        assert self._process is not None, "not running"
+        os.killpg(self._process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self._process is not None, "not running"
+        os.killpg(self._process.pid, signal.SIGCONT)
 
     def remove(self) -> None:
         """Stop and delete the data directory."""

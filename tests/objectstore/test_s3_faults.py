@@ -133,3 +133,73 @@ async def test_conditional_put_whose_reply_was_lost_still_reports_the_win(seawee
     finally:
         proxy.close()
         await proxy.wait_closed()
+
+
+async def test_hung_server_times_out_as_unavailable_then_recovers(seaweedfs, s3_url):
+    async with open_object_store(s3_url + "&max_attempts=2&backoff_ms=10&timeout_ms=500") as store:
+        await store.put("k", b"v")
+        seaweedfs.freeze()
+        try:
+            with pytest.raises(ObjectStoreUnavailable, match="2 attempts"):
+                await store.get("k")
+        finally:
+            seaweedfs.thaw()
+        assert await store.get("k") == b"v"
+
+
+def throttling_proxy(target_port: int, failures: int):
+    """A TCP proxy in front of the real server that answers the first `failures` requests
+    itself with 503 SlowDown (what S3 sends when throttling) and relays the rest."""
+    state = {"refused": 0}
+    body = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code>"
+            b"<Message>Please reduce your request rate.</Message></Error>")
+
+    async def relay(reader, writer):
+        try:
+            if state["refused"] < failures:
+                state["refused"] += 1
+                await reader.read(65536)
+                writer.write(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                writer.close()
+                return
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", target_port)
+
+            async def pump(src, dst):
+                try:
+                    while data := await src.read(65536):
+                        dst.write(data)
+                        await dst.drain()
+                except (ConnectionError, OSError):
+                    pass
+                finally:
+                    dst.close()
+
+            await asyncio.gather(pump(reader, upstream_writer), pump(upstream_reader, writer))
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+
+    return state, relay
+
+
+@pytest.mark.parametrize("failures, succeeds", [(2, True), (10, False)])
+async def test_throttling_is_retried_with_backoff_then_unavailable(seaweedfs, s3_url, failures, succeeds):
+    target_port = int(seaweedfs.endpoint.rsplit(":", 1)[1])
+    state, relay = throttling_proxy(target_port, failures)
+    proxy = await asyncio.start_server(relay, "127.0.0.1", 0)
+    url = s3_url.replace(seaweedfs.endpoint, f"http://127.0.0.1:{proxy.sockets[0].getsockname()[1]}")
+    try:
+        async with open_object_store(url + "&max_attempts=4&backoff_ms=10") as store:
+            if succeeds:
+                await store.put("k", b"v")
+                assert store.stats.retries == failures
+                assert await store.get("k") == b"v"
+            else:
+                with pytest.raises(ObjectStoreUnavailable, match="SlowDown"):
+                    await store.put("k", b"v")
+                assert store.stats.retries == 3
+                assert state["refused"] == 4
+    finally:
+        proxy.close()
+        await proxy.wait_closed()

@@ -6,10 +6,11 @@ Prints numbers next to a baseline measured in the same run; asserts nothing.
     python benchmarks/controller_bench.py -n 1000 --takeovers 5
 
 For each object store:
-1. baseline: a raw conditional PUT (If-None-Match: *) of a metadata log entry's size,
-   sequentially, straight from this process to the store: the floor of a durable change;
-2. commit latency: one client commits a stream-set object (prepare ids up front), one
+1. commit latency: one client commits a stream-set object (prepare ids up front), one
    request at a time: HTTP -> validation -> one conditional PUT of a log entry -> answer;
+2. baseline, interleaved with 1 (so both see the same load on this shared machine): a raw
+   conditional PUT (If-None-Match: *) of a log entry's size from this process to the store,
+   the floor of any durable change;
 3. group commit: `--concurrency` clients commit on their own streams at once; commits/s,
    latency p50/p99 and requests per log entry;
 4. takeover: a standby controller process follows; the leader is killed with SIGKILL;
@@ -106,31 +107,26 @@ def entry_size() -> int:
     return len(MetadataLog.encode_entry(123456, 0, "0123456789abcdef", [rec]))
 
 
-async def baseline_put(store_url: str, n: int, size: int) -> list[float]:
+async def commit_latency(client: ControllerClient, node_epoch: int, n: int, store_url: str, size: int) -> tuple[list[float], list[float]]:
+    """Commit latency and, interleaved with it (same moment, same load), the raw PUT baseline."""
+    sid = await client.create_stream({"bench": "seq"})
+    await client.open_stream(sid, 1, 1, node_epoch)
+    first = await client.prepare_objects(n, 600_000)
     store = open_object_store(store_url)
     payload = b"x" * size
-    lat = []
+    lat, base = [], []
     try:
         for i in range(n):
             t0 = time.perf_counter()
             await store.put(f"bench/raw/{i:08d}", payload, if_none_match=True)
+            base.append(time.perf_counter() - t0)
+            req = CommitStreamSetObjectRequest(1, node_epoch, first + i, 1 << 20, (ObjectStreamRange(sid, 1, i * 10, i * 10 + 10, 1 << 20),))
+            t0 = time.perf_counter()
+            await client.commit_stream_set_object(req)
             lat.append(time.perf_counter() - t0)
     finally:
         await store.close()
-    return lat
-
-
-async def commit_latency(client: ControllerClient, node_epoch: int, n: int) -> list[float]:
-    sid = await client.create_stream({"bench": "seq"})
-    await client.open_stream(sid, 1, 1, node_epoch)
-    first = await client.prepare_objects(n, 600_000)
-    lat = []
-    for i in range(n):
-        req = CommitStreamSetObjectRequest(1, node_epoch, first + i, 1 << 20, (ObjectStreamRange(sid, 1, i * 10, i * 10 + 10, 1 << 20),))
-        t0 = time.perf_counter()
-        await client.commit_stream_set_object(req)
-        lat.append(time.perf_counter() - t0)
-    return lat
+    return lat, base
 
 
 async def group_commit(client: ControllerClient, node_epoch: int, writers: int, per_writer: int) -> tuple[float, list[float], int]:
@@ -207,8 +203,6 @@ async def takeover(workdir: Path, store_url: str, rounds: int) -> list[tuple[flo
 async def run_backend(name: str, store_url: str, args, workdir: Path) -> None:
     print(f"\n== {name}: {store_url.split('?')[0]}")
     size = entry_size()
-    base = await baseline_put(store_url, args.n, size)
-    print(f"baseline raw conditional PUT ({size} B)      p50 {pct(base, .5):7.2f} ms   p99 {pct(base, .99):7.2f} ms")
 
     proc = ControllerProc(workdir, 0, store_url)
     proc.start()
@@ -216,12 +210,21 @@ async def run_backend(name: str, store_url: str, args, workdir: Path) -> None:
         proc.wait_ready()
         async with ControllerClient([proc.url]) as client:
             epoch = await client.register_broker(1, [Endpoint("PLAINTEXT", "127.0.0.1", 9092)], None)
-            lat = await commit_latency(client, epoch, args.n)
+
+            async def heartbeats() -> None:  # a broker that stops heartbeating is fenced
+                while True:
+                    await client.heartbeat(1, epoch)
+                    await asyncio.sleep(1)
+
+            keepalive = asyncio.create_task(heartbeats())
+            lat, base = await commit_latency(client, epoch, args.n, store_url, size)
+            print(f"baseline raw conditional PUT ({size} B)      p50 {pct(base, .5):7.2f} ms   p99 {pct(base, .99):7.2f} ms   (interleaved)")
             print(f"metadata change (commit, 1 client)          p50 {pct(lat, .5):7.2f} ms   p99 {pct(lat, .99):7.2f} ms   (n={len(lat)})")
             rate, glat, entries = await group_commit(client, epoch, args.concurrency, args.per_writer)
             total = args.concurrency * args.per_writer
             print(f"group commit ({args.concurrency} clients)                 p50 {pct(glat, .5):7.2f} ms   p99 {pct(glat, .99):7.2f} ms   "
                   f"{rate:8.0f} commits/s, {total / max(entries, 1):.1f} requests per log entry")
+            keepalive.cancel()
     finally:
         proc.stop()
 

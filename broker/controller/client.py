@@ -47,6 +47,17 @@ from automq.broker.storage.metadata import (
 log = logging.getLogger(__name__)
 
 
+def _stream_object(o: StreamObject) -> dict[str, Any]:
+    return {
+        "object_id": o.object_id,
+        "object_size": o.object_size,
+        "stream_id": o.stream_id,
+        "start_offset": o.start_offset,
+        "end_offset": o.end_offset,
+        "source_object_ids": list(o.source_object_ids),
+    }
+
+
 class ControllerClient:
     def __init__(
         self,
@@ -245,10 +256,23 @@ class ControllerClient:
         return (await self.call("prepare_objects", {"count": count, "ttl_ms": ttl_ms}))["first_object_id"]
 
     async def commit_stream_set_object(self, request: CommitStreamSetObjectRequest) -> None:
-        await self.call("commit_stream_set_object", to_wire(request))
+        # built by hand: this is the hottest request (one per upload) and to_wire is generic
+        body = {
+            "node_id": request.node_id,
+            "node_epoch": request.node_epoch,
+            "object_id": request.object_id,
+            "object_size": request.object_size,
+            "stream_ranges": [
+                {"stream_id": r.stream_id, "epoch": r.epoch, "start_offset": r.start_offset, "end_offset": r.end_offset, "size": r.size}
+                for r in request.stream_ranges
+            ],
+            "stream_objects": [_stream_object(o) for o in request.stream_objects],
+            "compacted_object_ids": list(request.compacted_object_ids),
+        }
+        await self.call("commit_stream_set_object", body)
 
     async def commit_stream_object(self, obj: StreamObject, node_id: int, node_epoch: int) -> None:
-        await self.call("commit_stream_object", {"object": to_wire(obj), "node_id": node_id, "node_epoch": node_epoch})
+        await self.call("commit_stream_object", {"object": _stream_object(obj), "node_id": node_id, "node_epoch": node_epoch})
 
     async def get_objects(self, stream_id: int, start_offset: int, end_offset: int, limit: int) -> list[ObjectMetadata]:
         data = await self.call(

@@ -248,7 +248,7 @@ async def raw_put(store_url: str, size: int, seconds: float) -> list[float]:
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default=None, help="where the WAL and file:// objects go (default: a temp dir)")
-    ap.add_argument("--seconds", type=float, default=1.5)
+    ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--sizes", default="1024,16384,1048576")
     ap.add_argument("--inflight", type=int, default=16)
     ap.add_argument("--no-s3", action="store_true")
@@ -307,13 +307,14 @@ async def main() -> None:
         server.export_environment()
         try:
             print("\n## S3 WAL against SeaweedFS (bulk every 250 ms or 8 MiB)")
+            await raw_put(server.url_for(server.create_bucket()), 1024, 0.3)  # warm up connections and volumes
             for size in sizes:
                 bucket = server.create_bucket()
                 url = server.url_for(bucket)
                 put = await raw_put(url, size, min(secs, 1.0))
                 config = engine_config(base / f"s3-{size}", url, "s3")
                 _, lat = await engine_run(config, url, size, secs, 1)
-                mibs, tlat = await engine_run(config.model_copy(update={"data_dir": str(base / f"s3t-{size}")}), url, size, secs * 2, 64)
+                mibs, tlat = await engine_run(config.model_copy(update={"data_dir": str(base / f"s3t-{size}")}), url, size, secs * 1.5, 64)
                 print(
                     f"{size_name(size):>7}: raw PUT p50 {fmt_ms(pct(put, 50))} p99 {fmt_ms(pct(put, 99))} | one in flight "
                     f"p50 {fmt_ms(pct(lat, 50))} p99 {fmt_ms(pct(lat, 99))} | 64 in flight {mibs:8.1f} MiB/s p99 {fmt_ms(pct(tlat, 99))}"

@@ -163,7 +163,10 @@ class VolumeWal(WriteAheadLog):
         header = self._read_header()
         if header is None:
             if size > 0 and any(self._pread(0, DATA_START)):
-                raise WalCorruptionError(f"WAL {self.path}: neither header slot is valid (not a WAL, or both slots damaged)")
+                raise WalCorruptionError(
+                    f"WAL {self.path}: neither header slot is valid (not a WAL, or both slots damaged). To start a fresh "
+                    f"WAL on it, after making sure nothing in it is needed: dd if=/dev/zero of={self.path} bs=8k count=1"
+                )
             # A fresh WAL: preallocate by writing zeros so later fdatasyncs flush data only
             # (no extent conversion or size change in the hot path).
             capacity = self._requested_capacity if not is_device else size - DATA_START

@@ -1,0 +1,98 @@
+"""The catch-up read path: one ranged GET for an object's tail, only the blocks needed,
+read-ahead that grows while a reader keeps missing, a bounded block cache."""
+
+from __future__ import annotations
+
+from automq.broker.objectstore import ObjectStore, open_object_store
+from automq.broker.storage.cache.block_cache import BlockCache
+from automq.broker.storage.engine import StorageEngine
+from automq.broker.storage.inprocess import InProcessMetadata
+from automq.broker.storage.read.reader import ObjectReader
+
+from engine_setup import node_config  # noqa: E402
+
+
+class CountingStore(ObjectStore):
+    """The real store, with every ranged GET recorded."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.gets: list[tuple[str, int, int | None]] = []
+
+    async def put(self, key, data, *, if_none_match=False, if_match=None):
+        return await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
+
+    async def put_multipart(self, key, parts):
+        return await self.inner.put_multipart(key, parts)
+
+    async def get(self, key, start=0, end=None):
+        self.gets.append((key, start, end))
+        return await self.inner.get(key, start, end)
+
+    async def head(self, key):
+        return await self.inner.head(key)
+
+    def list(self, prefix=""):
+        return self.inner.list(prefix)
+
+    async def delete_many(self, keys):
+        await self.inner.delete_many(keys)
+
+    async def close(self):
+        await self.inner.close()
+
+
+async def fill(tmp_path, url, batches: int, size: int) -> tuple[int, InProcessMetadata, ObjectStore]:
+    store = open_object_store(url)
+    meta = InProcessMetadata(store)
+    config = node_config(tmp_path / "w", url, storage={"upload_block_bytes": 256 << 10, "object_block_bytes": 16 << 10, "stream_split_bytes": 64 << 20})
+    engine = StorageEngine(config, store, meta, meta, 1, await meta.register_node(1))
+    await engine.start()
+    sid = await engine.create_stream()
+    other = await engine.create_stream()
+    s = await engine.open_stream(sid, 0)
+    o = await engine.open_stream(other, 0)
+    for i in range(batches):
+        await s.append(i.to_bytes(4, "big") * (size // 4), 1)
+        await o.append(b"o" * 100, 1)  # a second stream in the same stream-set objects
+    await engine.close()
+    return sid, meta, store
+
+
+async def test_reader_fetches_tail_once_and_grows_read_ahead(tmp_path, file_url):
+    sid, meta, store = await fill(tmp_path, file_url, batches=400, size=4096)  # ~1.6 MiB, several objects
+    counting = CountingStore(store)
+    cache = BlockCache(64 << 20)
+    reader = ObjectReader(counting, meta, cache, read_ahead_initial=16 << 10, read_ahead_max=128 << 10)
+    pos = 0
+    while pos < 400:
+        batches, _ = await reader.read(sid, pos, 400, 64 << 10)
+        assert batches and batches[0].base_offset == pos
+        for b in batches:
+            assert bytes(b.payload) == b.base_offset.to_bytes(4, "big") * 1024
+        pos = batches[-1].next_offset
+    objects = {k for k, _, _ in counting.gets}
+    # each object's index came from exactly one GET that ended at the object's end
+    sizes = {o.key: o.object_size for o in await meta.get_objects(sid, 0, -1, 100)}
+    assert sorted(k for k, s, e in counting.gets if e == sizes[k]) == sorted(objects)
+    data_gets = [(k, s, e) for k, s, e in counting.gets if e != sizes[k]]
+    # read-ahead: the data GETs grow (misses make the window larger) up to the maximum
+    lengths = [e - s for _, s, e in data_gets]
+    assert max(lengths) > min(lengths) and max(lengths) <= (128 << 10)
+    # a second pass is served from the block cache without touching the store
+    before = len(counting.gets)
+    batches, from_cache = await reader.read(sid, 0, 400, 1 << 20)
+    assert from_cache and len(counting.gets) == before
+
+
+async def test_block_cache_stays_within_its_bound(tmp_path, file_url):
+    sid, meta, store = await fill(tmp_path, file_url, batches=300, size=4096)
+    cache = BlockCache(100 << 10)
+    reader = ObjectReader(store, meta, cache, read_ahead_initial=16 << 10, read_ahead_max=64 << 10)
+    pos = 0
+    while pos < 300:
+        batches, _ = await reader.read(sid, pos, 300, 32 << 10)
+        pos = batches[-1].next_offset
+        assert cache.size <= 100 << 10 or len(cache._entries) == 1
+    assert cache.misses > 0

@@ -272,6 +272,8 @@ BAD_VALUES = [
     ({"cluster": {"enabled": "yes"}}, "/cluster/enabled"),
     ({"cluster": {"spec": "objectStore"}}, "/cluster/spec"),
     ({"cluster": {"name": "Events_Cluster"}}, "/cluster/name"),
+    ({"cluster": {"name": "1events"}}, "/cluster/name"),
+    ({"cluster": {"name": "e" * 41}}, "/cluster/name"),
     ({"serviceAccount": {"name": "bad name"}}, "/serviceAccount/name"),
     ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
     ({"replicaCount": 2}, "replicaCount"),

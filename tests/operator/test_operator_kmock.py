@@ -30,6 +30,7 @@ from kubernetes.config import kube_config
 
 from automq.operator import builders
 from automq.operator.builders import ClusterRef
+from automq.operator.controller_api import ControllerApiError
 from automq.operator.handlers import OperatorContext
 from automq.operator.kube import KubeApi
 from automq.operator.main import operate
@@ -45,6 +46,7 @@ class Log:
     def __init__(self) -> None:
         self.entries: list[tuple] = []
         self.held: set[int] = set()  # brokers whose drain does not finish until released
+        self.controller_down = False  # every controller call fails
         self._lock = threading.Lock()
 
     def add(self, *entry: Any) -> None:
@@ -62,9 +64,13 @@ class RecordingControllerApi:
         self.urls = urls
 
     async def drain_broker(self, node_id: int) -> None:
+        if self.log.controller_down:
+            raise ControllerApiError(f"drain of broker {node_id} failed: controller unreachable")
         self.log.add("drain", node_id)
 
     async def undrain_broker(self, node_id: int) -> None:
+        if self.log.controller_down:
+            raise ControllerApiError(f"undrain of broker {node_id} failed: controller unreachable")
         self.log.add("undrain", node_id)
 
     async def broker_drained(self, node_id: int) -> bool:
@@ -423,6 +429,24 @@ def test_crash_looping_controller_is_restarted_first_by_a_fix(k8s: Harness) -> N
     k8s.simulator.crashing.clear()
 
 
+def test_no_broker_restarts_while_the_controller_cannot_drain(k8s: Harness) -> None:
+    k8s.log.controller_down = True
+    before = len(k8s.log.snapshot())
+    k8s.patch_spec("demo", {"broker": {"resources": {"requests": {"cpu": "1"}}}})
+    cluster = k8s.wait_for("ControllerUnavailable", lambda: (c := k8s.get("AutoMQCluster", "demo")) and condition(c, "Degraded").get("reason") == "ControllerUnavailable" and c)
+    assert "cannot drain broker 0 before restarting demo-broker-0" in condition(cluster, "Degraded")["message"]
+    assert condition(cluster, "Progressing")["status"] == "True"
+    assert [e for e in k8s.log.snapshot()[before:] if e[0] == "deleted"] == []  # nothing restarted undrained
+    assert cluster["status"]["drainedBrokers"] == [0]  # the drain may have landed: undrain it later
+
+    k8s.log.controller_down = False
+    k8s.wait_for("rolled once the controller answers", lambda: len([e for e in k8s.log.snapshot()[before:] if e[0] == "deleted"]) == 2 and _ready(k8s, "demo"))
+    steps = [e for e in k8s.log.snapshot()[before:] if e[0] in ("drain", "undrain", "deleted")]
+    if steps[:1] == [("undrain", 0)]:
+        steps = steps[1:]  # a status refresh may first undrain the broker whose drain may have landed
+    assert steps == [("drain", 0), ("deleted", "demo-broker-0"), ("undrain", 0), ("drain", 1), ("deleted", "demo-broker-1"), ("undrain", 1)]
+
+
 def test_placeholder_is_reported_not_implemented(k8s: Harness) -> None:
     k8s.patch_spec("demo", {"autoscaling": {"enabled": True, "maxReplicas": 5}})
     k8s.wait_for("notImplemented in status", lambda: k8s.get("AutoMQCluster", "demo")["status"].get("notImplemented") == ["autoscaling"])
@@ -447,16 +471,17 @@ def test_scale_in_waits_for_the_drain(k8s: Harness) -> None:
 
 def test_wal_change_is_refused_without_restarting_anything(k8s: Harness) -> None:
     before = len(k8s.log.snapshot())
+    resources = k8s.get("StatefulSet", "demo-broker")["spec"]["template"]["spec"]["containers"][0]["resources"]
     k8s.patch_spec("demo", {"broker": {"wal": {"size": "50Gi"}, "resources": {"requests": {"cpu": "3"}}}})
     cluster = k8s.wait_for("WalChangeNotSupported", lambda: (c := k8s.get("AutoMQCluster", "demo")) and condition(c, "Degraded").get("reason") == "WalChangeNotSupported" and c)
     assert "spec.broker.wal" in condition(cluster, "Degraded")["message"]
     sts = k8s.get("StatefulSet", "demo-broker")
     assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "5Gi"
-    assert sts["spec"]["template"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2"}}  # held back too
+    assert sts["spec"]["template"]["spec"]["containers"][0]["resources"] == resources  # held back too
     k8s.wait_for("WalChangeNotSupported event", lambda: any(e["reason"] == "WalChangeNotSupported" for e in k8s.events("demo")))
     assert [e for e in k8s.log.snapshot()[before:] if e[0] in ("drain", "deleted")] == []
 
-    k8s.patch_spec("demo", {"broker": {"wal": {"size": "5Gi"}, "resources": {"requests": {"cpu": "2"}}}})
+    k8s.patch_spec("demo", {"broker": {"wal": {"size": "5Gi"}, "resources": resources}})
     k8s.wait_for("Ready after the revert", lambda: _ready(k8s, "demo"))
 
 

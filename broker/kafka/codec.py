@@ -254,6 +254,12 @@ def decode_request(frame: bytes, served: dict[int, tuple[int, int]]) -> DecodedR
     cls = request_class(api_key, api_version)
     header = parse_header(frame, cls.__flexible__)
     try:
+        # kio's native reader sizes arrays from the declared length before reading them: a
+        # hostile length aborts the process on allocation failure. Check every length first.
+        _check_lengths(cls, frame, header.size)
+    except (_LengthError, IndexError, struct.error) as exc:
+        raise RequestDecodeError(api_key, api_version, correlation_id, str(exc) or "truncated") from None
+    try:
         request, _size = _reader(cls)(frame, header.size)
     except KeyError as exc:
         # kio knows only the tags of its schema; unknown tags must be skipped (KIP-482)
@@ -266,6 +272,159 @@ def decode_request(frame: bytes, served: dict[int, tuple[int, int]]) -> DecodedR
         raise RequestDecodeError(api_key, api_version, correlation_id, str(exc) or type(exc).__name__) from None
     # Trailing bytes after the body are ignored, as the Java broker's parser does.
     return DecodedRequest(header, request, response_class(api_key, api_version))
+
+
+# ----- length pre-check (guards kio's native reader against hostile array/string lengths)
+
+
+class _LengthError(Exception):
+    pass
+
+
+_FIXED_SIZES = {
+    "int8": 1, "bool": 1, "int16": 2, "uint16": 2, "error_code": 2, "int32": 4, "timedelta_i32": 4,
+    "int64": 8, "timedelta_i64": 8, "datetime_i64": 8, "float64": 8, "uuid": 16,
+}
+_SKIP, _STRING, _BYTES, _PRIM_ARRAY, _ENTITY_ARRAY, _ENTITY, _NULLABLE_ENTITY = range(7)
+
+
+@functools.cache
+def _plan(cls: type) -> tuple[tuple, bool]:
+    """Steps to walk one entity: runs of fixed-size fields merged into one skip."""
+    steps: list[tuple] = []
+    pending = 0
+    for f in fields(cls):
+        if get_field_tag(f) is not None:
+            continue  # tagged fields live in the tag section, skipped by size
+        kind = classify_field(f)
+        kafka_type = f.metadata.get("kafka_type")
+        if isinstance(kind, PrimitiveField) and kafka_type in _FIXED_SIZES:
+            pending += _FIXED_SIZES[kafka_type]
+            continue
+        if pending:
+            steps.append((_SKIP, pending))
+            pending = 0
+        if isinstance(kind, PrimitiveField):
+            steps.append((_STRING if kafka_type == "string" else _BYTES, None))
+        elif isinstance(kind, PrimitiveTupleField):
+            steps.append((_PRIM_ARRAY, _FIXED_SIZES.get(kafka_type)))  # None: array of strings
+        elif isinstance(kind, EntityTupleField):
+            steps.append((_ENTITY_ARRAY, kind.type_))
+        elif isinstance(kind, EntityField):
+            steps.append((_NULLABLE_ENTITY if is_optional(f) else _ENTITY, kind.type_))
+    if pending:
+        steps.append((_SKIP, pending))
+    return tuple(steps), bool(cls.__flexible__)
+
+
+def _uvarint(buf, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+        if shift > 28:
+            raise _LengthError("varint too long")
+
+
+@functools.cache
+def _tag_plan(cls: type) -> dict[int, tuple[int, Any]]:
+    """Known tagged fields that hold arrays or structs (checked inside their size)."""
+    plan: dict[int, tuple[int, Any]] = {}
+    for f in fields(cls):
+        tag = get_field_tag(f)
+        if tag is None:
+            continue
+        kind = classify_field(f)
+        if isinstance(kind, EntityField):
+            plan[tag] = (_ENTITY, kind.type_)
+        elif isinstance(kind, EntityTupleField):
+            plan[tag] = (_ENTITY_ARRAY, kind.type_)
+        elif isinstance(kind, PrimitiveTupleField):
+            plan[tag] = (_PRIM_ARRAY, _FIXED_SIZES.get(f.metadata.get("kafka_type")))
+    return plan
+
+
+def _check_lengths(cls: type, buf, position: int) -> int:
+    """Walk one encoded entity without building it; raise _LengthError (or IndexError /
+    struct.error when truncated) if any declared length cannot fit in the frame."""
+    steps, flexible = _plan(cls)
+    end = len(buf)
+    for op, arg in steps:
+        position = _check_step(op, arg, flexible, buf, position, end)
+    if flexible:
+        count, position = _uvarint(buf, position)
+        if count > end - position:
+            raise _LengthError(f"{count} tagged fields in {end - position} remaining bytes")
+        tags = _tag_plan(cls)
+        for _ in range(count):
+            tag, position = _uvarint(buf, position)
+            size, position = _uvarint(buf, position)
+            if position + size > end:
+                raise _LengthError("tagged field runs past the frame")
+            known = tags.get(tag)
+            if known is not None:
+                inner = memoryview(buf)[position : position + size]
+                _check_step(known[0], known[1], True, inner, 0, size)
+            position += size
+    return position
+
+
+def _check_step(op: int, arg: Any, flexible: bool, buf, position: int, end: int) -> int:
+    if op == _SKIP:
+        position += arg
+    elif op == _STRING or op == _BYTES:
+        if flexible:
+            n, position = _uvarint(buf, position)
+            n -= 1
+        elif op == _STRING:
+            (n,) = _INT16.unpack_from(buf, position)
+            position += 2
+        else:
+            (n,) = _INT32.unpack_from(buf, position)
+            position += 4
+        if n > 0:
+            position += n
+    elif op == _ENTITY or op == _NULLABLE_ENTITY:
+        if op == _NULLABLE_ENTITY:
+            marker = buf[position]
+            position += 1
+            if marker == 0xFF:
+                return position
+        position = _check_lengths(arg, buf, position)
+    else:
+        if flexible:
+            n, position = _uvarint(buf, position)
+            n -= 1
+        else:
+            (n,) = _INT32.unpack_from(buf, position)
+            position += 4
+        if n <= 0:
+            return position
+        if n > end - position:
+            raise _LengthError(f"array of {n} elements in {end - position} remaining bytes")
+        if op == _PRIM_ARRAY:
+            if arg is not None:
+                position += n * arg
+            else:
+                for _ in range(n):
+                    if flexible:
+                        m, position = _uvarint(buf, position)
+                        m -= 1
+                    else:
+                        (m,) = _INT16.unpack_from(buf, position)
+                        position += 2
+                    if m > 0:
+                        position += m
+        else:
+            for _ in range(n):
+                position = _check_lengths(arg, buf, position)
+    if position > end:
+        raise _LengthError("field runs past the frame")
+    return position
 
 
 # ----- the tolerant slow path

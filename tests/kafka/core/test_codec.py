@@ -134,3 +134,20 @@ def test_build_drops_fields_a_version_lacks():
     r4 = codec.build(v4, throttle_time=codec.ZERO_THROTTLE, session_id=5, error_code=ErrorCode.none, responses=())
     r12 = codec.build(v12, throttle_time=codec.ZERO_THROTTLE, session_id=5, error_code=ErrorCode.none, responses=())
     assert r12.session_id == 5 and not hasattr(r4, "session_id")
+
+
+@pytest.mark.parametrize("version", [3, 9])
+def test_hostile_array_length_is_a_decode_error_not_an_allocation(version):
+    # kio's native reader would reserve memory for the declared length and abort the process
+    import datetime
+
+    m = __import__(f"kio.schema.produce.v{version}.request", fromlist=["x"])
+    request = m.ProduceRequest(transactional_id=None, acks=1, timeout=datetime.timedelta(seconds=1), topic_data=())
+    frame = codec.encode_request(1, request)
+    huge = b"\xff\xff\xff\xff\x07" if version >= 9 else b"\x7f\xff\xff\xff"
+    empty = b"\x01" if version >= 9 else b"\x00\x00\x00\x00"
+    tail = b"\x00" if version >= 9 else b""  # body tagged fields
+    assert frame.endswith(empty + tail)
+    hostile = frame[: len(frame) - len(empty + tail)] + huge + b"\x00" * 64
+    with pytest.raises(codec.RequestDecodeError):
+        codec.decode_request(hostile, SERVED)

@@ -228,7 +228,10 @@ async def broker_statefulset(c: Cluster) -> None:
     replicas = wanted
     if live is not None and wanted < current:
         removing = list(range(wanted, current))
-        if await _drain_for_scale_in(c, removing):
+        if wanted == 0:
+            # No broker would be left to take leadership: draining could never finish.
+            c.reporter.warn("ScaledToZero", f"scaling brokers from {current} to 0: every partition is offline until brokers return")
+        elif await _drain_for_scale_in(c, removing):
             c.reporter.info("ScaledIn", f"brokers {removing} drained; scaling brokers from {current} to {wanted}")
         else:
             replicas = current

@@ -485,6 +485,19 @@ def test_wal_change_is_refused_without_restarting_anything(k8s: Harness) -> None
     k8s.wait_for("Ready after the revert", lambda: _ready(k8s, "demo"))
 
 
+def test_scale_to_zero_does_not_wait_for_a_drain(k8s: Harness) -> None:
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}/demo/scale"
+    k8s.log.held.add(0)  # a drain of the last broker could never finish
+    before = len(k8s.log.snapshot())
+    k8s.request("PATCH", base, {"spec": {"replicas": 0}})
+    k8s.wait_for("no brokers", lambda: k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 0 and _ready(k8s, "demo"))
+    assert ("drain", 0) not in k8s.log.snapshot()[before:]
+    k8s.wait_for("ScaledToZero warning", lambda: any(e["reason"] == "ScaledToZero" and e["type"] == "Warning" for e in k8s.events("demo")))
+    k8s.log.held.clear()
+    k8s.request("PATCH", base, {"spec": {"replicas": 1}})
+    k8s.wait_for("one broker again", lambda: _ready(k8s, "demo") and k8s.get("AutoMQCluster", "demo")["status"]["brokers"]["ready"] == 1)
+
+
 def test_invalid_spec_is_reported_and_recovers_when_fixed(k8s: Harness) -> None:
     def degraded_message(name: str, fragment: str) -> Any:
         c = k8s.get("AutoMQCluster", name)

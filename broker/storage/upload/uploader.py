@@ -105,7 +105,10 @@ class Uploader:
         self._cache.seal()
         target = [b for b in self._cache.sealed_blocks()]
         self._wake.set()
-        while any(not b.uploaded for b in target):
+        while True:
+            progress = self._progress  # taken before the check, so no wake-up is lost
+            if all(b.uploaded for b in target):
+                return
             if self._stopped is not None:
                 raise UploaderStoppedError(f"uploader stopped: {self._stopped}") from self._stopped
             if self._task is None or self._task.done():
@@ -114,15 +117,19 @@ class Uploader:
                     if not b.uploaded:
                         await self._upload_until_done(b)
                 continue
-            self._progress.clear()
-            await self._progress.wait()
+            self._wake.set()
+            await progress.wait()
 
     async def wait_progress(self) -> None:
-        """Wait until the uploader finished an upload round (or stopped)."""
+        """Wait until the uploader finished an upload (or stopped)."""
         if self._stopped is not None:
             raise UploaderStoppedError(f"uploader stopped: {self._stopped}") from self._stopped
-        self._progress.clear()
         await self._progress.wait()
+
+    def _notify_progress(self) -> None:
+        # A fresh event per round: waiters hold the old one, which is set exactly once.
+        self._progress.set()
+        self._progress = asyncio.Event()
 
     async def close(self) -> None:
         self._closing = True
@@ -153,18 +160,18 @@ class Uploader:
                 self._force = False
                 for b in self._cache.sealed_blocks():
                     await self._upload_until_done(b)
-                    self._progress.set()
-                self._progress.set()
+                    self._notify_progress()
+                self._notify_progress()
         except NodeFencedError as exc:
             self._stopped = exc
-            self._progress.set()
+            self._notify_progress()
             self._on_node_fenced(exc)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug: stop loudly rather than trim wrongly
             log.exception("uploader failed")
             self._stopped = exc
-            self._progress.set()
+            self._notify_progress()
             self._on_node_fenced(exc)
 
     async def _upload_until_done(self, block: CacheBlock) -> None:

@@ -269,7 +269,16 @@ class LocalObjectStore(ObjectStore):
                         os.link(temp, target)  # atomic create-if-absent, also across processes
                     except FileExistsError:
                         raise PreconditionFailed(f"object {key!r} already exists", key=key) from None
-                    os.unlink(temp)
+                    except OSError as exc:
+                        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                            raise
+                        # No hard links here (some FUSE/SMB mounts): every change to this
+                        # directory happens under its lock, so check-then-rename is atomic too.
+                        if os.path.lexists(target):
+                            raise PreconditionFailed(f"object {key!r} already exists", key=key) from None
+                        os.rename(temp, target)
+                    else:
+                        os.unlink(temp)
                 else:
                     if if_match is not None:
                         current = self._current_etag(target)

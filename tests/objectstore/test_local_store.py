@@ -3,6 +3,7 @@ layout, crash leftovers, and its root directory rules."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from automq.broker.objectstore import BucketNotFound, ObjectNotFound, open_object_store
+from automq.broker.objectstore import BucketNotFound, ObjectNotFound, PreconditionFailed, open_object_store
 from automq.broker.objectstore.local import ETAG_XATTR, LocalObjectStore
 
 WORKER = textwrap.dedent(
@@ -142,3 +143,22 @@ async def test_key_segments_too_long_for_a_file_name_are_rejected(file_url):
     await store.put("s" * 200 + "/" + "t" * 200, b"ok")  # long keys are fine, long segments are not
     with pytest.raises(ObjectNotFound):
         await store.get("s" * 200)
+
+
+async def test_conditional_create_without_hard_link_support(file_url, monkeypatch):
+    """Some mounts refuse hard links; the directory lock keeps create-if-absent atomic."""
+    import errno
+
+    def no_links(*args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    store = open_object_store(file_url)
+    await store.put("k", b"first", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        await store.put("k", b"second", if_none_match=True)
+    outcomes = await asyncio.gather(*(store.put("race", b"%d" % n, if_none_match=True) for n in range(12)),
+                                    return_exceptions=True)
+    assert sum(not isinstance(o, BaseException) for o in outcomes) == 1
+    assert all(isinstance(o, PreconditionFailed) for o in outcomes if isinstance(o, BaseException))
+    assert [info.key async for info in store.list()] == ["k", "race"]

@@ -201,6 +201,27 @@ def _with_last_applied(desired: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 ApplyResult = Literal["created", "patched", "unchanged"]
 
+# Fields the API server refuses to change after creation. They are set at create time only and
+# left out of patches: the server adds defaults inside them (e.g. a claim template's volumeMode
+# and status), so even re-sending "the same" value can read as a change. A wanted change to one
+# of them is the caller's to detect and report (see reconcile's WAL check).
+IMMUTABLE_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "StatefulSet": (("spec", "volumeClaimTemplates"), ("spec", "selector"), ("spec", "serviceName"), ("spec", "podManagementPolicy")),
+    "Service": (("spec", "clusterIP"),),
+    "RoleBinding": (("roleRef",),),
+}
+
+
+def without_immutable(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    for path in IMMUTABLE_FIELDS.get(kind, ()):
+        node = out
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return out
+
 
 async def apply(api: KubeApi, desired: dict[str, Any]) -> tuple[ApplyResult, dict[str, Any]]:
     """Make the object match `desired`; touch the API only when something differs."""
@@ -215,13 +236,14 @@ async def apply(api: KubeApi, desired: dict[str, Any]) -> tuple[ApplyResult, dic
                 raise
             live = await api.get(desired["kind"], meta["namespace"], meta["name"]) or {}
     annotations = live.get("metadata", {}).get("annotations") or {}
-    if annotations.get(LAST_APPLIED) == record and contains(live, body):
+    mutable = without_immutable(desired["kind"], body)
+    if annotations.get(LAST_APPLIED) == record and contains(live, mutable):
         return "unchanged", live
     try:
         last = json.loads(annotations.get(LAST_APPLIED) or "{}")
     except ValueError:
         last = {}
-    patch = merge_patch(last, body)
+    patch = merge_patch(without_immutable(desired["kind"], last), mutable)
     return "patched", await api.patch(desired["kind"], meta["namespace"], meta["name"], patch)
 
 

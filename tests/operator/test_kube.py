@@ -9,7 +9,7 @@ import kmock
 import pytest
 
 from automq.operator.builders import LAST_APPLIED
-from automq.operator.kube import KubeApi, KubeError, apply, contains, merge_patch
+from automq.operator.kube import KubeApi, KubeError, apply, contains, merge_patch, without_immutable
 
 
 def test_contains_tolerates_server_defaults_only() -> None:
@@ -89,3 +89,28 @@ async def test_server_errors_carry_the_status_and_message(api: KubeApi) -> None:
     with pytest.raises(KubeError) as caught:
         await api._request("GET", "/apis/nonexistent.example.com/v1/namespaces/ns/things")
     assert caught.value.status == 404 and "HTTP 404" in str(caught.value)
+
+
+def test_immutable_fields_stay_out_of_patches() -> None:
+    sts = {"kind": "StatefulSet", "spec": {"replicas": 3, "serviceName": "s", "selector": {"matchLabels": {"a": "b"}}, "volumeClaimTemplates": [{"metadata": {"name": "wal"}}], "template": {}}}
+    assert without_immutable("StatefulSet", sts) == {"kind": "StatefulSet", "spec": {"replicas": 3, "template": {}}}
+    assert sts["spec"]["serviceName"] == "s"  # the desired object itself is not changed
+    assert without_immutable("ConfigMap", {"data": {"a": "1"}}) == {"data": {"a": "1"}}
+
+
+async def test_apply_patches_a_statefulset_without_touching_its_claim_templates(api: KubeApi) -> None:
+    sts = {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "demo-broker", "namespace": "ns", "uid": str(uuid.uuid4())},
+        "spec": {"replicas": 1, "serviceName": "demo-brokers", "selector": {"matchLabels": {"a": "b"}},
+                 "volumeClaimTemplates": [{"metadata": {"name": "wal"}, "spec": {"resources": {"requests": {"storage": "1Gi"}}}}],
+                 "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i:1"}]}}},
+    }
+    await apply(api, sts)
+    # What an API server adds to a claim template; a patch must not send the template back.
+    await api.patch("StatefulSet", "ns", "demo-broker", {"spec": {"volumeClaimTemplates": [{"metadata": {"name": "wal"}, "spec": {"resources": {"requests": {"storage": "1Gi"}}, "volumeMode": "Filesystem"}, "status": {"phase": "Pending"}}]}})
+    assert (await apply(api, sts))[0] == "unchanged"
+    newer = {**sts, "spec": {**sts["spec"], "replicas": 2}}
+    result, live = await apply(api, newer)
+    assert result == "patched" and live["spec"]["replicas"] == 2
+    assert live["spec"]["volumeClaimTemplates"][0]["status"] == {"phase": "Pending"}  # untouched

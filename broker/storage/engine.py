@@ -20,7 +20,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from automq.broker.config import NodeConfig
-from automq.broker.objectstore import ObjectStore
+from automq.broker.objectstore import ObjectNotFound, ObjectStore
 from automq.broker.storage.api import FetchResult, OffsetOutOfRangeError, StreamClosedError, StreamError
 from automq.broker.storage.cache.block_cache import BlockCache
 from automq.broker.storage.cache.log_cache import LogCache
@@ -344,7 +344,12 @@ class StorageEngine:
                 return result
         m.cache_requests.labels("log_cache", "miss").inc()
         object_end = end if first_cached is None else min(end, max(first_cached, start + 1))
-        batches, all_cached = await self.reader.read(stream_id, start, object_end, max_bytes)
+        try:
+            batches, all_cached = await self.reader.read(stream_id, start, object_end, max_bytes)
+        except ObjectNotFound:
+            # Compaction or retention replaced the object after we looked it up: the
+            # metadata now names its successor.
+            batches, all_cached = await self.reader.read(stream_id, start, object_end, max_bytes)
         source = "block_cache" if all_cached else "object_store"
         if batches and first_cached is not None and batches[-1].next_offset >= first_cached and batches[-1].next_offset < end:
             size = sum(len(b.payload) for b in batches)

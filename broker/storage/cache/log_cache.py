@@ -55,6 +55,7 @@ class LogCache:
         self._blocks: deque[CacheBlock] = deque()
         self._next_block_id = 0
         self.size = 0
+        self._unuploaded = 0  # kept as a counter: checked on every append
         self._open = self._new_block()
 
     def _new_block(self) -> CacheBlock:
@@ -69,7 +70,7 @@ class LogCache:
 
     @property
     def unuploaded_bytes(self) -> int:
-        return sum(b.size for b in self._blocks if not b.uploaded)
+        return self._unuploaded
 
     def put(self, stream_id: int, epoch: int, base_offset: int, record_count: int, payload: bytes | memoryview, wal_end: int) -> None:
         """Add a durable record. Called in WAL order."""
@@ -89,6 +90,7 @@ class LogCache:
         block.size += n
         block.wal_end = wal_end
         self.size += n
+        self._unuploaded += n
 
     def seal(self) -> CacheBlock:
         """Close the open block (it becomes an upload unit) and open a new one. Returns the
@@ -102,7 +104,9 @@ class LogCache:
         return [b for b in self._blocks if b.sealed and not b.uploaded]
 
     def mark_uploaded(self, block: CacheBlock) -> None:
-        block.uploaded = True
+        if not block.uploaded:
+            block.uploaded = True
+            self._unuploaded -= block.size
         self.evict()
 
     def evict(self) -> None:
@@ -117,6 +121,8 @@ class LogCache:
             if sl is not None:
                 b.size -= sl.size
                 self.size -= sl.size
+                if not b.uploaded:
+                    self._unuploaded -= sl.size
 
     def first_offset(self, stream_id: int) -> int | None:
         for b in self._blocks:

@@ -272,6 +272,8 @@ class VolumeWal(WriteAheadLog):
             report.end_position = pos if report.stop_reason != "torn" else report.damaged_position or pos
         if records:
             report.end_position = records[-1].wal_end
+            if report.stop_reason == "empty":  # the ring was full of valid records
+                report.stop_reason = "end"
         return records, report
 
     def _valid_record_follows(self, mm: mmap.mmap, pos: int, cap: int, generation: int) -> bool:

@@ -150,6 +150,13 @@ class LocalCluster:
             time.sleep(0.2)
         pytest.fail(f"{node} was not restarted and ready within {timeout:.0f}s" + self.logs_tail(node), pytrace=False)
 
+    def grep_logs(self, needle: str, lines: int = 40) -> str:
+        """The last `lines` log lines (all nodes) mentioning `needle`: diagnostics for failures."""
+        hits = []
+        for log in sorted((self.data_dir / "logs").glob("*.log")):
+            hits += [f"{log.stem}: {line}" for line in log.read_text(errors="replace").splitlines() if needle in line]
+        return "\n".join(hits[-lines:])
+
     def logs_tail(self, node: str | None = None, lines: int = 30) -> str:
         out = []
         for log in sorted((self.data_dir / "logs").glob("*.log")):

@@ -68,7 +68,8 @@ def test_reassignment_while_producing_loses_nothing(cluster, e2e):
             leaders = e2e.wait_for_leaders(cluster.bootstrap, topic, 2)
             for partition, leader in leaders.items():
                 target = 2 if leader == 1 else 1
-                admin.alter_partition_reassignments({TopicPartition(topic, partition): [target]})
+                result = admin.alter_partition_reassignments({TopicPartition(topic, partition): [target]})
+                assert result[TopicPartition(topic, partition)] is None, f"move of {partition} to {target} refused: {result}"
                 moves += 1
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -76,7 +77,10 @@ def test_reassignment_while_producing_loses_nothing(cluster, e2e):
                 if all(now[p] != leaders[p] for p in leaders):
                     break
                 time.sleep(0.1)
-            assert all(now[p] != leaders[p] for p in leaders), f"leaders did not move: {leaders} -> {now}"
+            assert all(now[p] != leaders[p] for p in leaders), (
+                f"leaders did not move within 30 s: {leaders} -> {now}; ongoing: {admin.list_partition_reassignments()}\n"
+                + cluster.grep_logs(topic)
+            )
     finally:
         admin.close()
     time.sleep(1.0)

@@ -127,3 +127,37 @@ async def test_closed_stream_rejects_appends(engines):
         await stream.append(b"abc", 1)
     meta = (await engines.metadata.get_streams([sid]))[0]
     assert (meta.state, meta.end_offset) == ("closed", 1)
+
+
+async def test_engine_and_streams_implement_the_api(engines):
+    from automq.broker.storage.api import Stream, StreamClient
+
+    engine = await engines.start()
+    assert isinstance(engine, StreamClient)
+    stream = await engine.open_stream(await engine.create_stream(), 0)
+    assert isinstance(stream, Stream)
+
+
+async def test_hostile_arguments(engines):
+    engine = await engines.start()
+    sid = await engine.create_stream()
+    stream = await engine.open_stream(sid, 0)
+    with pytest.raises(ValueError):
+        await stream.append(b"x", 0)
+    with pytest.raises(OffsetOutOfRangeError):
+        await stream.fetch(-1, 10, 100)
+    with pytest.raises(OffsetOutOfRangeError):
+        await stream.trim(5)  # past the end
+    assert stream.end_offset == 0  # a refused append reserved nothing
+
+
+async def test_delete_stream_drops_unuploaded_data(engines):
+    engine = await engines.start()
+    sid = await engine.create_stream()
+    stream = await engine.open_stream(sid, 0)
+    await stream.append(b"gone", 1)
+    await engine.delete_stream(sid, 0)
+    with pytest.raises(StreamClosedError):
+        await stream.append(b"more", 1)
+    assert await engines.metadata.get_streams([sid]) == []
+    await engine.uploader.flush()  # nothing to commit for a deleted stream, and no error

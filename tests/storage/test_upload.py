@@ -1,0 +1,101 @@
+"""Uploads: a failed commit never trims the WAL; a commit whose answer was lost is not
+committed twice; big streams get their own stream objects."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from automq.broker.objectstore import open_object_store
+from automq.broker.storage.engine import StorageEngine
+from automq.broker.storage.inprocess import InProcessMetadata
+from automq.broker.storage.metadata import ObjectType
+
+from engine_setup import node_config  # noqa: E402
+
+
+class FlakyCommits(InProcessMetadata):
+    """The real metadata; commits can be made to fail before or after taking effect."""
+
+    fail_before = 0
+    fail_after = 0
+    attempts = 0
+
+    async def commit_stream_set_object(self, request):
+        self.attempts += 1
+        if self.fail_before:
+            self.fail_before -= 1
+            raise ConnectionError("controller unreachable")
+        await super().commit_stream_set_object(request)
+        if self.fail_after:
+            self.fail_after -= 1
+            raise ConnectionError("answer lost")
+
+
+@pytest.fixture
+async def setup(tmp_path, file_url):
+    store = open_object_store(file_url)
+    meta = FlakyCommits(store)
+    config = node_config(tmp_path, file_url, storage={"upload_interval_ms": 3_600_000, "stream_split_bytes": 50_000})
+    engine = StorageEngine(config, store, meta, meta, 1, await meta.register_node(1))
+    await engine.start()
+    yield engine, meta
+    await engine.close()
+    await store.close()
+
+
+async def test_failed_commit_never_trims_then_retry_succeeds(setup):
+    engine, meta = setup
+    sid = await engine.create_stream()
+    s = await engine.open_stream(sid, 0)
+    for i in range(10):
+        await s.append(b"x" * 1000, 1)
+    pending = engine.wal.bytes_pending_trim
+    trim_before = engine.wal._header.trim
+    meta.fail_before = 1_000_000  # the controller is down
+    engine.uploader.request_upload()
+    while meta.attempts < 3:
+        await asyncio.sleep(0.05)
+    assert engine.wal._header.trim == trim_before and engine.wal.bytes_pending_trim >= pending
+    meta.fail_before = 0  # it is back
+    await engine.uploader.flush()  # a retry goes through
+    assert meta.attempts >= 4
+    assert engine.wal._header.trim > trim_before
+    assert (await meta.get_streams([sid]))[0].end_offset == 10
+
+
+async def test_commit_with_lost_answer_is_not_committed_twice(setup):
+    engine, meta = setup
+    sid = await engine.create_stream()
+    s = await engine.open_stream(sid, 0)
+    for i in range(5):
+        await s.append(bytes([i]) * 100, 2)
+    meta.fail_after = 1
+    await engine.uploader.flush()
+    objs = await meta.get_objects(sid, 0, -1, 10)
+    assert meta.attempts == 1  # the retry saw the range committed and dropped it
+    assert [(r.start_offset, r.end_offset) for o in objs for r in o.ranges if r.stream_id == sid] == [(0, 10)]
+    assert (await meta.get_streams([sid]))[0].end_offset == 10
+    await s.append(b"z", 1)
+    await engine.uploader.flush()
+    assert (await meta.get_streams([sid]))[0].end_offset == 11
+
+
+async def test_big_streams_get_their_own_stream_object(setup):
+    engine, meta = setup
+    big, small = await engine.create_stream(), await engine.create_stream()
+    b = await engine.open_stream(big, 0)
+    sm = await engine.open_stream(small, 0)
+    for _ in range(20):
+        await b.append(b"B" * 5000, 1)  # 100 KB > stream_split_bytes
+        await sm.append(b"s" * 100, 1)
+    await engine.uploader.flush()
+    [big_obj] = await meta.get_objects(big, 0, -1, 10)
+    [small_obj] = await meta.get_objects(small, 0, -1, 10)
+    assert big_obj.object_type == ObjectType.STREAM and small_obj.object_type == ObjectType.STREAM_SET
+    assert [(r.stream_id, r.start_offset, r.end_offset) for r in big_obj.ranges] == [(big, 0, 20)]
+    # both read back from objects once the log cache forgets them
+    engine.log_cache.drop_stream(big)
+    r = await b.fetch(0, 20, 1 << 20)
+    assert r.source != "log_cache" and [bytes(x.payload) for x in r.batches] == [b"B" * 5000] * 20

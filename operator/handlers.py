@@ -108,7 +108,10 @@ async def _pass(ctx: OperatorContext, body: Any, name: str, namespace: str, uid:
     )
     outcome = await reconcile(cluster, steps)
     if retry and not outcome.ready:
-        raise kopf.TemporaryError(outcome.message, delay=ctx.retry_delay_s)
+        # A change in flight is followed closely; a problem that only time or a person can fix
+        # (a crash loop, an unreachable controller) is looked at less often.
+        delay = ctx.retry_delay_s if outcome.progressing else max(ctx.retry_delay_s, ctx.status_interval_s)
+        raise kopf.TemporaryError(outcome.message, delay=delay)
 
 
 async def reconcile_cluster(body: Any, name: str, namespace: str, uid: str, memo: Any, **_: Any) -> None:

@@ -482,6 +482,7 @@ STEPS: tuple[tuple[str, Step], ...] = (
 @dataclass(frozen=True)
 class Outcome:
     ready: bool
+    progressing: bool  # something is being changed (vs. only waiting for a problem to clear)
     message: str
     status: dict[str, Any]
 
@@ -501,7 +502,7 @@ async def reconcile(c: Cluster, steps: tuple[tuple[str, Step], ...] = STEPS) -> 
         finally:
             await c.close()
     notes = c.problems + c.progress
-    return Outcome(ready=not notes, message="; ".join(n.message for n in notes) or "ready", status=c.status["document"])
+    return Outcome(ready=not notes, progressing=bool(c.progress), message="; ".join(n.message for n in notes) or "ready", status=c.status["document"])
 
 
 async def write_invalid_spec_status(api: KubeApi, ref: ClusterRef, generation: int, previous_status: dict[str, Any], message: str) -> None:

@@ -28,7 +28,7 @@ from automq.broker.storage.metadata import ObjectManager, StreamManager, StreamM
 from automq.broker.storage.metrics import StorageMetrics
 from automq.broker.storage.read.reader import ObjectReader
 from automq.broker.storage.upload.uploader import Uploader, UploadSettings
-from automq.broker.storage.wal.base import WalError, WalRecord, WriteAheadLog
+from automq.broker.storage.wal.base import WalError, WalRecord, WalRecordTooLargeError, WriteAheadLog
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,11 @@ class EngineStream:
         started = time.perf_counter()
         try:
             fut = engine.wal.append(WalRecord(self.stream_id, self.epoch, base, record_count, payload))
+        except WalRecordTooLargeError as exc:
+            self._end = base  # refused before any await: nothing else reserved offsets since
+            raise StreamError(f"stream {self.stream_id}: {exc}") from exc
         except WalError as exc:
+            self._end = base
             self._closed = f"failed: {exc}"
             raise StreamError(f"stream {self.stream_id}: WAL refused the append: {exc}") from exc
         self._drained.clear()

@@ -161,3 +161,14 @@ async def test_delete_stream_drops_unuploaded_data(engines):
         await stream.append(b"more", 1)
     assert await engines.metadata.get_streams([sid]) == []
     await engine.uploader.flush()  # nothing to commit for a deleted stream, and no error
+
+
+async def test_batch_too_large_for_the_wal_is_refused_without_a_gap(engines):
+    from automq.broker.storage.api import StreamError
+
+    engine = await engines.start()
+    stream = await engine.open_stream(await engine.create_stream(), 0)
+    await stream.append(b"a", 1)
+    with pytest.raises(StreamError, match="does not fit"):
+        await stream.append(b"x" * (3 << 20), 1)  # the test WAL holds 4 MiB
+    assert await stream.append(b"b", 1) == 1  # the stream goes on, offsets stay dense

@@ -11,6 +11,11 @@ longer) the leader. That single rule is the safety of the control plane; leases 
 who *tries* to write. A writer only writes N after it applied entries 0..N-1, so an entry
 always extends the state its writer saw.
 
+Every attempt's bytes are unique (a random nonce in the entry): the S3 backend treats a 412
+on an object holding exactly our bytes as our own earlier attempt having landed, so two
+writers must never write identical bytes; and `append` itself resolves an unknown outcome by
+reading the entry back and comparing nonces.
+
 Recovery: take the newest readable snapshot, then apply entries after it until one is
 missing. Old entries are deleted only once two newer snapshots exist, so a standby that is
 less than a snapshot interval behind always finds the next entry it needs.

@@ -95,6 +95,7 @@ class LocalObjectStore(ObjectStore):
         self._fsync = fsync
         self._max_concurrency = max_concurrency
         self._semaphore: asyncio.Semaphore | None = None
+        self._semaphore_loop: asyncio.AbstractEventLoop | None = None
         self._root_checked = False
         self._xattrs = True  # cleared the first time the filesystem refuses user xattrs
 
@@ -130,8 +131,11 @@ class LocalObjectStore(ObjectStore):
     # -- plumbing ---------------------------------------------------------------------------
 
     async def _run(self, op: str, func, *args):  # noqa: ANN001, ANN202
-        if self._semaphore is None:
+        loop = asyncio.get_running_loop()
+        if self._semaphore is None or self._semaphore_loop is not loop:
+            # asyncio primitives belong to one loop; a store may be reused from a new one.
             self._semaphore = asyncio.Semaphore(self._max_concurrency)
+            self._semaphore_loop = loop
         async with self._semaphore:
             try:
                 return await asyncio.to_thread(func, *args)

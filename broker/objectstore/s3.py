@@ -155,6 +155,7 @@ class S3ObjectStore(ObjectStore):
         self.stats = ObjectStoreStats()
         self._client: Any = None
         self._client_lock: asyncio.Lock | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
         self._exit_stack: contextlib.AsyncExitStack | None = None
 
     @classmethod
@@ -164,10 +165,17 @@ class S3ObjectStore(ObjectStore):
     # -- client and error handling ------------------------------------------------------------
 
     async def _get_client(self) -> Any:
-        if self._client is not None:
+        """The client for the running event loop. A store used from a new loop (asyncio.run
+        per Spark task, pytest's per-test loops) gets a new client; the old one is closed if
+        its loop still runs, else dropped (its sockets died with that loop)."""
+        loop = asyncio.get_running_loop()
+        if self._client is not None and self._client_loop is loop:
             return self._client
-        if self._client_lock is None:
+        if self._client_loop is not loop:
+            self._abandon_client()
             self._client_lock = asyncio.Lock()
+            self._client_loop = loop
+        assert self._client_lock is not None
         async with self._client_lock:
             if self._client is None:
                 from aiobotocore.config import AioConfig
@@ -189,7 +197,19 @@ class S3ObjectStore(ObjectStore):
                 self._exit_stack = stack
         return self._client
 
+    def _abandon_client(self) -> None:
+        stack, old_loop = self._exit_stack, self._client_loop
+        self._exit_stack, self._client = None, None
+        if stack is None or old_loop is None:
+            return
+        if not old_loop.is_closed() and old_loop.is_running():
+            asyncio.run_coroutine_threadsafe(stack.aclose(), old_loop)
+        # else: the loop is gone and took the connections with it; nothing left to close.
+
     async def close(self) -> None:
+        if self._client_loop is not None and self._client_loop is not asyncio.get_running_loop():
+            self._abandon_client()
+            return
         stack, self._exit_stack, self._client = self._exit_stack, None, None
         if stack is not None:
             await stack.aclose()

@@ -370,3 +370,19 @@ def test_arbitrary_valid_keys_round_trip_and_list_in_byte_order(store_url):
             check()
         finally:
             runner.run(store.close())
+
+
+def test_one_store_serves_successive_event_loops(store_url):
+    """Spark tasks and scripts call asyncio.run repeatedly with the same store object."""
+    store = open_object_store(store_url)
+
+    async def write_and_read(n: int) -> bytes:
+        # more than max_concurrency at once, so the local store's semaphore really waits
+        await asyncio.gather(*(store.put(f"loop-{n}/{i}", b"%d" % i) for i in range(40)))
+        return await store.get(f"loop-{n}/3")
+
+    for n in range(3):
+        assert asyncio.run(write_and_read(n)) == b"3"
+    asyncio.run(store.close())
+    assert asyncio.run(keys_of(store, "loop-2/")) == sorted(f"loop-2/{i}" for i in range(40))
+    asyncio.run(store.close())

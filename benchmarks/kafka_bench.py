@@ -128,10 +128,10 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
     leaders(bootstrap, name, partitions)
 
 
-def leaders(bootstrap: str, name: str, partitions: int, timeout: float = 60) -> dict[int, int]:
+def leaders(bootstrap: str, name: str, partitions: int, timeout: float = 60, admin=None) -> dict[int, int]:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = admin or AdminClient({"bootstrap.servers": bootstrap})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         t = admin.list_topics(name, timeout=10).topics.get(name)
@@ -396,12 +396,14 @@ def reassignment(bootstrap: str, size: int) -> None:
     producer.produce(topic, b"warm")
     producer.flush(30)
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=60_000)
+    watcher = AdminClient({"bootstrap.servers": bootstrap})
+    leaders(bootstrap, topic, 1, admin=watcher)  # connected before the clock starts
     try:
         start = time.perf_counter()
         admin.alter_partition_reassignments({TopicPartition(topic, 0): [target]})
         moved_at = None
         while time.perf_counter() - start < 60:
-            if leaders(bootstrap, topic, 1)[0] == target:
+            if leaders(bootstrap, topic, 1, admin=watcher)[0] == target:
                 moved_at = time.perf_counter()
                 break
             time.sleep(0.01)

@@ -1,13 +1,12 @@
 """An in-process cluster for the admin tests: a real controller (HTTP, file:// object
 store), one or two real brokers (storage engine with a volume WAL, Kafka server), all on one
 event loop in a background thread so synchronous Kafka clients (kafka-python, confluent)
-can talk to it from the test thread. Wiring mirrors what the broker process does; it is
-here so the admin handlers are exercised by real clients without spawning processes."""
+can talk to it from the test thread: the broker process's own `BrokerService`, embedded, so
+the admin handlers are exercised by real clients without spawning processes."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,12 +14,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from automq.broker.config import Listener, NodeConfig
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -38,13 +31,8 @@ class InProcessCluster:
 
 
 async def _start(tmp_path, brokers: int, stack: list) -> InProcessCluster:
-    from automq.broker.controller.client import ControllerClient
     from automq.broker.controller.process import ControllerService
-    from automq.broker.controller.protocol import Endpoint
-    from automq.broker.kafka.broker import Broker
-    from automq.broker.kafka.server import KafkaServer
-    from automq.broker.objectstore import open_object_store
-    from automq.broker.storage.engine import StorageEngine
+    from automq.broker.kafka.process import BrokerService
 
     url = (tmp_path / "objects").as_uri()
     (tmp_path / "objects").mkdir()
@@ -52,56 +40,28 @@ async def _start(tmp_path, brokers: int, stack: list) -> InProcessCluster:
     await controller.start()
     stack.append(controller.stop)
     cluster = InProcessCluster(asyncio.get_running_loop())
-    brokers_down: list = []
+    services = []
 
     async def stop_brokers() -> None:
-        await asyncio.gather(*(down() for down in brokers_down), return_exceptions=True)
+        # bounded without cancelling: a stop that swallows cancellation would hang wait_for
+        stopping = [asyncio.get_running_loop().create_task(s.stop()) for s in services]
+        if stopping:
+            _, pending = await asyncio.wait(stopping, timeout=15)
+            if pending:
+                print(f"{len(pending)} BrokerService.stop() did not finish within 15 s", flush=True)
 
     stack.append(stop_brokers)
     for node_id in range(1, brokers + 1):
-        port = _free_port()
         config = NodeConfig(
             node_id=node_id, object_store_url=url, controller_urls=[controller.url], data_dir=str(tmp_path / f"b{node_id}"),
-            listeners=[Listener(host="127.0.0.1", port=port)], http_port=0, wal={"capacity": 16 << 20},
+            listeners=[Listener(host="127.0.0.1", port=0)], http_host="127.0.0.1", http_port=0, heartbeat_interval_ms=500,
+            wal={"capacity": 16 << 20},
         )
-        client = ControllerClient([controller.url])
-        epoch = await client.register_broker(node_id, [Endpoint("PLAINTEXT", "127.0.0.1", port)], None)
-        store = open_object_store(url)
-        engine = StorageEngine(config, store, client, client, node_id, epoch)
-        await engine.start()
-        broker = Broker(config, node_epoch=epoch, cluster=client, storage=engine)
-        server = KafkaServer(broker)
-        await server.start()
-        await broker.start()
-
-        async def heartbeat(client=client, node_id=node_id, epoch=epoch) -> None:
-            while True:
-                await asyncio.sleep(0.5)
-                try:
-                    await client.heartbeat(node_id, epoch)
-                except Exception:  # noqa: BLE001 - the test will notice a dead broker
-                    pass
-
-        task = asyncio.get_running_loop().create_task(heartbeat())
-
-        async def shutdown(task=task, server=server, broker=broker, engine=engine, client=client, node_id=node_id, epoch=epoch) -> None:
-            # as a broker process does: stop serving, close partitions, flush storage, deregister
-            await server.stop()
-            # bounded without cancelling: a close that swallows cancellation would hang wait_for
-            closing = asyncio.get_running_loop().create_task(broker.close())
-            await asyncio.wait({closing}, timeout=10)
-            if not closing.done():
-                print(f"broker {node_id}: Broker.close() did not finish within 10 s", flush=True)
-            await engine.close()
-            task.cancel()
-            try:
-                await client.unregister_broker(node_id, epoch)
-            finally:
-                await client.close()
-
-        brokers_down.append(shutdown)
-        cluster.brokers.append(broker)
-        cluster.ports.append(port)
+        service = BrokerService(config)
+        services.append(service)
+        await service.start()
+        cluster.brokers.append(service.broker)
+        cluster.ports.append(service.kafka_ports["PLAINTEXT"])
     return cluster
 
 

@@ -58,9 +58,11 @@ MAX_DELETE_BATCH = 1000
 _NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
 _DENIED_CODES = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
                  "ExpiredToken", "AllAccessDisabled", "AccountProblem", "Forbidden"}
-_RETRY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
-                "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequests",
-                "BandwidthLimitExceeded", "OperationAborted"}
+# Transient by nature, or (BadDigest, IncompleteBody, XAmzContentSHA256Mismatch) the body was
+# damaged in transit, which a resend fixes.
+_RETRY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
+                "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequests", "BandwidthLimitExceeded",
+                "OperationAborted", "BadDigest", "IncompleteBody", "XAmzContentSHA256Mismatch"}
 _PRECONDITION_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412"}
 
 

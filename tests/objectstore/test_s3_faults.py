@@ -11,6 +11,7 @@ import pytest
 from automq.broker.objectstore import (
     AccessDenied,
     BucketNotFound,
+    ObjectStoreError,
     ObjectStoreUnavailable,
     PreconditionFailed,
     open_object_store,
@@ -200,6 +201,70 @@ async def test_throttling_is_retried_with_backoff_then_unavailable(seaweedfs, s3
                     await store.put("k", b"v")
                 assert store.stats.retries == 3
                 assert state["refused"] == 4
+    finally:
+        proxy.close()
+        await proxy.wait_closed()
+
+
+def delete_result_proxy(target_port: int, errors: list[tuple[str, str]]):
+    """Relays to the real server, but answers DeleteObjects itself with per-key errors."""
+    entries = "".join(f"<Error><Key>{key}</Key><Code>{code}</Code><Message>refused</Message></Error>"
+                      for key, code in errors)
+    body = ('<?xml version="1.0" encoding="UTF-8"?><DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            f"{entries}</DeleteResult>").encode()
+
+    async def relay(reader, writer):
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if head.startswith(b"POST ") and b"?delete" in head.split(b"\r\n", 1)[0]:
+                length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                writer.close()
+                return
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", target_port)
+            upstream_writer.write(head)
+
+            async def pump(src, dst):
+                try:
+                    while data := await src.read(65536):
+                        dst.write(data)
+                        await dst.drain()
+                except (ConnectionError, OSError):
+                    pass
+                finally:
+                    dst.close()
+
+            await asyncio.gather(pump(reader, upstream_writer), pump(upstream_reader, writer))
+        except (asyncio.CancelledError, ConnectionError, asyncio.IncompleteReadError):
+            pass
+
+    return relay
+
+
+@pytest.mark.parametrize("errors, expected", [
+    ([("a", "AccessDenied"), ("gone", "NoSuchKey")], AccessDenied),
+    ([("a", "InternalError"), ("b", "AccessDenied")], ObjectStoreError),
+    ([("gone", "NoSuchKey")], None),
+])
+async def test_delete_many_reports_per_key_errors(seaweedfs, s3_url, errors, expected):
+    target_port = int(seaweedfs.endpoint.rsplit(":", 1)[1])
+    proxy = await asyncio.start_server(delete_result_proxy(target_port, errors), "127.0.0.1", 0)
+    url = s3_url.replace(seaweedfs.endpoint, f"http://127.0.0.1:{proxy.sockets[0].getsockname()[1]}")
+    try:
+        async with open_object_store(url) as store:
+            if expected is None:
+                await store.delete_many(["a", "gone"])  # a missing key is not an error
+                return
+            with pytest.raises(expected) as failed:
+                await store.delete_many(["a", "b", "gone"])
+            assert type(failed.value) is expected and failed.value.key == "a"
+            failing = [key for key, code in errors if code != "NoSuchKey"]
+            assert f"{len(failing)} keys not deleted" in str(failed.value)
+            assert "gone" not in str(failed.value)
     finally:
         proxy.close()
         await proxy.wait_closed()

@@ -61,7 +61,8 @@ async def _wait_image(client: ControllerClient, pred, timeout: float = 20) -> Me
 
 
 async def test_fenced_broker_wal_is_recovered_before_partitions_reopen(file_url: str, make_config) -> None:
-    async with running(make_config(file_url, session_timeout_ms=400)) as (_svc, client):
+    # broker 2 heartbeats every 50 ms, 40 times per session: only broker 1 (silent) expires
+    async with running(make_config(file_url, session_timeout_ms=2_000)) as (_svc, client):
         e1 = await client.register_broker(1, EP, None)
         e2 = await client.register_broker(2, EP, None)
         keepalive = asyncio.create_task(_heartbeats(client, 2, e2))

@@ -83,6 +83,7 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
 }
 
 API_VERSIONS_KEY = 18
+PRODUCE_KEY = 0
 _PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
@@ -235,11 +236,14 @@ class DecodedRequest:
     response_class: type
 
 
-def decode_request(frame: bytes, served: dict[int, tuple[int, int]]) -> DecodedRequest:
+def decode_request(frame: bytes | bytearray, served: dict[int, tuple[int, int]]) -> DecodedRequest:
     """Decode one request frame (without its 4-byte size) for the api keys/ranges `served`.
 
     Raises UnknownApiKeyError, UnsupportedVersionError (ApiVersions callers answer it, others
     close), RequestDecodeError or FrameError."""
+    writable = frame if isinstance(frame, bytearray) else None
+    if writable is not None:
+        frame = memoryview(writable).toreadonly()  # kio's native readers want read-only buffers
     api_key, api_version, correlation_id = peek_header(frame)
     span = served.get(api_key)
     if span is None:
@@ -259,6 +263,14 @@ def decode_request(frame: bytes, served: dict[int, tuple[int, int]]) -> DecodedR
         _check_lengths(cls, frame, header.size)
     except (_LengthError, IndexError, struct.error) as exc:
         raise RequestDecodeError(api_key, api_version, correlation_id, str(exc) or "truncated") from None
+    if api_key == PRODUCE_KEY and writable is not None:
+        # large produce frames: record batches stay views of the received buffer (rewritten
+        # in place by the produce path), no kio copy
+        try:
+            request = decode_produce_in_place(writable, header.size, cls.__flexible__)
+        except (IndexError, struct.error, UnicodeDecodeError, _LengthError) as exc:
+            raise RequestDecodeError(api_key, api_version, correlation_id, str(exc) or "truncated") from None
+        return DecodedRequest(header, request, response_class(api_key, api_version))
     try:
         request, _size = _reader(cls)(frame, header.size)
     except KeyError as exc:
@@ -425,6 +437,100 @@ def _check_step(op: int, arg: Any, flexible: bool, buf, position: int, end: int)
     if position > end:
         raise _LengthError("field runs past the frame")
     return position
+
+
+# ----- Produce without copies
+
+
+@dataclass(slots=True)
+class ProducePartitionView:
+    index: int
+    records: memoryview | None  # writable view into the request frame
+
+
+@dataclass(slots=True)
+class ProduceTopicView:
+    name: str
+    partition_data: list[ProducePartitionView]
+
+
+@dataclass(slots=True)
+class ProduceRequestView:
+    """Produce v3-v12 with kio's attribute names; records are views of the frame."""
+
+    transactional_id: str | None
+    acks: int
+    timeout: datetime.timedelta
+    topic_data: list[ProduceTopicView]
+
+
+def _skip_tags(buf, position: int) -> int:
+    count, position = _uvarint(buf, position)
+    for _ in range(count):
+        _tag, position = _uvarint(buf, position)
+        size, position = _uvarint(buf, position)
+        position += size
+    return position
+
+
+def decode_produce_in_place(buf: bytearray, position: int, flexible: bool) -> ProduceRequestView:
+    """Decode a Produce request body (lengths already checked by _check_lengths)."""
+    view = memoryview(buf)
+
+    def string(pos: int, nullable: bool) -> tuple[str | None, int]:
+        if flexible:
+            n, pos = _uvarint(buf, pos)
+            n -= 1
+        else:
+            (n,) = _INT16.unpack_from(buf, pos)
+            pos += 2
+        if n < 0:
+            if not nullable:
+                raise _LengthError("null string where one is required")
+            return None, pos
+        return bytes(view[pos : pos + n]).decode("utf-8"), pos + n
+
+    def array_length(pos: int) -> tuple[int, int]:
+        if flexible:
+            n, pos = _uvarint(buf, pos)
+            return n - 1, pos
+        (n,) = _INT32.unpack_from(buf, pos)
+        return n, pos + 4
+
+    transactional_id, position = string(position, True)
+    acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(buf, position)
+    position += _ACKS_TIMEOUT.size
+    topics: list[ProduceTopicView] = []
+    n_topics, position = array_length(position)
+    for _ in range(max(n_topics, 0)):
+        name, position = string(position, False)
+        partitions: list[ProducePartitionView] = []
+        n_parts, position = array_length(position)
+        for _ in range(max(n_parts, 0)):
+            (index,) = _INT32.unpack_from(buf, position)
+            position += 4
+            if flexible:
+                size, position = _uvarint(buf, position)
+                size -= 1
+            else:
+                (size,) = _INT32.unpack_from(buf, position)
+                position += 4
+            records = None
+            if size >= 0:
+                if position + size > len(buf):
+                    raise _LengthError("records run past the frame")
+                records = view[position : position + size]
+                position += size
+            if flexible:
+                position = _skip_tags(buf, position)
+            partitions.append(ProducePartitionView(index, records))
+        if flexible:
+            position = _skip_tags(buf, position)
+        topics.append(ProduceTopicView(name, partitions))  # type: ignore[arg-type]
+    return ProduceRequestView(transactional_id, acks, datetime.timedelta(milliseconds=timeout_ms), topics)
+
+
+_ACKS_TIMEOUT = struct.Struct(">hi")
 
 
 # ----- the tolerant slow path

@@ -119,7 +119,7 @@ class Partition:
 
     # ---------------------------------------------------------------- appends
 
-    async def append_batch(self, batch: bytearray, header: records.BatchHeader) -> AppendResult:
+    async def append_batch(self, batch: bytearray | memoryview, header: records.BatchHeader) -> AppendResult:
         """Append one validated v2 batch (a private, mutable copy): offsets assigned here.
 
         Between the producer-state check and the stream's synchronous offset reservation

@@ -88,7 +88,7 @@ def parse_header(buf: bytes | bytearray | memoryview, position: int = 0) -> Batc
     return BatchHeader(*_HEADER.unpack_from(buf, position))
 
 
-def validate_produce_records(buf: bytes | None, max_batch_bytes: int) -> BatchHeader:
+def validate_produce_records(buf: bytes | memoryview | None, max_batch_bytes: int) -> BatchHeader:
     """The records of one partition in a Produce v3+ request: exactly one valid v2 batch.
 
     Mirrors Kafka's checks and error codes: a missing/empty record set, more than one batch
@@ -121,7 +121,7 @@ def validate_produce_records(buf: bytes | None, max_batch_bytes: int) -> BatchHe
     return header
 
 
-def assign_offsets(batch: bytearray, base_offset: int, leader_epoch: int, log_append_time_ms: int = -1) -> None:
+def assign_offsets(batch: bytearray | memoryview, base_offset: int, leader_epoch: int, log_append_time_ms: int = -1) -> None:
     """Rewrite baseOffset and partitionLeaderEpoch in place; with a LogAppendTime, also set
     maxTimestamp and the timestamp-type bit and recompute the CRC."""
     _OFFSET_AND_EPOCH.pack_into(batch, 0, base_offset)

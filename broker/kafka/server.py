@@ -58,13 +58,23 @@ class _Slot:
     close_after: bool = False
 
 
-class KafkaConnection(asyncio.Protocol):
+SCRATCH_BYTES = 256 << 10  # frames up to half of this are cut from a shared receive buffer
+
+
+class KafkaConnection(asyncio.BufferedProtocol):
+    """Reads straight into buffers (BufferedProtocol): small frames are sliced out of a
+    scratch buffer, a large frame (a produce batch) gets its own bytearray that the socket
+    fills directly, so its bytes are not copied again before they are decoded."""
+
     def __init__(self, server: "KafkaServer") -> None:
         self.server = server
         self.broker = server.broker
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self._buffer = bytearray()
+        self._scratch = bytearray(SCRATCH_BYTES)
+        self._have = 0  # bytes of _scratch holding received data
+        self._frame: bytearray | None = None  # a large frame being filled
+        self._frame_filled = 0
         self._slots: collections.deque[_Slot] = collections.deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_serial: asyncio.Task[None] | None = None  # last non-concurrent request
@@ -106,33 +116,65 @@ class KafkaConnection(asyncio.Protocol):
         self._writing_paused = False
         self._update_reading()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._frame is not None:
+            return memoryview(self._frame)[self._frame_filled :]
+        return memoryview(self._scratch)[self._have :]
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self._closing:
             return
         self._last_activity = time.monotonic()
-        buf = self._buffer
-        buf += data
-        position = 0
-        end = len(buf)
-        while end - position >= 4:
-            (size,) = _SIZE.unpack_from(buf, position)
+        if self._frame is not None:
+            self._frame_filled += nbytes
+            if self._frame_filled == len(self._frame):
+                frame, self._frame = self._frame, None
+                self._on_frame(frame)
+                self._update_reading()
+            return
+        self._have += nbytes
+        scratch = self._scratch
+        position, have = 0, self._have
+        while have - position >= 4:
+            (size,) = _SIZE.unpack_from(scratch, position)
             if size < 0 or size > self._max_frame:
                 self._abort("oversized", f"request size {size} is outside 0..{self._max_frame} (socket_request_max_bytes)")
                 return
-            if end - position - 4 < size:
-                break
-            frame = bytes(buf[position + 4 : position + 4 + size])
-            position += 4 + size
-            self._on_frame(frame)
-            if self._closing:
-                return
+            available = have - position - 4
+            if available >= size:
+                frame = bytes(scratch[position + 4 : position + 4 + size])  # a copy: scratch is reused
+                position += 4 + size
+                self._on_frame(frame)
+                if self._closing:
+                    return
+                continue
+            if size > SCRATCH_BYTES // 2:
+                # a large frame: its own buffer, filled by the socket from now on
+                frame = bytearray(size)
+                frame[:available] = scratch[position + 4 : have]
+                self._frame, self._frame_filled = frame, available
+                position = have
+            break
         if position:
-            del buf[:position]
+            remaining = have - position
+            if remaining:
+                scratch[:remaining] = scratch[position:have]
+            self._have = remaining
         self._update_reading()
+
+    # kept for transports that only speak the plain Protocol interface
+    def data_received(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view and not self._closing:
+            target = self.get_buffer(len(view))
+            n = min(len(target), len(view))
+            target[:n] = view[:n]
+            view = view[n:]
+            self.buffer_updated(n)
 
     # ---------------------------------------------------------------- requests
 
-    def _on_frame(self, frame: bytes) -> None:
+    def _on_frame(self, frame: bytes | bytearray) -> None:
         try:
             decoded = codec.decode_request(frame, self._served)
         except codec.UnsupportedVersionError as exc:
@@ -265,7 +307,7 @@ class KafkaConnection(asyncio.Protocol):
         log.log(level, "closing connection from %s: %s", self.peer, message)
         self.broker.metrics.connections_closed.labels(reason).inc()
         self._closing = True
-        self._buffer.clear()
+        self._frame = None
         if self.transport is not None:
             # what was answered already goes out first (e.g. ApiVersions before a bad frame)
             self._flush_done_only()

@@ -82,7 +82,10 @@ async def produce(request, ctx: RequestContext):
                 log.info("rejecting produce to %s-%d from %s: %s", topic, index, ctx.peer, exc)
                 outcome.append((topic, index, (exc.error_code, str(exc)), 0))
                 continue
-            task = asyncio.ensure_future(partition.append_batch(bytearray(pdata.records), header))
+            records_buf = pdata.records
+            if not (isinstance(records_buf, memoryview) and not records_buf.readonly):
+                records_buf = bytearray(records_buf)  # kio decoded a small frame: private copy
+            task = asyncio.ensure_future(partition.append_batch(records_buf, header))
             outcome.append((topic, index, task, header))
 
     tasks = [o[2] for o in outcome if isinstance(o[2], asyncio.Future)]

@@ -112,10 +112,12 @@ def test_random_frames_raise_only_frame_errors(frame):
 def test_valid_headers_with_garbage_bodies_raise_only_frame_errors(api, tail, cut):
     key, version = api
     prefix = codec.encode_request(1, codec.error_response(codec.request_class(key, version), ErrorCode.none))
-    try:
-        codec.decode_request(prefix[: max(8, len(prefix) - cut)] + tail, SERVED)
-    except codec.FrameError:
-        pass
+    frame = prefix[: max(8, len(prefix) - cut)] + tail
+    for variant in (frame, bytearray(frame)):  # bytearrays: large frames (in-place Produce decoding)
+        try:
+            codec.decode_request(variant, SERVED)
+        except codec.FrameError:
+            pass
 
 
 @pytest.mark.parametrize("api_key", sorted(SERVED))
@@ -151,3 +153,24 @@ def test_hostile_array_length_is_a_decode_error_not_an_allocation(version):
     hostile = frame[: len(frame) - len(empty + tail)] + huge + b"\x00" * 64
     with pytest.raises(codec.RequestDecodeError):
         codec.decode_request(hostile, SERVED)
+
+
+PRODUCE_VERSIONS = list(range(SERVED[0][0], SERVED[0][1] + 1))
+
+
+@pytest.mark.parametrize("version", PRODUCE_VERSIONS)
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_in_place_produce_decoding_matches_kio(version, data):
+    request = data.draw(st.from_type(codec.request_class(0, version)))
+    frame = codec.encode_request(1, request)
+    via_kio = codec.decode_request(frame, SERVED).request  # bytes frames go through kio
+    in_place = codec.decode_request(bytearray(frame), SERVED).request  # large frames arrive as bytearrays
+    assert isinstance(in_place, codec.ProduceRequestView)
+    assert (in_place.transactional_id, in_place.acks, in_place.timeout) == (via_kio.transactional_id, via_kio.acks, via_kio.timeout)
+    assert [(t.name, [(p.index, None if p.records is None else bytes(p.records)) for p in t.partition_data]) for t in in_place.topic_data] == [
+        (t.name, [(p.index, p.records) for p in t.partition_data]) for t in via_kio.topic_data
+    ]
+    for t in in_place.topic_data:
+        for p in t.partition_data:
+            assert p.records is None or not p.records.readonly

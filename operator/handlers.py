@@ -81,8 +81,8 @@ async def _pass(ctx: OperatorContext, body: Any, name: str, namespace: str, uid:
     ref = ClusterRef(name=name, namespace=namespace, uid=uid)
     # The status written by the previous pass, not kopf's possibly older copy of the body.
     live = await api.get("AutoMQCluster", namespace, name)
-    if live is None:
-        return
+    if live is None or live.get("metadata", {}).get("deletionTimestamp"):
+        return  # gone, or being deleted: recreating children now would only orphan them
     previous = dict(live.get("status") or {})
     generation = int(live.get("metadata", {}).get("generation") or 0)
     raw_spec = dict(live.get("spec") or {})

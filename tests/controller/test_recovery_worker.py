@@ -5,7 +5,9 @@ partition reopen on the live broker under a new epoch, with every acknowledged r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 
 from automq.broker.config import NodeConfig
 from automq.broker.controller.client import ControllerClient
@@ -71,11 +73,18 @@ async def test_live_broker_recovers_a_fenced_brokers_wal(tmp_path, file_url: str
         with pytest.raises(WalRecoveryPendingError):
             await client.reassign_partition("t", 0, 2)
 
-        worker = WalRecoveryWorker(client, store, 2, e2, watch_timeout_ms=0)
-        assert await worker.recover_pending(image) == 1
+        # broker 2's worker follows the metadata, sees the job, recovers, completes
+        worker = WalRecoveryWorker(client, store, 2, e2, watch_timeout_ms=1_000)
+        running = asyncio.create_task(worker.run())
+        try:
+            version, deadline = image.version, time.monotonic() + 60
+            while image.topics[0].partitions[0].state != "online":
+                assert time.monotonic() < deadline, "the WAL was never recovered"
+                image = await client.watch_metadata(version, 1_000)
+                version = image.version
+        finally:
+            running.cancel()
         assert worker.recovered == [job.job_id]
-
-        image = await client.watch_metadata(-1, 0)
         part = image.topics[0].partitions[0]
         assert (part.leader, part.leader_epoch, part.state) == (2, p.leader_epoch + 1, "online")
         assert image.wal_recovery_jobs == ()

@@ -352,3 +352,82 @@ async def test_confluent_kafka_idempotent_produce_and_consume(cluster):
     errors, seen = await asyncio.to_thread(_confluent_roundtrip, cluster.bootstrap, "rdkafka", 2000)
     assert errors == []
     assert seen == list(range(2000))
+
+
+@pytest.fixture
+async def two_brokers(tmp_path):
+    from automq.broker.controller.process import ControllerService
+
+    controller_cfg, objects, _ = _configs(tmp_path)
+    controller = ControllerService(controller_cfg)
+    await controller.start()
+    services = []
+    for node in (1, 2):
+        cfg = parse_config(
+            {
+                "node_id": node,
+                "data_dir": str(tmp_path / f"b{node}"),
+                "object_store_url": objects,
+                "controller_urls": [controller.url],
+                "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 0}],
+                "http_host": "127.0.0.1",
+                "http_port": 0,
+                "heartbeat_interval_ms": 200,
+                "wal": {"capacity": "16MiB"},
+                "storage": {"log_cache_bytes": "16MiB", "block_cache_bytes": "8MiB"},
+            }
+        )
+        service = BrokerService(cfg)
+        await asyncio.wait_for(service.start(), 60)
+        services.append(service)
+    yield services
+    for service in services:
+        await service.stop(timeout=5)
+    await controller.stop()
+
+
+async def test_reassignment_moves_leadership_without_copying_and_redirects_clients(two_brokers, make_batch):
+    first, second = two_brokers
+    info = await first.broker.ensure_topic("moving", 1, {})
+    source = first if info.partitions[0].leader == 1 else second
+    target = second if source is first else first
+    await _topic_ready(source, "moving")
+    port = source.kafka_ports["PLAINTEXT"]
+
+    def produce_to(p, n):
+        c = RawClient(p)
+        try:
+            return [c.call(_produce_request(9, "moving", 0, make_batch(2))).responses[0].partition_responses[0] for _ in range(n)]
+        finally:
+            c.close()
+
+    before = await asyncio.to_thread(produce_to, port, 5)
+    assert [r.base_offset for r in before] == [0, 2, 4, 6, 8]
+    await source.cluster.reassign_partition("moving", 0, target.broker.node_id)
+    for _ in range(200):  # the target opens the stream under a higher epoch
+        if any(p.topic == "moving" for p in target.broker.partitions.led()):
+            break
+        await asyncio.sleep(0.05)
+    moved = target.broker.partitions.get("moving", 0)
+    assert moved.leader_epoch > info.partitions[0].leader_epoch
+    assert moved.high_watermark == 10  # all acknowledged data is there, nothing was copied
+    stale = await asyncio.to_thread(produce_to, port, 1)
+    assert stale[0].error_code == ErrorCode.not_leader_or_follower
+    after = await asyncio.to_thread(produce_to, target.kafka_ports["PLAINTEXT"], 1)
+    assert after[0].error_code == ErrorCode.none and after[0].base_offset == 10
+
+    def consume_all():
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=source.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=10_000)
+        consumer.assign([TopicPartition("moving", 0)])
+        offsets = []
+        for m in consumer:
+            offsets.append(m.offset)
+            if len(offsets) == 12:
+                break
+        consumer.close()
+        return offsets
+
+    # a client bootstrapped on the old leader follows metadata to the new one
+    assert await asyncio.to_thread(consume_all) == list(range(12))

@@ -6,12 +6,15 @@ blocks it needs, through the block cache. When a reader misses, it reads ahead: 
 needed block plus the stream's following blocks in the same object, in ONE ranged GET, and
 the read-ahead window grows by the initial size on every further miss of that stream (up to
 the maximum), so a consumer catching up sequentially soon reads large ranges per request.
+While such a reader processes one answer, the block its next fetch will need is already
+being fetched (also across object boundaries).
 Concurrent readers of the same block share one GET.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -21,6 +24,7 @@ from automq.broker.storage.cache.block_cache import BlockCache
 from automq.broker.storage.metadata import ObjectManager, ObjectMetadata
 from automq.broker.storage.objects.format import (
     FOOTER,
+    ObjectFormatError,
     TAIL_READ_BYTES,
     IndexEntry,
     ObjectIndex,
@@ -28,6 +32,8 @@ from automq.broker.storage.objects.format import (
     parse_index,
     parse_tail,
 )
+
+log = logging.getLogger(__name__)
 
 INDEX_POSITION = -1
 OBJECTS_PER_READ = 8
@@ -58,11 +64,20 @@ class ObjectReader:
         self._metrics = metrics
         self._read_ahead: dict[int, _ReadAhead] = {}
         self._inflight: dict[tuple[int, int], asyncio.Future] = {}
+        self._prefetching: set[asyncio.Task] = set()
 
     async def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> tuple[list[RecordBatchData], bool]:
         """Batches overlapping [start, end) from committed objects, contiguous from the batch
         holding `start`. Returns (batches, all_from_cache)."""
         objs = await self._objects.get_objects(stream_id, start, end, OBJECTS_PER_READ)
+        out, cached, pos = await self._collect(objs, stream_id, start, end, max_bytes)
+        ra = self._read_ahead.get(stream_id)
+        if ra is not None and ra.misses and pos < end:
+            # A reader catching up: fetch what it will ask for next while it processes this.
+            self._prefetch(objs, stream_id, pos)
+        return out, cached
+
+    async def _collect(self, objs: list[ObjectMetadata], stream_id: int, start: int, end: int, max_bytes: int):
         out: list[RecordBatchData] = []
         size = 0
         pos = start
@@ -71,22 +86,37 @@ class ObjectReader:
             index = await self._index(obj)
             for entry in index.blocks(stream_id, pos, end):
                 if entry.start_offset > pos and out:
-                    return out, cached  # a gap: never serve around it
+                    return out, cached, pos  # a gap: never serve around it
                 data, hit = await self._block(obj, index, entry)
                 cached = cached and hit
                 for base, count, payload in iter_block_batches(data, key=obj.key):
                     if base + count <= pos:
                         continue
-                    if base >= end:
-                        return out, cached
-                    if out and size + len(payload) > max_bytes:
-                        return out, cached
+                    if base >= end or (out and size + len(payload) > max_bytes):
+                        return out, cached, pos
                     out.append(RecordBatchData(base, count, payload))
                     size += len(payload)
                     pos = base + count
                 if pos >= end:
-                    return out, cached
-        return out, cached
+                    return out, cached, pos
+        return out, cached, pos
+
+    def _prefetch(self, objs: list[ObjectMetadata], stream_id: int, pos: int) -> None:
+        for obj in objs:
+            if any(r.stream_id == stream_id and r.start_offset <= pos < r.end_offset for r in obj.ranges):
+                task = asyncio.create_task(self._prefetch_block(obj, stream_id, pos))
+                self._prefetching.add(task)
+                task.add_done_callback(self._prefetching.discard)
+                return
+
+    async def _prefetch_block(self, obj: ObjectMetadata, stream_id: int, pos: int) -> None:
+        try:
+            index = await self._index(obj)
+            entries = index.blocks(stream_id, pos, pos + 1)
+            if entries and not self._cache.contains(obj.object_id, entries[0].position):
+                await self._block(obj, index, entries[0])
+        except Exception:  # only an optimisation; the real read will report the problem
+            log.debug("prefetch of %s failed", obj.key, exc_info=True)
 
     async def _index(self, obj: ObjectMetadata) -> ObjectIndex:
         index = self._cache.get(obj.object_id, INDEX_POSITION)
@@ -112,10 +142,10 @@ class ObjectReader:
         data = self._cache.get(obj.object_id, entry.position)
         if data is not None:
             return data, True
-        key = (obj.object_id, entry.position)
-        if key in self._inflight:
-            return await asyncio.shield(self._inflight[key]), False
-        return await self._shared(key, lambda: self._fetch_with_read_ahead(obj, index, entry)), False
+        fut = self._inflight.get((obj.object_id, entry.position))
+        if fut is None:
+            fut = self._start_read_ahead(obj, index, entry)
+        return await asyncio.shield(fut), False
 
     async def _shared(self, key: tuple[int, int], load):
         fut = self._inflight.get(key)
@@ -134,7 +164,10 @@ class ObjectReader:
         fut.set_result(value)
         return value
 
-    async def _fetch_with_read_ahead(self, obj: ObjectMetadata, index: ObjectIndex, entry: IndexEntry) -> memoryview:
+    def _start_read_ahead(self, obj: ObjectMetadata, index: ObjectIndex, entry: IndexEntry) -> asyncio.Future:
+        """One GET for `entry` and the stream's following blocks in this object, as far as
+        the stream's read-ahead window reaches. Every block in it is marked in flight at
+        once, so concurrent readers (and the prefetcher) never fetch a block twice."""
         ra = self._read_ahead.get(entry.stream_id)
         if ra is None:
             ra = self._read_ahead[entry.stream_id] = _ReadAhead(self._initial)
@@ -144,21 +177,42 @@ class ObjectReader:
         group = [entry]
         span = entry.size
         for nxt in index.stream_blocks_after(entry):
-            if span + nxt.size > ra.window or self._cache.contains(obj.object_id, nxt.position):
+            key = (obj.object_id, nxt.position)
+            if span + nxt.size > ra.window or self._cache.contains(*key) or key in self._inflight:
                 break
             if nxt.position != group[-1].position + group[-1].size:
                 break
             group.append(nxt)
             span += nxt.size
-        first = group[0].position
-        raw = memoryview(await self._get(obj.key, first, first + span))
-        if len(raw) < span:
-            from automq.broker.storage.objects.format import ObjectFormatError
+        loop = asyncio.get_running_loop()
+        futures = {e.position: loop.create_future() for e in group}
+        for pos, f in futures.items():
+            self._inflight[(obj.object_id, pos)] = f
+        task = asyncio.create_task(self._read_group(obj, group, span, futures))
+        self._prefetching.add(task)
+        task.add_done_callback(self._prefetching.discard)
+        return futures[entry.position]
 
-            raise ObjectFormatError(f"short read of blocks [{first}, +{span}): got {len(raw)} bytes", key=obj.key)
-        for e in group:
-            self._cache.put(obj.object_id, e.position, raw[e.position - first : e.position - first + e.size], e.size)
-        return raw[: entry.size]
+    async def _read_group(self, obj: ObjectMetadata, group: list[IndexEntry], span: int, futures: dict[int, asyncio.Future]) -> None:
+        first = group[0].position
+        try:
+            raw = memoryview(await self._get(obj.key, first, first + span))
+            if len(raw) < span:
+                raise ObjectFormatError(f"short read of blocks [{first}, +{span}): got {len(raw)} bytes", key=obj.key)
+            for e in group:
+                data = raw[e.position - first : e.position - first + e.size]
+                self._cache.put(obj.object_id, e.position, data, e.size)
+                futures[e.position].set_result(data)
+        except BaseException as exc:
+            for f in futures.values():
+                if not f.done():
+                    f.set_exception(exc)
+                    f.exception()  # retrieved by whoever awaits it; no "never retrieved" noise
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            for pos in futures:
+                self._inflight.pop((obj.object_id, pos), None)
 
     async def _get(self, key: str, start: int, end: int) -> bytes:
         t0 = time.perf_counter()

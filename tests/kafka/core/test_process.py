@@ -1,0 +1,134 @@
+"""The broker as a process: `automq broker --config FILE`, probes, metrics, SIGTERM, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+import yaml
+
+from automq.broker.config import parse_config
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+async def controller(tmp_path):
+    from automq.broker.controller.process import ControllerService
+
+    cfg = parse_config({"node_id": 0, "data_dir": str(tmp_path / "c"), "object_store_url": f"file://{tmp_path}/objects", "http_host": "127.0.0.1", "http_port": 0, "session_timeout_ms": 1500})
+    service = ControllerService(cfg)
+    await service.start()
+    yield service
+    await service.stop()
+
+
+def _start_broker(tmp_path, controller_url: str) -> tuple[subprocess.Popen, int, int]:
+    kafka_port, http_port = _free_port(), _free_port()
+    config = {
+        "node_id": 1,
+        "data_dir": str(tmp_path / "b1"),
+        "object_store_url": f"file://{tmp_path}/objects",
+        "controller_urls": [controller_url],
+        "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": kafka_port}],
+        "http_host": "127.0.0.1",
+        "http_port": http_port,
+        "heartbeat_interval_ms": 200,
+        "wal": {"capacity": "16MiB"},
+        "storage": {"log_cache_bytes": "16MiB", "block_cache_bytes": "8MiB"},
+    }
+    path = tmp_path / "broker.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = open(tmp_path / "broker.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "automq.broker.cli", "broker", "--config", str(path)], stdout=log, stderr=subprocess.STDOUT)
+    return proc, kafka_port, http_port
+
+
+async def _wait_ready(proc: subprocess.Popen, http_port: int) -> None:
+    for _ in range(300):
+        status, _ = await asyncio.to_thread(_get, f"http://127.0.0.1:{http_port}/readyz")
+        if status == 200:
+            return
+        assert proc.poll() is None, "broker exited before it was ready"
+        await asyncio.sleep(0.1)
+    raise AssertionError("broker never became ready")
+
+
+async def _wait_exit(proc: subprocess.Popen, timeout: float = 30) -> int:
+    for _ in range(int(timeout * 10)):
+        if proc.poll() is not None:
+            return proc.returncode
+        await asyncio.sleep(0.1)
+    proc.kill()
+    raise AssertionError("broker did not exit")
+
+
+async def test_probes_metrics_and_graceful_sigterm(tmp_path, controller):
+    proc, kafka_port, http_port = _start_broker(tmp_path, controller.url)
+    try:
+        await _wait_ready(proc, http_port)
+        assert (await asyncio.to_thread(_get, f"http://127.0.0.1:{http_port}/healthz"))[0] == 200
+
+        def produce():
+            from kafka import KafkaProducer
+
+            p = KafkaProducer(bootstrap_servers=f"127.0.0.1:{kafka_port}", acks="all")
+            p.send("probe-topic", b"hello").get(timeout=30)
+            p.close()
+
+        await asyncio.to_thread(produce)
+        status, text = await asyncio.to_thread(_get, f"http://127.0.0.1:{http_port}/metrics")
+        assert status == 200
+        assert 'kafka_topic_messages_in_total{topic="probe-topic"} 1.0' in text
+        assert 'kafka_requests_total{api="Produce"}' in text
+        assert "kafka_request_latency_seconds_bucket" in text
+        assert "kafka_partitions_led" in text
+        proc.send_signal(signal.SIGTERM)
+        assert await _wait_exit(proc) == 0
+        # unregistered: the controller no longer lists it as an active broker
+        from automq.broker.controller.client import ControllerClient
+
+        async with ControllerClient([controller.url]) as client:
+            image = await client.watch_metadata(-1, 0)
+        assert not [b for b in image.brokers if b.node_id == 1 and b.state == "active"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_fenced_broker_exits_non_zero(tmp_path, controller):
+    proc, _, http_port = _start_broker(tmp_path, controller.url)
+    try:
+        await _wait_ready(proc, http_port)
+        os.kill(proc.pid, signal.SIGSTOP)  # no heartbeats for longer than the session timeout
+        await asyncio.sleep(4)
+        os.kill(proc.pid, signal.SIGCONT)
+        code = await _wait_exit(proc)
+        assert code != 0
+        assert b"fenced" in (tmp_path / "broker.log").read_bytes()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -233,19 +233,19 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
         TopicConfigKey(
             "message.timestamp.type", ConfigType.STRING, "CreateTime", _one_of("CreateTime", "LogAppendTime"),
             "CreateTime keeps the producer's timestamps; LogAppendTime stamps batches with the broker's clock.",
-            "enforced by Produce",
+            "enforced by Produce (LogAppendTime rewrites each batch's timestamps)",
             broker_key="log.message.timestamp.type",
         ),
         TopicConfigKey(
             "message.timestamp.before.max.ms", ConfigType.LONG, str(LONG_MAX), _long(lo=0),
             "With CreateTime, reject batches whose timestamp is this much older than the broker's clock.",
-            "accepted; enforced only where the Produce path applies it (see the broker docs)",
+            "accepted, not enforced: Produce does not reject batches for their timestamps",
             broker_key="log.message.timestamp.before.max.ms",
         ),
         TopicConfigKey(
             "message.timestamp.after.max.ms", ConfigType.LONG, "3600000", _long(lo=0),
             "With CreateTime, reject batches whose timestamp is this much ahead of the broker's clock.",
-            "accepted; enforced only where the Produce path applies it (see the broker docs)",
+            "accepted, not enforced: Produce does not reject batches for their timestamps",
             broker_key="log.message.timestamp.after.max.ms",
         ),
         TopicConfigKey(

@@ -96,8 +96,17 @@ def test_delete_records_cluster_and_log_dirs(inprocess_cluster):
 
     kadmin = KafkaAdminClient(bootstrap_servers=inprocess_cluster.bootstrap)
     try:
-        dirs = kadmin.describe_log_dirs()
-        assert "file://" in str(dirs)
+        def sizes():
+            dirs = kadmin.describe_log_dirs()
+            assert "file://" in str(dirs)
+            return {(t["name"], p["partition_index"]): p["partition_size"]
+                    for b in dirs for d in b["log_dirs"] for t in d["topics"] for p in t["partitions"]}
+
+        assert sizes()[("d", 0)] == 0  # every record was deleted
+        for i in range(5):
+            producer.produce("d", b"w%d" % i)
+        producer.flush(10)
+        assert sizes()[("d", 0)] > 0
         assert kadmin.list_partition_reassignments() == {}
         info = kadmin.describe_cluster()
         assert len(info["brokers"]) == 2

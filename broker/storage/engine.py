@@ -228,14 +228,20 @@ class StorageEngine:
         """Recover the WAL (replay, upload, commit), then accept appends."""
         from automq.broker.storage.recovery import upload_recovered
 
-        records = await self.wal.recover()
-        report = self.wal.report
-        if report.stop_reason == "torn":
-            log.warning("WAL recovery stopped at a damaged tail record (never acknowledged): %s", "; ".join(report.details))
-        if records:
-            log.info("WAL recovery: %d records, %d bytes to upload", report.records, report.bytes)
-            await upload_recovered(records, self.object_store, self.streams, self.objects, upload_settings(self.config), self.node_id, self.node_epoch)
-        await self.wal.start(report.end_position)
+        try:
+            records = await self.wal.recover()
+            report = self.wal.report
+            self.metrics.wal_recovered_records.inc(report.records)
+            if report.stop_reason == "torn":
+                self.metrics.wal_damaged_records.inc()
+                log.warning("WAL recovery stopped at a damaged tail record (never acknowledged): %s", "; ".join(report.details))
+            if records:
+                log.info("WAL recovery: %d records, %d bytes to upload", report.records, report.bytes)
+                await upload_recovered(records, self.object_store, self.streams, self.objects, upload_settings(self.config), self.node_id, self.node_epoch)
+            await self.wal.start(report.end_position)
+        except BaseException:
+            await self.wal.close()
+            raise
         self.uploader.start()
         self._started = True
 

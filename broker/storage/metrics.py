@@ -18,6 +18,8 @@ class StorageMetrics:
         self.wal_sync_seconds = Histogram("automq_storage_wal_sync_seconds", "WAL group write+sync (or bulk PUT) latency", buckets=_LATENCY_BUCKETS, registry=r)
         self.wal_bytes_written = Counter("automq_storage_wal_bytes_written", "Bytes written to the WAL (with framing)", registry=r)
         self.wal_bytes_pending = Gauge("automq_storage_wal_bytes_pending", "WAL bytes not yet trimmed (not uploaded)", registry=r)
+        self.wal_recovered_records = Counter("automq_storage_wal_recovered_records", "Records replayed from the WAL at start", registry=r)
+        self.wal_damaged_records = Counter("automq_storage_wal_damaged_records", "Damaged (torn or corrupt) WAL records found at recovery and not served", registry=r)
         self.wal_full = Counter("automq_storage_wal_full", "Times appends waited because the WAL was full", registry=r)
         self.cache_requests = Counter("automq_storage_cache_requests", "Cache lookups", ["cache", "result"], registry=r)
         self.cache_bytes = Gauge("automq_storage_cache_bytes", "Bytes held in a cache", ["cache"], registry=r)

@@ -30,12 +30,12 @@ import fcntl
 import hashlib
 import os
 import secrets
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from automq.broker.objectstore.base import (
     BucketNotFound,
@@ -87,6 +87,49 @@ class _Stat:
     mtime: float
 
 
+class _TempObject:
+    """A new object's content being written next to its final place: a `.%tmp-*` file that
+    `seal()` tags with its ETag and fsyncs; the store then renames or links it into place."""
+
+    def __init__(self, store: "LocalObjectStore", directory: Path) -> None:
+        self.store = store
+        self.path = directory / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+        self.fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.size = 0
+        self._digest = hashlib.md5(usedforsecurity=False)
+
+    def write(self, chunk: bytes | bytearray | memoryview) -> None:
+        assert self.fd is not None
+        view = memoryview(chunk).cast("B")
+        self._digest.update(view)
+        self.size += len(view)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def seal(self) -> str:
+        """Store the ETag (xattr), fsync, close; returns the ETag."""
+        assert self.fd is not None
+        etag = self._digest.hexdigest()
+        if self.store._xattrs:
+            try:
+                os.setxattr(self.fd, ETAG_XATTR, etag.encode("ascii"))
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+                self.store._xattrs = False
+        if self.store._fsync:
+            os.fsync(self.fd)
+        os.close(self.fd)
+        self.fd = None
+        return etag
+
+    def discard(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.path.unlink(missing_ok=True)
+
+
 class LocalObjectStore(ObjectStore):
     def __init__(self, root: str | Path, *, max_concurrency: int = 16, fsync: bool = True) -> None:
         self.root = Path(root)
@@ -109,7 +152,7 @@ class LocalObjectStore(ObjectStore):
             raise ValueError(f"local object store URL {url!r}: host must be empty (file:///abs/path), got {parts.netloc!r}")
         if not parts.path.startswith("/") or parts.path == "/":
             raise ValueError(f"local object store URL {url!r}: needs an absolute directory path other than /")
-        if "\x00" in parts.path:
+        if "\x00" in unquote(parts.path):
             raise ValueError(f"local object store URL {url!r}: path contains NUL")
         kwargs: dict[str, object] = {}
         for name, value in parse_qsl(parts.query, keep_blank_values=True):
@@ -126,7 +169,9 @@ class LocalObjectStore(ObjectStore):
                     raise ValueError(f"local object store URL {url!r}: max_concurrency must be >= 1")
             else:
                 raise ValueError(f"local object store URL {url!r}: unknown query parameter {name!r} (known: fsync, max_concurrency)")
-        return cls(parts.path, **kwargs)  # type: ignore[arg-type]
+        store = cls(unquote(parts.path), **kwargs)  # type: ignore[arg-type]
+        store.url = url
+        return store
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -231,37 +276,9 @@ class LocalObjectStore(ObjectStore):
 
     # -- writing ----------------------------------------------------------------------------
 
-    def _write_temp(self, directory: Path, chunks: Iterable[bytes | bytearray | memoryview]) -> tuple[Path, str, int]:
-        """Write chunks to a fresh temp file next to the target; fsync; tag it with its ETag."""
+    def _new_temp(self, directory: Path) -> "_TempObject":
         self._ensure_dir(directory)
-        temp = directory / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
-        digest = hashlib.md5(usedforsecurity=False)
-        size = 0
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            for chunk in chunks:
-                view = memoryview(chunk).cast("B")
-                digest.update(view)
-                size += len(view)
-                while view:
-                    written = os.write(fd, view)
-                    view = view[written:]
-            etag = digest.hexdigest()
-            if self._xattrs:
-                try:
-                    os.setxattr(fd, ETAG_XATTR, etag.encode("ascii"))
-                except OSError as exc:
-                    if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
-                        raise
-                    self._xattrs = False
-            if self._fsync:
-                os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            temp.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        return temp, etag, size
+        return _TempObject(self, directory)
 
     def _commit(self, key: str, directory: Path, name: str, temp: Path, etag: str, size: int,
                 if_none_match: bool, if_match: str | None) -> PutResult:
@@ -304,8 +321,14 @@ class LocalObjectStore(ObjectStore):
                   if_match: str | None) -> PutResult:
         self._check_root()
         directory, name = self._path(key)
-        temp, etag, size = self._write_temp(directory, [data])
-        return self._commit(key, directory, name, temp, etag, size, if_none_match, if_match)
+        temp = self._new_temp(directory)
+        try:
+            temp.write(data)
+            etag = temp.seal()
+        except BaseException:
+            temp.discard()
+            raise
+        return self._commit(key, directory, name, temp.path, etag, temp.size, if_none_match, if_match)
 
     async def put(self, key: str, data: bytes | bytearray | memoryview, *, if_none_match: bool = False,
                   if_match: str | None = None) -> PutResult:
@@ -318,57 +341,23 @@ class LocalObjectStore(ObjectStore):
         return result
 
     async def put_multipart(self, key: str, parts: AsyncIterator[bytes | memoryview] | list[bytes | memoryview]) -> PutResult:
+        """Parts are appended to one temp file as they arrive, then committed like `put`."""
         validate_key(key)
         await self._run("put_multipart", self._check_root)
         directory, name = self._path(key)
-        temp: Path | None = None
-        digest = hashlib.md5(usedforsecurity=False)
-        size = 0
-        fd: int | None = None
-
-        def open_temp() -> tuple[Path, int]:
-            self._ensure_dir(directory)
-            path = directory / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
-            return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-
-        def append(chunk: bytes | memoryview) -> None:
-            view = memoryview(chunk).cast("B")
-            while view:
-                written = os.write(fd, view)  # type: ignore[arg-type]
-                view = view[written:]
-
-        def finish() -> None:
-            etag = digest.hexdigest()
-            if self._xattrs:
-                try:
-                    os.setxattr(fd, ETAG_XATTR, etag.encode("ascii"))  # type: ignore[arg-type]
-                except OSError as exc:
-                    if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
-                        raise
-                    self._xattrs = False
-            if self._fsync:
-                os.fsync(fd)  # type: ignore[arg-type]
-
+        temp: _TempObject = await self._run("put_multipart", self._new_temp, directory)
         try:
-            temp, fd = await self._run("put_multipart", open_temp)
             async for part in iterate_parts(parts):
-                digest.update(part)
-                size += len(part)
-                await self._run("put_multipart", append, part)
-            await self._run("put_multipart", finish)
-            os.close(fd)
-            fd = None
+                await self._run("put_multipart", temp.write, part)
+            etag = await self._run("put_multipart", temp.seal)
             result = await self._run(
-                "put_multipart", self._commit, key, directory, name, temp, digest.hexdigest(), size, False, None
+                "put_multipart", self._commit, key, directory, name, temp.path, etag, temp.size, False, None
             )
         except BaseException:
-            if fd is not None:
-                os.close(fd)
-            if temp is not None:
-                temp.unlink(missing_ok=True)
+            temp.discard()
             raise
         self.stats.puts += 1
-        self.stats.bytes_put += size
+        self.stats.bytes_put += temp.size
         return result
 
     # -- reading ----------------------------------------------------------------------------

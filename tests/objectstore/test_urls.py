@@ -36,6 +36,7 @@ def test_s3_url_settings():
     ("file://host/path", "host must be empty"),
     ("file://relative", "host must be empty"),
     ("file:///", "absolute directory path"),
+    ("file:///data%00x", "NUL"),
     ("file:///data?fsync=maybe", "fsync must be true or false"),
     ("file:///data?colour=blue", "unknown query parameter 'colour'"),
     ("file:///data?max_concurrency=0", "max_concurrency must be >= 1"),
@@ -52,3 +53,4 @@ def test_file_url_options():
     assert isinstance(store, LocalObjectStore)
     assert str(store.root) == "/var/lib/automq/objects"
     assert open_object_store("file://localhost/data").root.as_posix() == "/data"
+    assert open_object_store("file:///srv/my%20objects").root.as_posix() == "/srv/my objects"

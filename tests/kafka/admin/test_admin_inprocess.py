@@ -150,3 +150,43 @@ def test_reassignment_moves_leader_and_data_follows(inprocess_cluster):
     consumer.close()
     assert [o for o, _ in got] == list(range(100))
     assert [v for _, v in got] == [b"a%d" % i for i in range(50)] + [b"b%d" % i for i in range(50)]
+
+
+def test_delete_by_topic_id_and_full_alter_configs(inprocess_cluster):
+    import uuid
+
+    from kafka.admin import KafkaAdminClient
+
+    admin = AdminClient({"bootstrap.servers": inprocess_cluster.bootstrap})
+    admin.create_topics([NewTopic("byid", 1, 1, config={"retention.ms": "1000", "retention.bytes": "2048"})])["byid"].result(30)
+    _wait_leaders(admin, "byid", 1)
+
+    # AlterConfigs (not incremental) replaces the whole set: keys left out go back to defaults
+    res = ConfigResource(ResourceType.TOPIC, "byid", set_config={"retention.ms": "5000"})
+    admin.alter_configs([res])[res].result(30)
+    configs = list(admin.describe_configs([ConfigResource(ResourceType.TOPIC, "byid")]).values())[0].result(30)
+    assert configs["retention.ms"].value == "5000"
+    assert configs["retention.bytes"].source == ConfigSource.DEFAULT_CONFIG.value
+    # validate_only changes nothing
+    res = ConfigResource(ResourceType.TOPIC, "byid", set_config={"retention.ms": "7"})
+    admin.alter_configs([res], validate_only=True)[res].result(30)
+    configs = list(admin.describe_configs([ConfigResource(ResourceType.TOPIC, "byid")]).values())[0].result(30)
+    assert configs["retention.ms"].value == "5000"
+    # broker configs are static
+    broker_res = ConfigResource(ResourceType.BROKER, "1", set_config={"num.partitions": "3"})
+    err = _error(admin.alter_configs([broker_res])[broker_res])
+    assert err.name() == "INVALID_REQUEST" and "num.partitions" in err.str()
+
+    kadmin = KafkaAdminClient(bootstrap_servers=inprocess_cluster.bootstrap)
+    try:
+        topic_id = uuid.UUID(str(kadmin.describe_topics(["byid"])[0]["topic_id"]))
+        answer = kadmin.delete_topics([uuid.uuid4()], raise_errors=False)  # unknown id: answered, nothing deleted
+        assert [t["error_code"] for t in answer["topics"]] == [100]  # UNKNOWN_TOPIC_ID
+        assert "byid" in kadmin.list_topics()
+        kadmin.delete_topics([topic_id])
+        deadline = time.monotonic() + 30
+        while "byid" in kadmin.list_topics() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "byid" not in kadmin.list_topics()
+    finally:
+        kadmin.close()

@@ -173,3 +173,39 @@ async def test_wrong_broker_says_not_coordinator(cluster) -> None:
     assert r.coordinators[0].error_code == ErrorCode.coordinator_not_available
     r = await n1.call(FIND_COORDINATOR, 4, key_type=7, coordinator_keys=("x", "y"))
     assert [c.error_code for c in r.coordinators] == [ErrorCode.invalid_request] * 2
+
+
+async def test_checkpoint_trims_the_log_and_keeps_every_offset(cluster, monkeypatch) -> None:
+    import automq.broker.kafka.groups.coordinator as coordinator_module
+
+    monkeypatch.setattr(coordinator_module, "CHECKPOINT_MIN_RECORDS", 40)
+    n1 = await cluster.start_node(1, offsets_topic_num_partitions=1)
+    await n1.broker.ensure_topic("t", partitions=2)
+    assert await coordinator_of(n1, "g") == 1
+    await ready(n1, "g")
+    member, generation = await join_and_sync(n1, "g")
+    for i in range(120):  # many commits of the same two partitions: mostly obsolete records
+        r = await n1.call(COMMIT, 8, group_id="g", generation_id_or_member_epoch=generation, member_id=member, group_instance_id=None,
+                          topics=(_commit_topic([(0, i, f"m{i}"), (1, 1000 + i, "")]),))
+        assert {p.error_code for p in r.topics[0].partitions} == {ErrorCode.none}
+    await ready(n1, "solo")
+    r = await n1.call(COMMIT, 8, group_id="solo", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
+                      topics=(_commit_topic([(1, 3, "s")]),))
+    assert r.topics[0].partitions[0].error_code == ErrorCode.none
+
+    partition = n1.broker.partitions.get(OFFSETS_TOPIC, 0)
+
+    async def trimmed():
+        return partition.log_start_offset > 0
+
+    await eventually(trimmed)
+    assert partition.log_start_offset > 100  # most of the 240+ records are gone
+    assert await fetched(n1, "g") == {0: (119, "m119"), 1: (1119, "")}
+
+    await cluster.stop_node(1)
+    n1 = await cluster.start_node(1, offsets_topic_num_partitions=1)
+    await ready(n1, "g")
+    assert await fetched(n1, "g") == {0: (119, "m119"), 1: (1119, "")}
+    assert await fetched(n1, "solo") == {1: (3, "s")}
+    r = await n1.call(HEARTBEAT, 3, group_id="g", generation_id=generation, member_id=member, group_instance_id=None)
+    assert r.error_code == ErrorCode.none

@@ -601,14 +601,65 @@ def _writer(cls: type):
     return entity_writer(cls)
 
 
-def encode_response(correlation_id: int, response: Any) -> bytes:
-    """Response header (v0 or v1 as kio's schema says) + body, without the size prefix."""
-    buf = io.BytesIO()
-    buf.write(_INT32.pack(correlation_id))
+class RecordSet:
+    """Stored batches sent as one `records` field without joining them: the response is
+    written as a list of chunks and large payloads go to the socket by reference."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: list[bytes | memoryview]) -> None:
+        self.parts = parts
+        self.size = sum(len(p) for p in parts)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
+
+
+class _ChunkWriter:
+    """What kio's writers write into: small writes are gathered, large ones referenced."""
+
+    LARGE = 16 << 10
+    __slots__ = ("chunks", "current")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes | bytearray | memoryview] = []
+        self.current = bytearray()
+
+    def write(self, data) -> None:
+        if isinstance(data, RecordSet):
+            for part in data.parts:
+                self.write(part)
+        elif len(data) >= self.LARGE:
+            if self.current:
+                self.chunks.append(self.current)
+                self.current = bytearray()
+            self.chunks.append(data)
+        else:
+            self.current += data
+
+    def finish(self) -> list[bytes | bytearray | memoryview]:
+        if self.current:
+            self.chunks.append(self.current)
+            self.current = bytearray()
+        return self.chunks
+
+
+def encode_response_chunks(correlation_id: int, response: Any) -> list[bytes | bytearray | memoryview]:
+    """Response header (v0 or v1 as kio's schema says) + body as chunks, no size prefix."""
+    out = _ChunkWriter()
+    out.write(_INT32.pack(correlation_id))
     if response.__header_schema__.__flexible__:
-        buf.write(b"\x00")  # header v1: no tagged fields
-    _writer(type(response))(buf, response)
-    return buf.getvalue()
+        out.write(b"\x00")  # header v1: no tagged fields
+    _writer(type(response))(out, response)
+    return out.finish()
+
+
+def encode_response(correlation_id: int, response: Any) -> bytes:
+    """Response header + body as one bytes object, without the size prefix."""
+    return b"".join(encode_response_chunks(correlation_id, response))
 
 
 def encode_request(correlation_id: int, request: Any, client_id: str | None = "automq") -> bytes:

@@ -54,7 +54,7 @@ WRITE_HIGH_WATER = 8 << 20
 class _Slot:
     correlation_id: int
     done: bool = False
-    payload: bytes | None = None
+    payload: list | None = None  # response chunks (header + body), without the size prefix
     close_after: bool = False
 
 
@@ -230,14 +230,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 slot.close_after = True
                 payload = None
             else:
-                payload = None if response is None else codec.encode_response(ctx.correlation_id, response)
+                payload = None if response is None else codec.encode_response_chunks(ctx.correlation_id, response)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("%s v%d from %s (client %s) failed; answering UNKNOWN_SERVER_ERROR", api, ctx.api_version, ctx.peer, ctx.client_id)
             metrics.request_errors.labels(api).inc()
             try:
-                payload = codec.encode_response(ctx.correlation_id, codec.error_response(ctx.response_class, ErrorCode.unknown_server_error))
+                payload = codec.encode_response_chunks(ctx.correlation_id, codec.error_response(ctx.response_class, ErrorCode.unknown_server_error))
             except Exception:
                 log.exception("cannot even encode an error response for %s v%d; closing %s", api, ctx.api_version, ctx.peer)
                 slot.close_after = True
@@ -254,7 +254,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         from kio.schema.api_versions.v0.response import ApiVersionsResponse
 
         response = api_versions_response(ApiVersionsResponse, ErrorCode.unsupported_version)
-        slot = _Slot(correlation_id, done=True, payload=codec.encode_response(correlation_id, response))
+        slot = _Slot(correlation_id, done=True, payload=codec.encode_response_chunks(correlation_id, response))
         self._slots.append(slot)
         self._flush()
 
@@ -265,7 +265,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         while self._slots and self._slots[0].done:
             slot = self._slots.popleft()
             if slot.payload is not None:
-                transport.writelines((_SIZE.pack(len(slot.payload)), slot.payload))
+                _write_frame(transport, slot.payload)
                 self._last_activity = time.monotonic()
             if slot.close_after:
                 transport.close()
@@ -318,7 +318,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         while self._slots and self._slots[0].done and transport is not None:
             slot = self._slots.popleft()
             if slot.payload is not None:
-                transport.writelines((_SIZE.pack(len(slot.payload)), slot.payload))
+                _write_frame(transport, slot.payload)
 
     async def drain_and_close(self, timeout: float) -> None:
         """Graceful shutdown: read nothing more, answer what is in flight, then close."""
@@ -329,6 +329,16 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._flush()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+
+def _write_frame(transport: asyncio.Transport, chunks: list) -> None:
+    size = 0
+    for chunk in chunks:
+        size += len(chunk)
+    if len(chunks) == 1:
+        transport.write(_SIZE.pack(size) + chunks[0])
+    else:
+        transport.writelines([_SIZE.pack(size), *chunks])
 
 
 class KafkaServer:

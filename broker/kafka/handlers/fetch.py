@@ -225,7 +225,8 @@ async def fetch(request, ctx: RequestContext):
             continue  # nothing new for this partition: incremental responses leave it out
         sp.last_high_watermark = read.high_watermark
         sp.last_log_start_offset = read.log_start_offset
-        data = b"".join(read.payloads) if read.payloads else b""
+        payloads = read.payloads
+        data = codec.RecordSet(payloads) if len(payloads) > 1 else (payloads[0] if payloads else b"")
         if read.size:
             metrics.record_fetch(sp.topic, read.size)
         part = codec.build(

@@ -153,6 +153,8 @@ class EngineStream:
 
     async def close(self) -> None:
         if self._closed is not None:
+            if self._closed.startswith("failed"):
+                self._engine._forget(self)  # its WAL failed: nothing more can be made durable
             return
         self._closed = "closing"
         await self._drained.wait()

@@ -90,6 +90,7 @@ class SeaweedFS:
     ports: dict[str, int] = field(default_factory=dict)
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _log_file: object | None = field(default=None, repr=False)
+    _admin: tuple[tuple[str, str], object] | None = field(default=None, repr=False)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -221,14 +222,21 @@ class SeaweedFS:
             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": max_attempts}, **config),
         )
 
+    def _admin_client(self):  # noqa: ANN202
+        """A cached client for bucket housekeeping (creating a botocore client costs ~0.1 s)."""
+        credentials = (self.access_key, self.secret_key)
+        if self._admin is None or self._admin[0] != credentials:
+            self._admin = (credentials, self.client())
+        return self._admin[1]
+
     def create_bucket(self, name: str | None = None) -> str:
         name = name or f"automq-{secrets.token_hex(6)}"
-        self.client().create_bucket(Bucket=name)
+        self._admin_client().create_bucket(Bucket=name)
         return name
 
     def delete_bucket(self, name: str) -> None:
         """Delete a bucket with everything in it (SeaweedFS allows deleting non-empty buckets)."""
-        self.client().delete_bucket(Bucket=name)
+        self._admin_client().delete_bucket(Bucket=name)
 
     def url_for(self, bucket: str) -> str:
         """The object-store URL (`open_object_store`) of a bucket on this server."""

@@ -45,6 +45,7 @@ CONTROLLER_NODE_ID = 0
 READY_TIMEOUT_S = 180.0
 BROKER_STOP_GRACE_S = 30.0
 CONTROLLER_STOP_GRACE_S = 10.0
+CONTROLLER_LOST_GRACE_S = 5.0
 RESTART_LIMIT = 5  # broker restarts within RESTART_WINDOW_S before the cluster gives up
 RESTART_WINDOW_S = 60.0
 CLUSTER_ID = "automq-local"
@@ -257,11 +258,11 @@ def _write_tail(node: Node) -> None:
     sys.stderr.flush()
 
 
-def stop(nodes: list[Node], console: Console) -> None:
+def stop(nodes: list[Node], console: Console, broker_grace_s: float = BROKER_STOP_GRACE_S) -> None:
     """Brokers first, then the controller: SIGTERM, wait, SIGKILL stragglers."""
     brokers = [n for n in nodes if n.role == "broker"]
     controllers = [n for n in nodes if n.role == "controller"]
-    for group, grace in ((brokers, BROKER_STOP_GRACE_S), (controllers, CONTROLLER_STOP_GRACE_S)):
+    for group, grace in ((brokers, broker_grace_s), (controllers, CONTROLLER_STOP_GRACE_S)):
         running = [n for n in group if n.process is not None and n.process.poll() is None]
         for n in running:
             with contextlib.suppress(ProcessLookupError):
@@ -375,7 +376,10 @@ def run_local_cluster(brokers: int, data_dir: Path | str, port: int, object_stor
             console.print(f"cluster ready: {len(nodes) - 1} broker(s); Ctrl-C stops it. Logs: {data_dir / 'logs'}")
             code = _supervise(nodes, console, signals)
             console.print("stopping brokers, then the controller ...")
-            stop(nodes, console)
+            controller_alive = all(n.process is not None and n.process.poll() is None for n in nodes if n.role == "controller")
+            # without a controller a broker can neither commit its uploads nor deregister: its WAL
+            # keeps the data for the next start, so waiting long for a graceful stop buys nothing
+            stop(nodes, console, BROKER_STOP_GRACE_S if controller_alive else CONTROLLER_LOST_GRACE_S)
             console.print("stopped")
             return code
     except LocalClusterError as exc:

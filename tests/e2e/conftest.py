@@ -90,11 +90,12 @@ class LocalCluster:
             pytest.fail(f"local cluster did not start (exit {code}):\n" + "\n".join(self.output[-40:]) + self.logs_tail(), pytrace=False)
         return self
 
-    def stop(self, timeout: float = 60.0) -> int:
-        """SIGTERM `automq local up` (it stops brokers, then the controller); its exit code."""
+    def stop(self, timeout: float = 60.0, sig: int = signal.SIGTERM) -> int:
+        """SIGTERM (or Ctrl-C's SIGINT) to `automq local up`: it stops brokers, then the
+        controller. Returns its exit code."""
         if self.process is None or self.process.poll() is not None:
             return self.process.returncode if self.process else 0
-        self.process.send_signal(signal.SIGTERM)
+        self.process.send_signal(sig)
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:

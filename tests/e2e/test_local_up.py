@@ -2,6 +2,7 @@
 SIGTERM, and a restart on the same data dir that finds everything again."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def test_stop_restart_same_data_dir_and_lock(tmp_path, e2e):
         e2e.produce(cluster.bootstrap, topic, [b"r-%d" % i for i in range(200)])
         pids = cluster.pids()
         assert set(pids) == {"controller", "broker-1"}
-        assert cluster.stop() == 0
+        assert cluster.stop(sig=signal.SIGINT) == 0  # Ctrl-C
         for pid in pids.values():  # every child is gone
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
@@ -59,3 +60,17 @@ def test_stop_restart_same_data_dir_and_lock(tmp_path, e2e):
             cluster.stop()
         finally:
             cluster.kill()
+
+
+def test_controller_death_stops_the_cluster_with_an_error(tmp_path, e2e):
+    cluster = e2e.LocalCluster(tmp_path, 1, e2e.free_port_block(1)).start()
+    try:
+        pids = cluster.pids()
+        os.kill(pids["controller"], signal.SIGKILL)
+        assert cluster.process.wait(90) == 1
+        cluster._reader.join(10)  # all of the launcher's output is read
+        assert any("the controller exited" in line for line in cluster.output), cluster.output[-10:]
+        with pytest.raises(ProcessLookupError):  # the broker was stopped too
+            os.kill(pids["broker-1"], 0)
+    finally:
+        cluster.kill()

@@ -177,6 +177,11 @@ async def fetch(request, ctx: RequestContext):
             continue
         try:
             read.partition = broker.partitions.get(read.target.topic, read.target.partition)
+            # KIP-320: a client whose metadata is behind or ahead of this leader refreshes it
+            epoch = read.target.current_leader_epoch
+            if epoch >= 0 and epoch != read.partition.leader_epoch:
+                read.error = ErrorCode.fenced_leader_epoch if epoch < read.partition.leader_epoch else ErrorCode.unknown_leader_epoch
+                read.partition = None
         except NotLeaderError:
             read.error = ErrorCode.not_leader_or_follower
         except UnknownPartitionError:

@@ -21,6 +21,7 @@ import logging
 from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka import codec, records
+from automq.broker.kafka.broker import INTERNAL_TOPICS
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.registry import handles
 from automq.broker.kafka.partitions import AppendResult, NotLeaderError, UnknownPartitionError
@@ -69,6 +70,10 @@ async def produce(request, ctx: RequestContext):
             index = pdata.index
             if acks not in (0, 1, -1):
                 outcome.append((topic, index, (ErrorCode.invalid_required_acks, None), 0))
+                continue
+            if topic in INTERNAL_TOPICS:
+                # only the group coordinator writes there, and not through Produce (as in Kafka)
+                outcome.append((topic, index, (ErrorCode.invalid_topic_exception, f"cannot produce to internal topic {topic}"), 0))
                 continue
             try:
                 partition = partitions.get(topic, index)

@@ -142,6 +142,11 @@ async def test_produce_errors_wrong_crc_old_magic_and_too_large(cluster, make_ba
 
     assert (await asyncio.to_thread(unknown_partition)).error_code == ErrorCode.unknown_topic_or_partition
 
+    def internal():
+        return _raw_request(port, _produce_request(9, "__consumer_offsets", 0, bytes(good))).responses[0].partition_responses[0]
+
+    assert (await asyncio.to_thread(internal)).error_code == ErrorCode.invalid_topic_exception
+
 
 class RawClient:
     """One socket speaking kio-encoded requests, for protocol corners clients hide."""
@@ -187,11 +192,11 @@ def _produce_request(version: int, topic: str, partition: int, records: bytes, a
     return m.ProduceRequest(transactional_id=None, acks=acks, timeout=datetime.timedelta(seconds=10), topic_data=(m.TopicProduceData(name=topic, partition_data=(m.PartitionProduceData(index=partition, records=records),)),))
 
 
-def _fetch_request(version: int, topic, offset: int, *, session_id=0, epoch=-1, max_wait_ms=0, min_bytes=0, partitions=(0,), forgotten=()):
+def _fetch_request(version: int, topic, offset: int, *, session_id=0, epoch=-1, max_wait_ms=0, min_bytes=0, partitions=(0,), forgotten=(), leader_epoch=-1):
     import datetime
 
     m = __import__(f"kio.schema.fetch.v{version}.request", fromlist=["x"])
-    parts = tuple(codec.build(m.FetchPartition, partition=p, current_leader_epoch=-1, fetch_offset=offset[p] if isinstance(offset, dict) else offset, last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20) for p in partitions)
+    parts = tuple(codec.build(m.FetchPartition, partition=p, current_leader_epoch=leader_epoch, fetch_offset=offset[p] if isinstance(offset, dict) else offset, last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20) for p in partitions)
     topic_key = {"topic_id": topic} if version >= 13 else {"topic": topic}
     topics = (codec.build(m.FetchTopic, partitions=parts, **topic_key),) if partitions else ()
     forgotten_topics = tuple(codec.build(m.ForgottenTopic, partitions=tuple(forgotten), **topic_key) for _ in [0] if forgotten)
@@ -431,3 +436,19 @@ async def test_reassignment_moves_leadership_without_copying_and_redirects_clien
 
     # a client bootstrapped on the old leader follows metadata to the new one
     assert await asyncio.to_thread(consume_all) == list(range(12))
+
+
+async def test_fetch_checks_the_clients_leader_epoch(cluster, make_batch):
+    await _topic_ready(cluster, "epochs")
+    epoch = cluster.broker.partitions.get("epochs", 0).leader_epoch
+    port = cluster.kafka_ports["PLAINTEXT"]
+
+    def scenario():
+        c = RawClient(port)
+        try:
+            c.call(_produce_request(9, "epochs", 0, make_batch(1)))
+            return [c.call(_fetch_request(12, "epochs", 0, leader_epoch=e)).responses[0].partitions[0].error_code for e in (epoch, epoch + 1, -1)]
+        finally:
+            c.close()
+
+    assert await asyncio.to_thread(scenario) == [ErrorCode.none, ErrorCode.unknown_leader_epoch, ErrorCode.none]

@@ -258,7 +258,19 @@ class ObjectStoreWal(WriteAheadLog):
                         pass
                     continue
                 await self._slots.acquire()
-                pending, self._buffer, self._buffer_bytes = self._buffer, [], 0
+                # At most bulk_bytes per object: a burst becomes several PUTs in flight
+                # instead of one huge one that everybody waits for.
+                taken, size = 0, 0
+                for r, _ in self._buffer:
+                    n = len(r.payload) + REC_HEADER_SIZE
+                    if taken and size + n > self._bulk_bytes:
+                        break
+                    taken += 1
+                    size += n
+                pending, self._buffer = self._buffer[:taken], self._buffer[taken:]
+                self._buffer_bytes -= size
+                if self._buffer:
+                    self._buffer_since = time.monotonic() - self._interval  # the rest is due now
                 start = self._next
                 size = BULK_HEADER.size + sum(REC_HEADER_SIZE + len(r.payload) for r, _ in pending)
                 self._next = start + size

@@ -78,3 +78,14 @@ def test_truncated_block_is_refused():
         list(iter_block_batches(block))
     with pytest.raises(ObjectFormatError, match="truncated"):
         list(iter_block_batches(b"\x00" * 5))
+
+
+def test_whole_object_iteration():
+    from automq.broker.storage.objects.format import iter_object_batches
+
+    data = build()
+    got = [(s, b, c, bytes(p)) for s, b, c, p in iter_object_batches(data)]
+    assert got == [(1, b, 3, bytes([b]) * 40) for b in range(0, 30, 3)] + [(5, 7, 1, b"x" * 10)]
+    assert [b for _, b, _, _ in iter_object_batches(data, stream_id=5)] == [7]
+    with pytest.raises(ObjectFormatError):
+        list(iter_object_batches(data[:-3]))

@@ -224,3 +224,21 @@ def iter_block_batches(block: bytes | memoryview, *, key: str | None = None):
             raise ObjectFormatError(f"batch at offset {base} overruns its block", key=key)
         yield base, count, view[pos : pos + size]
         pos += size
+
+
+def open_object(data: bytes | memoryview, *, key: str | None = None) -> ObjectIndex:
+    """Parse the index of a whole object held in memory (compaction, lake ingestion)."""
+    view = memoryview(data)
+    index_pos, index_len, crc = parse_tail(view[-FOOTER.size :] if len(view) >= FOOTER.size else view, len(view), key=key)
+    return parse_index(view[index_pos : index_pos + index_len], crc, len(view), key=key)
+
+
+def iter_object_batches(data: bytes | memoryview, stream_id: int | None = None, *, key: str | None = None):
+    """Yield (stream_id, base_offset, record_count, payload) for every batch of a whole
+    object (optionally one stream's), in index order, without copying payloads."""
+    view = memoryview(data)
+    for e in open_object(view, key=key).entries:
+        if stream_id is not None and e.stream_id != stream_id:
+            continue
+        for base, count, payload in iter_block_batches(view[e.position : e.position + e.size], key=key):
+            yield e.stream_id, base, count, payload

@@ -164,3 +164,21 @@ async def test_bad_arguments_are_rejected(store):
     meta = InProcessMetadata(store)
     with pytest.raises(ValueError, match="count"):
         await meta.prepare_objects(0, 1000)
+
+
+async def test_compaction_commits_replace_objects(store):
+    meta = InProcessMetadata(store, gc_retention_ms=0)
+    sid = await meta.create_stream()
+    await meta.open_stream(sid, 0, 1, 0)
+    o1 = await meta.prepare_objects(1, 60_000)
+    await meta.commit_stream_set_object(commit(o1, (sid, 0, 0, 10)))
+    o2 = await meta.prepare_objects(1, 60_000)
+    await meta.commit_stream_set_object(commit(o2, (sid, 0, 10, 20)))
+    # a compaction job rewrites both stream-set objects into one stream object
+    new = await meta.prepare_objects(1, 60_000)
+    await meta.commit_stream_object(StreamObject(new, 300, sid, 0, 20, source_object_ids=(o1, o2)), node_id=-1, node_epoch=0)
+    objs = await meta.get_objects(sid, 0, -1, 10)
+    assert [(o.object_id, o.object_type) for o in objs] == [(new, ObjectType.STREAM)]
+    assert (await meta.get_streams([sid]))[0].end_offset == 20  # compaction moves no offsets
+    with pytest.raises(ObjectNotPreparedError):  # the same id cannot be committed twice
+        await meta.commit_stream_object(StreamObject(new, 300, sid, 0, 20, source_object_ids=(o1,)), node_id=-1, node_epoch=0)

@@ -196,3 +196,22 @@ async def test_torn_wal_tail_is_counted_and_not_served(engines):
     assert stream2.end_offset == 2
     r = await stream2.fetch(0, 2, 1 << 20)
     assert [bytes(b.payload) for b in r.batches] == [bytes([0]) * 1000, bytes([1]) * 1000]
+
+
+async def test_full_wal_forces_uploads_instead_of_overwriting(engines):
+    # a 128 KiB ring, uploads only when something forces them
+    engine = await engines.start(
+        wal=engines.config.wal.model_copy(update={"capacity": 128 << 10, "path": "small-wal"}),
+        storage=engines.config.storage.model_copy(update={"upload_interval_ms": 3_600_000, "upload_block_bytes": 64 << 20}),
+    )
+    sid = await engine.create_stream()
+    stream = await engine.open_stream(sid, 0)
+    expected = [bytes([i % 256]) * 10_000 for i in range(100)]  # ~1 MB through a 128 KiB ring
+    bases = await asyncio.gather(*(stream.append(p, 1) for p in expected))
+    assert bases == list(range(100))
+    assert engine.metrics.registry.get_sample_value("automq_storage_wal_full_total") > 0
+    assert engine.wal.bytes_pending_trim <= 128 << 10
+    await engine.uploader.flush()
+    engine.log_cache.drop_stream(sid)  # read it all back from objects
+    got = await read_all(stream, 0, 100)
+    assert [p for _, _, p in got] == expected

@@ -35,8 +35,10 @@ log = logging.getLogger(__name__)
 # idempotent-producer state. Kafka snapshots this state; we rebuild it from the log tail, so a
 # producer idle for longer than this window is treated as new (its next batch must start a
 # fresh sequence or it gets OUT_OF_ORDER_SEQUENCE_NUMBER / UNKNOWN_PRODUCER_ID from K2's checks).
-PRODUCER_STATE_REBUILD_OFFSETS = 50_000
-PRODUCER_STATE_REBUILD_BYTES = 16 << 20
+# The window is small so that opening a moved partition (a cold read from the object store)
+# stays fast: reassignment time must not grow with the partition's size.
+PRODUCER_STATE_REBUILD_OFFSETS = 10_000
+PRODUCER_STATE_REBUILD_BYTES = 8 << 20
 
 
 class PartitionError(Exception):
@@ -250,6 +252,7 @@ class PartitionManager:
     """Follows controller metadata; owns the Partition objects this broker leads."""
 
     WATCH_TIMEOUT_MS = 30_000
+    CLOSE_TIMEOUT_S = 60.0
 
     def __init__(self, broker: "Broker") -> None:
         self._broker = broker
@@ -466,9 +469,14 @@ class PartitionManager:
                 await self._watch_task
             except (asyncio.CancelledError, Exception):
                 pass
-        for task in list(self._transitions.values()):
-            try:
-                await task
-            except BaseException:
-                pass
-        await asyncio.gather(*(self._close_partition(p, None) for p in list(self._partitions.values())), return_exceptions=True)
+        transitions = list(self._transitions.values())
+        if transitions:
+            _done, pending = await asyncio.wait(transitions, timeout=self.CLOSE_TIMEOUT_S)
+            for task in pending:  # an open stuck on storage must not block shutdown forever
+                task.cancel()
+        closing = [asyncio.ensure_future(self._close_partition(p, None)) for p in list(self._partitions.values())]
+        if closing:
+            _done, pending = await asyncio.wait(closing, timeout=self.CLOSE_TIMEOUT_S)
+            for task in pending:
+                log.error("closing a partition did not finish within %.0fs", self.CLOSE_TIMEOUT_S)
+                task.cancel()

@@ -50,8 +50,8 @@ async def cluster(tmp_path):
     service = BrokerService(broker_cfg)
     await asyncio.wait_for(service.start(), 60)
     yield service
-    await service.stop(timeout=5)
-    await controller.stop()
+    await asyncio.wait_for(service.stop(timeout=5), 60)
+    await asyncio.wait_for(controller.stop(), 30)
 
 
 def _produce_and_consume(bootstrap: str, topic: str, n: int):
@@ -387,8 +387,8 @@ async def two_brokers(tmp_path):
         services.append(service)
     yield services
     for service in services:
-        await service.stop(timeout=5)
-    await controller.stop()
+        await asyncio.wait_for(service.stop(timeout=5), 60)
+    await asyncio.wait_for(controller.stop(), 30)
 
 
 async def test_reassignment_moves_leadership_without_copying_and_redirects_clients(two_brokers, make_batch):

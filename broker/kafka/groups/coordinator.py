@@ -79,6 +79,7 @@ class GroupCoordinator:
         self.manager = GroupManager(self.config, self.num_partitions)
         self._partitions: dict[int, Any] = {}  # loaded partition index -> Partition
         self._loading: set[int] = set()
+        self._loads: dict[int, asyncio.Task[None]] = {}
         self._records_since_checkpoint: dict[int, int] = {}
         self._inflight: dict[int, int] = {}  # partition -> appends not yet durable
         self._checkpointing: set[int] = set()
@@ -104,6 +105,10 @@ class GroupCoordinator:
             except Exception:
                 log.exception("group coordinator timer failed")
             self._timer = None
+        for load in list(self._loads.values()):
+            load.cancel()
+        await asyncio.gather(*self._loads.values(), return_exceptions=True)
+        self._loads.clear()
         for p in list(self._partitions):
             self._deliver(self.manager.unload(p).replies)
         self._partitions.clear()
@@ -113,6 +118,8 @@ class GroupCoordinator:
     # ---------------------------------------------------------------- partition leadership
 
     async def on_elected(self, partition: Any) -> None:
+        """Start replaying the partition (in a task: a slow or failing read must not hold up
+        the partition manager); requests for its groups get COORDINATOR_LOAD_IN_PROGRESS."""
         if partition.topic != OFFSETS_TOPIC:
             return
         index = partition.partition
@@ -120,20 +127,44 @@ class GroupCoordinator:
         if topic is not None and topic.partitions:
             # the topic's real partition count decides placement (FindCoordinator uses it too)
             self.manager.num_partitions = self.num_partitions = len(topic.partitions)
+        previous = self._loads.pop(index, None)
+        if previous is not None:
+            previous.cancel()
         self._loading.add(index)
+        task = asyncio.get_running_loop().create_task(self._load(partition), name=f"load-{OFFSETS_TOPIC}-{index}")
+        self._loads[index] = task
+
+    async def _load(self, partition: Any) -> None:
+        index = partition.partition
+        backoff = 0.1
         try:
-            records = await self._read_all(partition)
-            self.manager.load(index, records, now_ms())
-            self._partitions[index] = partition
-            self._records_since_checkpoint[index] = len(records)
-            log.info("coordinating %s-%d: %d records replayed", OFFSETS_TOPIC, index, len(records))
+            while not getattr(partition, "closed", False) and not self._closing:
+                try:
+                    records = await self._read_all(partition)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("replaying %s-%d failed (%s); retrying in %.1fs", OFFSETS_TOPIC, index, exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                self.manager.load(index, records, now_ms())
+                self._partitions[index] = partition
+                self._records_since_checkpoint[index] = len(records)
+                log.info("coordinating %s-%d: %d records replayed", OFFSETS_TOPIC, index, len(records))
+                return
         finally:
-            self._loading.discard(index)
-        self._wakeup.set()
+            if self._loads.get(index) is asyncio.current_task():
+                del self._loads[index]
+                self._loading.discard(index)
+            self._wakeup.set()
 
     async def on_resigned(self, topic: str, partition: int) -> None:
         if topic != OFFSETS_TOPIC:
             return
+        load = self._loads.pop(partition, None)
+        if load is not None:
+            load.cancel()
         self._partitions.pop(partition, None)
         self._loading.discard(partition)
         self._records_since_checkpoint.pop(partition, None)

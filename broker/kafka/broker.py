@@ -94,6 +94,28 @@ class Broker:
     def _on_metadata(self, image: MetadataImage) -> None:
         self.metadata = image
 
+    # ---------------------------------------------------------------- leaders (KIP-951)
+
+    def leader_of(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """(leader id, leader epoch) the metadata names for a partition, if it has one."""
+        info = self.partitions.topic(topic)
+        if info is None or not 0 <= partition < len(info.partitions):
+            return None
+        p = info.partitions[partition]
+        return (p.leader, p.leader_epoch) if p.leader >= 0 else None
+
+    def endpoint_of(self, node_id: int) -> tuple[str, int, str | None] | None:
+        """(host, port, rack) clients should use for a broker, on the first listener's name."""
+        image = self.metadata
+        if image is None:
+            return None
+        listener = self.config.listeners[0].name if self.config.listeners else None
+        for b in image.brokers:
+            if b.node_id == node_id and b.endpoints and b.state != "fenced":
+                e = next((e for e in b.endpoints if e.listener == listener), b.endpoints[0])
+                return e.host, e.port, b.rack
+        return None
+
     # ---------------------------------------------------------------- topics
 
     async def ensure_topic(self, name: str, partitions: int | None = None, configs: dict[str, str] | None = None, wait: float = 5.0) -> TopicInfo | None:

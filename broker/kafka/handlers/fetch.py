@@ -27,6 +27,7 @@ from automq.broker.kafka import codec
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.fetch_sessions import FINAL_EPOCH, INITIAL_EPOCH, FetchSession, SessionPartition
 from automq.broker.kafka.handlers.metadata import topic_uuid
+from automq.broker.kafka.handlers.produce import node_endpoints
 from automq.broker.kafka.handlers.registry import handles
 from automq.broker.kafka.partitions import NotLeaderError, Partition, UnknownPartitionError
 from automq.broker.storage.api import OffsetOutOfRangeError, StreamClosedError
@@ -222,6 +223,7 @@ async def fetch(request, ctx: RequestContext):
     partition_cls = codec.nested(cls, "PartitionData")
     topic_cls = codec.nested(cls, "FetchableTopicResponse")
     topics: list = []
+    leaders: set[int] = set()
     current_key = None
     current_parts: list = []
     for read in reads:
@@ -234,8 +236,15 @@ async def fetch(request, ctx: RequestContext):
         data = codec.RecordSet(payloads) if len(payloads) > 1 else (payloads[0] if payloads else b"")
         if read.size:
             metrics.record_fetch(sp.topic, read.size)
+        extra = {}
+        if read.error == ErrorCode.not_leader_or_follower and codec.has_field(partition_cls, "current_leader"):
+            hint = broker.leader_of(sp.topic, sp.partition)
+            if hint is not None and hint[0] != broker.node_id:
+                extra["current_leader"] = codec.nested(cls, "LeaderIdAndEpoch")(leader_id=hint[0], leader_epoch=hint[1])
+                leaders.add(hint[0])
         part = codec.build(
             partition_cls,
+            **extra,
             partition_index=sp.partition,
             error_code=read.error,
             high_watermark=read.high_watermark,
@@ -257,7 +266,10 @@ async def fetch(request, ctx: RequestContext):
         responses = tuple(codec.build(topic_cls, topic_id=k, partitions=tuple(ps)) for k, ps in topics)
     else:
         responses = tuple(codec.build(topic_cls, topic=k, partitions=tuple(ps)) for k, ps in topics)
-    return codec.build(cls, throttle_time=codec.ZERO_THROTTLE, error_code=ErrorCode.none, session_id=response_session_id, responses=responses)
+    return codec.build(
+        cls, throttle_time=codec.ZERO_THROTTLE, error_code=ErrorCode.none, session_id=response_session_id, responses=responses,
+        node_endpoints=node_endpoints(broker, cls, leaders),
+    )
 
 
 async def _read_all(reads: list[_Read], max_bytes: int) -> None:

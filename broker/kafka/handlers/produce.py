@@ -105,6 +105,7 @@ async def produce(request, ctx: RequestContext):
     topic_cls = codec.nested(ctx.response_class, "TopicProduceResponse")
     by_topic: dict[str, list] = {}
     failed = False
+    leaders: set[int] = set()
     for topic, index, result, header in outcome:
         base_offset, append_time, log_start, error, message = -1, None, -1, ErrorCode.none, None
         if isinstance(result, asyncio.Future):
@@ -131,6 +132,13 @@ async def produce(request, ctx: RequestContext):
         else:
             error, message = result  # type: ignore[misc]
         failed = failed or error != ErrorCode.none
+        extra = {}
+        if error == ErrorCode.not_leader_or_follower and codec.has_field(partition_cls, "current_leader"):
+            # KIP-951: tell the client where the partition went, saving a metadata round trip
+            hint = broker.leader_of(topic, index)
+            if hint is not None and hint[0] != broker.node_id:
+                extra["current_leader"] = codec.nested(ctx.response_class, "LeaderIdAndEpoch")(leader_id=hint[0], leader_epoch=hint[1])
+                leaders.add(hint[0])
         by_topic.setdefault(topic, []).append(
             codec.build(
                 partition_cls,
@@ -141,12 +149,26 @@ async def produce(request, ctx: RequestContext):
                 log_start_offset=log_start,
                 record_errors=(),
                 error_message=message,
+                **extra,
             )
         )
     if acks == 0:
         return codec.CLOSE_CONNECTION if failed else None
     responses = tuple(codec.build(topic_cls, name=t, partition_responses=tuple(ps)) for t, ps in by_topic.items())
-    return codec.build(ctx.response_class, responses=responses, throttle_time=codec.ZERO_THROTTLE)
+    return codec.build(ctx.response_class, responses=responses, throttle_time=codec.ZERO_THROTTLE, node_endpoints=node_endpoints(broker, ctx.response_class, leaders))
+
+
+def node_endpoints(broker, response_class, leaders: set[int]) -> tuple:
+    """KIP-951 NodeEndpoints for the leaders named in current_leader fields."""
+    if not leaders or not codec.has_field(response_class, "node_endpoints"):
+        return ()
+    endpoint_cls = codec.nested(response_class, "NodeEndpoint")
+    out = []
+    for node_id in sorted(leaders):
+        endpoint = broker.endpoint_of(node_id)
+        if endpoint is not None:
+            out.append(endpoint_cls(node_id=node_id, host=endpoint[0], port=endpoint[1], rack=endpoint[2]))
+    return tuple(out)
 
 
 def _consume_exception(task: asyncio.Future) -> None:

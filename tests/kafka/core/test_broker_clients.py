@@ -402,7 +402,7 @@ async def test_reassignment_moves_leadership_without_copying_and_redirects_clien
     def produce_to(p, n):
         c = RawClient(p)
         try:
-            return [c.call(_produce_request(9, "moving", 0, make_batch(2))).responses[0].partition_responses[0] for _ in range(n)]
+            return [c.call(_produce_request(10, "moving", 0, make_batch(2))).responses[0].partition_responses[0] for _ in range(n)]
         finally:
             c.close()
 
@@ -418,6 +418,8 @@ async def test_reassignment_moves_leadership_without_copying_and_redirects_clien
     assert moved.high_watermark == 10  # all acknowledged data is there, nothing was copied
     stale = await asyncio.to_thread(produce_to, port, 1)
     assert stale[0].error_code == ErrorCode.not_leader_or_follower
+    # KIP-951: the answer names the new leader (and its endpoint, at the response's top level)
+    assert (stale[0].current_leader.leader_id, stale[0].current_leader.leader_epoch) == (target.broker.node_id, moved.leader_epoch)
     after = await asyncio.to_thread(produce_to, target.kafka_ports["PLAINTEXT"], 1)
     assert after[0].error_code == ErrorCode.none and after[0].base_offset == 10
 

@@ -91,6 +91,7 @@ class SeaweedFS:
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _log_file: object | None = field(default=None, repr=False)
     _admin: tuple[tuple[str, str], object] | None = field(default=None, repr=False)
+    _log_offset: int = field(default=0, repr=False)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -116,18 +117,33 @@ class SeaweedFS:
         return self._process is not None and self._process.poll() is None
 
     def start(self) -> None:
-        """Start (or restart, on the same ports and data) and wait until signed S3 requests work."""
+        """Start (or restart, on the same ports and data) and wait until signed S3 requests work.
+
+        On a first start, ports another process grabbed between our probe and weed's bind
+        (parallel test sessions) are re-picked, up to three times."""
         if self.running:
             return
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        store_dir = self.data_dir / "store"
-        store_dir.mkdir(exist_ok=True)
-        if not self.ports:
+        if self.ports:
+            self._start_once()
+            return
+        for attempt in range(3):
             taken: set[int] = set()
             for name in _COMPONENTS:
                 port = _free_port_pair(taken)
                 taken.update((port, port + _GRPC_OFFSET))
                 self.ports[name] = port
+            try:
+                self._start_once()
+                return
+            except SeaweedFSStartError as exc:
+                if attempt == 2 or "Port allocation failed" not in str(exc):
+                    raise
+                self.ports.clear()
+
+    def _start_once(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        store_dir = self.data_dir / "store"
+        store_dir.mkdir(exist_ok=True)
         identities = self.data_dir / "s3-identities.json"
         identities.write_text(json.dumps({"identities": [{
             "name": "automq",
@@ -143,15 +159,18 @@ class SeaweedFS:
             f"-s3.config={identities}",
             # Small volumes, many allowed: every test bucket is a collection with its own volumes.
             "-master.volumeSizeLimitMB=64", "-volume.max=2000",
-            # A restarted single master otherwise waits ~15 s before it serves volume lookups.
-            "-master.electionTimeout=1s",
         ]
         for name, port in self.ports.items():
             args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + _GRPC_OFFSET}"]
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self._log_offset = self._log_file.tell()  # type: ignore[attr-defined]
+        # weed also turns AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY from its environment into
+        # an identity; inherited ones (another server's, exported by a fixture) would clash.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        self.export_environment(env)
         self._process = subprocess.Popen(
             args, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=self.data_dir, start_new_session=True,
+            cwd=self.data_dir, start_new_session=True, env=env,
         )
         try:
             self._wait_until_serving()
@@ -243,8 +262,11 @@ class SeaweedFS:
         return f"s3://{bucket}?endpoint={self.endpoint}&region={self.region}&path_style=true"
 
     def log_tail(self, lines: int = 40) -> str:
+        """The last lines weed logged since the latest start."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_offset)
+                text = log.read().decode(errors="replace")
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])

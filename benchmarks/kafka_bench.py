@@ -434,6 +434,8 @@ def main() -> int:
     ap.add_argument("--skip", nargs="*", default=[], choices=["baseline", "throughput", "fixed", "catchup", "reassign"])
     args = ap.parse_args()
 
+    load = os.getloadavg()
+    print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min) at start")
     if "baseline" not in args.skip:
         print(f"baseline: loopback TCP {loopback_tcp_mib_s():.0f} MiB/s (1 MiB writes, one connection)")
         with tempfile.TemporaryDirectory(prefix="fsync-", dir=os.environ.get("BENCH_FSYNC_DIR")) as d:

@@ -43,6 +43,10 @@ def test_topics_and_configs(inprocess_cluster):
     assert configs["retention.ms"].value == "3600000"
     assert configs["retention.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
     assert configs["retention.bytes"].source == ConfigSource.DEFAULT_CONFIG.value
+    # synonyms in precedence order: the topic's value, then the broker default it overrides
+    synonyms = [(s.name, s.value, s.source) for s in configs["retention.ms"].synonyms.values()]
+    assert synonyms[0] == ("retention.ms", "3600000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+    assert ("log.retention.ms", "604800000", ConfigSource.DEFAULT_CONFIG.value) in synonyms
 
     res = ConfigResource(ResourceType.TOPIC, "t1", incremental_configs=[
         ConfigEntry("retention.bytes", "1048576", incremental_operation=AlterConfigOpType.SET),

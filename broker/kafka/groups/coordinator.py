@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
+# As in Kafka, the offsets topic is compacted, never trimmed by time or size retention: the
+# coordinator's checkpoints are its compaction, and an idle group's offsets must not age out
+# of the log before offsets.retention.ms says so.
+OFFSETS_TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 RETENTION_CHECK_INTERVAL_MS = 60_000
 LOAD_READ_BYTES = 4 << 20
 # Checkpoint a partition when it holds this many records beyond CHECKPOINT_FACTOR x live state.
@@ -80,6 +84,7 @@ class GroupCoordinator:
         self._partitions: dict[int, Any] = {}  # loaded partition index -> Partition
         self._loading: set[int] = set()
         self._loads: dict[int, asyncio.Task[None]] = {}
+        self._fixing_config = False
         self._records_since_checkpoint: dict[int, int] = {}
         self._inflight: dict[int, int] = {}  # partition -> appends not yet durable
         self._checkpointing: set[int] = set()
@@ -127,12 +132,30 @@ class GroupCoordinator:
         if topic is not None and topic.partitions:
             # the topic's real partition count decides placement (FindCoordinator uses it too)
             self.manager.num_partitions = self.num_partitions = len(topic.partitions)
+        if topic is not None and topic.configs.get("cleanup.policy") != OFFSETS_TOPIC_CONFIGS["cleanup.policy"] and not self._fixing_config:
+            # created some other way (e.g. auto-created by a Metadata request): fix it
+            self._fixing_config = True
+            self._spawn(self._make_compacted())
         previous = self._loads.pop(index, None)
         if previous is not None:
             previous.cancel()
         self._loading.add(index)
         task = asyncio.get_running_loop().create_task(self._load(partition), name=f"load-{OFFSETS_TOPIC}-{index}")
         self._loads[index] = task
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _make_compacted(self) -> None:
+        try:
+            await self.broker.cluster.alter_topic_configs(OFFSETS_TOPIC, dict(OFFSETS_TOPIC_CONFIGS))
+            log.info("set %s on %s", OFFSETS_TOPIC_CONFIGS, OFFSETS_TOPIC)
+        except Exception as exc:
+            log.warning("could not set %s on %s: %s", OFFSETS_TOPIC_CONFIGS, OFFSETS_TOPIC, exc)
+        finally:
+            self._fixing_config = False
 
     async def _load(self, partition: Any) -> None:
         index = partition.partition

@@ -22,7 +22,7 @@ from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka.codec import ZERO_THROTTLE, build, has_field, nested
 from automq.broker.kafka.context import RequestContext
-from automq.broker.kafka.groups.coordinator import OFFSETS_TOPIC, GroupCoordinator, now_ms
+from automq.broker.kafka.groups.coordinator import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIGS, GroupCoordinator, now_ms
 from automq.broker.kafka.groups.state import partition_for
 from automq.broker.kafka.handlers.registry import handles
 
@@ -82,7 +82,7 @@ async def _locate(ctx: RequestContext, key_type: int, key: str) -> tuple[ErrorCo
         return ErrorCode.invalid_request, f"unsupported coordinator key type {key_type}", -1, "", -1
     broker = ctx.broker
     try:
-        topic = await broker.ensure_topic(OFFSETS_TOPIC)
+        topic = await broker.ensure_topic(OFFSETS_TOPIC, configs=dict(OFFSETS_TOPIC_CONFIGS))
     except Exception as exc:  # the controller is unreachable or refused: clients retry
         log.warning("cannot create %s: %s", OFFSETS_TOPIC, exc)
         topic = None

@@ -209,3 +209,21 @@ async def test_checkpoint_trims_the_log_and_keeps_every_offset(cluster, monkeypa
     assert await fetched(n1, "solo") == {1: (3, "s")}
     r = await n1.call(HEARTBEAT, 3, group_id="g", generation_id=generation, member_id=member, group_instance_id=None)
     assert r.error_code == ErrorCode.none
+
+
+async def test_offsets_topic_is_compacted_never_retention_trimmed(cluster) -> None:
+    n1 = await cluster.start_node(1)
+    assert await coordinator_of(n1, "g") == 1
+    assert n1.broker.partitions.topic(OFFSETS_TOPIC).configs.get("cleanup.policy") == "compact"
+    await cluster.stop_node(1)
+
+
+async def test_offsets_topic_created_elsewhere_is_made_compacted(cluster) -> None:
+    n1 = await cluster.start_node(1)
+    await n1.broker.ensure_topic(OFFSETS_TOPIC)  # e.g. auto-created by a Metadata request: delete policy
+
+    async def compacted():
+        topic = n1.broker.partitions.topic(OFFSETS_TOPIC)
+        return topic is not None and topic.configs.get("cleanup.policy") == "compact"
+
+    await eventually(compacted)

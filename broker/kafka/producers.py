@@ -238,12 +238,14 @@ class ProducerStateManager:
         return expired
 
 
-# Producer id layout: [node epoch: 27 bits][node id: 12 bits][counter: 24 bits] = 63 bits, so
-# ids are positive int64s, unique without asking anyone: node epochs only grow, and a node id
-# is held by one live broker at a time.
+# Producer id layout: [node epoch: 23 bits][node id: 16 bits][counter: 24 bits] = 63 bits, so
+# ids are positive int64s, unique without asking anyone: a node's epoch grows by one on every
+# registration (8M restarts), a node id is held by one live broker at a time, and one broker
+# process hands out 16M ids (Kafka's brokers fetch blocks of 1000 from the controller instead;
+# the controller contract has no such call, and none is needed at this size).
 _COUNTER_BITS = 24
-_NODE_ID_BITS = 12
-_EPOCH_BITS = 27
+_NODE_ID_BITS = 16
+_EPOCH_BITS = 23
 
 
 class ProducerIdExhaustedError(Exception):

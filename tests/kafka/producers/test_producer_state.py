@@ -166,8 +166,8 @@ def test_record_expires_idle_producers_lazily(monkeypatch) -> None:
 
 def test_producer_ids_are_unique_across_nodes_and_epochs() -> None:
     seen = set()
-    for node_id in (0, 1, 4095):
-        for epoch in (0, 1, 2**27 - 1):
+    for node_id in (0, 1, 2**16 - 1):
+        for epoch in (0, 1, 2**23 - 1):
             alloc = ProducerIdAllocator(node_id, epoch)
             for _ in range(3):
                 pid = alloc.next_id()
@@ -175,9 +175,9 @@ def test_producer_ids_are_unique_across_nodes_and_epochs() -> None:
                 seen.add(pid)
     assert len(seen) == 3 * 3 * 3
     with pytest.raises(ValueError, match="node_id"):
-        ProducerIdAllocator(4096, 0)
+        ProducerIdAllocator(2**16, 0)
     with pytest.raises(ValueError, match="node_epoch"):
-        ProducerIdAllocator(0, 2**27)
+        ProducerIdAllocator(0, 2**23)
     alloc = ProducerIdAllocator(0, 0)
     alloc._counter = iter([2**24])  # the last id of the epoch was handed out
     with pytest.raises(ProducerIdExhaustedError):

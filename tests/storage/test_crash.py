@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from automq.broker.objectstore import open_object_store
-from automq.broker.storage.inprocess import InProcessMetadata
 
 CHILD = Path(__file__).with_name("crash_child.py")
 sys.path.insert(0, str(CHILD.parent))

@@ -24,7 +24,6 @@ from automq.broker.storage.api import RecordBatchData
 from automq.broker.storage.cache.log_cache import CacheBlock, LogCache, StreamSlice
 from automq.broker.storage.metadata import (
     CommitStreamSetObjectRequest,
-    MetadataError,
     NodeFencedError,
     ObjectManager,
     ObjectStreamRange,

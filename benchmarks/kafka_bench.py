@@ -209,7 +209,7 @@ class LoadProducer:
         self.topic = topic
         self.producer = Producer({
             "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2, "batch.size": 256 * 1024,
-            "queue.buffering.max.kbytes": 256 * 1024, "compression.type": "none", "enable.idempotence": False,
+            "queue.buffering.max.kbytes": 32 * 1024, "compression.type": "none", "enable.idempotence": False,
         })
         self.latencies: list[float] = []
         self.acked_bytes = 0

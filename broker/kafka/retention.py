@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from automq.broker.kafka import records
+from automq.broker.kafka.partitions import NotLeaderError
 from automq.broker.kafka.topic_configs import effective_config
 from automq.broker.storage.api import OffsetOutOfRangeError, StreamClosedError
 
@@ -128,7 +129,7 @@ class RetentionTask:
         for partition in led:
             try:
                 new_start = await self.enforce(partition, now_ms)
-            except (StreamClosedError, OffsetOutOfRangeError) as exc:
+            except (StreamClosedError, OffsetOutOfRangeError, NotLeaderError) as exc:  # moved or closed meanwhile
                 log.debug("retention skipped %s-%d: %s", partition.topic, partition.partition, exc)
                 continue
             except Exception:

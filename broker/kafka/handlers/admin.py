@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from kio.schema.errors import ErrorCode
 
 from automq.broker.controller.protocol import MetadataImage, TopicInfo
+from automq.broker.kafka.broker import INTERNAL_TOPICS
 from automq.broker.kafka import topic_configs as tc
 from automq.broker.kafka.codec import ZERO_THROTTLE, build, has_field, nested
 from automq.broker.kafka.context import RequestContext
@@ -386,7 +387,8 @@ async def delete_topics(request: Any, ctx: RequestContext) -> Any:
                 if not name:
                     raise AdminError(ErrorCode.invalid_request, "Neither topic name nor topic id was given.")
                 info = broker.partitions.topic(name)
-            if name.startswith("__"):
+            if name in INTERNAL_TOPICS:
+                # group offsets live there; deleting it would silently drop every committed offset
                 raise AdminError(ErrorCode.invalid_request, f"Cannot delete internal topic {name}")
             await _controller(broker.cluster.delete_topic(name), timeout_s or None)
             deleted.append(name)

@@ -102,7 +102,9 @@ class EngineStream:
             raise StreamError(f"stream {self.stream_id}: WAL refused the append: {exc}") from exc
         self._drained.clear()
         try:
-            await asyncio.shield(fut)
+            # No shield (it costs a task per append): if the caller is cancelled the WAL
+            # still writes the record and on_durable still confirms it; only the answer is lost.
+            await fut
         except WalError as exc:
             self._closed = f"failed: {exc}"
             raise StreamError(f"stream {self.stream_id}: WAL failed: {exc}") from exc
@@ -114,7 +116,9 @@ class EngineStream:
         m.append_bytes.inc(len(payload))
         if self._closed is not None and self._closed.startswith("fenced"):
             raise StreamClosedError(f"stream {self.stream_id} was fenced before its append could be committed")
-        await engine._after_append()
+        cache = engine.log_cache
+        if cache.unuploaded_bytes > cache.max_bytes:
+            await engine._after_append()
         return base
 
     def _confirmed(self, next_offset: int) -> None:

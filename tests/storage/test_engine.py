@@ -215,3 +215,16 @@ async def test_full_wal_forces_uploads_instead_of_overwriting(engines):
     engine.log_cache.drop_stream(sid)  # read it all back from objects
     got = await read_all(stream, 0, 100)
     assert [p for _, _, p in got] == expected
+
+
+async def test_cancelled_append_keeps_offsets_dense(engines):
+    engine = await engines.start()
+    stream = await engine.open_stream(await engine.create_stream(), 0)
+    first = asyncio.ensure_future(stream.append(b"a" * 100, 1))
+    await asyncio.sleep(0)  # enqueued in the WAL
+    first.cancel()
+    assert await stream.append(b"b" * 100, 1) == 1
+    assert stream.confirm_offset == 2  # the cancelled caller's batch was written anyway
+    r = await stream.fetch(0, 2, 1 << 20)
+    assert [bytes(b.payload) for b in r.batches] == [b"a" * 100, b"b" * 100]
+    assert first.cancelled()

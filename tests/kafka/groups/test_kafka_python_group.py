@@ -202,3 +202,48 @@ async def test_admin_describe_list_and_delete_groups(real_cluster) -> None:
     assert left == {1: 2, 2: 2, 3: 2}
     assert deleted == {"grp": "OK"}
     assert gone == []
+
+
+CRASHING_MEMBER = """
+import sys, time
+from kafka import KafkaConsumer
+c = KafkaConsumer(bootstrap_servers=sys.argv[1], group_id="grp", client_id="doomed", enable_auto_commit=False,
+                  auto_offset_reset="earliest", session_timeout_ms=2000, heartbeat_interval_ms=300, max_poll_interval_ms=20000)
+c.partitions_for_topic(sys.argv[2])
+c.subscribe([sys.argv[2]])
+while True:
+    c.poll(timeout_ms=100)
+    if c.assignment():
+        print("assigned", sorted(tp.partition for tp in c.assignment()), flush=True)
+"""
+
+
+async def test_killed_member_expires_and_its_partitions_move(real_cluster, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    broker = await real_cluster.start_broker(1)
+    await broker.broker.ensure_topic(TOPIC, partitions=PARTITIONS)
+    bootstrap = broker.bootstrap
+    a = Member(bootstrap, "member-a")
+    a.start()
+    await wait_for(lambda: a.error or a.assignments and a.assignments[-1] == frozenset(range(PARTITIONS)))
+    script = tmp_path / "doomed.py"
+    script.write_text(CRASHING_MEMBER)
+    doomed = subprocess.Popen([sys.executable, str(script), bootstrap, TOPIC], stdout=subprocess.PIPE, text=True)
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(doomed.stdout.readline), 60)
+        assert line.startswith("assigned"), line
+        await wait_for(lambda: a.error or (a.assignments[-1] and len(a.assignments[-1]) < PARTITIONS))
+        doomed.kill()  # no LeaveGroup: only its session timeout tells the coordinator
+        doomed.wait(10)
+        await wait_for(lambda: a.error or a.assignments[-1] == frozenset(range(PARTITIONS)))
+        assert a.error is None
+        group = broker.broker.groups.manager.groups["grp"]
+        assert [m.client_id for m in group.members.values()] == ["member-a"]
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+            doomed.wait(10)
+        a.stop_flag.set()
+        await asyncio.to_thread(a.join, 30)

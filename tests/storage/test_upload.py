@@ -99,3 +99,35 @@ async def test_big_streams_get_their_own_stream_object(setup):
     engine.log_cache.drop_stream(big)
     r = await b.fetch(0, 20, 1 << 20)
     assert r.source != "log_cache" and [bytes(x.payload) for x in r.batches] == [b"B" * 5000] * 20
+
+
+async def test_object_store_outage_holds_data_in_the_wal_until_it_returns(tmp_path, file_url):
+    from automq.broker.objectstore import ObjectStoreUnavailable
+
+    store = open_object_store(file_url)
+    real_put = store.put
+    down = True
+
+    async def put(key, data, **kw):  # the real store, with data uploads failing while "down"
+        if down and key.startswith("objects/"):
+            raise ObjectStoreUnavailable("injected outage", key=key)
+        return await real_put(key, data, **kw)
+
+    store.put = put
+    meta = InProcessMetadata(store)
+    config = node_config(tmp_path, file_url, wal={"capacity": 256 << 10}, storage={"upload_interval_ms": 50, "upload_block_bytes": 16 << 10})
+    engine = StorageEngine(config, store, meta, meta, 1, await meta.register_node(1))
+    await engine.start()
+    sid = await engine.create_stream()
+    s = await engine.open_stream(sid, 0)
+    for i in range(50):  # ~100 KB: fits the ring, so appends are still acknowledged
+        await s.append(bytes([i]) * 2000, 1)
+    await asyncio.sleep(0.3)
+    assert engine.wal._header.trim == 0 and (await meta.get_streams([sid]))[0].end_offset == 0
+    assert engine.metrics.registry.get_sample_value("automq_storage_upload_failures_total") >= 1
+    down = False
+    await engine.uploader.flush()
+    assert (await meta.get_streams([sid]))[0].end_offset == 50
+    assert engine.wal._header.trim > 0
+    await engine.close()
+    await store.close()

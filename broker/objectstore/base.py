@@ -11,8 +11,8 @@ All methods are coroutines and must never block the event loop.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 
@@ -127,7 +127,12 @@ class ObjectStore(abc.ABC):
     - `put(..., if_none_match=True)` creates only if absent; exactly one of two racing
       writers succeeds, the other gets PreconditionFailed. The controller's metadata log
       depends on this.
-    - `put(..., if_match=etag)` replaces only if the current ETag matches.
+    - `put(..., if_match=etag)` replaces only if the current ETag matches (a missing object
+      is PreconditionFailed too). Caution: SeaweedFS 4.48 does not apply If-Match atomically
+      under concurrency (several racing replacers can all succeed; see s3.py), so nothing
+      may depend on it for mutual exclusion there; if_none_match is atomic everywhere.
+    - ETags are opaque strings without quotes (md5 hex for single PUTs); if_match accepts
+      them quoted or not.
     - `get(key, start, end)` reads bytes [start, end) (end exclusive, None = to the end);
       a range past the end is clipped, a start past the end raises ObjectNotFound
       ("past the end" = start >= size while start > 0, as S3 answers 416 there; start 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka.groups.log import GroupKey, GroupValue, OffsetKey, OffsetValue, decode_key
@@ -447,3 +449,43 @@ def test_partition_for_known_values() -> None:
     assert partition_for("hello", 50) == 99162322 % 50
     assert java_string_hashcode("\u00e9\U0001f600") == (233 * 31 + 0xD83D) * 31 + 0xDE00  # UTF-16 surrogates
     assert java_string_hashcode("ab") == 97 * 31 + 98
+
+
+def test_hostile_join_and_sync_values() -> None:
+    c = Clients()
+    for session in (-1, 0, 2**31 - 1):
+        assert c.replies[c.join(session=session)].error == ErrorCode.invalid_session_timeout
+    # a leader assigning to members that do not exist (and forgetting real ones)
+    a = c.replies[c.full_join(client="a")]
+    c.sync(a.member_id, 1)
+    tb = c.full_join(client="b")
+    c.join(member_id=a.member_id)
+    rb = c.replies[tb]
+    sb = c.sync(rb.member_id, 2)
+    c.sync(a.member_id, 2, {"ghost-1": b"x", "": b"y", a.member_id: b"mine"})
+    assert c.replies[sb] == SyncResult(ErrorCode.none, "consumer", "range", b"")
+    assert "ghost-1" not in c.m.groups["g"].members
+    # a duplicate of a pending JoinGroup supersedes the first one (which is answered)
+    c.join(member_id=rb.member_id, protocols=(("range", b"new"),))
+    t1 = c.join(member_id=rb.member_id, protocols=(("range", b"newer"),))
+    assert c.state() is GroupState.PREPARING_REBALANCE and t1 not in c.replies
+    superseded = [r for t, r in c.replies.items() if isinstance(r, JoinResult) and r.error == ErrorCode.rebalance_in_progress]
+    assert len(superseded) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=64), st.text(max_size=40))
+def test_random_protocol_metadata_and_group_ids(metadata: bytes, group_id: str) -> None:
+    consumer_subscription_topics(metadata)  # never raises
+    c = Clients()
+    t = c.join(group=group_id, protocols=(("range", metadata),), v4=False)
+    r = c.replies[t]
+    if not group_id:
+        assert r.error == ErrorCode.invalid_group_id
+        return
+    assert r.error == ErrorCode.none and r.members[0][2] == metadata
+    c.sync(r.member_id, 1, {r.member_id: metadata}, group=group_id)
+    d = c.m.describe(group_id)
+    assert d.members[0].metadata == metadata and d.members[0].assignment == metadata
+    value = GroupValue.decode(c.writes[-1].value)
+    assert value.members[0].subscription == metadata and decode_key(c.writes[-1].key) == GroupKey(group_id)

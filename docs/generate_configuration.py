@@ -175,7 +175,12 @@ Local mode (`automq local up --brokers N --data-dir DIR --port P [--object-store
 writes the controller's and each broker's file itself: broker *i* listens on `P+i-1`, the
 HTTP ports are picked free, the object store defaults to `file://DIR/objects` and is
 remembered in `DIR/cluster.yaml` (a restart without `--object-store` reuses it). Process
-logs go to `DIR/logs/`, pids to `DIR/run/`.
+logs go to `DIR/logs/`, pids to `DIR/run/`. A broker that exits on its own is restarted
+(its WAL is replayed on start; more than 5 exits in a minute stop the cluster); the
+controller exiting stops the cluster with exit code 1. Ctrl-C or SIGTERM stops the brokers
+first (graceful: flush, upload, deregister), then the controller, and kills whatever did not
+stop within 30 s. Starting again with the same `--data-dir` recovers every topic, record
+and committed offset.
 
 ## Node config keys
 """
@@ -202,7 +207,8 @@ config file and restart the broker).
 Kafka guarantees compaction eventually and never when, so readers of compacted topics
 already cope with superseded values (Kafka Connect, Schema Registry and Streams changelogs
 keep working); they just use more storage. Retention by time/size applies only when the
-policy includes `delete`, as in Kafka.
+policy includes `delete`, as in Kafka. Retention checks run every 5 minutes (Kafka's
+`log.retention.check.interval.ms` default) and trim whole record batches, oldest first.
 
 """
 

@@ -416,9 +416,9 @@ class GroupCoordinator:
         return await fut
 
     def heartbeat(self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int) -> ErrorCode:
-        error = self.manager.heartbeat(now_ms(), group_id, member_id, group_instance_id, generation_id)
-        self._wakeup.set()
-        return error
+        # No timer wake-up: a heartbeat only moves a deadline later, and waking the timer
+        # (a scan of every group) on each heartbeat would cost O(members) per heartbeat.
+        return self.manager.heartbeat(now_ms(), group_id, member_id, group_instance_id, generation_id)
 
     async def leave(self, group_id: str, members: list[tuple[str, str | None]]) -> tuple[ErrorCode, list[ErrorCode]]:
         top, errors, fx = self.manager.leave(now_ms(), group_id, members)

@@ -1,17 +1,20 @@
 """kopf handlers: when to reconcile an AutoMQCluster, and what to do when it is deleted.
 
-Handlers only decide *when*; `reconcile` decides *what*. Create, spec update and operator
-restart (resume) run the same reconcile; the handler raises `kopf.TemporaryError` while the
-cluster is not Ready, so kopf runs it again until it is (one rolling step per pass). A timer
-refreshes the status (pod readiness, crash loops) between spec changes. An invalid spec is
-reported (Warning event, status Ready=False/Degraded=True with reason InvalidSpec) and not
-retried until the spec changes (`kopf.PermanentError`).
+Handlers only decide *when*; `reconcile` decides *what*. Each AutoMQCluster gets a kopf daemon,
+`run_cluster`: a level-triggered loop that runs reconcile passes (soon again while a change is
+in flight, at the status interval otherwise) and wakes at once when the spec changes (the update
+handler kicks it). Why a loop rather than kopf's handler retries: a rolling change takes many
+passes, and the loop keeps that state in the API (status, pods) instead of kopf's progress
+annotations, so a spec changed mid-roll or an operator restart simply continues from what is
+there. An invalid spec is reported (a Warning event once, status Ready=False/Degraded=True with
+reason InvalidSpec) and re-checked every pass.
 
-Deletion runs under kopf's finalizer (`automq.io/finalizer`): owned objects go by garbage
-collection through their owner references; WAL volume claims only with `deletionPolicy: Delete`.
+Deletion runs under kopf's finalizer (`automq.io/finalizer`): the loop stops, owned objects go by
+garbage collection through their owner references, WAL volume claims only with
+`deletionPolicy: Delete`.
 
-`register(registry, ...)` attaches the handlers to a registry, so tests and `run_operator` each
-get a fresh one; the shared state (API client, controller API factory, locks) travels in kopf's
+`register(registry)` attaches the handlers to a registry, so tests and `run_operator` each get a
+fresh one; the shared state (API client, controller API factory, locks, kicks) travels in kopf's
 memo as an `OperatorContext`.
 """
 
@@ -31,6 +34,7 @@ from automq.operator.reconcile import (
     STATUS_STEPS,
     STEPS,
     Cluster,
+    Outcome,
     ReconcileSettings,
     delete_cluster_data,
     reconcile,
@@ -49,13 +53,17 @@ class OperatorContext:
     controller_api_factory: ControllerApiFactory = connect
     settings: ReconcileSettings = field(default_factory=ReconcileSettings)
     retry_delay_s: float = 5.0  # between passes while a change is in progress
-    status_interval_s: float = 30.0  # timer: refresh the status of quiet clusters
-    resync_interval_s: float = 300.0  # timer: full reconcile of quiet clusters (drift)
+    status_interval_s: float = 30.0  # between passes otherwise (status refresh, waiting on a problem)
+    resync_interval_s: float = 300.0  # a full pass of a quiet cluster at least this often (drift)
     api: KubeApi | None = None
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    kicks: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
+
+    def kick_for(self, uid: str) -> asyncio.Event:
+        return self.kicks.setdefault(uid, asyncio.Event())
 
     def kube(self) -> KubeApi:
         if self.api is None:
@@ -76,13 +84,14 @@ class KopfReporter:
         kopf.warn(self._body, reason=reason, message=message[:1024])
 
 
-async def _pass(ctx: OperatorContext, body: Any, name: str, namespace: str, uid: str, *, retry: bool, steps: Any = STEPS) -> None:
+async def _pass(ctx: OperatorContext, body: Any, name: str, namespace: str, uid: str, *, full: bool, reported: dict[str, str]) -> Outcome | None:
+    """One reconcile pass; None when there is nothing to reconcile (gone, deleting, invalid spec)."""
     api = ctx.kube()
     ref = ClusterRef(name=name, namespace=namespace, uid=uid)
     # The status written by the previous pass, not kopf's possibly older copy of the body.
     live = await api.get("AutoMQCluster", namespace, name)
     if live is None or live.get("metadata", {}).get("deletionTimestamp"):
-        return  # gone, or being deleted: recreating children now would only orphan them
+        return None  # gone, or being deleted: recreating children now would only orphan them
     previous = dict(live.get("status") or {})
     generation = int(live.get("metadata", {}).get("generation") or 0)
     raw_spec = dict(live.get("spec") or {})
@@ -91,10 +100,11 @@ async def _pass(ctx: OperatorContext, body: Any, name: str, namespace: str, uid:
         spec = parse_spec(raw_spec)
     except InvalidSpec as exc:
         await write_invalid_spec_status(api, ref, generation, previous, str(exc))
-        if retry:
+        if reported.get("invalid") != str(exc):  # once per distinct problem, not once per pass
             KopfReporter(body).warn("InvalidSpec", str(exc))
-            raise kopf.PermanentError(f"invalid spec, fix it and the operator retries: {exc}") from None
-        return
+            reported["invalid"] = str(exc)
+        return None
+    reported.pop("invalid", None)
     cluster = Cluster(
         api=api,
         ref=ref,
@@ -106,38 +116,59 @@ async def _pass(ctx: OperatorContext, body: Any, name: str, namespace: str, uid:
         controller_api_factory=ctx.controller_api_factory,
         settings=ctx.settings,
     )
-    outcome = await reconcile(cluster, steps)
-    if retry and not outcome.ready:
-        # A change in flight is followed closely; a problem that only time or a person can fix
-        # (a crash loop, an unreachable controller) is looked at less often.
-        delay = ctx.retry_delay_s if outcome.progressing else max(ctx.retry_delay_s, ctx.status_interval_s)
-        raise kopf.TemporaryError(outcome.message, delay=delay)
+    return await reconcile(cluster, STEPS if full else STATUS_STEPS)
 
 
-async def reconcile_cluster(body: Any, name: str, namespace: str, uid: str, memo: Any, **_: Any) -> None:
+async def run_cluster(stopped: Any, body: Any, name: str, namespace: str, uid: str, memo: Any, logger: Any, **_: Any) -> None:
+    """The reconcile loop of one AutoMQCluster, for as long as it exists.
+
+    A pass runs at once, again soon while a change is in flight, at the status interval while a
+    problem only time or a person can fix remains, and when the spec changes (a kick from the
+    update handler). Between changes the quiet passes only refresh the status; a full pass runs
+    every resync interval to put back what was changed by hand. Level-triggered: each pass
+    starts from what the API says, so nothing is lost when the operator restarts."""
     ctx: OperatorContext = memo.automq
-    async with ctx.lock_for(uid):
-        await _pass(ctx, body, name, namespace, uid, retry=True)
+    kick = ctx.kick_for(uid)
+    loop = asyncio.get_running_loop()
+    reported: dict[str, str] = {}
+    last_full = float("-inf")
+    full = True
+    while not stopped:
+        kick.clear()
+        try:
+            async with ctx.lock_for(uid):
+                if full:
+                    last_full = loop.time()
+                outcome = await _pass(ctx, body, name, namespace, uid, full=full, reported=reported)
+        except Exception as exc:  # an API hiccup must not end the loop: report, wait, retry
+            logger.exception("reconcile pass failed")
+            outcome, delay = None, ctx.status_interval_s
+            KopfReporter(body).warn("ReconcileFailed", f"{type(exc).__name__}: {exc}")
+        else:
+            if outcome is not None and outcome.progressing:
+                delay = ctx.retry_delay_s
+            else:
+                delay = ctx.status_interval_s
+        kicked = await _sleep(kick, stopped, delay)
+        # Full pass: after a spec change, while the cluster is not Ready, or when a resync is due.
+        full = kicked or outcome is None or not outcome.ready or loop.time() - last_full >= ctx.resync_interval_s
 
 
-async def refresh_status(body: Any, name: str, namespace: str, uid: str, memo: Any, **_: Any) -> None:
-    """Between changes: pod readiness, crash loops and counts into the status (cheap)."""
+async def _sleep(kick: asyncio.Event, stopped: Any, delay: float) -> bool:
+    """Wait `delay` seconds, or less if kicked or stopped; True when kicked."""
+    waiters = [asyncio.ensure_future(kick.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+    return kick.is_set()
+
+
+async def spec_changed(uid: str, memo: Any, **_: Any) -> None:
+    """Wake the cluster's loop: the spec changed."""
     ctx: OperatorContext = memo.automq
-    lock = ctx.lock_for(uid)
-    if lock.locked():
-        return  # a change handler is working on it and will write the status
-    async with lock:
-        await _pass(ctx, body, name, namespace, uid, retry=False, steps=STATUS_STEPS)
-
-
-async def resync(body: Any, name: str, namespace: str, uid: str, memo: Any, **_: Any) -> None:
-    """Now and then, a full pass: puts back what someone changed or deleted by hand."""
-    ctx: OperatorContext = memo.automq
-    lock = ctx.lock_for(uid)
-    if lock.locked():
-        return
-    async with lock:
-        await _pass(ctx, body, name, namespace, uid, retry=False)
+    ctx.kick_for(uid).set()
 
 
 async def delete_cluster(body: Any, spec: Any, name: str, namespace: str, uid: str, memo: Any, **_: Any) -> None:
@@ -149,6 +180,7 @@ async def delete_cluster(body: Any, spec: Any, name: str, namespace: str, uid: s
     async with ctx.lock_for(uid):
         await delete_cluster_data(ctx.kube(), ClusterRef(name, namespace, uid), parsed, KopfReporter(body))
     ctx.locks.pop(uid, None)
+    ctx.kicks.pop(uid, None)
 
 
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -167,7 +199,7 @@ async def cleanup(memo: Any, **_: Any) -> None:
         ctx.api = None
 
 
-def register(registry: kopf.OperatorRegistry, *, status_interval_s: float = 30.0, resync_interval_s: float = 300.0) -> kopf.OperatorRegistry:
+def register(registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
     """Attach this operator's handlers to `registry`."""
     resource = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry)
     # In-cluster service account first, then KUBECONFIG / ~/.kube/config (the kubernetes client's
@@ -175,10 +207,8 @@ def register(registry: kopf.OperatorRegistry, *, status_interval_s: float = 30.0
     kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(configure)
     kopf.on.cleanup(registry=registry)(cleanup)
-    kopf.on.resume(**resource)(reconcile_cluster)
-    kopf.on.create(**resource)(reconcile_cluster)
-    kopf.on.update(**resource, field="spec")(reconcile_cluster)
-    kopf.timer(**resource, interval=status_interval_s, initial_delay=status_interval_s)(refresh_status)
-    kopf.timer(**resource, interval=resync_interval_s, initial_delay=resync_interval_s)(resync)
+    # The loop stops when deletion starts (before the delete handler) or the operator exits.
+    kopf.daemon(**resource, cancellation_timeout=10.0)(run_cluster)
+    kopf.on.update(**resource, field="spec")(spec_changed)
     kopf.on.delete(**resource)(delete_cluster)
     return registry

@@ -30,7 +30,7 @@ async def operate(
     if not clusterwide and not namespaces:
         raise ValueError("give namespaces to watch, or clusterwide=True")
     context = context or OperatorContext()
-    registry = register(kopf.OperatorRegistry(), status_interval_s=context.status_interval_s, resync_interval_s=context.resync_interval_s)
+    registry = register(kopf.OperatorRegistry())
     await kopf.operator(
         registry=registry,
         clusterwide=clusterwide,

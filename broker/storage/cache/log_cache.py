@@ -56,6 +56,8 @@ class LogCache:
         self._next_block_id = 0
         self.size = 0
         self._unuploaded = 0  # kept as a counter: checked on every append
+        # Each stream's slices, oldest first, so reads never scan other streams' blocks.
+        self._by_stream: dict[int, deque[StreamSlice]] = {}
         self._open = self._new_block()
 
     def _new_block(self) -> CacheBlock:
@@ -83,6 +85,7 @@ class LogCache:
             sl = None
         if sl is None:
             sl = block.streams[stream_id] = StreamSlice(stream_id, epoch)
+            self._by_stream.setdefault(stream_id, deque()).append(sl)
         sl.bases.append(base_offset)
         sl.batches.append(RecordBatchData(base_offset, record_count, payload))
         n = len(payload)
@@ -113,23 +116,56 @@ class LogCache:
         while self.size > self.max_bytes and self._blocks and self._blocks[0].uploaded:
             b = self._blocks.popleft()
             self.size -= b.size
+            for sid, sl in b.streams.items():
+                self._unlink(sid, sl)
+
+    def _unlink(self, stream_id: int, sl: StreamSlice) -> None:
+        slices = self._by_stream.get(stream_id)
+        if slices is None:
+            return
+        if slices and slices[0] is sl:
+            slices.popleft()
+        else:
+            try:
+                slices.remove(sl)
+            except ValueError:
+                pass
+        if not slices:
+            del self._by_stream[stream_id]
+
+    def remove_slice(self, block: CacheBlock, stream_id: int) -> None:
+        """Take one stream's data out of a block (already committed, or never to be)."""
+        sl = block.streams.pop(stream_id, None)
+        if sl is None:
+            return
+        block.size -= sl.size
+        self.size -= sl.size
+        if not block.uploaded:
+            self._unuploaded -= sl.size
+        self._unlink(stream_id, sl)
+
+    def keep_from(self, block: CacheBlock, stream_id: int, first_kept: int) -> None:
+        """Drop a slice's batches before index `first_kept` (they are committed already)."""
+        sl = block.streams[stream_id]
+        dropped = sum(len(b.payload) for b in sl.batches[:first_kept])
+        del sl.batches[:first_kept]
+        del sl.bases[:first_kept]
+        sl.size -= dropped
+        block.size -= dropped
+        self.size -= dropped
+        if not block.uploaded:
+            self._unuploaded -= dropped
 
     def drop_stream(self, stream_id: int) -> None:
-        """Forget an unuploaded stream's data (it was fenced or deleted: never to be uploaded)."""
+        """Forget a stream's data (it was fenced or deleted: never to be uploaded)."""
         for b in self._blocks:
-            sl = b.streams.pop(stream_id, None)
-            if sl is not None:
-                b.size -= sl.size
-                self.size -= sl.size
-                if not b.uploaded:
-                    self._unuploaded -= sl.size
+            if stream_id in b.streams:
+                self.remove_slice(b, stream_id)
+        self._by_stream.pop(stream_id, None)
 
     def first_offset(self, stream_id: int) -> int | None:
-        for b in self._blocks:
-            sl = b.streams.get(stream_id)
-            if sl is not None:
-                return sl.start_offset
-        return None
+        slices = self._by_stream.get(stream_id)
+        return slices[0].start_offset if slices else None
 
     def get(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[RecordBatchData]:
         """Batches overlapping [start, end), beginning with the one that holds `start`; empty
@@ -137,9 +173,8 @@ class LogCache:
         out: list[RecordBatchData] = []
         size = 0
         pos = start
-        for b in self._blocks:
-            sl = b.streams.get(stream_id)
-            if sl is None or sl.end_offset <= pos:
+        for sl in self._by_stream.get(stream_id, ()):
+            if sl.end_offset <= pos:
                 continue
             i = bisect.bisect_right(sl.bases, pos) - 1
             if i < 0:

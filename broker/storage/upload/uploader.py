@@ -194,26 +194,25 @@ class Uploader:
 
     async def _reconcile(self, block: CacheBlock) -> None:
         """Drop what metadata says is already committed or no longer ours."""
+        cache = self._cache
         metas = {m.stream_id: m for m in await self._streams.get_streams(list(block.streams))}
         for sid, sl in list(block.streams.items()):
             m = metas.get(sid)
             if m is None or m.epoch != sl.epoch or m.owner_node_id != self.node_id or m.state != "open":
                 if m is not None and m.end_offset >= sl.end_offset:
-                    del block.streams[sid]  # already committed; nothing lost
+                    cache.remove_slice(block, sid)  # already committed; nothing lost
                     continue
                 log.warning("stream %d was fenced or deleted with uncommitted data [%d, %d); dropping it", sid, sl.start_offset, sl.end_offset)
-                del block.streams[sid]
+                cache.remove_slice(block, sid)
                 self._on_fenced(sid)
                 continue
             if m.end_offset >= sl.end_offset:
-                del block.streams[sid]
+                cache.remove_slice(block, sid)
             elif m.end_offset > sl.start_offset:
-                keep = [b for b in sl.batches if b.base_offset >= m.end_offset]
-                if not keep or keep[0].base_offset != m.end_offset:
+                first = next((i for i, b in enumerate(sl.batches) if b.base_offset >= m.end_offset), len(sl.batches))
+                if first == len(sl.batches) or sl.batches[first].base_offset != m.end_offset:
                     raise OffsetMismatchError(f"stream {sid}: committed end {m.end_offset} falls inside a batch")
-                sl.batches = keep
-                sl.bases = [b.base_offset for b in keep]
-                sl.size = sum(len(b.payload) for b in keep)
+                cache.keep_from(block, sid, first)
             elif m.end_offset < sl.start_offset:
                 raise OffsetMismatchError(f"stream {sid}: committed end {m.end_offset} is below cached data at {sl.start_offset} (a gap)")
 

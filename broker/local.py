@@ -286,11 +286,9 @@ class _Signals:
 
     def __init__(self) -> None:
         self.count = 0
-        self.last: int | None = None
 
     def __call__(self, signum: int, _frame: object) -> None:
         self.count += 1
-        self.last = signum
         if self.count >= 3:
             # a third Ctrl-C: the user really wants out
             raise KeyboardInterrupt
@@ -370,7 +368,7 @@ def run_local_cluster(brokers: int, data_dir: Path | str, port: int, object_stor
             if not _wait_ready(nodes, console, signals):
                 console.print("stopping ...")
                 stop(nodes, console)
-                return 0 if signals.count and signals.last == signal.SIGTERM else (130 if signals.count else 1)
+                return 0 if signals.count else 1  # stopped on request (Ctrl-C/SIGTERM) vs failed to start
             bootstrap = ",".join(f"127.0.0.1:{n.kafka_port}" for n in nodes if n.kafka_port)
             print(f"bootstrap: {bootstrap}", flush=True)
             console.print(f"cluster ready: {len(nodes) - 1} broker(s); Ctrl-C stops it. Logs: {data_dir / 'logs'}")

@@ -183,3 +183,16 @@ async def test_record_larger_than_half_the_ring_is_refused(tmp_path):
     with pytest.raises(WalRecordTooLargeError):
         wal.append(rec(0, size=CAP // 2))
     await wal.close()
+
+
+async def test_group_commit_shares_one_sync_among_queued_appends(tmp_path):
+    from automq.broker.storage.metrics import StorageMetrics
+
+    metrics = StorageMetrics()
+    wal = VolumeWal(tmp_path / "wal", CAP, node_id=1, node_epoch=1, metrics=metrics)
+    await wal.recover()
+    await wal.start(0)
+    ends = await write(wal, [rec(i, size=100) for i in range(40)])  # all queued before the first sync
+    syncs = metrics.registry.get_sample_value("automq_storage_wal_sync_seconds_count")
+    assert ends == sorted(ends) and syncs == 1  # all 40 were queued before the writer ran
+    await wal.close()

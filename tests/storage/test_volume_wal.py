@@ -196,3 +196,35 @@ async def test_group_commit_shares_one_sync_among_queued_appends(tmp_path):
     syncs = metrics.registry.get_sample_value("automq_storage_wal_sync_seconds_count")
     assert ends == sorted(ends) and syncs == 1  # all 40 were queued before the writer ran
     await wal.close()
+
+
+@pytest.fixture
+def loop_device(tmp_path):
+    """A real block device (a loop device over a file), where the machine allows it."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("losetup") is None or not os.path.exists("/dev/loop-control"):
+        pytest.skip("needs root and losetup for a loop block device")
+    backing = tmp_path / "device.img"
+    with open(backing, "wb") as f:
+        f.truncate(2 << 20)
+    try:
+        dev = subprocess.run(["losetup", "-f", "--show", str(backing)], check=True, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"loop devices unavailable here: {exc}")
+    try:
+        yield dev
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False, timeout=30)
+
+
+async def test_block_device_wal(loop_device):
+    wal, got = await open_wal(loop_device, 1, cap=CAP)  # capacity comes from the device
+    assert got == [] and wal.capacity == (2 << 20) - DATA_START
+    await wal.start(0)
+    await write(wal, [rec(i, size=3000) for i in range(20)])
+    await wal.close()
+    wal, got = await open_wal(loop_device, 2, cap=CAP)
+    assert summary(got) == summary([rec(i, size=3000) for i in range(20)])
+    await wal.close()

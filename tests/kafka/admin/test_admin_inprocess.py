@@ -194,3 +194,24 @@ def test_delete_by_topic_id_and_full_alter_configs(inprocess_cluster):
         assert "byid" not in kadmin.list_topics()
     finally:
         kadmin.close()
+
+
+def test_manual_assignment_places_leaders_on_first_replicas(inprocess_cluster):
+    from kafka.admin import KafkaAdminClient
+
+    admin = AdminClient({"bootstrap.servers": inprocess_cluster.bootstrap})
+    kadmin = KafkaAdminClient(bootstrap_servers=inprocess_cluster.bootstrap)
+    try:
+        kadmin.create_topics({"placed": {"assignments": {0: [2, 1], 1: [1, 2], 2: [2, 1]}}})
+        deadline = time.monotonic() + 30
+        while _wait_leaders(admin, "placed", 3) != {0: 2, 1: 1, 2: 2} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _wait_leaders(admin, "placed", 3) == {0: 2, 1: 1, 2: 2}
+        # CreatePartitions with an assignment places the new partitions too
+        kadmin.create_partitions({"placed": {"count": 5, "assignments": [[1], [2]]}})
+        deadline = time.monotonic() + 30
+        while _wait_leaders(admin, "placed", 5) != {0: 2, 1: 1, 2: 2, 3: 1, 4: 2} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _wait_leaders(admin, "placed", 5) == {0: 2, 1: 1, 2: 2, 3: 1, 4: 2}
+    finally:
+        kadmin.close()

@@ -59,6 +59,7 @@ class _Slot:
 
 
 SCRATCH_BYTES = 256 << 10  # frames up to half of this are cut from a shared receive buffer
+FRAME_CHUNK_BYTES = 2 << 20  # a large frame's buffer starts at this and doubles as bytes arrive
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
@@ -75,6 +76,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._have = 0  # bytes of _scratch holding received data
         self._frame: bytearray | None = None  # a large frame being filled
         self._frame_filled = 0
+        self._frame_size = 0
         self._slots: collections.deque[_Slot] = collections.deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_serial: asyncio.Task[None] | None = None  # last non-concurrent request
@@ -117,8 +119,17 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._update_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._frame is not None:
-            return memoryview(self._frame)[self._frame_filled :]
+        frame = self._frame
+        if frame is not None:
+            if self._frame_filled == len(frame):
+                # grow with what arrives: a client declaring a large frame and sending nothing
+                # more holds only what it sent, not socket_request_max_bytes
+                grow = min(self._frame_size - len(frame), max(len(frame), FRAME_CHUNK_BYTES))
+                try:
+                    frame += bytes(grow)
+                except BufferError:  # a view of it is still alive: move to a new buffer
+                    frame = self._frame = frame + bytes(grow)
+            return memoryview(frame)[self._frame_filled :]
         return memoryview(self._scratch)[self._have :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -127,7 +138,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._last_activity = time.monotonic()
         if self._frame is not None:
             self._frame_filled += nbytes
-            if self._frame_filled == len(self._frame):
+            if self._frame_filled == self._frame_size:
                 frame, self._frame = self._frame, None
                 self._on_frame(frame)
                 self._update_reading()
@@ -150,9 +161,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 continue
             if size > SCRATCH_BYTES // 2:
                 # a large frame: its own buffer, filled by the socket from now on
-                frame = bytearray(size)
+                frame = bytearray(min(size, max(available, FRAME_CHUNK_BYTES)))
                 frame[:available] = scratch[position + 4 : have]
-                self._frame, self._frame_filled = frame, available
+                self._frame, self._frame_filled, self._frame_size = frame, available, size
                 position = have
             break
         if position:

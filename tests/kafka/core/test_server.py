@@ -197,3 +197,36 @@ async def test_random_bytes_never_take_the_server_down(server, garbage):
     await client.writer.drain()
     client.close()
     await assert_still_serving(server)
+
+
+async def test_large_frames_grow_with_the_bytes_that_arrive(tmp_path):
+    config = parse_config(
+        {"node_id": 1, "data_dir": str(tmp_path), "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 0}], "kafka": {"socket_request_max_bytes": "16MiB"}}
+    )
+    srv = KafkaServer(Broker(config, node_epoch=1, cluster=None, storage=None))
+    await srv.start()
+    try:
+        # a frame declaring 12 MiB with a few bytes sent holds a small buffer, not 12 MiB
+        idle = await Client.connect(port_of(srv))
+        idle.send_raw(struct.pack(">i", 12 << 20) + codec.encode_request(1, ApiVersionsV0()))
+        await idle.writer.drain()
+        for _ in range(100):
+            pending = [c._frame for c in srv.connections if c._frame is not None]
+            if pending:
+                break
+            await asyncio.sleep(0.01)
+        assert pending and len(pending[0]) <= 2 << 20
+
+        # a 5 MiB request (ApiVersions + ignored trailing bytes) sent in pieces is answered
+        client = await Client.connect(port_of(srv))
+        frame = codec.encode_request(2, ApiVersionsV0()) + b"\x00" * (5 << 20)
+        data = struct.pack(">i", len(frame)) + frame
+        for i in range(0, len(data), 100_000):
+            client.send_raw(data[i : i + 100_000])
+            await client.writer.drain()
+        correlation_id, response = await client.receive(ApiVersionsV0)
+        assert correlation_id == 2 and response.error_code == ErrorCode.none
+        client.close()
+        idle.close()
+    finally:
+        await srv.stop(timeout=1)

@@ -263,6 +263,7 @@ class PartitionManager:
         self._topics: dict[str, TopicInfo] = {}
         self._topics_by_id: dict[str, TopicInfo] = {}
         self._image_changed = asyncio.Event()
+        self._opened = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -295,6 +296,24 @@ class PartitionManager:
         # a listener added late still hears about partitions already open
         for p in self.led():
             asyncio.get_running_loop().create_task(self._notify_elected(listener, p))
+
+    async def wait_opened(self, topic: str, timeout: float) -> bool:
+        """Wait until every partition of `topic` placed on this broker is open here."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            info = self._topics.get(topic)
+            mine = [p.partition for p in info.partitions if p.leader == self._broker.node_id] if info is not None else []
+            if info is not None and all((topic, i) in self._partitions for i in mine):
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._opened.clear()
+            try:
+                await asyncio.wait_for(self._opened.wait(), remaining)
+            except TimeoutError:
+                pass
 
     async def wait_for_image(self, predicate, timeout: float) -> MetadataImage | None:
         """Wait until the current image satisfies predicate(image) or timeout; returns it."""
@@ -421,6 +440,7 @@ class PartitionManager:
         except Exception:
             log.exception("rebuilding producer state of %s-%d failed; idempotent producers start fresh", *key)
         self._partitions[key] = partition
+        self._opened.set()
         self._broker.metrics.partitions.set(len(self._partitions))
         log.info("leading %s-%d (stream %d, epoch %d, offsets %d..%d)", info.topic, info.partition, info.stream_id, info.leader_epoch, stream.start_offset, stream.end_offset)
         for listener in list(self._listeners):

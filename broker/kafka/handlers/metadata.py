@@ -120,6 +120,9 @@ async def metadata(request, ctx: RequestContext):
                     if info is None:
                         topics.append(_error_topic(cls, name, ErrorCode.leader_not_available))
                         continue
+                    # the partitions placed here open in a moment; answering after that spares
+                    # the client a NOT_LEADER_OR_FOLLOWER round trip on its first produce
+                    await broker.partitions.wait_opened(name, 2.0)
             image = broker.metadata
             live = {b.node_id for b in image.brokers if b.state != "fenced"}
             topics.append(_topic_response(cls, info, image, live))

@@ -247,3 +247,42 @@ async def test_killed_member_expires_and_its_partitions_move(real_cluster, tmp_p
             doomed.wait(10)
         a.stop_flag.set()
         await asyncio.to_thread(a.join, 30)
+
+
+async def test_coordinator_moves_between_brokers_under_a_live_group(real_cluster) -> None:
+    from automq.broker.kafka.groups.coordinator import OFFSETS_TOPIC
+    from automq.broker.kafka.groups.state import partition_for
+
+    b1 = await real_cluster.start_broker(1)
+    b2 = await real_cluster.start_broker(2)
+    await b1.broker.ensure_topic(TOPIC, partitions=PARTITIONS)
+    bootstrap = f"{b1.bootstrap},{b2.bootstrap}"
+    await asyncio.to_thread(produce, bootstrap, 0, 100)
+    a = Member(bootstrap, "member-a")
+    a.start()
+    await wait_for(lambda: a.error or len(set(a.seen)) == 100)
+    assert a.error is None
+
+    topic = b1.broker.partitions.topic(OFFSETS_TOPIC)
+    index = partition_for("grp", len(topic.partitions))
+    old = topic.partitions[index].leader
+    new = 2 if old == 1 else 1
+    services = {1: b1, 2: b2}
+    await services[old].broker.cluster.reassign_partition(OFFSETS_TOPIC, index, new)
+
+    def moved() -> bool:
+        info = services[new].broker.partitions.topic(OFFSETS_TOPIC).partitions[index]
+        return info.leader == new and info.state == "online" and services[new].broker.groups.coordinator_error("grp") is None
+
+    await wait_for(moved)
+    # the member finds the new coordinator (NOT_COORDINATOR -> FindCoordinator) and keeps committing
+    await asyncio.to_thread(produce, bootstrap, 100, 100)
+    await wait_for(lambda: a.error or len(set(a.seen)) == 200)
+    a.stop_flag.set()
+    await asyncio.to_thread(a.join, 30)
+    assert a.error is None
+    assert sorted(set(a.seen)) == list(range(200))
+    assert await committed(bootstrap) == {p: 50 for p in range(PARTITIONS)}
+    group = services[new].broker.groups.manager.groups["grp"]
+    assert group.offsets[(TOPIC, 0)].offset == 50
+    assert "grp" not in services[old].broker.groups.manager.groups

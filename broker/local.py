@@ -217,6 +217,21 @@ def prepare(brokers: int, data_dir: Path, port: int, object_store_url: str | Non
 # --------------------------------------------------------------------------- processes
 
 
+def _die_with_launcher() -> None:
+    """In the child before exec: die with the launcher, so a killed `automq local up` leaves
+    no cluster behind. SIGKILL, not SIGTERM: the controller goes at the same moment, so a
+    graceful broker stop could only wait for it in vain; the next start recovers the WALs,
+    exactly as after a crash. (Linux only; elsewhere a no-op.)"""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
 def spawn(node: Node) -> None:
     log = open(node.log_path, "ab", buffering=0)  # noqa: SIM115 - the child keeps it
     try:
@@ -225,7 +240,7 @@ def spawn(node: Node) -> None:
         # children in order (brokers before the controller they deregister from)
         node.process = subprocess.Popen(
             node.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_launcher if sys.platform == "linux" else None,
         )
     finally:
         log.close()

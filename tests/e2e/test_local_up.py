@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -72,5 +73,25 @@ def test_controller_death_stops_the_cluster_with_an_error(tmp_path, e2e):
         assert any("the controller exited" in line for line in cluster.output), cluster.output[-10:]
         with pytest.raises(ProcessLookupError):  # the broker was stopped too
             os.kill(pids["broker-1"], 0)
+    finally:
+        cluster.kill()
+
+
+def test_killing_the_launcher_stops_its_processes(tmp_path, e2e):
+    cluster = e2e.LocalCluster(tmp_path, 1, e2e.free_port_block(1)).start()
+    try:
+        pids = cluster.pids()
+        cluster.process.kill()  # SIGKILL: the launcher cannot clean up itself
+        cluster.process.wait(10)
+        deadline = time.monotonic() + 60
+        alive = dict(pids)
+        while alive and time.monotonic() < deadline:
+            for name, pid in list(alive.items()):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    del alive[name]
+            time.sleep(0.2)
+        assert not alive, f"still running after the launcher died: {alive}"
     finally:
         cluster.kill()

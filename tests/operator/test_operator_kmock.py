@@ -193,7 +193,7 @@ class Harness:
             settings=ReconcileSettings(poll_interval_s=0.1, pod_ready_timeout_s=WAIT_S, drain_timeout_s=5, scale_in_wait_s=1),
             retry_delay_s=0.2,
             status_interval_s=1.0,
-            resync_interval_s=3600.0,  # drift repair is not what these tests look at
+            resync_interval_s=4.0,  # drift repair (a full pass of a quiet cluster) within seconds
         )
         self.operator_thread = threading.Thread(target=self._run_operator, name="operator", daemon=True)
         self.operator_thread.start()
@@ -520,6 +520,14 @@ def test_invalid_spec_is_reported_and_recovers_when_fixed(k8s: Harness) -> None:
     k8s.patch_spec("broken", {"config": {"kafka.num_partition": None, "kafka.num_partitions": "3"}})
     k8s.wait_for("fixed cluster Ready", lambda: _ready(k8s, "broken"))
     assert k8s.get("StatefulSet", "broken-broker")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "1Gi"
+
+
+def test_objects_changed_by_hand_are_put_back(k8s: Harness) -> None:
+    k8s.call(k8s.api.delete("Service", NS, "demo-bootstrap"))
+    k8s.call(k8s.api.patch("ConfigMap", NS, "demo-config", {"data": {"broker.yaml": "edited by hand"}}))
+    k8s.wait_for("Service recreated", lambda: k8s.get("Service", "demo-bootstrap"))
+    k8s.wait_for("ConfigMap restored", lambda: "node_id: 0" in k8s.get("ConfigMap", "demo-config")["data"]["broker.yaml"])
+    assert k8s.get("Service", "demo-bootstrap")["metadata"]["ownerReferences"][0]["name"] == "demo"
 
 
 def test_delete_runs_the_finalizer(k8s: Harness) -> None:

@@ -31,7 +31,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
@@ -86,6 +86,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._reading_paused = False
         self._writing_paused = False
         self._closing = False
+        self._closing_gracefully = False  # shutting down: read nothing more, answer what is in flight
         self._max_frame = self.broker.config.kafka.socket_request_max_bytes
         self._idle_s = self.broker.config.kafka.connections_max_idle_ms / 1000.0
         self._served = server.served
@@ -283,8 +284,6 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 return
         if self._closing_gracefully and not self._slots:
             transport.close()
-
-    _closing_gracefully = False
 
     # ---------------------------------------------------------------- flow control, idle, close
 

@@ -162,14 +162,11 @@ async def fetch(request, ctx: RequestContext):
 
     reads: list[_Read] = []
     if incremental:
-        errors_by_key = {(sp.topic, sp.partition): (tid, err) for sp, tid, err in requested if err != ErrorCode.none}
-        for key, sp in session.partitions.items():
+        for sp in session.partitions.values():
             info = broker.partitions.topic(sp.topic)
-            tid = topic_uuid(info.topic_id) if info is not None else None
-            reads.append(_Read(sp, tid))
-        for sp, tid, err in requested:
-            if err != ErrorCode.none and (sp.topic, sp.partition) in errors_by_key:
-                reads.append(_Read(sp, tid, error=err))
+            reads.append(_Read(sp, topic_uuid(info.topic_id) if info is not None else None))
+        # partitions of unknown topics never join the session; they are answered once
+        reads.extend(_Read(sp, tid, error=err) for sp, tid, err in requested if err != ErrorCode.none)
     else:
         reads = [_Read(sp, tid, error=err) for sp, tid, err in requested]
 

@@ -30,7 +30,6 @@ import contextlib
 import os
 import signal
 import socket
-import statistics
 import struct
 import subprocess
 import sys

@@ -29,6 +29,7 @@ from kio.schema.errors import ErrorCode
 
 from automq.broker.controller.protocol import MetadataImage, TopicInfo
 from automq.broker.kafka.broker import INTERNAL_TOPICS
+from automq.broker.kafka import retention
 from automq.broker.kafka import topic_configs as tc
 from automq.broker.kafka.codec import ZERO_THROTTLE, build, has_field, nested
 from automq.broker.kafka.context import RequestContext
@@ -652,8 +653,6 @@ async def describe_log_dirs(request: Any, ctx: RequestContext) -> Any:
     TopicEntry = nested(cls, "DescribeLogDirsTopic")
     PartitionEntry = nested(cls, "DescribeLogDirsPartition")
     broker = ctx.broker
-    from automq.broker.kafka import retention
-
     wanted: dict[str, set[int]] | None = None
     if request.topics is not None:
         wanted = {}

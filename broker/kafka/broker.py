@@ -92,7 +92,13 @@ class Broker:
         await self.partitions.close()
 
     def _on_metadata(self, image: MetadataImage) -> None:
+        previous = self.metadata
         self.metadata = image
+        if previous is not None:
+            current = {t.name for t in image.topics}
+            for t in previous.topics:
+                if t.name not in current:
+                    self.metrics.forget_topic(t.name)  # deleted: its per-topic series go
 
     # ---------------------------------------------------------------- leaders (KIP-951)
 

@@ -29,12 +29,40 @@ class KafkaMetrics:
         self.connections_closed = Counter("kafka_connections_closed_by_broker", "Connections closed by the broker, by reason", ["reason"], registry=registry)
         self.fetch_sessions = Gauge("kafka_fetch_sessions", "Incremental fetch sessions cached", registry=registry)
 
+        # labelled children cached: `labels()` costs more than the increment on hot paths
+        self._topic_in: dict[str, tuple] = {}
+        self._topic_out: dict[str, object] = {}
+        self._api: dict[str, tuple] = {}
+
     def record_produce(self, topic: str, nbytes: int, nrecords: int) -> None:
         self.bytes_in.inc(nbytes)
         self.messages_in.inc(nrecords)
-        self.topic_bytes_in.labels(topic).inc(nbytes)
-        self.topic_messages_in.labels(topic).inc(nrecords)
+        children = self._topic_in.get(topic)
+        if children is None:
+            children = self._topic_in[topic] = (self.topic_bytes_in.labels(topic), self.topic_messages_in.labels(topic))
+        children[0].inc(nbytes)
+        children[1].inc(nrecords)
 
     def record_fetch(self, topic: str, nbytes: int) -> None:
         self.bytes_out.inc(nbytes)
-        self.topic_bytes_out.labels(topic).inc(nbytes)
+        child = self._topic_out.get(topic)
+        if child is None:
+            child = self._topic_out[topic] = self.topic_bytes_out.labels(topic)
+        child.inc(nbytes)  # type: ignore[attr-defined]
+
+    def record_request(self, api: str, seconds: float) -> None:
+        children = self._api.get(api)
+        if children is None:
+            children = self._api[api] = (self.requests.labels(api), self.request_latency.labels(api))
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def forget_topic(self, topic: str) -> None:
+        """A deleted topic's series go away (and its cache entries with them)."""
+        for cache, metrics in ((self._topic_in, (self.topic_bytes_in, self.topic_messages_in)), (self._topic_out, (self.topic_bytes_out,))):
+            if cache.pop(topic, None) is not None:
+                for metric in metrics:
+                    try:
+                        metric.remove(topic)
+                    except KeyError:
+                        pass

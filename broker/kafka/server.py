@@ -254,8 +254,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 log.exception("cannot even encode an error response for %s v%d; closing %s", api, ctx.api_version, ctx.peer)
                 slot.close_after = True
                 payload = None
-        metrics.requests.labels(api).inc()
-        metrics.request_latency.labels(api).observe(time.perf_counter() - started)
+        metrics.record_request(api, time.perf_counter() - started)
         slot.payload = payload
         slot.done = True
         self._flush()

@@ -131,3 +131,43 @@ async def test_object_store_outage_holds_data_in_the_wal_until_it_returns(tmp_pa
     assert engine.wal._header.trim > 0
     await engine.close()
     await store.close()
+
+
+async def test_parallel_object_writes_still_commit_in_block_order(setup):
+    engine, meta = setup
+    sid = await engine.create_stream()
+    s = await engine.open_stream(sid, 0)
+    store = engine.object_store
+    real_put = store.put
+    calls, events = [], []
+
+    async def put(key, data, **kw):  # the first block's object is slow, the second's fast
+        if not key.startswith("objects/"):
+            return await real_put(key, data, **kw)
+        calls.append(key)
+        n = len(calls)
+        events.append(("start", n))
+        if n == 1:
+            await asyncio.sleep(0.3)
+        result = await real_put(key, data, **kw)
+        events.append(("end", n))
+        return result
+
+    store.put = put
+    commits = []
+    real_commit = meta.commit_stream_set_object
+
+    async def commit(request):
+        commits.append([(r.start_offset, r.end_offset) for r in request.stream_ranges])
+        await real_commit(request)
+
+    meta.commit_stream_set_object = commit
+    for part in range(2):
+        for i in range(5):
+            await s.append(bytes([part]) * 100, 1)
+        engine.log_cache.seal()
+    await engine.uploader.flush()
+    assert len(calls) == 2 and commits == [[(0, 5)], [(5, 10)]]
+    assert events.index(("start", 2)) < events.index(("end", 1))  # the second PUT did not wait
+    assert engine.metrics.registry.get_sample_value("automq_storage_upload_failures_total") == 0
+    store.put = real_put

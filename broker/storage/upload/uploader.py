@@ -1,11 +1,12 @@
 """The uploader: turns sealed log-cache blocks into objects, commits them, then trims the WAL.
 
-Order is the whole point. Blocks are uploaded one at a time, oldest first; a block is marked
-uploaded (evictable) and the WAL trimmed to its end only after the ObjectManager accepted the
-commit. A failed upload or commit is retried (new object ids; the abandoned ones expire) and
-never trims. Before a retry the commit is reconciled with the stream metadata, which makes it
-idempotent: ranges already committed (a commit whose answer was lost, or a replay after a
-crash) are dropped, and streams fenced by a newer owner are handed to `on_fenced`.
+Order is the whole point. Blocks are committed one at a time, oldest first (the objects of
+the next block may already be in flight); a block is marked uploaded (evictable) and the WAL
+trimmed to its end only after the ObjectManager accepted the commit. A failed upload or
+commit is retried (new object ids; the abandoned ones expire) and never trims. Before a
+retry (and for replayed WAL data) the commit is reconciled with the stream metadata, which
+makes it idempotent: ranges already committed (a commit whose answer was lost, or a replay
+after a crash) are dropped, and streams fenced by a newer owner are handed to `on_fenced`.
 
 One upload writes at most one stream-set object (every stream with a little data) plus one
 stream object per stream that has `stream_split_bytes` or more in the block.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 PREPARE_TTL_MS = 10 * 60_000
 MULTIPART_THRESHOLD = 256 << 20  # single PUTs are fine up to 5 GiB; multipart only for huge blocks
 MULTIPART_PART = 8 << 20
+PIPELINE_DEPTH = 2  # blocks whose objects are written at once (commits stay in order)
 
 
 class UploaderStoppedError(Exception):
@@ -157,9 +160,7 @@ class Uploader:
                 ):
                     self._cache.seal()
                 self._force = False
-                for b in self._cache.sealed_blocks():
-                    await self._upload_until_done(b)
-                    self._notify_progress()
+                await self._upload_round()
                 self._notify_progress()
         except NodeFencedError as exc:
             self._stopped = exc
@@ -172,6 +173,38 @@ class Uploader:
             self._stopped = exc
             self._notify_progress()
             self._on_node_fenced(exc)
+
+    async def _upload_round(self) -> None:
+        """Upload every sealed block. The objects of up to PIPELINE_DEPTH blocks are written in
+        parallel (PUT latency overlaps); commits, and the WAL trims after them, stay strictly
+        in block order. A block whose first attempt fails goes through the sequential retry
+        path, which reconciles with the metadata first."""
+        blocks = self._cache.sealed_blocks()
+        started: deque[tuple[CacheBlock, float, asyncio.Future]] = deque()
+        i = 0
+        try:
+            while i < len(blocks) or started:
+                while i < len(blocks) and len(started) < PIPELINE_DEPTH:
+                    b = blocks[i]
+                    i += 1
+                    started.append((b, time.perf_counter(), asyncio.ensure_future(self._write_objects(b))))
+                block, t0, writing = started.popleft()
+                try:
+                    request = await writing
+                    if request is not None:
+                        await self._commit(request)
+                    await self._finish(block, t0)
+                except NodeFencedError:
+                    raise
+                except Exception as exc:
+                    log.warning("upload of cache block %d failed (%r); retrying", block.block_id, exc)
+                    if self._metrics is not None:
+                        self._metrics.upload_failures.inc()
+                    await self._upload_until_done(block)
+                self._notify_progress()
+        finally:
+            for _, _, writing in started:
+                writing.cancel()
 
     async def _upload_until_done(self, block: CacheBlock) -> None:
         delay = 0.1
@@ -217,18 +250,22 @@ class Uploader:
                 raise OffsetMismatchError(f"stream {sid}: committed end {m.end_offset} is below cached data at {sl.start_offset} (a gap)")
 
     async def upload_block(self, block: CacheBlock, *, reconcile: bool = True) -> None:
+        """Upload, commit and finish one block, sequentially."""
         if reconcile:
-            # One get_streams per upload buys idempotence: a replay after a crash, or a retry
+            # One get_streams per attempt buys idempotence: a replay after a crash, or a retry
             # of a commit whose answer was lost, drops what is already committed.
             await self._reconcile(block)
         started = time.perf_counter()
-        slices = sorted(block.streams.values(), key=lambda s: s.stream_id)
-        total = sum(s.size for s in slices)
-        if slices:
-            await self._write_and_commit(slices)
+        request = await self._write_objects(block)
+        if request is not None:
+            await self._commit(request)
+        await self._finish(block, started)
+
+    async def _finish(self, block: CacheBlock, started: float) -> None:
+        """After the commit: metrics, make the block evictable, trim the WAL."""
         if self._metrics is not None:
             self._metrics.upload_seconds.observe(time.perf_counter() - started)
-            self._metrics.upload_bytes.inc(total)
+            self._metrics.upload_bytes.inc(block.size)
         self._cache.mark_uploaded(block)
         if self._wal is not None and block.wal_end > 0:
             try:
@@ -238,7 +275,12 @@ class Uploader:
             if self._metrics is not None:
                 self._metrics.wal_bytes_pending.set(self._wal.bytes_pending_trim)
 
-    async def _write_and_commit(self, slices: list[StreamSlice]) -> None:
+    async def _write_objects(self, block: CacheBlock) -> CommitStreamSetObjectRequest | None:
+        """Prepare ids and PUT the block's objects; returns the commit request (None when
+        the block holds nothing any more)."""
+        slices = sorted(block.streams.values(), key=lambda s: s.stream_id)
+        if not slices:
+            return None
         split = self._settings.stream_split_bytes
         shared = [s for s in slices if s.size < split]
         own = [s for s in slices if s.size >= split]
@@ -269,7 +311,7 @@ class Uploader:
         # Stream objects carry no epoch: the commit checks them against the stream's current
         # epoch and owner (a reopen by this node under a newer epoch first commits the old
         # epoch's data, see StorageEngine.open_stream). Ranges are never empty.
-        request = CommitStreamSetObjectRequest(
+        return CommitStreamSetObjectRequest(
             node_id=self.node_id,
             node_epoch=self.node_epoch,
             object_id=sso_id,
@@ -277,12 +319,14 @@ class Uploader:
             stream_ranges=tuple(ranges),
             stream_objects=tuple(stream_objects),
         )
+
+    async def _commit(self, request: CommitStreamSetObjectRequest) -> None:
         await self._objects.commit_stream_set_object(request)
         if self._metrics is not None:
-            if sso_id >= 0:
+            if request.object_id >= 0:
                 self._metrics.objects_committed.labels("stream_set").inc()
-            if stream_objects:
-                self._metrics.objects_committed.labels("stream").inc(len(stream_objects))
+            if request.stream_objects:
+                self._metrics.objects_committed.labels("stream").inc(len(request.stream_objects))
 
     @staticmethod
     def _add_slice(writer: ObjectWriter, sl: StreamSlice) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ class DroppingProxy:
         self.target_port = 0
         self.produce_responses = 0
         self.dropped = 0
+        self.blackhole = False  # drop every Produce response
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -70,6 +72,9 @@ class DroppingProxy:
                 (correlation,) = struct.unpack_from(">i", frame, 4)
                 if api_keys.pop(correlation, None) == PRODUCE:
                     self.produce_responses += 1
+                    if self.blackhole:
+                        self.dropped += 1
+                        return
                     if self.dropped < self.limit and self.produce_responses % self.every == 0:
                         self.dropped += 1
                         return  # the batch was appended; the client never hears about it
@@ -193,3 +198,92 @@ async def test_kafka_python_idempotent_producer_retries_without_duplicates(proxi
     await asyncio.to_thread(produce)
     assert proxy.dropped >= 1, "the proxy never dropped a response: the test did not test retries"
     check_exactly_once(await asyncio.to_thread(consume_all, bootstrap, total), total)
+
+
+@pytest.fixture
+async def two_proxied_brokers(tmp_path: Path, file_url: str):
+    from automq.broker.kafka.process import BrokerService
+
+    controller = ControllerService(parse_config({"node_id": 0, "data_dir": str(tmp_path / "c"), "object_store_url": file_url, "http_host": "127.0.0.1", "http_port": 0}))
+    await controller.start()
+    services, proxies = {}, {}
+    for node_id in (1, 2):
+        proxy = DroppingProxy(every=4, limit=4)
+        port = await proxy.listen()
+        config = parse_config(
+            {
+                "node_id": node_id,
+                "data_dir": str(tmp_path / f"b{node_id}"),
+                "object_store_url": file_url,
+                "controller_urls": [controller.url],
+                "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 0, "advertised_host": "127.0.0.1", "advertised_port": port}],
+                "http_host": "127.0.0.1",
+                "http_port": 0,
+                "heartbeat_interval_ms": 200,
+                "wal": {"capacity": "16MiB"},
+                "storage": {"log_cache_bytes": "32MiB", "block_cache_bytes": "16MiB"},
+            }
+        )
+        service = BrokerService(config)
+        await asyncio.wait_for(service.start(), 60)
+        proxy.target_port = service.kafka_ports["PLAINTEXT"]
+        services[node_id], proxies[node_id] = service, proxy
+    await services[1].broker.ensure_topic(TOPIC, partitions=PARTITIONS)
+    bootstrap = ",".join(f"127.0.0.1:{p._server.sockets[0].getsockname()[1]}" for p in proxies.values())
+    yield services, proxies, bootstrap
+    for proxy in proxies.values():
+        await proxy.close()
+    for service in services.values():
+        await service.stop(timeout=5)
+    await controller.stop()
+
+
+async def test_idempotent_retries_across_a_partition_move(two_proxied_brokers) -> None:
+    """Batches appended by the old leader whose responses never arrive are retried at the new
+    leader after the partition moves; its producer state, rebuilt from the log, must answer
+    them as duplicates (a rebuild that forgets them appends them twice)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    services, proxies, bootstrap = two_proxied_brokers
+    topic = "idem-move"
+    await services[1].broker.ensure_topic(topic, partitions=1)
+    old = services[1].broker.partitions.topic(topic).partitions[0].leader
+    new = 2 if old == 1 else 1
+    first, second = 500, 500
+    from confluent_kafka import Producer
+
+    errors: list[Any] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                         "batch.num.messages": 50, "retry.backoff.ms": 50, "message.timeout.ms": 60_000})
+
+    def send(start: int, count: int) -> None:
+        for i in range(start, start + count):
+            producer.produce(topic, value=str(i).encode(), partition=0,
+                             on_delivery=lambda err, msg: errors.append(err) if err is not None else None)
+            producer.poll(0)
+
+    await asyncio.to_thread(send, 0, first)
+    assert await asyncio.to_thread(producer.flush, 30) == 0
+    # from now on the old leader appends but its answers never reach the client
+    proxies[old].blackhole = True
+    await asyncio.to_thread(send, first, second)
+    await asyncio.to_thread(producer.poll, 0.5)
+    partition = services[old].broker.partitions.get(topic, 0)
+    deadline = time.monotonic() + 30
+    while partition.log_end_offset <= first and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert partition.log_end_offset > first, "the old leader never appended an unanswered batch"
+    await asyncio.sleep(0.3)  # the client retries (duplicates, unanswered) a few times
+    await services[old].broker.cluster.reassign_partition(topic, 0, new)
+    assert await asyncio.to_thread(producer.flush, 60) == 0
+    assert errors == []
+    assert services[new].broker.partitions.get(topic, 0).leader_epoch > 0
+
+    def consume() -> list[int]:
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=3_000)
+        consumer.assign([TopicPartition(topic, 0)])
+        values = [int(r.value) for r in consumer]
+        consumer.close()
+        return values
+
+    assert await asyncio.to_thread(consume) == list(range(first + second))

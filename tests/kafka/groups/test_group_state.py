@@ -489,3 +489,24 @@ def test_random_protocol_metadata_and_group_ids(metadata: bytes, group_id: str) 
     assert d.members[0].metadata == metadata and d.members[0].assignment == metadata
     value = GroupValue.decode(c.writes[-1].value)
     assert value.members[0].subscription == metadata and decode_key(c.writes[-1].key) == GroupKey(group_id)
+
+
+def test_static_member_edge_cases() -> None:
+    c = Clients()
+    a = c.replies[c.join(instance="i-1", client="a")]
+    c.sync(a.member_id, 1, instance="i-1")
+    # a restart with different protocols cannot keep the old assignment: rebalance
+    t = c.join(instance="i-1", client="a", protocols=(("range", b"other"),))
+    new_id = c.m.groups["g"].static_members["i-1"]
+    assert c.replies[t] == JoinResult(ErrorCode.none, new_id, 2, "consumer", "range", new_id, ((new_id, "i-1", b"other"),))
+    assert new_id != a.member_id and c.m.groups["g"].generation_id == 2
+    c.sync(new_id, 2, {new_id: b"A2"}, instance="i-1")
+    # leaving with the instance id but someone else's member id is fenced; the real one leaves
+    _, errs, fx = c.m.leave(c.now, "g", [(a.member_id, "i-1"), ("", "unknown-instance")])
+    assert errs == [ErrorCode.fenced_instance_id, ErrorCode.unknown_member_id]
+    assert c.m.prepare_commit(c.now, group_id="g", generation_id=2, member_id=a.member_id, group_instance_id="i-1",
+                              offsets=[("t", 0, 1, -1, "")]).errors[("t", 0)] == ErrorCode.fenced_instance_id
+    assert c.replies[c.sync(a.member_id, 2, instance="i-1")].error == ErrorCode.fenced_instance_id
+    _, errs, fx = c.m.leave(c.now, "g", [(new_id, "i-1")])
+    c._apply(fx)
+    assert errs == [ErrorCode.none] and c.state() is GroupState.EMPTY and not c.m.groups["g"].static_members

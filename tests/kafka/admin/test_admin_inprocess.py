@@ -215,3 +215,32 @@ def test_manual_assignment_places_leaders_on_first_replicas(inprocess_cluster):
         assert _wait_leaders(admin, "placed", 5) == {0: 2, 1: 1, 2: 2, 3: 1, 4: 2}
     finally:
         kadmin.close()
+
+
+def test_topic_configs_take_effect_on_produce(inprocess_cluster):
+    from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, Producer
+
+    bootstrap = inprocess_cluster.bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("small", 1, 1, config={"max.message.bytes": "1000"}),
+                         NewTopic("stamped", 1, 1, config={"message.timestamp.type": "LogAppendTime"})])["stamped"].result(30)
+    _wait_leaders(admin, "small", 1)
+    _wait_leaders(admin, "stamped", 1)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "retries": 0})
+    results = []
+    producer.produce("small", b"x" * 4000, on_delivery=lambda err, msg: results.append(err))
+    producer.produce("stamped", b"v", timestamp=1_000, on_delivery=lambda err, msg: results.append(err))
+    producer.flush(30)
+    assert results[0] is not None and results[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    assert results[1] is None
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ts", "auto.offset.reset": "earliest"})
+    consumer.subscribe(["stamped"])
+    msg = None
+    deadline = time.monotonic() + 30
+    while msg is None and time.monotonic() < deadline:
+        m = consumer.poll(0.5)
+        if m is not None and not m.error():
+            msg = m
+    consumer.close()
+    ts_type, ts = msg.timestamp()
+    assert ts_type == TIMESTAMP_LOG_APPEND_TIME and ts > 1_000_000_000_000  # the broker's clock, not 1000

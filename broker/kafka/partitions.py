@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from automq.broker.controller.protocol import MetadataImage, PartitionInfo, TopicInfo
 from automq.broker.kafka import records
 from automq.broker.storage.api import FetchResult, Stream, StreamClosedError
+from automq.broker.storage.metadata import StreamFencedError
 
 if TYPE_CHECKING:
     from automq.broker.kafka.broker import Broker
@@ -426,14 +427,23 @@ class PartitionManager:
             if current.leader_epoch == info.leader_epoch and not current.closed:
                 return
             await self._close_partition(current, None)
-        # the image may have moved on while we waited for earlier transitions
-        latest = self._topics.get(info.topic)
-        if latest is None or self._closing:
-            return
-        latest_p = next((p for p in latest.partitions if p.partition == info.partition), None)
-        if latest_p is None or latest_p.leader != self._broker.node_id or latest_p.leader_epoch != info.leader_epoch or latest_p.state != "online":
-            return
-        stream = await self._broker.storage.open_stream(info.stream_id, info.leader_epoch)
+        backoff = 0.1
+        while True:
+            # the image may have moved on while we waited (earlier transitions, retries)
+            if not self._still_placed_here(info):
+                return
+            try:
+                stream = await self._broker.storage.open_stream(info.stream_id, info.leader_epoch)
+                break
+            except StreamFencedError:
+                log.warning("stream of %s-%d is owned under a newer epoch than %d; waiting for metadata", info.topic, info.partition, info.leader_epoch)
+                return
+            except Exception as exc:
+                # a controller or object-store blip must not leave the partition unserved until
+                # the next metadata change: retry while it is still ours
+                log.warning("opening %s-%d failed (%s); retrying in %.1fs", info.topic, info.partition, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
         partition = Partition(info, topic, stream, _new_producer_state(self._broker.config.kafka.producer_id_expiration_ms), self)
         try:
             await partition.rebuild_producer_state()
@@ -445,6 +455,13 @@ class PartitionManager:
         log.info("leading %s-%d (stream %d, epoch %d, offsets %d..%d)", info.topic, info.partition, info.stream_id, info.leader_epoch, stream.start_offset, stream.end_offset)
         for listener in list(self._listeners):
             await self._notify_elected(listener, partition)
+
+    def _still_placed_here(self, info: PartitionInfo) -> bool:
+        latest = self._topics.get(info.topic)
+        if latest is None or self._closing:
+            return False
+        p = next((p for p in latest.partitions if p.partition == info.partition), None)
+        return p is not None and p.leader == self._broker.node_id and p.leader_epoch == info.leader_epoch and p.state == "online"
 
     async def _notify_elected(self, listener: PartitionListener, partition: Partition) -> None:
         try:

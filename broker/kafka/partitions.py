@@ -488,8 +488,20 @@ class PartitionManager:
             await self._ack_closed(moving)
 
     async def _ack_closed(self, info: PartitionInfo) -> None:
+        """Tell the controller the stream of a moving partition is closed (retried: the move
+        waits for this)."""
         b = self._broker
-        await b.cluster.partition_closed(info.topic, info.partition, b.node_id, b.node_epoch, info.leader_epoch)
+        backoff = 0.1
+        for attempt in range(8):
+            try:
+                await b.cluster.partition_closed(info.topic, info.partition, b.node_id, b.node_epoch, info.leader_epoch)
+                return
+            except Exception as exc:
+                if attempt == 7:
+                    raise
+                log.warning("partition_closed for %s-%d failed (%s); retrying", info.topic, info.partition, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
 
     def _drop_fenced(self, partition: Partition) -> None:
         key = (partition.topic, partition.partition)

@@ -363,7 +363,7 @@ def _wait_ready(nodes: list[Node], console: Console, signals: _Signals) -> bool:
 
 def run_local_cluster(brokers: int, data_dir: Path | str, port: int, object_store_url: str | None) -> int:
     """Run a local cluster in the foreground until Ctrl-C/SIGTERM; returns the exit code."""
-    console = Console(stderr=True, soft_wrap=True)
+    console = Console(stderr=True, soft_wrap=True, highlight=False)
     data_dir = Path(data_dir).expanduser().resolve()
     try:
         data_dir.mkdir(parents=True, exist_ok=True)

@@ -662,7 +662,11 @@ async def describe_log_dirs(request: Any, ctx: RequestContext) -> Any:
     for p in sorted(broker.partitions.led(), key=lambda p: (p.topic, p.partition)):
         if wanted is not None and p.partition not in wanted.get(p.topic, ()):
             continue
-        size = await retention.partition_size(broker, p)
+        try:
+            size = await retention.partition_size(broker, p)
+        except Exception as exc:  # noqa: BLE001 - moved or closed meanwhile: size unknown
+            log.debug("size of %s-%d unknown: %s", p.topic, p.partition, exc)
+            size = -1
         by_topic.setdefault(p.topic, []).append(
             build(PartitionEntry, partition_index=p.partition, partition_size=size,
                   offset_lag=max(0, p.log_end_offset - p.high_watermark), is_future_key=False)

@@ -254,7 +254,7 @@ async def raw_put(store_url: str, size: int, seconds: float) -> list[float]:
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default=None, help="where the WAL and file:// objects go (default: a temp dir)")
-    ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--seconds", type=float, default=0.7)
     ap.add_argument("--sizes", default="1024,16384,1048576")
     ap.add_argument("--inflight", type=int, default=16)
     ap.add_argument("--no-s3", action="store_true")
@@ -305,8 +305,8 @@ async def main() -> None:
 
     print("\n## cold reads through the block cache")
     d = base / "read-file"
-    cold, warm, stats = await cold_read(d, f"file://{d}/objects", 64 * MiB)
-    print(f"file:// 64 MiB: cold {cold:8.1f} MiB/s, warm tail {warm:8.1f} MiB/s, {stats}")
+    cold, warm, stats = await cold_read(d, f"file://{d}/objects", 32 * MiB)
+    print(f"file:// 32 MiB: cold {cold:8.1f} MiB/s, warm tail {warm:8.1f} MiB/s, {stats}")
 
     if not args.no_s3:
         from automq.broker.objectstore.seaweedfs import SeaweedFS
@@ -326,7 +326,7 @@ async def main() -> None:
             for size in sizes:
                 bucket = server.create_bucket()
                 url = server.url_for(bucket)
-                put = await raw_put(url, size, min(secs, 1.0))
+                put = await raw_put(url, size, min(secs, 0.5))
                 config = engine_config(base / f"s3-{size}", url, "s3")
                 _, lat = await engine_run(config, url, size, secs, 1)
                 mibs, tlat = await engine_run(config.model_copy(update={"data_dir": str(base / f"s3t-{size}")}), url, size, secs * 1.5, 64)
@@ -336,8 +336,8 @@ async def main() -> None:
                 )
             bucket = server.create_bucket()
             url = server.url_for(bucket)
-            cold, warm, stats = await cold_read(base / "read-s3", url, 64 * MiB)
-            print(f"\nSeaweedFS 64 MiB cold read: {cold:8.1f} MiB/s, warm tail {warm:8.1f} MiB/s, {stats}")
+            cold, warm, stats = await cold_read(base / "read-s3", url, 32 * MiB)
+            print(f"\nSeaweedFS 32 MiB cold read: {cold:8.1f} MiB/s, warm tail {warm:8.1f} MiB/s, {stats}")
         finally:
             server.stop()
 

@@ -66,6 +66,8 @@ async def recover_wal(
     if kind == "volume":
         if volume_path is None:
             raise ValueError("recover_wal(kind='volume') needs volume_path")
+        if not Path(volume_path).exists():  # never create an empty WAL where a dead node's should be
+            raise FileNotFoundError(f"recover_wal: no WAL at {volume_path}")
         from automq.broker.storage.wal.volume import VolumeWal
 
         wal = VolumeWal(volume_path, 1 << 16, node_id, node_epoch)

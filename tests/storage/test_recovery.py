@@ -130,3 +130,14 @@ async def test_metrics_are_exported(tmp_path, file_url):
     assert value("automq_storage_upload_seconds_count") >= 1
     await engine.close()
     await store.close()
+
+
+async def test_recovering_a_missing_volume_wal_is_an_error(tmp_path, file_url):
+    store = open_object_store(file_url)
+    meta = InProcessMetadata(store)
+    with pytest.raises(FileNotFoundError, match="no WAL"):
+        await recover_wal(object_store=store, streams=meta, objects=meta, node_id=3, node_epoch=1, kind="volume", volume_path=tmp_path / "nope")
+    assert not (tmp_path / "nope").exists()
+    with pytest.raises(ValueError, match="kind"):
+        await recover_wal(object_store=store, streams=meta, objects=meta, node_id=3, node_epoch=1, kind="tape")
+    await store.close()

@@ -33,6 +33,7 @@ from automq.broker.kafka.groups.state import (
     Effects,
     GroupConfig,
     GroupManager,
+    GroupState,
     JoinResult,
     SyncResult,
     Write,
@@ -69,6 +70,32 @@ class _PendingWrite:
         self.ok = True
 
 
+class _GroupMetrics:
+    """Prometheus collector: groups by state, members, loaded offsets partitions, commits."""
+
+    def __init__(self, coordinator: "GroupCoordinator") -> None:
+        self._coordinator = coordinator
+        self.commits = 0
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        c = self._coordinator
+        groups = GaugeMetricFamily("kafka_coordinator_groups", "Consumer groups this broker coordinates, by state", labels=["state"])
+        counts: dict[str, int] = {s.value: 0 for s in GroupState}
+        members = 0
+        for g in c.manager.groups.values():
+            counts[g.state.value] += 1
+            members += len(g.members)
+        for state, n in counts.items():
+            groups.add_metric([state], n)
+        yield groups
+        yield GaugeMetricFamily("kafka_coordinator_members", "Members of the groups this broker coordinates", value=members)
+        yield GaugeMetricFamily("kafka_coordinator_partitions_loaded", "__consumer_offsets partitions loaded here", value=len(c._partitions))
+        yield GaugeMetricFamily("kafka_coordinator_partitions_loading", "__consumer_offsets partitions being replayed", value=len(c._loading))
+        yield CounterMetricFamily("kafka_coordinator_offset_commits", "Partition offsets committed durably", value=self.commits)
+
+
 class GroupCoordinator:
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
@@ -92,6 +119,10 @@ class GroupCoordinator:
         self._closing = False
         self._timer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.metrics = _GroupMetrics(self)
+        registry = getattr(broker, "registry", None)
+        if registry is not None:
+            registry.register(self.metrics)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -429,7 +460,11 @@ class GroupCoordinator:
         """Make an accepted commit durable, then visible. Errors per partition."""
         if not plan.writes:
             return plan.errors
-        if not await self.write(plan.writes, on_durable=lambda: self.manager.complete_commit(plan, now_ms())):
+        def durable() -> None:
+            self.manager.complete_commit(plan, now_ms())
+            self.metrics.commits += len(plan.accepted)
+
+        if not await self.write(plan.writes, on_durable=durable):
             return {k: (ErrorCode.not_coordinator if v == ErrorCode.none else v) for k, v in plan.errors.items()}
         return plan.errors
 

@@ -227,3 +227,20 @@ async def test_offsets_topic_created_elsewhere_is_made_compacted(cluster) -> Non
         return topic is not None and topic.configs.get("cleanup.policy") == "compact"
 
     await eventually(compacted)
+
+
+async def test_coordinator_metrics_are_exported(cluster) -> None:
+    from prometheus_client import generate_latest
+
+    n1 = await cluster.start_node(1)
+    await n1.broker.ensure_topic("t", partitions=2)
+    assert await coordinator_of(n1, "g") == 1
+    await ready(n1, "g")
+    member, generation = await join_and_sync(n1, "g")
+    await n1.call(COMMIT, 8, group_id="g", generation_id_or_member_epoch=generation, member_id=member, group_instance_id=None,
+                  topics=(_commit_topic([(0, 1, ""), (1, 2, "")]),))
+    text = generate_latest(n1.broker.registry).decode()
+    assert 'kafka_coordinator_groups{state="Stable"} 1.0' in text
+    assert "kafka_coordinator_members 1.0" in text
+    assert "kafka_coordinator_offset_commits_total 2.0" in text
+    assert "kafka_coordinator_partitions_loading 0.0" in text

@@ -95,11 +95,17 @@ class InProcessMetadata:
             self._state, self._etag = await self._load_latest()
 
     async def _read(self) -> dict[str, Any]:
-        if self._state is None:
-            async with self._lock:
-                if self._state is None:
-                    self._state, self._etag = await self._load_latest()
-        return self._state
+        """The newest state: one HEAD tells whether another process changed it since."""
+        async with self._lock:
+            if self._state is not None:
+                try:
+                    current = (await self._store.head(STATE_KEY)).etag
+                except ObjectNotFound:
+                    current = None
+                if current == self._etag:
+                    return self._state
+            self._state, self._etag = await self._load_latest()
+            return self._state
 
     async def _mutate(self, change):
         """Apply `change(state)` to a copy of the newest state and write it as the next

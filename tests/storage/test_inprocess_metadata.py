@@ -182,3 +182,19 @@ async def test_compaction_commits_replace_objects(store):
     assert (await meta.get_streams([sid]))[0].end_offset == 20  # compaction moves no offsets
     with pytest.raises(ObjectNotPreparedError):  # the same id cannot be committed twice
         await meta.commit_stream_object(StreamObject(new, 300, sid, 0, 20, source_object_ids=(o1,)), node_id=-1, node_epoch=0)
+
+
+async def test_reads_see_changes_made_by_another_instance(store, url):
+    one = InProcessMetadata(store)
+    sid = await one.create_stream()
+    assert [m.end_offset for m in await one.get_streams([sid])] == [0]
+    other_store = open_object_store(url)
+    try:
+        two = InProcessMetadata(other_store)
+        await two.open_stream(sid, 0, 1, 0)
+        oid = await two.prepare_objects(1, 60_000)
+        await two.commit_stream_set_object(commit(oid, (sid, 0, 0, 7)))
+        assert [m.end_offset for m in await one.get_streams([sid])] == [7]
+        assert [o.object_id for o in await one.get_objects(sid, 0, -1, 10)] == [oid]
+    finally:
+        await other_store.close()

@@ -122,9 +122,10 @@ async def test_object_store_outage_holds_data_in_the_wal_until_it_returns(tmp_pa
     s = await engine.open_stream(sid, 0)
     for i in range(50):  # ~100 KB: fits the ring, so appends are still acknowledged
         await s.append(bytes([i]) * 2000, 1)
-    await asyncio.sleep(0.3)
+    failures = "automq_storage_upload_failures_total"
+    while engine.metrics.registry.get_sample_value(failures) < 2:  # the uploader tried, and retried
+        await asyncio.sleep(0.05)
     assert engine.wal._header.trim == 0 and (await meta.get_streams([sid]))[0].end_offset == 0
-    assert engine.metrics.registry.get_sample_value("automq_storage_upload_failures_total") >= 1
     down = False
     await engine.uploader.flush()
     assert (await meta.get_streams([sid]))[0].end_offset == 50
@@ -140,6 +141,7 @@ async def test_parallel_object_writes_still_commit_in_block_order(setup):
     store = engine.object_store
     real_put = store.put
     calls, events = [], []
+    second_started = asyncio.Event()
 
     async def put(key, data, **kw):  # the first block's object is slow, the second's fast
         if not key.startswith("objects/"):
@@ -147,8 +149,13 @@ async def test_parallel_object_writes_still_commit_in_block_order(setup):
         calls.append(key)
         n = len(calls)
         events.append(("start", n))
-        if n == 1:
-            await asyncio.sleep(0.3)
+        if n == 2:
+            second_started.set()
+        if n == 1:  # hold the first block's PUT until the second block's begins (if it ever does)
+            try:
+                await asyncio.wait_for(second_started.wait(), timeout=30)
+            except asyncio.TimeoutError:
+                pass
         result = await real_put(key, data, **kw)
         events.append(("end", n))
         return result

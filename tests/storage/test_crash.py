@@ -34,7 +34,7 @@ def run_and_kill(tmp_path: Path, store_url: str, wal_kind: str, seed: int, ack_f
     )
     try:
         if not early:
-            ready, _, _ = select.select([child.stdout], [], [], 60)
+            ready, _, _ = select.select([child.stdout], [], [], 300)  # generous: a loaded CI machine
             line = child.stdout.readline() if ready else b""
             if line.strip() != b"ready":
                 child.kill()

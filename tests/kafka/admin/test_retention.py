@@ -87,3 +87,28 @@ def test_compact_only_topics_are_not_trimmed(inprocess_cluster):
     producer.flush(10)
     assert inprocess_cluster.run(RetentionTask(broker).run_once()) == {}
     assert partition.log_start_offset == 0
+
+
+def test_periodic_task_trims_on_its_own(inprocess_cluster):
+    from automq.broker.kafka.retention import retention_of, start_retention
+
+    bootstrap = inprocess_cluster.bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("auto", 1, 1, config={"retention.ms": "1000"})])["auto"].result(30)
+    broker, partition = _leader_broker(inprocess_cluster, admin, "auto")
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    producer.produce("auto", b"old", timestamp=int(time.time() * 1000) - 60_000)
+    producer.flush(10)
+
+    async def start():
+        return start_retention(broker, interval_ms=100)
+
+    task = inprocess_cluster.run(start())
+    try:
+        assert retention_of(broker) is task
+        deadline = time.monotonic() + 30
+        while partition.log_start_offset == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert partition.log_start_offset == 1
+    finally:
+        inprocess_cluster.run(task.close())

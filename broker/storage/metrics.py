@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+import weakref
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class StorageMetrics:
+    """One set per registry: a second engine on the same registry (a restart inside one
+    process) shares the collectors instead of failing on duplicate names."""
+
+    _by_registry: "weakref.WeakKeyDictionary[CollectorRegistry, StorageMetrics]" = weakref.WeakKeyDictionary()
+
+    def __new__(cls, registry: CollectorRegistry | None = None) -> "StorageMetrics":
+        if registry is not None and registry in cls._by_registry:
+            return cls._by_registry[registry]
+        self = super().__new__(cls)
+        self._initialized = False
+        if registry is not None:
+            cls._by_registry[registry] = self
+        return self
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        if self._initialized:
+            return
+        self._initialized = True
         # A private registry by default so several engines in one process (tests) do not
         # collide; the broker passes the registry it serves on /metrics.
         r = registry if registry is not None else CollectorRegistry()

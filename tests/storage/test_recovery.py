@@ -141,3 +141,17 @@ async def test_recovering_a_missing_volume_wal_is_an_error(tmp_path, file_url):
     with pytest.raises(ValueError, match="kind"):
         await recover_wal(object_store=store, streams=meta, objects=meta, node_id=3, node_epoch=1, kind="tape")
     await store.close()
+
+
+async def test_two_engines_can_share_one_registry(tmp_path, file_url):
+    store = open_object_store(file_url)
+    meta = InProcessMetadata(store)
+    registry = CollectorRegistry()
+    for i in range(2):  # a broker restarted inside one process keeps its /metrics registry
+        engine = StorageEngine(node_config(tmp_path, file_url), store, meta, meta, 1, await meta.register_node(1), registry=registry)
+        await engine.start()
+        stream = await engine.open_stream(0 if i else await engine.create_stream(), i)
+        await stream.append(b"x", 1)
+        await engine.close()
+    assert registry.get_sample_value("automq_storage_append_seconds_count") == 2
+    await store.close()

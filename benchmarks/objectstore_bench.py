@@ -3,6 +3,7 @@
     python benchmarks/objectstore_bench.py                 # local + SeaweedFS (started here)
     python benchmarks/objectstore_bench.py --quick         # fewer operations
     python benchmarks/objectstore_bench.py --s3-url 's3://b?endpoint=...&path_style=true'
+    python benchmarks/objectstore_bench.py --quick --race 50   # + conditional-write race probe
 
 Rows:
   file-raw     write + fsync + rename of a plain file, read back (what the local store must beat or match)
@@ -77,6 +78,42 @@ async def bench_store(name: str, url: str, concurrency: int, scale: float) -> No
             await store.delete_many([f"bench/{size}/{i}" for i in range(2 * count)])
 
 
+async def conditional_race(name: str, url: str, rounds: int, writers: int) -> None:
+    """How often racing conditional writers do NOT produce exactly one winner (should be 0)."""
+    from automq.broker.objectstore import PreconditionFailed
+
+    stores = [open_object_store(url) for _ in range(4)]
+    try:
+        async def attempt(index: int, put: Callable[[object], Awaitable[object]]) -> bool:
+            try:
+                await put(stores[index % len(stores)])
+            except PreconditionFailed:
+                return False
+            return True
+
+        create_bad = 0
+        for round_number in range(rounds):
+            key = f"race/create/{round_number}"
+            wins = await asyncio.gather(*(attempt(i, lambda s, i=i: s.put(key, b"%d" % i, if_none_match=True))
+                                          for i in range(writers)))
+            create_bad += sum(wins) != 1
+        replace_bad = 0
+        await stores[0].put("race/cas", b"0")
+        for round_number in range(rounds):
+            etag = (await stores[0].head("race/cas")).etag
+            # Unique content per writer and round: ETags are content hashes, so writing bytes
+            # equal to the current object would legitimately keep the ETag and let a second
+            # writer match it too (ABA), which is not a race.
+            wins = await asyncio.gather(*(attempt(i, lambda s, i=i, r=round_number: s.put(
+                "race/cas", b"%d-%d" % (r, i), if_match=etag)) for i in range(writers)))
+            replace_bad += sum(wins) != 1
+        print(f"{name:10} race {writers} writers x {rounds} rounds: If-None-Match rounds without exactly one "
+              f"winner {create_bad}/{rounds}, If-Match {replace_bad}/{rounds}", flush=True)
+    finally:
+        for store in stores:
+            await store.close()
+
+
 def bench_raw_files(root: Path, scale: float) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for size, count in SIZES:
@@ -127,6 +164,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="a quarter of the operations")
     parser.add_argument("--skip-s3", action="store_true")
+    parser.add_argument("--race", type=int, default=0, metavar="ROUNDS",
+                        help="also race 16 conditional writers for ROUNDS rounds per backend (correctness probe)")
     args = parser.parse_args()
     scale = 0.25 if args.quick else 1.0
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, concurrency {args.concurrency}", flush=True)
@@ -134,6 +173,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="automq-objbench-") as tmp:
         bench_raw_files(Path(tmp) / "raw", scale)
         asyncio.run(bench_store("file", f"file://{tmp}/objects", args.concurrency, scale))
+        if args.race:
+            asyncio.run(conditional_race("file", f"file://{tmp}/race", args.race, 16))
         if args.skip_s3:
             return
         server: SeaweedFS | None = None
@@ -150,6 +191,8 @@ def main() -> None:
             if settings.endpoint:
                 bench_raw_boto3(settings.endpoint, settings.bucket, scale)
             asyncio.run(bench_store("s3", url, args.concurrency, scale))
+            if args.race:
+                asyncio.run(conditional_race("s3", url, args.race, 16))
         finally:
             if server is not None:
                 server.remove()

@@ -128,9 +128,9 @@ class ObjectStore(abc.ABC):
       writers succeeds, the other gets PreconditionFailed. The controller's metadata log
       depends on this.
     - `put(..., if_match=etag)` replaces only if the current ETag matches (a missing object
-      is PreconditionFailed too). Caution: SeaweedFS 4.48 does not apply If-Match atomically
-      under concurrency (several racing replacers can all succeed; see s3.py), so nothing
-      may depend on it for mutual exclusion there; if_none_match is atomic everywhere.
+      is PreconditionFailed too). ETags are content hashes: a writer that puts bytes equal
+      to the current object keeps the ETag, so a second writer holding it still matches
+      (ABA). Make payloads unique (e.g. carry an epoch or sequence) when that matters.
     - ETags are opaque strings without quotes (md5 hex for single PUTs); if_match accepts
       them quoted or not.
     - `get(key, start, end)` reads bytes [start, end) (end exclusive, None = to the end);

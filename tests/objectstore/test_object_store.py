@@ -386,3 +386,26 @@ def test_one_store_serves_successive_event_loops(store_url):
     asyncio.run(store.close())
     assert asyncio.run(keys_of(store, "loop-2/")) == sorted(f"loop-2/{i}" for i in range(40))
     asyncio.run(store.close())
+
+
+async def test_conditional_replace_racing_writers_exactly_one_wins(store_url):
+    async with open_object_store(store_url) as first, open_object_store(store_url) as second:
+        current = await first.put("cas", b"start")
+        for round_number in range(3):
+
+            async def attempt(writer: int) -> tuple[int, str] | None:
+                store = first if writer % 2 else second
+                try:
+                    # distinct payloads: equal bytes would keep the ETag (ABA), not a race
+                    result = await store.put("cas", b"round-%d-writer-%d" % (round_number, writer),
+                                             if_match=current.etag)
+                except PreconditionFailed:
+                    return None
+                return writer, result.etag
+
+            outcomes = [o for o in await asyncio.gather(*(attempt(w) for w in range(12))) if o is not None]
+            assert len(outcomes) == 1, f"round {round_number}: winners {outcomes}"
+            winner, etag = outcomes[0]
+            assert await first.get("cas") == b"round-%d-writer-%d" % (round_number, winner)
+            current = await first.head("cas")
+            assert current.etag == etag

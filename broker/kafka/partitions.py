@@ -204,11 +204,11 @@ class Partition:
             pass
 
     async def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(base offset, maxTimestamp) of the first batch with maxTimestamp >= timestamp_ms.
+        """(offset, timestamp) of the first record with timestamp >= timestamp_ms.
 
         Binary search over offsets with one-batch reads, assuming batch max timestamps grow
-        with offsets (what Kafka's time index assumes too), then a forward scan of the
-        batches read around the answer. O(log n) reads instead of reading the whole log."""
+        with offsets (what Kafka's time index assumes too), then the records of the batch it
+        ends in. O(log n) reads instead of reading the whole log."""
         low, high = self.log_start_offset, self.high_watermark
         answer: tuple[int, int] | None = None
         while low < high:
@@ -219,7 +219,7 @@ class Partition:
             batch = result.batches[0]
             header = records.parse_header(batch.payload)
             if header.max_timestamp >= timestamp_ms:
-                answer = (batch.base_offset, header.max_timestamp)
+                answer = records.first_record_at_or_after(batch.payload, timestamp_ms)
                 if batch.base_offset <= low:
                     break
                 high = batch.base_offset

@@ -173,3 +173,47 @@ def max_timestamp(buf: bytes | bytearray | memoryview) -> tuple[int, int] | None
         if best is None or h.max_timestamp > best[1]:
             best = (h.base_offset + h.last_offset_delta, h.max_timestamp)
     return best
+
+
+def _zigzag_varint(buf, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (value >> 1) ^ -(value & 1), position
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def first_record_at_or_after(batch: bytes | bytearray | memoryview, timestamp_ms: int) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record of one stored batch with timestamp >= timestamp_ms.
+
+    Only ListOffsets uses this, for the single batch a timestamp search ends in. Compressed
+    batches are not decompressed: their base offset and max timestamp are the answer (a
+    consumer seeking there skips the earlier records itself). LogAppendTime batches carry one
+    timestamp for every record."""
+    header = parse_header(batch)
+    if header.max_timestamp < timestamp_ms:
+        return None
+    if header.attributes & 0x07 or header.attributes & TIMESTAMP_TYPE_BIT:
+        return header.base_offset, header.max_timestamp
+    position = BATCH_HEADER_SIZE
+    end = min(len(batch), header.size)
+    try:
+        for _ in range(header.record_count):
+            length, position = _zigzag_varint(batch, position)
+            record_end = position + length
+            ts_position = position + 1  # attributes
+            ts_delta, ts_position = _zigzag_varint(batch, ts_position)
+            offset_delta, _ = _zigzag_varint(batch, ts_position)
+            if header.base_timestamp + ts_delta >= timestamp_ms:
+                return header.base_offset + offset_delta, header.base_timestamp + ts_delta
+            position = record_end
+            if position > end:
+                break
+    except (IndexError, ValueError):
+        pass
+    return header.base_offset, header.max_timestamp

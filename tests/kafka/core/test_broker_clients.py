@@ -297,8 +297,8 @@ async def test_list_offsets_earliest_latest_timestamp(cluster, make_batch):
     assert answers[-2] == (ErrorCode.none, 0, -1)
     assert answers[-1] == (ErrorCode.none, 6, -1)
     assert answers[-3] == (ErrorCode.none, 5, 3001)
-    assert answers[1500] == (ErrorCode.none, 2, 2001)
-    assert answers[2001] == (ErrorCode.none, 2, 2001)
+    assert answers[1500] == (ErrorCode.none, 2, 2000)  # record-level: first record at/after the time
+    assert answers[2001] == (ErrorCode.none, 3, 2001)
     assert answers[9999] == (ErrorCode.none, -1, -1)
 
 

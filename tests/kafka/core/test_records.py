@@ -111,3 +111,18 @@ def test_random_bytes_never_crash_validation(data):
     except records.InvalidBatchError as exc:
         assert exc.error_code in (ErrorCode.corrupt_message, ErrorCode.invalid_record, ErrorCode.message_too_large)
     list(records.iter_headers(data))
+
+
+def test_first_record_at_or_after_a_timestamp(make_batch):
+    batch = bytearray(make_batch(5, timestamp_ms=1000))  # records at 1000..1004
+    records.assign_offsets(batch, 50, 0)
+    assert records.first_record_at_or_after(batch, 0) == (50, 1000)
+    assert records.first_record_at_or_after(batch, 1003) == (53, 1003)
+    assert records.first_record_at_or_after(batch, 1005) is None
+    compressed = bytearray(make_batch(5, timestamp_ms=1000, value=b"v" * 1000, compression=1))  # gzip: batch granularity
+    assert compressed[21 + 1] & 0x07 == 1
+    records.assign_offsets(compressed, 50, 0)
+    assert records.first_record_at_or_after(compressed, 1003) == (50, 1004)
+    appended = bytearray(make_batch(5, timestamp_ms=1000))
+    records.assign_offsets(appended, 50, 0, log_append_time_ms=9000)
+    assert records.first_record_at_or_after(appended, 1003) == (50, 9000)

@@ -2,11 +2,12 @@
 
 Latest is the high watermark for both isolation levels (no transactions: the last stable
 offset equals the high watermark). EARLIEST_LOCAL (-4) is the log start (all data is
-"local" in the sense that every offset is readable). By timestamp answers with batch
-granularity: the base offset of the first batch whose maxTimestamp >= the timestamp (record
-headers are not parsed on this path); a consumer seeking there skips the earlier records of
-that batch by timestamp itself. MAX_TIMESTAMP reports the largest batch max timestamp seen by
-this leader (appends since it opened the partition and the tail scanned at open).
+"local" in the sense that every offset is readable). By timestamp: a binary search over
+batch max timestamps, then the records of the batch it ends in (uncompressed batches; a
+compressed one answers with its base offset and max timestamp, and a consumer seeking there
+skips the earlier records itself). MAX_TIMESTAMP reports the last offset of the batch with the
+largest max timestamp seen by this leader (appends since it opened the partition and the tail
+scanned at open).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,14 +28,22 @@ import yaml
 START_TIMEOUT_S = 180.0
 
 
+def _ephemeral_port_floor() -> int:
+    try:
+        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_block(n: int) -> int:
-    """A first port P such that P..P+n-1 are free now."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65535:
-            continue
+    """A first port P such that P..P+n-1 are free now, chosen BELOW the kernel's ephemeral
+    range: clusters restart on the same Kafka ports, and a port from the ephemeral range can
+    be taken in between as the local end of some outgoing connection (seen: EADDRINUSE when a
+    broker came back)."""
+    floor = _ephemeral_port_floor()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10_000, floor - n)
         ok = True
         for i in range(n):
             with socket.socket() as s:

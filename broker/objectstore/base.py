@@ -126,7 +126,11 @@ class ObjectStore(abc.ABC):
     - `put` is atomic: readers see the whole new object or the old state, never a prefix.
     - `put(..., if_none_match=True)` creates only if absent; exactly one of two racing
       writers succeeds, the other gets PreconditionFailed. The controller's metadata log
-      depends on this.
+      depends on this. Racing writers must put DISTINCT bytes: the S3 backend answers a 412
+      whose object holds exactly the caller's bytes as a success, because its own PUT may have
+      been re-sent after a lost reply (aiohttp does this) and the two cases look the same;
+      the local backend would tell the second writer PreconditionFailed. With distinct
+      payloads (the metadata log carries a nonce per entry) both backends agree.
     - `put(..., if_match=etag)` replaces only if the current ETag matches (a missing object
       is PreconditionFailed too). ETags are content hashes: a writer that puts bytes equal
       to the current object keeps the ETag, so a second writer holding it still matches

@@ -291,6 +291,13 @@ class GroupCoordinator:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _apply_if_any(self, fx: Effects) -> None:
+        """Timer effects: applying an empty one would still wake the timer (see _finish_apply),
+        which then ticks again at once: a busy loop that ate most of a core on an idle broker.
+        A tick that changed only deadlines needs no wake-up: the loop re-reads them anyway."""
+        if fx.writes or fx.replies:
+            self.apply_soon(fx)
+
     async def _finish_apply(self, fx: Effects, pending: "_PendingWrite") -> None:
         ok = await self._finish_write(pending)
         replies = fx.replies
@@ -425,10 +432,10 @@ class GroupCoordinator:
                 return
             try:
                 current = now_ms()
-                self.apply_soon(self.manager.tick(current))
+                self._apply_if_any(self.manager.tick(current))
                 if current >= next_retention:
                     next_retention = current + RETENTION_CHECK_INTERVAL_MS
-                    self.apply_soon(self.manager.expire_offsets(current))
+                    self._apply_if_any(self.manager.expire_offsets(current))
             except Exception:
                 log.exception("group coordinator timer failed")
 

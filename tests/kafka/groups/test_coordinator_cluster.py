@@ -9,7 +9,7 @@ import asyncio
 from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka.groups.coordinator import OFFSETS_TOPIC
-from automq.broker.kafka.groups.state import partition_for
+from automq.broker.kafka.groups.state import Effects, partition_for
 
 FIND_COORDINATOR, JOIN, HEARTBEAT, SYNC, COMMIT, FETCH, LIST, DESCRIBE, DELETE = 10, 11, 12, 14, 8, 9, 16, 15, 42
 
@@ -244,3 +244,26 @@ async def test_coordinator_metrics_are_exported(cluster) -> None:
     assert "kafka_coordinator_members 1.0" in text
     assert "kafka_coordinator_offset_commits_total 2.0" in text
     assert "kafka_coordinator_partitions_loading 0.0" in text
+
+
+async def test_empty_timer_effects_do_not_wake_the_timer(cluster, monkeypatch) -> None:
+    """Applying an effect wakes the timer loop (deadlines may have moved). A tick with nothing to
+    do used to be applied too, so every empty tick woke the timer for another: an idle broker
+    process sat at 100% of a core (measured with /proc/PID/stat before and after the fix).
+    The timer must apply only effects that write or reply."""
+    from automq.broker.kafka.groups.state import SyncResult, Write
+
+    node = await cluster.start_node(1)
+    coordinator = node.broker.groups
+    applied: list[Effects] = []
+    monkeypatch.setattr(coordinator, "apply_soon", applied.append)
+
+    coordinator._apply_if_any(Effects())
+    assert applied == []
+
+    replying = Effects()
+    replying.reply(object(), SyncResult(ErrorCode.none))
+    writing = Effects(writes=[Write(partition=0, key=b"k", value=None)])
+    coordinator._apply_if_any(replying)
+    coordinator._apply_if_any(writing)
+    assert applied == [replying, writing]

@@ -35,6 +35,12 @@ class Member(threading.Thread):
         self.stop_flag = threading.Event()
         self.error: BaseException | None = None
 
+    @property
+    def current(self) -> frozenset[int]:
+        """The latest assignment; empty until the first one (the thread appends it later)."""
+        assignments = self.assignments
+        return assignments[-1] if assignments else frozenset()
+
     def run(self) -> None:
         from kafka import KafkaConsumer
 
@@ -105,13 +111,13 @@ async def test_two_members_rebalance_commit_and_resume_after_restart(real_cluste
 
     a = Member(bootstrap, "member-a")
     a.start()
-    await wait_for(lambda: a.error is not None or (len(set(a.seen)) == 200 and a.assignments[-1] == frozenset(range(PARTITIONS))))
+    await wait_for(lambda: a.error is not None or (len(set(a.seen)) == 200 and a.current == frozenset(range(PARTITIONS))))
     assert a.error is None
 
     b = Member(bootstrap, "member-b")
     b.start()
     # the group rebalances: each member ends up with a disjoint half
-    await wait_for(lambda: a.error or b.error or (b.assignments and b.assignments[-1] and a.assignments[-1] and len(a.assignments[-1]) + len(b.assignments[-1]) == PARTITIONS))
+    await wait_for(lambda: a.error or b.error or (b.assignments and b.current and a.current and len(a.current) + len(b.current) == PARTITIONS))
     assert a.error is None and b.error is None
     assert a.assignments[-1].isdisjoint(b.assignments[-1])
     assert a.assignments[-1] | b.assignments[-1] == frozenset(range(PARTITIONS))
@@ -227,17 +233,17 @@ async def test_killed_member_expires_and_its_partitions_move(real_cluster, tmp_p
     bootstrap = broker.bootstrap
     a = Member(bootstrap, "member-a")
     a.start()
-    await wait_for(lambda: a.error or a.assignments and a.assignments[-1] == frozenset(range(PARTITIONS)))
+    await wait_for(lambda: a.error or a.assignments and a.current == frozenset(range(PARTITIONS)))
     script = tmp_path / "doomed.py"
     script.write_text(CRASHING_MEMBER)
     doomed = subprocess.Popen([sys.executable, str(script), bootstrap, TOPIC], stdout=subprocess.PIPE, text=True)
     try:
         line = await asyncio.wait_for(asyncio.to_thread(doomed.stdout.readline), 60)
         assert line.startswith("assigned"), line
-        await wait_for(lambda: a.error or (a.assignments[-1] and len(a.assignments[-1]) < PARTITIONS))
+        await wait_for(lambda: a.error or (a.current and len(a.current) < PARTITIONS))
         doomed.kill()  # no LeaveGroup: only its session timeout tells the coordinator
         doomed.wait(10)
-        await wait_for(lambda: a.error or a.assignments[-1] == frozenset(range(PARTITIONS)))
+        await wait_for(lambda: a.error or a.current == frozenset(range(PARTITIONS)))
         assert a.error is None
         group = broker.broker.groups.manager.groups["grp"]
         assert [m.client_id for m in group.members.values()] == ["member-a"]

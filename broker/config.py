@@ -115,6 +115,7 @@ class KafkaConfig(_Section):
     default_replication_factor: int = Field(1, ge=1)
     log_retention_ms: int = 7 * 24 * 3_600_000  # -1 = forever
     log_retention_bytes: int = -1
+    log_retention_check_interval_ms: DurationMs = Field(300_000, gt=0)  # how often retention trims streams
     message_max_bytes: Size = 1_048_588  # Kafka's default max batch size
     socket_request_max_bytes: Size = 100 << 20
     group_initial_rebalance_delay_ms: DurationMs = 0

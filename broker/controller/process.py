@@ -15,6 +15,7 @@ import signal
 from aiohttp import web
 
 from automq.broker.config import NodeConfig
+from automq.broker.node import run_node
 from automq.broker.controller.controller import Controller
 from automq.broker.controller.server import build_app
 from automq.broker.objectstore import open_object_store
@@ -101,12 +102,4 @@ async def serve(config: NodeConfig) -> int:
 
 def run_controller(config: NodeConfig) -> None:
     """Blocking entry point; returns after SIGTERM/SIGINT (exit code 1 on a fatal error)."""
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        code = asyncio.run(serve(config))
-    else:
-        code = uvloop.run(serve(config))
-    if code:
-        raise SystemExit(code)
+    run_node(config, serve)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from automq.broker.controller.protocol import MetadataImage, PartitionInfo, TopicInfo
 from automq.broker.kafka import records
 from automq.broker.storage.api import FetchResult, Stream, StreamClosedError
-from automq.broker.storage.metadata import StreamFencedError
+from automq.broker.storage.metadata import StreamFencedError, StreamNotFoundError
 
 if TYPE_CHECKING:
     from automq.broker.kafka.broker import Broker
@@ -481,6 +481,10 @@ class PartitionManager:
                 log.exception("listener %r failed on resignation of %s-%d", listener, *key)
         try:
             await partition.close()
+        except StreamNotFoundError:
+            # The topic was deleted: the controller dropped the stream with it, so there is
+            # nothing left to flush or release. Expected, not an error.
+            log.info("stream of %s-%d is gone (topic deleted)", *key)
         except Exception:
             log.exception("closing stream of %s-%d failed", *key)
         log.info("resigned %s-%d (epoch %d)", partition.topic, partition.partition, partition.leader_epoch)

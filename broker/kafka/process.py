@@ -29,6 +29,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from automq.broker.config import NodeConfig
+from automq.broker.node import run_node
 from automq.broker.kafka.broker import Broker, advertised_endpoints
 from automq.broker.kafka.server import KafkaServer
 from automq.broker.storage.metadata import NodeFencedError
@@ -49,6 +50,8 @@ class BrokerService:
         self.fatal: str | None = None
         self._http: web.AppRunner | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self.retention = None  # RetentionTask: time/size retention of led partitions
+        self._wal_recovery: asyncio.Task[None] | None = None  # S3 WAL: recover fenced brokers' WALs
         self._failed = asyncio.Event()
         self._ready = {"registered": False, "storage_recovered": False, "metadata_received": False, "serving": False}
 
@@ -95,6 +98,16 @@ class BrokerService:
         self._heartbeat = asyncio.get_running_loop().create_task(self._heartbeat_loop(node_epoch), name="broker-heartbeat")
         await self.broker.start()
         self._ready["metadata_received"] = True
+        from automq.broker.kafka.retention import start_retention
+
+        self.retention = start_retention(self.broker)
+        if config.wal.kind == "s3":
+            # Every broker can read every S3 WAL, so a live one recovers a fenced broker's
+            # (a volume WAL lives on the dead node's disk: the operator handles those).
+            from automq.broker.controller.recovery_worker import WalRecoveryWorker
+
+            worker = WalRecoveryWorker(self.cluster, self.object_store, config.node_id, node_epoch, config.storage)
+            self._wal_recovery = asyncio.get_running_loop().create_task(worker.run(), name="wal-recovery-worker")
         await self.server.start()
         self._ready["serving"] = True
         log.info("broker %d serving Kafka on %s", config.node_id, self.bootstrap)
@@ -125,7 +138,15 @@ class BrokerService:
         """Graceful: stop accepting, finish in-flight requests, close partitions (flush +
         upload), close the engine, unregister. Each step runs even if an earlier one failed."""
         self._ready["serving"] = False
+        if self._wal_recovery is not None:
+            self._wal_recovery.cancel()
+            try:
+                await self._wal_recovery
+            except (asyncio.CancelledError, Exception):
+                pass
         steps = [("kafka listeners", self.server.stop(timeout))]
+        if self.retention is not None:
+            steps.append(("retention", self.retention.close()))
         if self.broker is not None:
             steps.append(("partitions", self.broker.close()))
         for name, step in steps:
@@ -222,12 +243,4 @@ async def serve(config: NodeConfig) -> int:
 
 def run_broker(config: NodeConfig) -> None:
     """Blocking entry point; exits non-zero when start-up fails or the node was fenced."""
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        code = asyncio.run(serve(config))
-    else:
-        code = uvloop.run(serve(config))
-    if code:
-        raise SystemExit(code)
+    run_node(config, serve)

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHECK_INTERVAL_MS = 300_000
 RUN_BYTES = 1 << 20  # size-index granularity: batches are grouped into runs of about this size
 # At most this much is read per partition per time-retention check, so one run of the task
 # stays short even when a lot expired at once (the next run continues).
@@ -83,8 +82,7 @@ class RetentionTask:
 
     def __init__(self, broker: "Broker", interval_ms: int | None = None, run_bytes: int = RUN_BYTES) -> None:
         self._broker = broker
-        configured = getattr(broker.config.kafka, "log_retention_check_interval_ms", None)
-        self.interval_ms = interval_ms or configured or DEFAULT_CHECK_INTERVAL_MS
+        self.interval_ms = interval_ms or broker.config.kafka.log_retention_check_interval_ms
         self.run_bytes = run_bytes
         self._indexes: dict[tuple[str, int], SizeIndex] = {}
         self._task: asyncio.Task[None] | None = None

@@ -30,7 +30,7 @@ class InProcessCluster:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
 
-async def _start(tmp_path, brokers: int, stack: list) -> InProcessCluster:
+async def _start(tmp_path, brokers: int, stack: list, kafka: dict | None = None) -> InProcessCluster:
     from automq.broker.controller.process import ControllerService
     from automq.broker.kafka.process import BrokerService
 
@@ -55,7 +55,7 @@ async def _start(tmp_path, brokers: int, stack: list) -> InProcessCluster:
         config = NodeConfig(
             node_id=node_id, object_store_url=url, controller_urls=[controller.url], data_dir=str(tmp_path / f"b{node_id}"),
             listeners=[Listener(host="127.0.0.1", port=0)], http_host="127.0.0.1", http_port=0, heartbeat_interval_ms=500,
-            wal={"capacity": 16 << 20},
+            wal={"capacity": 16 << 20}, kafka=kafka or {},
         )
         service = BrokerService(config)
         services.append(service)
@@ -67,13 +67,15 @@ async def _start(tmp_path, brokers: int, stack: list) -> InProcessCluster:
 
 @pytest.fixture
 def inprocess_cluster(tmp_path, request) -> Iterator[InProcessCluster]:
-    brokers = getattr(request, "param", 2)
+    # param: a broker count, or {"brokers": n, "kafka": {...broker kafka config...}}
+    param = getattr(request, "param", 2)
+    brokers, kafka = (param["brokers"], param.get("kafka")) if isinstance(param, dict) else (param, None)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     stack: list = []
     try:
-        cluster = asyncio.run_coroutine_threadsafe(_start(tmp_path, brokers, stack), loop).result(60)
+        cluster = asyncio.run_coroutine_threadsafe(_start(tmp_path, brokers, stack, kafka), loop).result(60)
         yield cluster
     finally:
         async def teardown() -> None:

@@ -1,0 +1,28 @@
+"""Running a node process (broker or controller): logging, the event loop, the exit code.
+
+Each role provides `serve(config) -> exit code`; this module is the one place that decides
+how a node process logs and which event loop it runs on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from automq.broker.config import NodeConfig
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def run_node(config: NodeConfig, serve: Callable[[NodeConfig], Awaitable[int]]) -> None:
+    """Block until `serve` returns; a non-zero result becomes the process exit code."""
+    logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        code = asyncio.run(serve(config))
+    else:
+        code = uvloop.run(serve(config))
+    if code:
+        raise SystemExit(code)

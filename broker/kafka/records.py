@@ -38,13 +38,13 @@ CONTROL_BIT = 0x20
 
 # baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta,
 # baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount
-_HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER = struct.Struct(">qiibIhiqqqhii")
 _OFFSET_AND_EPOCH = struct.Struct(">q")
 _EPOCH = struct.Struct(">i")
 _CRC = struct.Struct(">I")
 _ATTRIBUTES = struct.Struct(">h")
 _TIMESTAMP = struct.Struct(">q")
-assert _HEADER.size == BATCH_HEADER_SIZE
+assert HEADER.size == BATCH_HEADER_SIZE
 
 
 class InvalidBatchError(Exception):
@@ -85,7 +85,7 @@ class BatchHeader:
 
 
 def parse_header(buf: bytes | bytearray | memoryview, position: int = 0) -> BatchHeader:
-    return BatchHeader(*_HEADER.unpack_from(buf, position))
+    return BatchHeader(*HEADER.unpack_from(buf, position))
 
 
 def validate_produce_records(buf: bytes | memoryview | None, max_batch_bytes: int) -> BatchHeader:
@@ -175,9 +175,13 @@ def max_timestamp(buf: bytes | bytearray | memoryview) -> tuple[int, int] | None
     return best
 
 
-def _zigzag_varint(buf, position: int) -> tuple[int, int]:
+def read_varint(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, int]:
+    """(value, next position) of the zigzag varint at `position` (the record-level integers of
+    v2 batches). ValueError when the buffer ends inside it or it is longer than 64 bits."""
     value = shift = 0
     while True:
+        if position >= len(buf):
+            raise ValueError("truncated varint")
         byte = buf[position]
         position += 1
         value |= (byte & 0x7F) << shift
@@ -186,6 +190,17 @@ def _zigzag_varint(buf, position: int) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             raise ValueError("varint too long")
+
+
+def write_varint(value: int) -> bytes:
+    """The zigzag varint encoding of a signed 64-bit value (inverse of read_varint)."""
+    v = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
 
 
 def first_record_at_or_after(batch: bytes | bytearray | memoryview, timestamp_ms: int) -> tuple[int, int] | None:
@@ -204,11 +219,11 @@ def first_record_at_or_after(batch: bytes | bytearray | memoryview, timestamp_ms
     end = min(len(batch), header.size)
     try:
         for _ in range(header.record_count):
-            length, position = _zigzag_varint(batch, position)
+            length, position = read_varint(batch, position)
             record_end = position + length
             ts_position = position + 1  # attributes
-            ts_delta, ts_position = _zigzag_varint(batch, ts_position)
-            offset_delta, _ = _zigzag_varint(batch, ts_position)
+            ts_delta, ts_position = read_varint(batch, ts_position)
+            offset_delta, _ = read_varint(batch, ts_position)
             if header.base_timestamp + ts_delta >= timestamp_ms:
                 return header.base_offset + offset_delta, header.base_timestamp + ts_delta
             position = record_end

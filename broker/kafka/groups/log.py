@@ -31,6 +31,16 @@ from dataclasses import dataclass
 
 import crc32c
 
+from automq.broker.kafka.records import (
+    ATTRIBUTES_OFFSET,
+    BATCH_HEADER_SIZE,
+    CRC_OFFSET,
+    HEADER,
+    LOG_OVERHEAD,
+    read_varint,
+    write_varint,
+)
+
 log = logging.getLogger(__name__)
 
 OFFSET_KEY_VERSION = 1
@@ -211,34 +221,6 @@ def decode_key(buf: bytes) -> OffsetKey | GroupKey:
 # ---------------------------------------------------------------- v2 record batches
 
 
-def _varint(value: int) -> bytes:
-    v = (value << 1) ^ (value >> 63)  # zigzag
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise RecordFormatError("truncated or overlong varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-    return (result >> 1) ^ -(result & 1), pos
-
-
-_BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")  # through the record count
-_CRC_START = 21  # attributes begin after baseOffset, batchLength, leaderEpoch, magic, crc
-
-
 def encode_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms: int, base_offset: int = 0) -> bytes:
     """A plain v2 batch of (key, value) records; value None is a tombstone."""
     if not records:
@@ -246,18 +228,18 @@ def encode_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms: int, b
     body = bytearray()
     for delta, (key, value) in enumerate(records):
         rec = bytearray(b"\x00")  # attributes
-        rec += _varint(0)  # timestamp delta
-        rec += _varint(delta)
-        rec += _varint(len(key)) + key
-        rec += _varint(-1) if value is None else _varint(len(value)) + value
-        rec += _varint(0)  # headers
-        body += _varint(len(rec)) + rec
-    header = _BATCH_HEADER.pack(
+        rec += write_varint(0)  # timestamp delta
+        rec += write_varint(delta)
+        rec += write_varint(len(key)) + key
+        rec += write_varint(-1) if value is None else write_varint(len(value)) + value
+        rec += write_varint(0)  # headers
+        body += write_varint(len(rec)) + rec
+    header = HEADER.pack(
         base_offset, 0, -1, 2, 0, 0, len(records) - 1, timestamp_ms, timestamp_ms, -1, -1, -1, len(records)
     )
     batch = bytearray(header) + body
-    struct.pack_into(">i", batch, 8, len(batch) - 12)
-    struct.pack_into(">I", batch, 17, crc32c.crc32c(batch[_CRC_START:]))
+    struct.pack_into(">i", batch, 8, len(batch) - LOG_OVERHEAD)
+    struct.pack_into(">I", batch, CRC_OFFSET, crc32c.crc32c(batch[ATTRIBUTES_OFFSET:]))
     return bytes(batch)
 
 
@@ -266,20 +248,20 @@ def decode_batches(buf: bytes | memoryview) -> Iterator[tuple[int, bytes, bytes 
     Corrupt or foreign (compressed, control) batches are skipped with a warning."""
     buf = memoryview(buf)
     pos = 0
-    while pos + 61 <= len(buf):
-        (base_offset, length, _epoch, magic, crc, attributes, _lod, _bts, _mts, _pid, _pep, _bseq, count) = _BATCH_HEADER.unpack_from(buf, pos)
-        end = pos + 12 + length
-        if length < 49 or end > len(buf):
+    while pos + BATCH_HEADER_SIZE <= len(buf):
+        (base_offset, length, _epoch, magic, crc, attributes, _lod, _bts, _mts, _pid, _pep, _bseq, count) = HEADER.unpack_from(buf, pos)
+        end = pos + LOG_OVERHEAD + length
+        if length < BATCH_HEADER_SIZE - LOG_OVERHEAD or end > len(buf):
             log.warning("__consumer_offsets: truncated batch at offset %d; ignoring the rest", base_offset)
             return
-        if magic != 2 or crc32c.crc32c(buf[pos + _CRC_START : end]) != crc:
+        if magic != 2 or crc32c.crc32c(buf[pos + ATTRIBUTES_OFFSET : end]) != crc:
             log.warning("__consumer_offsets: corrupt batch at offset %d skipped", base_offset)
         elif attributes & 0x07 or attributes & 0x20:
             log.warning("__consumer_offsets: compressed or control batch at offset %d skipped", base_offset)
         else:
             try:
-                yield from _decode_records(buf[pos + 61 : end], base_offset, count)
-            except RecordFormatError as exc:
+                yield from _decode_records(buf[pos + BATCH_HEADER_SIZE : end], base_offset, count)
+            except ValueError as exc:  # RecordFormatError, or a bad varint (records.read_varint)
                 log.warning("__consumer_offsets: bad records in batch at offset %d skipped: %s", base_offset, exc)
         pos = end
 
@@ -288,19 +270,19 @@ def _decode_records(buf: memoryview, base_offset: int, count: int) -> Iterator[t
     out = []
     pos = 0
     for _ in range(count):
-        length, pos = _read_varint(buf, pos)
+        length, pos = read_varint(buf, pos)
         end = pos + length
         if length < 0 or end > len(buf):
             raise RecordFormatError("record overruns its batch")
         pos += 1  # attributes
-        _ts, pos = _read_varint(buf, pos)
-        delta, pos = _read_varint(buf, pos)
-        klen, pos = _read_varint(buf, pos)
+        _ts, pos = read_varint(buf, pos)
+        delta, pos = read_varint(buf, pos)
+        klen, pos = read_varint(buf, pos)
         if klen < 0 or pos + klen > end:
             raise RecordFormatError("bad key length")
         key = bytes(buf[pos : pos + klen])
         pos += klen
-        vlen, pos = _read_varint(buf, pos)
+        vlen, pos = read_varint(buf, pos)
         value = None
         if vlen >= 0:
             if pos + vlen > end:

@@ -126,3 +126,15 @@ def test_first_record_at_or_after_a_timestamp(make_batch):
     appended = bytearray(make_batch(5, timestamp_ms=1000))
     records.assign_offsets(appended, 50, 0, log_append_time_ms=9000)
     assert records.first_record_at_or_after(appended, 1003) == (50, 9000)
+
+
+@given(st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1), st.binary(max_size=4))
+def test_varints_round_trip_and_leave_the_position_after_themselves(value: int, trailing: bytes) -> None:
+    encoded = records.write_varint(value)
+    assert records.read_varint(encoded + trailing, 0) == (value, len(encoded))
+
+
+@pytest.mark.parametrize("raw", [b"", b"\x80", b"\xff\xff", b"\x80" * 10 + b"\x01"])
+def test_truncated_or_overlong_varints_are_value_errors(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        records.read_varint(raw, 0)

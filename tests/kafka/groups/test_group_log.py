@@ -68,6 +68,18 @@ def test_corrupt_and_truncated_batches_are_skipped() -> None:
     assert list(decode_batches(bytes(compressed))) == []
 
 
+def test_batch_with_a_varint_cut_off_inside_a_valid_crc_is_skipped() -> None:
+    """The record area of a CRC-valid batch ends inside a varint: records.read_varint's
+    ValueError is caught and the batch skipped, the next one still read."""
+    batch = bytearray(encode_batch([(b"a", b"1")], 0, base_offset=0))
+    batch += b"\x80"  # a continuation byte and then nothing: a truncated varint
+    struct.pack_into(">i", batch, 57, 2)  # recordCount: 2, so the reader reaches it
+    struct.pack_into(">i", batch, 8, len(batch) - 12)
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    tail = encode_batch([(b"c", b"3")], 0, base_offset=2)
+    assert [k for _, k, _ in decode_batches(bytes(batch) + tail)] == [b"c"]
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300))
 def test_random_bytes_never_crash_the_reader(raw: bytes) -> None:

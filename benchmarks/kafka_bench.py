@@ -39,6 +39,7 @@ import time
 import uuid
 from pathlib import Path
 
+from automq.broker import local
 from automq.broker.config import parse_size
 
 MiB = 1 << 20
@@ -70,7 +71,7 @@ class Cluster:
             self.seaweed.start()
             self.seaweed.export_environment()
             object_store = self.seaweed.url_for(self.seaweed.create_bucket())
-        port = _free_port_block(self.args.brokers)
+        port = local.free_port_block(self.args.brokers)
         cmd = [sys.executable, "-m", "automq.broker.cli", "local", "up", "--brokers", str(self.args.brokers),
                "--data-dir", str(Path(self.tmp.name) / "cluster"), "--port", str(port)]
         if object_store:
@@ -100,23 +101,6 @@ class Cluster:
             self.seaweed.stop()
         if self.tmp is not None:
             self.tmp.cleanup()
-
-
-def _free_port_block(n: int) -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        ok = True
-        for i in range(n):
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind(("127.0.0.1", base + i))
-                except OSError:
-                    ok = False
-        if ok and base + n < 65535:
-            return base
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:

@@ -27,6 +27,7 @@ import contextlib
 import fcntl
 import http.client
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -85,6 +86,28 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+def _ephemeral_port_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default floor
+
+
+def free_port_block(n: int) -> int:
+    """A first port P such that P..P+n-1 are free now, for tools and tests that start local
+    clusters on fresh Kafka ports. Chosen BELOW the kernel's ephemeral range: a cluster
+    restarts on the same Kafka ports, and a port from the ephemeral range can be taken in
+    between as the local end of some outgoing connection (seen: EADDRINUSE when a broker came
+    back)."""
+    floor = _ephemeral_port_floor()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10_000, floor - n)
+        if all(port_is_free(base + i) for i in range(n)):
+            return base
+    raise LocalClusterError(f"no block of {n} free ports below {floor}")
 
 
 def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
@@ -248,7 +271,12 @@ def spawn(node: Node) -> None:
 
 
 def is_ready(node: Node) -> bool:
-    conn = http.client.HTTPConnection("127.0.0.1", node.http_port, timeout=1.0)
+    return http_ready(node.http_port)
+
+
+def http_ready(http_port: int) -> bool:
+    """Whether the node serving HTTP on this local port answers /readyz with 200."""
+    conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=1.0)
     try:
         conn.request("GET", "/readyz")
         return conn.getresponse().status == 200

@@ -8,11 +8,8 @@ Every process is started by the fixture and stopped by it; data dirs are pytest 
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,37 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from automq.broker import local
+
 START_TIMEOUT_S = 180.0
-
-
-def _ephemeral_port_floor() -> int:
-    try:
-        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port_block(n: int) -> int:
-    """A first port P such that P..P+n-1 are free now, chosen BELOW the kernel's ephemeral
-    range: clusters restart on the same Kafka ports, and a port from the ephemeral range can
-    be taken in between as the local end of some outgoing connection (seen: EADDRINUSE when a
-    broker came back)."""
-    floor = _ephemeral_port_floor()
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(10_000, floor - n)
-        ok = True
-        for i in range(n):
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind(("127.0.0.1", base + i))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no block of free ports")
 
 
 @dataclass
@@ -136,14 +105,7 @@ class LocalCluster:
         return yaml.safe_load((self.data_dir / "config" / f"{node}.yaml").read_text())["http_port"]
 
     def is_ready(self, node: str) -> bool:
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port(node), timeout=1.0)
-        try:
-            conn.request("GET", "/readyz")
-            return conn.getresponse().status == 200
-        except (OSError, http.client.HTTPException):
-            return False
-        finally:
-            conn.close()
+        return local.http_ready(self.http_port(node))
 
     def kill9(self, node: str) -> int:
         """SIGKILL one node process; the launcher restarts brokers. Returns the killed pid."""
@@ -178,7 +140,7 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def running_cluster(data_dir: Path, brokers: int = 2, object_store_url: str | None = None) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(data_dir, brokers, free_port_block(brokers), object_store_url).start()
+    cluster = LocalCluster(data_dir, brokers, local.free_port_block(brokers), object_store_url).start()
     try:
         yield cluster
     finally:
@@ -287,7 +249,7 @@ class Helpers:
     produce = staticmethod(produce_confluent)
     consume = staticmethod(consume_confluent)
     running_cluster = staticmethod(running_cluster)
-    free_port_block = staticmethod(free_port_block)
+    free_port_block = staticmethod(local.free_port_block)
     LocalCluster = LocalCluster
 
 

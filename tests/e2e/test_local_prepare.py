@@ -67,3 +67,10 @@ def test_bad_arguments(tmp_path):
         local.prepare(3, tmp_path, 65534, None)
     with pytest.raises(local.LocalClusterError, match="must be an s3:// or file:// URL"):
         local.prepare(1, tmp_path / "x", _free_block(1), "http://nope")
+
+
+def test_free_port_block_is_free_and_below_the_ephemeral_range():
+    floor = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    base = local.free_port_block(3)
+    assert 10_000 <= base and base + 3 <= floor
+    assert all(local.port_is_free(base + i) for i in range(3))

@@ -63,8 +63,14 @@ class ControllerProc:
         self.node_id = node_id
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cfg = {"node_id": node_id, "object_store_url": store_url, "http_host": "127.0.0.1",
-               "http_port": self.port, "log_level": "WARNING", "controller": controller or {}}
+        cfg = {
+            "node_id": node_id,
+            "object_store_url": store_url,
+            "http_host": "127.0.0.1",
+            "http_port": self.port,
+            "log_level": "WARNING",
+            "controller": controller or {},
+        }
         self.config_path = workdir / f"controller-{node_id}.yaml"
         self.config_path.write_text(yaml.safe_dump(cfg))
         self.proc: subprocess.Popen | None = None
@@ -72,7 +78,8 @@ class ControllerProc:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "automq.broker.cli", "controller", "--config", str(self.config_path)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
 
     def ready(self) -> bool:
@@ -108,7 +115,9 @@ def entry_size() -> int:
     return len(MetadataLog.encode_entry(123456, 0, "0123456789abcdef", [rec]))
 
 
-async def commit_latency(client: ControllerClient, node_epoch: int, n: int, store_url: str, size: int) -> tuple[list[float], list[float]]:
+async def commit_latency(
+    client: ControllerClient, node_epoch: int, n: int, store_url: str, size: int
+) -> tuple[list[float], list[float]]:
     """Commit latency and, interleaved with it (same moment, same load), the raw PUT baseline."""
     sid = await client.create_stream({"bench": "seq"})
     await client.open_stream(sid, 1, 1, node_epoch)
@@ -121,7 +130,9 @@ async def commit_latency(client: ControllerClient, node_epoch: int, n: int, stor
             t0 = time.perf_counter()
             await store.put(f"bench/raw/{i:08d}", payload, if_none_match=True)
             base.append(time.perf_counter() - t0)
-            req = CommitStreamSetObjectRequest(1, node_epoch, first + i, 1 << 20, (ObjectStreamRange(sid, 1, i * 10, i * 10 + 10, 1 << 20),))
+            req = CommitStreamSetObjectRequest(
+                1, node_epoch, first + i, 1 << 20, (ObjectStreamRange(sid, 1, i * 10, i * 10 + 10, 1 << 20),)
+            )
             t0 = time.perf_counter()
             await client.commit_stream_set_object(req)
             lat.append(time.perf_counter() - t0)
@@ -130,7 +141,9 @@ async def commit_latency(client: ControllerClient, node_epoch: int, n: int, stor
     return lat, base
 
 
-async def group_commit(client: ControllerClient, node_epoch: int, writers: int, per_writer: int) -> tuple[float, list[float], int]:
+async def group_commit(
+    client: ControllerClient, node_epoch: int, writers: int, per_writer: int
+) -> tuple[float, list[float], int]:
     sids = []
     for _ in range(writers):
         sid = await client.create_stream({"bench": "group"})
@@ -143,7 +156,9 @@ async def group_commit(client: ControllerClient, node_epoch: int, writers: int, 
     async def writer(w: int) -> None:
         for i in range(per_writer):
             oid = first + w * per_writer + i
-            req = CommitStreamSetObjectRequest(1, node_epoch, oid, 1 << 20, (ObjectStreamRange(sids[w], 1, i * 10, i * 10 + 10, 1 << 20),))
+            req = CommitStreamSetObjectRequest(
+                1, node_epoch, oid, 1 << 20, (ObjectStreamRange(sids[w], 1, i * 10, i * 10 + 10, 1 << 20),)
+            )
             t0 = time.perf_counter()
             await client.commit_stream_set_object(req)
             lat.append(time.perf_counter() - t0)
@@ -220,12 +235,18 @@ async def run_backend(name: str, store_url: str, args, workdir: Path) -> None:
 
             keepalive = asyncio.create_task(heartbeats())
             lat, base = await commit_latency(client, epoch, args.n, store_url, size)
-            print(f"baseline raw conditional PUT ({size} B)      p50 {pct(base, .5):7.2f} ms   p99 {pct(base, .99):7.2f} ms   (interleaved)")
-            print(f"metadata change (commit, 1 client)          p50 {pct(lat, .5):7.2f} ms   p99 {pct(lat, .99):7.2f} ms   (n={len(lat)})")
+            print(
+                f"baseline raw conditional PUT ({size} B)      p50 {pct(base, 0.5):7.2f} ms   p99 {pct(base, 0.99):7.2f} ms   (interleaved)"
+            )
+            print(
+                f"metadata change (commit, 1 client)          p50 {pct(lat, 0.5):7.2f} ms   p99 {pct(lat, 0.99):7.2f} ms   (n={len(lat)})"
+            )
             rate, glat, entries = await group_commit(client, epoch, args.concurrency, args.per_writer)
             total = args.concurrency * args.per_writer
-            print(f"group commit ({args.concurrency} clients)                 p50 {pct(glat, .5):7.2f} ms   p99 {pct(glat, .99):7.2f} ms   "
-                  f"{rate:8.0f} commits/s, {total / max(entries, 1):.1f} requests per log entry")
+            print(
+                f"group commit ({args.concurrency} clients)                 p50 {pct(glat, 0.5):7.2f} ms   p99 {pct(glat, 0.99):7.2f} ms   "
+                f"{rate:8.0f} commits/s, {total / max(entries, 1):.1f} requests per log entry"
+            )
             keepalive.cancel()
     finally:
         proc.stop()
@@ -234,9 +255,11 @@ async def run_backend(name: str, store_url: str, args, workdir: Path) -> None:
         times = await takeover(workdir, store_url, args.takeovers, lease_ms)
         acked = [t for t, _ in times]
         elected = [e for _, e in times]
-        print(f"standby takeover after kill -9 (lease_timeout_ms={lease_ms}, renew {min(500, lease_ms // 4)} ms, poll 100 ms): "
-              f"standby leads after {', '.join(f'{e:.2f}' for e in elected)} s; "
-              f"client write acked after {', '.join(f'{t:.2f}' for t in acked)} s (median {statistics.median(acked):.2f} s)")
+        print(
+            f"standby takeover after kill -9 (lease_timeout_ms={lease_ms}, renew {min(500, lease_ms // 4)} ms, poll 100 ms): "
+            f"standby leads after {', '.join(f'{e:.2f}' for e in elected)} s; "
+            f"client write acked after {', '.join(f'{t:.2f}' for t in acked)} s (median {statistics.median(acked):.2f} s)"
+        )
 
 
 def main() -> None:
@@ -245,8 +268,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--per-writer", type=int, default=10)
     parser.add_argument("--takeovers", type=int, default=1, help="kill -9 rounds per lease timeout")
-    parser.add_argument("--lease-timeout-ms", type=int, nargs="+", default=[3000, 1000],
-                        help="controller.lease_timeout_ms values to measure takeover with (3000 is the default)")
+    parser.add_argument(
+        "--lease-timeout-ms",
+        type=int,
+        nargs="+",
+        default=[3000, 1000],
+        help="controller.lease_timeout_ms values to measure takeover with (3000 is the default)",
+    )
     parser.add_argument("--no-seaweedfs", action="store_true", help="skip the SeaweedFS runs")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="automq-controller-bench-"))

@@ -37,9 +37,20 @@ def bench_state_machine(groups: int, members: int) -> None:
         gid = f"group-{g}"
         joined = []
         for i in range(members):
-            fx = m.join(now, group_id=gid, member_id="", group_instance_id=None, client_id=f"c{i}", client_host="/h",
-                        session_timeout_ms=10_000, rebalance_timeout_ms=10_000, protocol_type="consumer",
-                        protocols=[("range", b"meta")], require_known_member_id=False, token=(g, i))
+            fx = m.join(
+                now,
+                group_id=gid,
+                member_id="",
+                group_instance_id=None,
+                client_id=f"c{i}",
+                client_host="/h",
+                session_timeout_ms=10_000,
+                rebalance_timeout_ms=10_000,
+                protocol_type="consumer",
+                protocols=[("range", b"meta")],
+                require_known_member_id=False,
+                token=(g, i),
+            )
             joined.extend(fx.replies)
         m.tick(now)
         group = m.groups[gid]
@@ -84,11 +95,20 @@ async def bench_commits(commits: int) -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="group-bench-"))
     objects = f"file://{tmp}/objects"
-    ctl = ControllerService(NodeConfig(node_id=100, object_store_url=objects, http_host="127.0.0.1", http_port=0, data_dir=str(tmp / "c")))
+    ctl = ControllerService(
+        NodeConfig(node_id=100, object_store_url=objects, http_host="127.0.0.1", http_port=0, data_dir=str(tmp / "c"))
+    )
     await ctl.start()
     await ctl.controller.wait_leader(10)
-    config = NodeConfig(node_id=1, data_dir=str(tmp / "b"), object_store_url=objects, controller_urls=[ctl.url], http_port=0,
-                        wal={"capacity": 64 << 20}, kafka={"offsets_topic_num_partitions": 1})
+    config = NodeConfig(
+        node_id=1,
+        data_dir=str(tmp / "b"),
+        object_store_url=objects,
+        controller_urls=[ctl.url],
+        http_port=0,
+        wal={"capacity": 64 << 20},
+        kafka={"offsets_topic_num_partitions": 1},
+    )
     client = ControllerClient([ctl.url])
     store = open_object_store(objects)
     epoch = await client.register_broker(1, advertised_endpoints(config), None)
@@ -101,18 +121,45 @@ async def bench_commits(commits: int) -> None:
 
         async def call(api_key: int, version: int, **fields):
             request = codec.build(codec.request_class(api_key, version), **fields)
-            ctx = RequestContext(api_key, version, 1, "bench", "127.0.0.1:1", codec.response_class(api_key, version), broker)
+            ctx = RequestContext(
+                api_key, version, 1, "bench", "127.0.0.1:1", codec.response_class(api_key, version), broker
+            )
             return await handlers.lookup(api_key).handler(request, ctx)
 
-        while (await call(10, 3, key="bench", key_type=0)).error_code != 0 or broker.groups.coordinator_error("bench") is not None:
+        while (await call(10, 3, key="bench", key_type=0)).error_code != 0 or broker.groups.coordinator_error(
+            "bench"
+        ) is not None:
             await asyncio.sleep(0.05)
         req = codec.request_class(8, 8)
-        part_cls, topic_cls = codec.nested(req, "OffsetCommitRequestPartition"), codec.nested(req, "OffsetCommitRequestTopic")
+        part_cls, topic_cls = (
+            codec.nested(req, "OffsetCommitRequestPartition"),
+            codec.nested(req, "OffsetCommitRequestTopic"),
+        )
         latencies = []
         for i in range(commits):
-            topic = codec.build(topic_cls, name="t", partitions=(codec.build(part_cls, partition_index=0, committed_offset=i, committed_leader_epoch=-1, committed_metadata=""),))
+            topic = codec.build(
+                topic_cls,
+                name="t",
+                partitions=(
+                    codec.build(
+                        part_cls,
+                        partition_index=0,
+                        committed_offset=i,
+                        committed_leader_epoch=-1,
+                        committed_metadata="",
+                    ),
+                ),
+            )
             started = time.perf_counter()
-            r = await call(8, 8, group_id="bench", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None, topics=(topic,))
+            r = await call(
+                8,
+                8,
+                group_id="bench",
+                generation_id_or_member_epoch=-1,
+                member_id="",
+                group_instance_id=None,
+                topics=(topic,),
+            )
             latencies.append(time.perf_counter() - started)
             assert r.topics[0].partitions[0].error_code == 0
         stream = await engine.open_stream(await engine.create_stream(), 0)
@@ -123,10 +170,14 @@ async def bench_commits(commits: int) -> None:
             started = time.perf_counter()
             await stream.append(batch, 1)
             raw.append(time.perf_counter() - started)
-        print(f"OffsetCommit (1 partition, sequential): p50 {pct(latencies, .5) * 1e3:.2f} ms, p99 {pct(latencies, .99) * 1e3:.2f} ms, "
-              f"{commits / sum(latencies):,.0f}/s")
-        print(f"baseline raw stream append of the same batch: p50 {pct(raw, .5) * 1e3:.2f} ms, p99 {pct(raw, .99) * 1e3:.2f} ms, "
-              f"{commits / sum(raw):,.0f}/s  (mean overhead {(statistics.mean(latencies) - statistics.mean(raw)) * 1e3:.3f} ms)")
+        print(
+            f"OffsetCommit (1 partition, sequential): p50 {pct(latencies, 0.5) * 1e3:.2f} ms, p99 {pct(latencies, 0.99) * 1e3:.2f} ms, "
+            f"{commits / sum(latencies):,.0f}/s"
+        )
+        print(
+            f"baseline raw stream append of the same batch: p50 {pct(raw, 0.5) * 1e3:.2f} ms, p99 {pct(raw, 0.99) * 1e3:.2f} ms, "
+            f"{commits / sum(raw):,.0f}/s  (mean overhead {(statistics.mean(latencies) - statistics.mean(raw)) * 1e3:.3f} ms)"
+        )
     finally:
         await broker.close()
         await engine.close()

@@ -59,7 +59,7 @@ class Cluster:
         self.tmp: tempfile.TemporaryDirectory[str] | None = None
         self.bootstrap = args.bootstrap or ""
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         if self.bootstrap:
             return self
         self.tmp = tempfile.TemporaryDirectory(prefix="kafka-bench-")
@@ -72,11 +72,24 @@ class Cluster:
             self.seaweed.export_environment()
             object_store = self.seaweed.url_for(self.seaweed.create_bucket())
         port = local.free_port_block(self.args.brokers)
-        cmd = [sys.executable, "-m", "automq.broker.cli", "local", "up", "--brokers", str(self.args.brokers),
-               "--data-dir", str(Path(self.tmp.name) / "cluster"), "--port", str(port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "automq.broker.cli",
+            "local",
+            "up",
+            "--brokers",
+            str(self.args.brokers),
+            "--data-dir",
+            str(Path(self.tmp.name) / "cluster"),
+            "--port",
+            str(port),
+        ]
         if object_store:
             cmd += ["--object-store", object_store]
-        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        self.process = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+        )
         assert self.process.stdout is not None
         deadline = time.monotonic() + 180
         for line in self.process.stdout:
@@ -87,7 +100,9 @@ class Cluster:
                 break
         if not self.bootstrap:
             self.__exit__()
-            raise SystemExit("the local cluster did not start; see its logs under " + str(Path(self.tmp.name) / "cluster" / "logs"))
+            raise SystemExit(
+                "the local cluster did not start; see its logs under " + str(Path(self.tmp.name) / "cluster" / "logs")
+            )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -118,7 +133,12 @@ def leaders(bootstrap: str, name: str, partitions: int, timeout: float = 60, adm
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         t = admin.list_topics(name, timeout=10).topics.get(name)
-        if t is not None and t.error is None and len(t.partitions) == partitions and all(p.leader >= 0 for p in t.partitions.values()):
+        if (
+            t is not None
+            and t.error is None
+            and len(t.partitions) == partitions
+            and all(p.leader >= 0 for p in t.partitions.values())
+        ):
             return {p.id: p.leader for p in t.partitions.values()}
         time.sleep(0.1)
     raise RuntimeError(f"no leaders for {name}")
@@ -190,10 +210,17 @@ class LoadProducer:
         from confluent_kafka import Producer
 
         self.topic = topic
-        self.producer = Producer({
-            "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2, "batch.size": 256 * 1024,
-            "queue.buffering.max.kbytes": 32 * 1024, "compression.type": "none", "enable.idempotence": False,
-        })
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "acks": "all",
+                "linger.ms": 2,
+                "batch.size": 256 * 1024,
+                "queue.buffering.max.kbytes": 32 * 1024,
+                "compression.type": "none",
+                "enable.idempotence": False,
+            }
+        )
         self.latencies: list[float] = []
         self.acked_bytes = 0
         self.errors = 0
@@ -209,7 +236,9 @@ class LoadProducer:
 
     def send(self) -> bool:
         try:
-            self.producer.produce(self.topic, struct.pack(">d", time.perf_counter()) + self._padding, on_delivery=self._on_delivery)
+            self.producer.produce(
+                self.topic, struct.pack(">d", time.perf_counter()) + self._padding, on_delivery=self._on_delivery
+            )
             return True
         except BufferError:
             self.producer.poll(0.001)
@@ -244,11 +273,17 @@ class Tail(threading.Thread):
         super().__init__(daemon=True)
         from confluent_kafka import Consumer
 
-        self.consumer = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-            "auto.offset.reset": "earliest" if from_beginning else "latest", "fetch.max.bytes": 64 * MiB,
-            "max.partition.fetch.bytes": 16 * MiB, "queued.max.messages.kbytes": 256 * 1024,
-        })
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest" if from_beginning else "latest",
+                "fetch.max.bytes": 64 * MiB,
+                "max.partition.fetch.bytes": 16 * MiB,
+                "queued.max.messages.kbytes": 256 * 1024,
+            }
+        )
         self.consumer.subscribe([topic])
         self.bytes = 0
         self.first_at: float | None = None
@@ -305,9 +340,11 @@ def throughput(bootstrap: str, seconds: float, partitions: int) -> None:
     time.sleep(1.0)
     consumed = tail.bytes - tail_before
     tail.stop()
-    print(f"produce (max rate, acks=all, 1 KiB, {partitions} partitions, 1 tailing consumer): "
-          f"{p.acked_bytes / MiB / elapsed:.1f} MiB/s, latency p50 {_pct(p.latencies, 50) * 1000:.1f} ms "
-          f"p99 {_pct(p.latencies, 99) * 1000:.1f} ms; consumer read {consumed / MiB / elapsed:.1f} MiB/s; errors {p.errors}")
+    print(
+        f"produce (max rate, acks=all, 1 KiB, {partitions} partitions, 1 tailing consumer): "
+        f"{p.acked_bytes / MiB / elapsed:.1f} MiB/s, latency p50 {_pct(p.latencies, 50) * 1000:.1f} ms "
+        f"p99 {_pct(p.latencies, 99) * 1000:.1f} ms; consumer read {consumed / MiB / elapsed:.1f} MiB/s; errors {p.errors}"
+    )
 
 
 def fixed_rate(bootstrap: str, seconds: float, rate_mib: float, partitions: int) -> None:
@@ -323,9 +360,11 @@ def fixed_rate(bootstrap: str, seconds: float, rate_mib: float, partitions: int)
     p.run(seconds, rate_mib * MiB)
     elapsed = time.perf_counter() - start
     tail.stop()
-    print(f"produce at {rate_mib:g} MiB/s (acks=all, 1 KiB, 1 tailing consumer): achieved {p.acked_bytes / MiB / elapsed:.1f} MiB/s, "
-          f"latency p50 {_pct(p.latencies, 50) * 1000:.2f} ms p99 {_pct(p.latencies, 99) * 1000:.2f} ms "
-          f"max {max(p.latencies, default=float('nan')) * 1000:.1f} ms; errors {p.errors}")
+    print(
+        f"produce at {rate_mib:g} MiB/s (acks=all, 1 KiB, 1 tailing consumer): achieved {p.acked_bytes / MiB / elapsed:.1f} MiB/s, "
+        f"latency p50 {_pct(p.latencies, 50) * 1000:.2f} ms p99 {_pct(p.latencies, 99) * 1000:.2f} ms "
+        f"max {max(p.latencies, default=float('nan')) * 1000:.1f} ms; errors {p.errors}"
+    )
 
 
 def catch_up(bootstrap: str, total: int, rate_mib: float) -> None:
@@ -354,9 +393,11 @@ def catch_up(bootstrap: str, total: int, rate_mib: float) -> None:
     reader.stop()
     done.set()
     producing.join(60)
-    print(f"catch-up read of {total / MiB:.0f} MiB written earlier (written at {write_rate:.1f} MiB/s): "
-          f"{read / MiB / elapsed:.1f} MiB/s ({read / MiB:.0f} MiB in {elapsed:.1f} s) while producing {rate_mib:g} MiB/s; "
-          f"produce latency meanwhile p50 {_pct(p.latencies, 50) * 1000:.2f} ms p99 {_pct(p.latencies, 99) * 1000:.2f} ms")
+    print(
+        f"catch-up read of {total / MiB:.0f} MiB written earlier (written at {write_rate:.1f} MiB/s): "
+        f"{read / MiB / elapsed:.1f} MiB/s ({read / MiB:.0f} MiB in {elapsed:.1f} s) while producing {rate_mib:g} MiB/s; "
+        f"produce latency meanwhile p50 {_pct(p.latencies, 50) * 1000:.2f} ms p99 {_pct(p.latencies, 99) * 1000:.2f} ms"
+    )
 
 
 def reassignment(bootstrap: str, size: int) -> None:
@@ -391,16 +432,22 @@ def reassignment(bootstrap: str, size: int) -> None:
                 break
             time.sleep(0.01)
         acked: list[float] = []
-        producer.produce(topic, b"after-move", on_delivery=lambda err, msg: acked.append(time.perf_counter()) if err is None else None)
+        producer.produce(
+            topic,
+            b"after-move",
+            on_delivery=lambda err, msg: acked.append(time.perf_counter()) if err is None else None,
+        )
         producer.flush(60)
     finally:
         admin.close()
     if moved_at is None or not acked:
         print(f"reassignment of a partition holding {size / MiB:.0f} MiB: did not complete within 60 s")
         return
-    print(f"reassignment of a partition holding {size / MiB:.0f} MiB (broker {leader} -> {target}): "
-          f"new leader in metadata after {(moved_at - start) * 1000:.0f} ms, first produce acknowledged by it after "
-          f"{(acked[0] - start) * 1000:.0f} ms")
+    print(
+        f"reassignment of a partition holding {size / MiB:.0f} MiB (broker {leader} -> {target}): "
+        f"new leader in metadata after {(moved_at - start) * 1000:.0f} ms, first produce acknowledged by it after "
+        f"{(acked[0] - start) * 1000:.0f} ms"
+    )
 
 
 def main() -> int:
@@ -418,14 +465,20 @@ def main() -> int:
     args = ap.parse_args()
 
     load = os.getloadavg()
-    print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min) at start")
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min) at start"
+    )
     if "baseline" not in args.skip:
         print(f"baseline: loopback TCP {loopback_tcp_mib_s():.0f} MiB/s (1 MiB writes, one connection)")
         with tempfile.TemporaryDirectory(prefix="fsync-", dir=os.environ.get("BENCH_FSYNC_DIR")) as d:
             rate, p99 = fsync_write_mib_s(d)
-            print(f"baseline: fdatasync'd file writes {rate:.0f} MiB/s (1 MiB per write+fdatasync, p99 {p99:.1f} ms) in {d}")
+            print(
+                f"baseline: fdatasync'd file writes {rate:.0f} MiB/s (1 MiB per write+fdatasync, p99 {p99:.1f} ms) in {d}"
+            )
     with Cluster(args) as cluster:
-        print(f"cluster: {cluster.bootstrap} ({'SeaweedFS' if args.seaweedfs else args.object_store or 'embedded file:// store'})")
+        print(
+            f"cluster: {cluster.bootstrap} ({'SeaweedFS' if args.seaweedfs else args.object_store or 'embedded file:// store'})"
+        )
         if "throughput" not in args.skip:
             throughput(cluster.bootstrap, args.duration, args.partitions)
         if "fixed" not in args.skip:

@@ -36,7 +36,15 @@ def rate(label: str, nbytes: int, fn, seconds: float) -> None:
 
 
 def batch_of(size: int) -> bytes:
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 30)
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 30,
+    )
     value = b"x" * 1000
     for i in range(size // 1024):
         builder.append(i, timestamp=1_700_000_000_000, key=None, value=value, headers=[])
@@ -55,12 +63,26 @@ def main() -> None:
     import kio.schema.produce.v9.request as p
 
     request = p.ProduceRequest(
-        transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=30),
-        topic_data=(p.TopicProduceData(name="bench", partition_data=(p.PartitionProduceData(index=0, records=batch),)),),
+        transactional_id=None,
+        acks=-1,
+        timeout=datetime.timedelta(seconds=30),
+        topic_data=(
+            p.TopicProduceData(name="bench", partition_data=(p.PartitionProduceData(index=0, records=batch),)),
+        ),
     )
     frame = codec.encode_request(1, request)
-    rate("Produce v9 decode, 1 MiB, kio (bytes frame, copies records)", len(frame), lambda: codec.decode_request(frame, served), s)
-    rate("Produce v9 decode, 1 MiB, in place (bytearray frame)", len(frame), lambda: codec.decode_request(bytearray(frame), served), s)
+    rate(
+        "Produce v9 decode, 1 MiB, kio (bytes frame, copies records)",
+        len(frame),
+        lambda: codec.decode_request(frame, served),
+        s,
+    )
+    rate(
+        "Produce v9 decode, 1 MiB, in place (bytearray frame)",
+        len(frame),
+        lambda: codec.decode_request(bytearray(frame), served),
+        s,
+    )
 
     def validate_and_assign() -> None:
         header = records.validate_produce_records(batch, 2 << 20)
@@ -76,16 +98,65 @@ def main() -> None:
     total = sum(len(b) for b in stored)
 
     def fetch_response(records_field):
-        part = codec.build(part_cls, partition_index=0, error_code=ErrorCode.none, high_watermark=1, last_stable_offset=1, log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1, records=records_field)
-        return codec.build(fetch_cls, throttle_time=codec.ZERO_THROTTLE, error_code=ErrorCode.none, session_id=0, responses=(codec.build(topic_cls, topic="bench", partitions=(part,)),))
+        part = codec.build(
+            part_cls,
+            partition_index=0,
+            error_code=ErrorCode.none,
+            high_watermark=1,
+            last_stable_offset=1,
+            log_start_offset=0,
+            aborted_transactions=None,
+            preferred_read_replica=-1,
+            records=records_field,
+        )
+        return codec.build(
+            fetch_cls,
+            throttle_time=codec.ZERO_THROTTLE,
+            error_code=ErrorCode.none,
+            session_id=0,
+            responses=(codec.build(topic_cls, topic="bench", partitions=(part,)),),
+        )
 
-    rate("Fetch v12 encode, 16 x 64 KiB batches joined + BytesIO", total, lambda: codec.encode_response(1, fetch_response(b"".join(stored))), s)
-    rate("Fetch v12 encode, 16 x 64 KiB batches as chunks (served)", total, lambda: codec.encode_response_chunks(1, fetch_response(codec.RecordSet(stored))), s)
+    rate(
+        "Fetch v12 encode, 16 x 64 KiB batches joined + BytesIO",
+        total,
+        lambda: codec.encode_response(1, fetch_response(b"".join(stored))),
+        s,
+    )
+    rate(
+        "Fetch v12 encode, 16 x 64 KiB batches as chunks (served)",
+        total,
+        lambda: codec.encode_response_chunks(1, fetch_response(codec.RecordSet(stored))),
+        s,
+    )
 
     import kio.schema.fetch.v12.request as f
 
-    parts = tuple(codec.build(f.FetchPartition, partition=i, current_leader_epoch=-1, fetch_offset=5, last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20) for i in range(1000))
-    fetch_request = codec.build(f.FetchRequest, replica_id=-1, max_wait=datetime.timedelta(milliseconds=500), min_bytes=1, max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1, topics=(f.FetchTopic(topic="bench", partitions=parts),), forgotten_topics_data=(), rack_id="")
+    parts = tuple(
+        codec.build(
+            f.FetchPartition,
+            partition=i,
+            current_leader_epoch=-1,
+            fetch_offset=5,
+            last_fetched_epoch=-1,
+            log_start_offset=-1,
+            partition_max_bytes=1 << 20,
+        )
+        for i in range(1000)
+    )
+    fetch_request = codec.build(
+        f.FetchRequest,
+        replica_id=-1,
+        max_wait=datetime.timedelta(milliseconds=500),
+        min_bytes=1,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=(f.FetchTopic(topic="bench", partitions=parts),),
+        forgotten_topics_data=(),
+        rack_id="",
+    )
     fetch_frame = codec.encode_request(1, fetch_request)
     rate("Fetch v12 request decode, 1000 partitions", 0, lambda: codec.decode_request(fetch_frame, served), s)
 

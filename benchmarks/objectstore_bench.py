@@ -38,12 +38,16 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def report(name: str, op: str, size: int, latencies: list[float], parallel_seconds: float | None, parallel_ops: int) -> None:
+def report(
+    name: str, op: str, size: int, latencies: list[float], parallel_seconds: float | None, parallel_ops: int
+) -> None:
     total = sum(latencies)
     mib_s = len(latencies) * size / MiB / total if total else float("nan")
-    line = (f"{name:10} {op:4} {size // KiB:>6} KiB  n={len(latencies):<4}"
-            f" p50={statistics.median(latencies) * 1000:8.2f} ms  p99={percentile(latencies, 0.99) * 1000:8.2f} ms"
-            f"  seq={mib_s:8.1f} MiB/s")
+    line = (
+        f"{name:10} {op:4} {size // KiB:>6} KiB  n={len(latencies):<4}"
+        f" p50={statistics.median(latencies) * 1000:8.2f} ms  p99={percentile(latencies, 0.99) * 1000:8.2f} ms"
+        f"  seq={mib_s:8.1f} MiB/s"
+    )
     if parallel_seconds:
         line += f"  par={parallel_ops * size / MiB / parallel_seconds:8.1f} MiB/s"
     print(line, flush=True)
@@ -84,6 +88,7 @@ async def conditional_race(name: str, url: str, rounds: int, writers: int) -> No
 
     stores = [open_object_store(url) for _ in range(4)]
     try:
+
         async def attempt(index: int, put: Callable[[object], Awaitable[object]]) -> bool:
             try:
                 await put(stores[index % len(stores)])
@@ -94,8 +99,9 @@ async def conditional_race(name: str, url: str, rounds: int, writers: int) -> No
         create_bad = 0
         for round_number in range(rounds):
             key = f"race/create/{round_number}"
-            wins = await asyncio.gather(*(attempt(i, lambda s, i=i: s.put(key, b"%d" % i, if_none_match=True))
-                                          for i in range(writers)))
+            wins = await asyncio.gather(
+                *(attempt(i, lambda s, i=i: s.put(key, b"%d" % i, if_none_match=True)) for i in range(writers))
+            )
             create_bad += sum(wins) != 1
         replace_bad = 0
         await stores[0].put("race/cas", b"0")
@@ -104,11 +110,18 @@ async def conditional_race(name: str, url: str, rounds: int, writers: int) -> No
             # Unique content per writer and round: ETags are content hashes, so writing bytes
             # equal to the current object would legitimately keep the ETag and let a second
             # writer match it too (ABA), which is not a race.
-            wins = await asyncio.gather(*(attempt(i, lambda s, i=i, r=round_number: s.put(
-                "race/cas", b"%d-%d" % (r, i), if_match=etag)) for i in range(writers)))
+            wins = await asyncio.gather(
+                *(
+                    attempt(i, lambda s, i=i, r=round_number: s.put("race/cas", b"%d-%d" % (r, i), if_match=etag))
+                    for i in range(writers)
+                )
+            )
             replace_bad += sum(wins) != 1
-        print(f"{name:10} race {writers} writers x {rounds} rounds: If-None-Match rounds without exactly one "
-              f"winner {create_bad}/{rounds}, If-Match {replace_bad}/{rounds}", flush=True)
+        print(
+            f"{name:10} race {writers} writers x {rounds} rounds: If-None-Match rounds without exactly one "
+            f"winner {create_bad}/{rounds}, If-Match {replace_bad}/{rounds}",
+            flush=True,
+        )
     finally:
         for store in stores:
             await store.close()
@@ -164,8 +177,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="a quarter of the operations")
     parser.add_argument("--skip-s3", action="store_true")
-    parser.add_argument("--race", type=int, default=0, metavar="ROUNDS",
-                        help="also race 16 conditional writers for ROUNDS rounds per backend (correctness probe)")
+    parser.add_argument(
+        "--race",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="also race 16 conditional writers for ROUNDS rounds per backend (correctness probe)",
+    )
     args = parser.parse_args()
     scale = 0.25 if args.quick else 1.0
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, concurrency {args.concurrency}", flush=True)

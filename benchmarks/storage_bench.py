@@ -38,7 +38,7 @@ def pct(values: list[float], p: float) -> float:
     if not values:
         return float("nan")
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 def fmt_ms(v: float) -> str:
@@ -159,7 +159,9 @@ def engine_config(data_dir: Path, store_url: str, wal_kind: str = "volume") -> N
     )
 
 
-async def engine_run(config: NodeConfig, store_url: str, size: int, seconds: float, inflight: int) -> tuple[float, list[float]]:
+async def engine_run(
+    config: NodeConfig, store_url: str, size: int, seconds: float, inflight: int
+) -> tuple[float, list[float]]:
     store = open_object_store(store_url)
     meta = InProcessMetadata(store)
     epoch = await meta.register_node(1)
@@ -193,7 +195,9 @@ async def engine_run(config: NodeConfig, store_url: str, size: int, seconds: flo
 
 async def cold_read(data_dir: Path, store_url: str, total: int) -> tuple[float, float, dict]:
     config = engine_config(data_dir, store_url).model_copy(
-        update={"storage": engine_config(data_dir, store_url).storage.model_copy(update={"upload_block_bytes": 16 * MiB})}
+        update={
+            "storage": engine_config(data_dir, store_url).storage.model_copy(update={"upload_block_bytes": 16 * MiB})
+        }
     )
     store = open_object_store(store_url)
     meta = InProcessMetadata(store)
@@ -263,14 +267,18 @@ async def main() -> None:
     base = Path(args.dir or tempfile.mkdtemp(prefix="storage-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     secs = args.seconds
-    print(f"# storage benchmark in {base}; {os.cpu_count()} CPUs; {secs}s per measurement, {args.inflight} appends in flight for throughput")
+    print(
+        f"# storage benchmark in {base}; {os.cpu_count()} CPUs; {secs}s per measurement, {args.inflight} appends in flight for throughput"
+    )
 
     print("\n## baseline: this disk")
     raw_p99 = {}
     for size in sizes:
         lat = raw_fdatasync(base / "raw", size, secs)
         raw_p99[size] = pct(lat, 99)
-        print(f"pwrite+fdatasync {size_name(size):>7}: p50 {fmt_ms(pct(lat, 50))}  p99 {fmt_ms(pct(lat, 99))}  ({len(lat)} syncs)")
+        print(
+            f"pwrite+fdatasync {size_name(size):>7}: p50 {fmt_ms(pct(lat, 50))}  p99 {fmt_ms(pct(lat, 99))}  ({len(lat)} syncs)"
+        )
     print(
         f"sequential write (1 MiB writes, fdatasync per 16 MiB): new file {raw_sequential(base / 'seq', 256 * MiB, False):8.1f} MiB/s, "
         f"over a preallocated file {raw_sequential(base / 'seq', 256 * MiB, True):8.1f} MiB/s"
@@ -321,7 +329,9 @@ async def main() -> None:
             bulk = os.urandom(8 * MiB)
             t0 = time.perf_counter()
             await asyncio.gather(*(store.put(f"bench/bulk/{i}", bulk) for i in range(8)))
-            print(f"raw PUT throughput, 8 MiB objects, 8 concurrent (the S3 WAL writes 8 MiB bulks, 4 at a time): {64 / (time.perf_counter() - t0):8.1f} MiB/s")
+            print(
+                f"raw PUT throughput, 8 MiB objects, 8 concurrent (the S3 WAL writes 8 MiB bulks, 4 at a time): {64 / (time.perf_counter() - t0):8.1f} MiB/s"
+            )
             await store.close()
             for size in sizes:
                 bucket = server.create_bucket()
@@ -329,7 +339,9 @@ async def main() -> None:
                 put = await raw_put(url, size, min(secs, 0.5))
                 config = engine_config(base / f"s3-{size}", url, "s3")
                 _, lat = await engine_run(config, url, size, secs, 1)
-                mibs, tlat = await engine_run(config.model_copy(update={"data_dir": str(base / f"s3t-{size}")}), url, size, secs * 1.5, 64)
+                mibs, tlat = await engine_run(
+                    config.model_copy(update={"data_dir": str(base / f"s3t-{size}")}), url, size, secs * 1.5, 64
+                )
                 print(
                     f"{size_name(size):>7}: raw PUT p50 {fmt_ms(pct(put, 50))} p99 {fmt_ms(pct(put, 99))} | one in flight "
                     f"p50 {fmt_ms(pct(lat, 50))} p99 {fmt_ms(pct(lat, 99))} | 64 in flight {mibs:8.1f} MiB/s p99 {fmt_ms(pct(tlat, 99))}"

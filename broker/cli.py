@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -38,7 +37,9 @@ def _load(config: Path):
 
 
 @app.command()
-def broker(config: Path = typer.Option(..., "--config", "-c", help="YAML config file (see docs/configuration.md)")) -> None:
+def broker(
+    config: Path = typer.Option(..., "--config", "-c", help="YAML config file (see docs/configuration.md)"),
+) -> None:
     """Run a Kafka-protocol broker."""
     from automq.broker.kafka.process import run_broker
 
@@ -46,7 +47,9 @@ def broker(config: Path = typer.Option(..., "--config", "-c", help="YAML config 
 
 
 @app.command()
-def controller(config: Path = typer.Option(..., "--config", "-c", help="YAML config file (see docs/configuration.md)")) -> None:
+def controller(
+    config: Path = typer.Option(..., "--config", "-c", help="YAML config file (see docs/configuration.md)"),
+) -> None:
     """Run the metadata controller."""
     from automq.broker.controller.process import run_controller
 
@@ -55,9 +58,11 @@ def controller(config: Path = typer.Option(..., "--config", "-c", help="YAML con
 
 @app.command()
 def operator(
-    namespace: Optional[list[str]] = typer.Option(None, "--namespace", "-n", help="Watch only these namespaces (repeatable)."),
+    namespace: list[str] | None = typer.Option(
+        None, "--namespace", "-n", help="Watch only these namespaces (repeatable)."
+    ),
     all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="Watch every namespace."),
-    liveness: Optional[str] = typer.Option("http://0.0.0.0:8080/healthz", help="Liveness endpoint URL, or '' to disable."),
+    liveness: str | None = typer.Option("http://0.0.0.0:8080/healthz", help="Liveness endpoint URL, or '' to disable."),
 ) -> None:
     """Run the Kubernetes operator (kube config: in-cluster, then KUBECONFIG)."""
     from automq.operator.main import run_operator
@@ -68,9 +73,13 @@ def operator(
 @local_app.command("up")
 def local_up(
     brokers: int = typer.Option(1, "--brokers", min=1, max=16, help="Number of brokers."),
-    data_dir: Path = typer.Option(Path(".automq-local"), "--data-dir", help="Where WALs, logs and the embedded object store live."),
+    data_dir: Path = typer.Option(
+        Path(".automq-local"), "--data-dir", help="Where WALs, logs and the embedded object store live."
+    ),
     port: int = typer.Option(9092, "--port", min=1, max=65535, help="First broker's Kafka port; the others follow."),
-    object_store: Optional[str] = typer.Option(None, "--object-store", help="s3://bucket?endpoint=... (default: file:// under --data-dir)."),
+    object_store: str | None = typer.Option(
+        None, "--object-store", help="s3://bucket?endpoint=... (default: file:// under --data-dir)."
+    ),
 ) -> None:
     """Start a controller and N brokers as processes on 127.0.0.1; Ctrl-C stops them."""
     from automq.broker.local import run_local_cluster

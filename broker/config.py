@@ -18,7 +18,17 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-_SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "kb": 1000, "mib": 1 << 20, "mb": 1000**2, "gib": 1 << 30, "gb": 1000**3, "tib": 1 << 40}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "kb": 1000,
+    "mib": 1 << 20,
+    "mb": 1000**2,
+    "gib": 1 << 30,
+    "gb": 1000**3,
+    "tib": 1 << 40,
+}
 _DURATION_UNITS = {"": 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
 
@@ -150,7 +160,7 @@ class NodeConfig(_Section):
     controller: ControllerConfig = ControllerConfig()
 
     @model_validator(mode="after")
-    def _check_urls(self) -> "NodeConfig":
+    def _check_urls(self) -> NodeConfig:
         if not re.match(r"^(s3|file)://", self.object_store_url):
             raise ValueError(f"object_store_url must start with s3:// or file://, got {self.object_store_url!r}")
         return self

@@ -146,7 +146,9 @@ def resolve_object_store(data_dir: Path, requested: str | None) -> str:
     return url
 
 
-def node_configs(brokers: int, data_dir: Path, port: int, object_store_url: str, controller_http: int, broker_http: list[int]) -> dict[str, NodeConfig]:
+def node_configs(
+    brokers: int, data_dir: Path, port: int, object_store_url: str, controller_http: int, broker_http: list[int]
+) -> dict[str, NodeConfig]:
     controller_url = f"http://127.0.0.1:{controller_http}"
     configs = {
         "controller": NodeConfig(
@@ -205,7 +207,7 @@ def prepare(brokers: int, data_dir: Path, port: int, object_store_url: str | Non
     data_dir.mkdir(parents=True, exist_ok=True)
     url = resolve_object_store(data_dir, object_store_url)
     if url.startswith("file://"):
-        Path(url[len("file://"):]).mkdir(parents=True, exist_ok=True)
+        Path(url[len("file://") :]).mkdir(parents=True, exist_ok=True)
     kafka_ports = set(range(port, port + brokers))
     taken = set(kafka_ports)
     controller_http = free_port(avoid=taken)
@@ -256,14 +258,19 @@ def _die_with_launcher() -> None:
 
 
 def spawn(node: Node) -> None:
-    log = open(node.log_path, "ab", buffering=0)  # noqa: SIM115 - the child keeps it
+    log = open(node.log_path, "ab", buffering=0)
     try:
         log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {' '.join(node.command)}\n".encode())
         # its own process group: a terminal's Ctrl-C reaches only us, and we stop the
         # children in order (brokers before the controller they deregister from)
         node.process = subprocess.Popen(
-            node.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_launcher if sys.platform == "linux" else None,
+            node.command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=_die_with_launcher if sys.platform == "linux" else None,
         )
     finally:
         log.close()
@@ -344,14 +351,16 @@ class _Signals:
 @contextlib.contextmanager
 def _data_dir_lock(data_dir: Path):
     lock_path = data_dir / ".lock"
-    handle = open(lock_path, "a+")  # noqa: SIM115
+    handle = open(lock_path, "a+")
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             owner = handle.read().strip() or "another process"
-            raise LocalClusterError(f"data dir {data_dir} is in use by another `automq local up` (pid {owner})") from None
+            raise LocalClusterError(
+                f"data dir {data_dir} is in use by another `automq local up` (pid {owner})"
+            ) from None
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))
@@ -362,7 +371,9 @@ def _data_dir_lock(data_dir: Path):
 
 
 def _wait_ready(nodes: list[Node], console: Console, signals: _Signals) -> bool:
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False) as progress:
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False
+    ) as progress:
         tasks = {n.name: progress.add_task(f"{n.name}: starting", total=1) for n in nodes}
         pending = list(nodes)
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -373,7 +384,9 @@ def _wait_ready(nodes: list[Node], console: Console, signals: _Signals) -> bool:
                 code = n.process.poll() if n.process else None
                 if code is not None:
                     progress.update(tasks[n.name], description=f"[red]{n.name}: exited with code {code}[/]")
-                    console.print(f"[red]{n.name} exited with code {code} while starting. Last lines of {n.log_path}:[/]")
+                    console.print(
+                        f"[red]{n.name} exited with code {code} while starting. Last lines of {n.log_path}:[/]"
+                    )
                     _write_tail(n)
                     return False
                 if is_ready(n):
@@ -382,7 +395,9 @@ def _wait_ready(nodes: list[Node], console: Console, signals: _Signals) -> bool:
                     pending.remove(n)
             if time.monotonic() > deadline:
                 for n in pending:
-                    console.print(f"[red]{n.name} not ready after {READY_TIMEOUT_S:.0f}s. Last lines of {n.log_path}:[/]")
+                    console.print(
+                        f"[red]{n.name} not ready after {READY_TIMEOUT_S:.0f}s. Last lines of {n.log_path}:[/]"
+                    )
                     _write_tail(n)
                 return False
             time.sleep(0.2)
@@ -417,7 +432,9 @@ def run_local_cluster(brokers: int, data_dir: Path | str, port: int, object_stor
             console.print(f"cluster ready: {len(nodes) - 1} broker(s); Ctrl-C stops it. Logs: {data_dir / 'logs'}")
             code = _supervise(nodes, console, signals)
             console.print("stopping brokers, then the controller ...")
-            controller_alive = all(n.process is not None and n.process.poll() is None for n in nodes if n.role == "controller")
+            controller_alive = all(
+                n.process is not None and n.process.poll() is None for n in nodes if n.role == "controller"
+            )
             # without a controller a broker can neither commit its uploads nor deregister: its WAL
             # keeps the data for the next start, so waiting long for a graceful stop buys nothing
             stop(nodes, console, BROKER_STOP_GRACE_S if controller_alive else CONTROLLER_LOST_GRACE_S)
@@ -442,16 +459,22 @@ def _supervise(nodes: list[Node], console: Console, signals: _Signals) -> int:
             if code is None:
                 continue
             if n.role == "controller":
-                console.print(f"[red]the controller exited with code {code}; stopping the cluster. Last lines of {n.log_path}:[/]")
+                console.print(
+                    f"[red]the controller exited with code {code}; stopping the cluster. Last lines of {n.log_path}:[/]"
+                )
                 _write_tail(n)
                 return 1
             now = time.monotonic()
             n.restarts = [t for t in n.restarts if now - t < RESTART_WINDOW_S] + [now]
             if len(n.restarts) > RESTART_LIMIT:
-                console.print(f"[red]{n.name} keeps exiting (code {code}); stopping the cluster. Last lines of {n.log_path}:[/]")
+                console.print(
+                    f"[red]{n.name} keeps exiting (code {code}); stopping the cluster. Last lines of {n.log_path}:[/]"
+                )
                 _write_tail(n)
                 return 1
-            console.print(f"[yellow]{n.name} exited with code {code}; restarting it (its WAL is replayed on start). Log: {n.log_path}[/]")
+            console.print(
+                f"[yellow]{n.name} exited with code {code}; restarting it (its WAL is replayed on start). Log: {n.log_path}[/]"
+            )
             spawn(n)
         time.sleep(0.25)
     return 0

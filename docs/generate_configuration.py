@@ -123,7 +123,14 @@ def model_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str,
         if prefix == "kafka.":
             meaning = f"`{name.replace('_', '.')}`: {meaning}"
         annotation = info.annotation
-        rows.append((key, _type_name(info.rebuild_annotation() if hasattr(info, "rebuild_annotation") else annotation), _default(info), meaning))
+        rows.append(
+            (
+                key,
+                _type_name(info.rebuild_annotation() if hasattr(info, "rebuild_annotation") else annotation),
+                _default(info),
+                meaning,
+            )
+        )
     return rows
 
 

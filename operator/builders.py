@@ -115,7 +115,11 @@ def selector_labels(ref: ClusterRef, role: Role | None = None) -> dict[str, str]
 
 
 def common_labels(ref: ClusterRef, role: Role | None = None) -> dict[str, str]:
-    return {**selector_labels(ref, role), "app.kubernetes.io/part-of": "automq", "app.kubernetes.io/managed-by": MANAGED_BY}
+    return {
+        **selector_labels(ref, role),
+        "app.kubernetes.io/part-of": "automq",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
 
 
 def label_selector(labels: dict[str, str]) -> str:
@@ -144,7 +148,9 @@ def controller_service_url(ref: ClusterRef) -> str:
     return f"http://{headless_service_name(ref, 'controller')}.{ref.namespace}.svc:{CONTROLLER_PORT}"
 
 
-def _metadata(ref: ClusterRef, name: str, role: Role | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def _metadata(
+    ref: ClusterRef, name: str, role: Role | None = None, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
         "namespace": ref.namespace,
@@ -196,7 +202,8 @@ def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeCon
     }
     if role == "broker":
         raw["listeners"] = [
-            Listener(name=l.name, host="0.0.0.0", port=l.port, advertised_port=l.port).model_dump() for l in spec.listeners
+            Listener(name=l.name, host="0.0.0.0", port=l.port, advertised_port=l.port).model_dump()
+            for l in spec.listeners
         ]
         wal = spec.broker.wal
         raw["wal"] = {"kind": wal.kind}
@@ -237,7 +244,8 @@ def bootstrap_service(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any
             "type": "ClusterIP",
             "selector": selector_labels(ref, "broker"),
             "ports": [
-                {"name": _port_name(l.name), "port": l.port, "targetPort": l.port, "protocol": "TCP"} for l in spec.listeners
+                {"name": _port_name(l.name), "port": l.port, "targetPort": l.port, "protocol": "TCP"}
+                for l in spec.listeners
             ],
         },
     }
@@ -245,7 +253,10 @@ def bootstrap_service(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any
 
 def headless_service(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[str, Any]:
     if role == "broker":
-        ports = [{"name": _port_name(l.name), "port": l.port, "targetPort": l.port, "protocol": "TCP"} for l in spec.listeners]
+        ports = [
+            {"name": _port_name(l.name), "port": l.port, "targetPort": l.port, "protocol": "TCP"}
+            for l in spec.listeners
+        ]
         ports.append({"name": "http", "port": BROKER_HTTP_PORT, "targetPort": BROKER_HTTP_PORT, "protocol": "TCP"})
     else:
         ports = [{"name": "http", "port": CONTROLLER_PORT, "targetPort": CONTROLLER_PORT, "protocol": "TCP"}]
@@ -264,7 +275,11 @@ def headless_service(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> di
 
 
 def services(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str, Any]]:
-    return [bootstrap_service(spec, ref), headless_service(spec, ref, "broker"), headless_service(spec, ref, "controller")]
+    return [
+        bootstrap_service(spec, ref),
+        headless_service(spec, ref, "broker"),
+        headless_service(spec, ref, "controller"),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,7 +381,10 @@ def _credentials_env(spec: AutoMQClusterSpec) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": "AWS_DEFAULT_REGION", "value": spec.object_store.region}]
     if secret is not None:
         env += [
-            {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.access_key_id_key}}},
+            {
+                "name": "AWS_ACCESS_KEY_ID",
+                "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.access_key_id_key}},
+            },
             {
                 "name": "AWS_SECRET_ACCESS_KEY",
                 "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.secret_access_key_key}},
@@ -400,7 +418,9 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
         volume_mounts.append({"name": "wal", "mountPath": WAL_DIR})
     ports = [{"name": "http", "containerPort": http_port, "protocol": "TCP"}]
     if role == "broker":
-        ports = [{"name": _port_name(l.name), "containerPort": l.port, "protocol": "TCP"} for l in spec.listeners] + ports
+        ports = [
+            {"name": _port_name(l.name), "containerPort": l.port, "protocol": "TCP"} for l in spec.listeners
+        ] + ports
 
     init = {
         "name": "node-config",
@@ -409,7 +429,10 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
         "command": ["python", "-m", "automq.operator.podconfig"],
         "args": ["--template", f"{CONFIG_DIR}/{role}.yaml", "--out", f"{NODE_CONFIG_DIR}/node.yaml"],
         "env": env,
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}, {"name": "node-config", "mountPath": NODE_CONFIG_DIR}],
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "node-config", "mountPath": NODE_CONFIG_DIR},
+        ],
         "securityContext": _container_security(),
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
     }
@@ -473,11 +496,21 @@ def _spread(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> list[dict[s
     selector = {"matchLabels": selector_labels(ref, role)}
     constraints = [
         # Prefer one node per pod; a small cluster still schedules.
-        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector}
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": selector,
+        }
     ]
     if role == "broker" and spec.broker.rack.enabled:
         constraints.append(
-            {"maxSkew": 1, "topologyKey": spec.broker.rack.topology_key, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector}
+            {
+                "maxSkew": 1,
+                "topologyKey": spec.broker.rack.topology_key,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": selector,
+            }
         )
     return constraints
 
@@ -496,11 +529,19 @@ def statefulset(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role, replicas: 
     }
     if role == "broker" and spec.broker.wal.kind == "volume":
         wal = spec.broker.wal
-        claim_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": wal.size}}}
+        claim_spec: dict[str, Any] = {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": wal.size}},
+        }
         if wal.storage_class_name:
             claim_spec["storageClassName"] = wal.storage_class_name
         sts_spec["volumeClaimTemplates"] = [
-            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "wal", "labels": common_labels(ref, role)}, "spec": claim_spec}
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "wal", "labels": common_labels(ref, role)},
+                "spec": claim_spec,
+            }
         ]
         sts_spec["persistentVolumeClaimRetentionPolicy"] = {
             "whenDeleted": "Delete" if spec.deletion_policy == "Delete" else "Retain",
@@ -508,7 +549,12 @@ def statefulset(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role, replicas: 
             # out reuses it and nothing is lost if an upload was still pending.
             "whenScaled": "Retain",
         }
-    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _metadata(ref, statefulset_name(ref, role), role), "spec": sts_spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(ref, statefulset_name(ref, role), role),
+        "spec": sts_spec,
+    }
 
 
 def template_hash(sts: dict[str, Any]) -> str:
@@ -532,4 +578,3 @@ def desired_objects(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str, 
         statefulset(spec, ref, "controller"),
         statefulset(spec, ref, "broker"),
     ]
-

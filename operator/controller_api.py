@@ -10,7 +10,8 @@ so the reconciler decides once what an unreachable controller means (wait and re
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 
 class ControllerApiError(Exception):

@@ -132,9 +132,24 @@ def _printer_columns() -> list[dict[str, Any]]:
             "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
             "description": "Every controller and broker is ready and up to date.",
         },
-        {"name": "Controllers", "type": "string", "jsonPath": ".status.controllers.summary", "description": "Ready/desired controllers."},
-        {"name": "Brokers", "type": "string", "jsonPath": ".status.brokers.summary", "description": "Ready/desired brokers."},
-        {"name": "Bootstrap", "type": "string", "jsonPath": ".status.bootstrap", "description": "Kafka bootstrap address."},
+        {
+            "name": "Controllers",
+            "type": "string",
+            "jsonPath": ".status.controllers.summary",
+            "description": "Ready/desired controllers.",
+        },
+        {
+            "name": "Brokers",
+            "type": "string",
+            "jsonPath": ".status.brokers.summary",
+            "description": "Ready/desired brokers.",
+        },
+        {
+            "name": "Bootstrap",
+            "type": "string",
+            "jsonPath": ".status.bootstrap",
+            "description": "Kafka bootstrap address.",
+        },
         {
             "name": "Reason",
             "type": "string",

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import kopf
 
@@ -84,7 +85,9 @@ class KopfReporter:
         kopf.warn(self._body, reason=reason, message=message[:1024])
 
 
-async def _pass(ctx: OperatorContext, body: Any, name: str, namespace: str, uid: str, *, full: bool, reported: dict[str, str]) -> Outcome | None:
+async def _pass(
+    ctx: OperatorContext, body: Any, name: str, namespace: str, uid: str, *, full: bool, reported: dict[str, str]
+) -> Outcome | None:
     """One reconcile pass; None when there is nothing to reconcile (gone, deleting, invalid spec)."""
     api = ctx.kube()
     ref = ClusterRef(name=name, namespace=namespace, uid=uid)
@@ -119,7 +122,9 @@ async def _pass(ctx: OperatorContext, body: Any, name: str, namespace: str, uid:
     return await reconcile(cluster, STEPS if full else STATUS_STEPS)
 
 
-async def run_cluster(stopped: Any, body: Any, name: str, namespace: str, uid: str, memo: Any, logger: Any, **_: Any) -> None:
+async def run_cluster(
+    stopped: Any, body: Any, name: str, namespace: str, uid: str, memo: Any, logger: Any, **_: Any
+) -> None:
     """The reconcile loop of one AutoMQCluster, for as long as it exists.
 
     A pass runs at once, again soon while a change is in flight, at the status interval while a
@@ -186,7 +191,9 @@ async def delete_cluster(body: Any, spec: Any, name: str, namespace: str, uid: s
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
     # One operator replica (the chart's Deployment uses the Recreate strategy): no peering CRD needed.
     settings.peering.standalone = True
     settings.posting.level = logging.INFO

@@ -69,7 +69,14 @@ class KubeError(Exception):
 class KubeApi:
     """The API server at `host`, authenticated with a bearer token and/or client certificate."""
 
-    def __init__(self, host: str, *, headers: dict[str, str] | None = None, ssl_context: ssl.SSLContext | bool = True, token_refresh: Any = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        *,
+        headers: dict[str, str] | None = None,
+        ssl_context: ssl.SSLContext | bool = True,
+        token_refresh: Any = None,
+    ) -> None:
         self.host = host.rstrip("/")
         self._headers = headers or {}
         self._ssl = ssl_context
@@ -77,7 +84,7 @@ class KubeApi:
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
-    def from_environment(cls) -> "KubeApi":
+    def from_environment(cls) -> KubeApi:
         """In-cluster service account first, then KUBECONFIG / ~/.kube/config."""
         from kubernetes import client, config
 
@@ -90,13 +97,17 @@ class KubeApi:
         return cls.from_configuration(cfg)
 
     @classmethod
-    def from_configuration(cls, cfg: Any) -> "KubeApi":
+    def from_configuration(cls, cfg: Any) -> KubeApi:
         context: ssl.SSLContext | bool = True
         if cfg.host.startswith("https"):
             if not cfg.verify_ssl:
                 context = False
             else:
-                context = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
+                context = (
+                    ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+                    if cfg.ssl_ca_cert
+                    else ssl.create_default_context()
+                )
                 if cfg.cert_file:
                     context.load_cert_chain(cfg.cert_file, cfg.key_file)
         return cls(cfg.host, ssl_context=context, token_refresh=cfg)
@@ -110,7 +121,14 @@ class KubeApi:
         token = cfg.get_api_key_with_prefix("authorization")
         return {"Authorization": token} if token else {}
 
-    async def _request(self, method: str, path: str, body: Any = None, content_type: str = "application/json", params: dict[str, str] | None = None) -> Any:
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        params: dict[str, str] | None = None,
+    ) -> Any:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         headers = {**self._headers, **self._auth_headers(), "Accept": "application/json"}
@@ -118,7 +136,9 @@ class KubeApi:
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body)
-        async with self._session.request(method, self.host + path, data=data, headers=headers, params=params, ssl=self._ssl) as resp:
+        async with self._session.request(
+            method, self.host + path, data=data, headers=headers, params=params, ssl=self._ssl
+        ) as resp:
             text = await resp.text()
             if resp.status >= 400:
                 try:
@@ -149,19 +169,29 @@ class KubeApi:
         result = await self._request("GET", KINDS[kind].path(namespace), params=params)
         items = result.get("items", []) if result else []
         wanted = labels or {}
-        return [o for o in items if all((o.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in wanted.items())]
+        return [
+            o for o in items if all((o.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
+        ]
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         return await self._request("POST", KINDS[obj["kind"]].path(meta["namespace"]), obj)
 
-    async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any], subresource: str | None = None) -> dict[str, Any]:
-        return await self._request("PATCH", KINDS[kind].path(namespace, name, subresource), patch, "application/merge-patch+json")
+    async def patch(
+        self, kind: str, namespace: str, name: str, patch: dict[str, Any], subresource: str | None = None
+    ) -> dict[str, Any]:
+        return await self._request(
+            "PATCH", KINDS[kind].path(namespace, name, subresource), patch, "application/merge-patch+json"
+        )
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
         """Delete; False when it was already gone."""
         try:
-            await self._request("DELETE", KINDS[kind].path(namespace, name), {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
+            await self._request(
+                "DELETE",
+                KINDS[kind].path(namespace, name),
+                {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
+            )
             return True
         except KubeError as exc:
             if exc.status == 404:
@@ -178,7 +208,11 @@ def contains(live: Any, desired: Any) -> bool:
     if isinstance(desired, dict):
         return isinstance(live, dict) and all(k in live and contains(live[k], v) for k, v in desired.items())
     if isinstance(desired, list):
-        return isinstance(live, list) and len(live) == len(desired) and all(contains(a, b) for a, b in zip(live, desired))
+        return (
+            isinstance(live, list)
+            and len(live) == len(desired)
+            and all(contains(a, b) for a, b in zip(live, desired, strict=False))
+        )
     return live == desired
 
 
@@ -206,7 +240,12 @@ ApplyResult = Literal["created", "patched", "unchanged"]
 # and status), so even re-sending "the same" value can read as a change. A wanted change to one
 # of them is the caller's to detect and report (see reconcile's WAL check).
 IMMUTABLE_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "StatefulSet": (("spec", "volumeClaimTemplates"), ("spec", "selector"), ("spec", "serviceName"), ("spec", "podManagementPolicy")),
+    "StatefulSet": (
+        ("spec", "volumeClaimTemplates"),
+        ("spec", "selector"),
+        ("spec", "serviceName"),
+        ("spec", "podManagementPolicy"),
+    ),
     "Service": (("spec", "clusterIP"),),
     "RoleBinding": (("roleRef",),),
 }

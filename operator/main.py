@@ -55,4 +55,3 @@ def run_operator(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     context = OperatorContext(controller_api_factory=controller_api_factory, settings=settings or ReconcileSettings())
     asyncio.run(operate(namespaces, clusterwide, liveness, context=context))
-

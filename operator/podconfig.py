@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import yaml
 
@@ -45,7 +45,9 @@ def render_pod_config(template: Mapping, env: Mapping[str, str]) -> NodeConfig:
     try:
         pod_name = env["POD_NAME"]
     except KeyError:
-        raise ConfigError("POD_NAME is not set: the pod template must pass metadata.name through the downward API") from None
+        raise ConfigError(
+            "POD_NAME is not set: the pod template must pass metadata.name through the downward API"
+        ) from None
     raw = dict(template)
     raw["node_id"] = int(env.get("AUTOMQ_NODE_ID_BASE", "0")) + ordinal_of(pod_name)
     rack = env.get("AUTOMQ_RACK", "")

@@ -38,9 +38,21 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": ["configmaps", "services", "serviceaccounts"],
         "verbs": ["get", "list", "watch", "create", "patch", "delete"],
     },
-    {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {
+        "apiGroups": ["apps"],
+        "resources": ["statefulsets"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["policy"],
+        "resources": ["poddisruptionbudgets"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["roles", "rolebindings"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
     # Rolling restarts delete pods one at a time; status reads their readiness and crash loops.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
     # deletionPolicy: Delete removes the WAL volume claims; scale-in keeps them otherwise.

@@ -26,8 +26,9 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 from automq.operator import builders
 from automq.operator.builders import ClusterRef, Role
@@ -112,7 +113,9 @@ class Cluster:
         merged = sorted(set(self.drained) | set(node_ids))
         if merged != self.drained:
             self.drained = merged
-            await self.api.patch("AutoMQCluster", self.ref.namespace, self.ref.name, {"status": {"drainedBrokers": merged}}, "status")
+            await self.api.patch(
+                "AutoMQCluster", self.ref.namespace, self.ref.name, {"status": {"drainedBrokers": merged}}, "status"
+            )
 
 
 Step = Callable[[Cluster], Awaitable[None]]
@@ -148,7 +151,11 @@ def stuck_reason(pod: dict[str, Any]) -> Note | None:
             extra = f": {waiting['message']}" if waiting.get("message") else ""
             return Note(waiting["reason"], f"pod {name} container {cs.get('name')}: {waiting['reason']}{detail}{extra}")
     for condition in status.get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" and condition.get("reason") == "Unschedulable":
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
             return Note("Unschedulable", f"pod {name} cannot be scheduled: {condition.get('message', '')}".rstrip(": "))
     return None
 
@@ -156,7 +163,9 @@ def stuck_reason(pod: dict[str, Any]) -> Note | None:
 async def role_pods(c: Cluster, role: Role) -> list[dict[str, Any]]:
     prefix = builders.statefulset_name(c.ref, role) + "-"
     pods = await c.api.list("Pod", c.ref.namespace, builders.selector_labels(c.ref, role))
-    pods = [p for p in pods if p["metadata"]["name"].startswith(prefix) and p["metadata"]["name"][len(prefix):].isdigit()]
+    pods = [
+        p for p in pods if p["metadata"]["name"].startswith(prefix) and p["metadata"]["name"][len(prefix) :].isdigit()
+    ]
     return sorted(pods, key=ordinal)
 
 
@@ -193,7 +202,11 @@ async def pod_disruption_budgets(c: Cluster) -> None:
 
 def _claims(sts: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     return [
-        (t["metadata"]["name"], t["spec"].get("resources", {}).get("requests", {}).get("storage"), t["spec"].get("storageClassName"))
+        (
+            t["metadata"]["name"],
+            t["spec"].get("resources", {}).get("requests", {}).get("storage"),
+            t["spec"].get("storageClassName"),
+        )
         for t in sts.get("spec", {}).get("volumeClaimTemplates") or []
     ]
 
@@ -212,7 +225,12 @@ async def _apply_statefulset(c: Cluster, role: Role, desired: dict[str, Any]) ->
             )
         )
         if live["spec"].get("replicas") != desired["spec"]["replicas"]:
-            await c.api.patch("StatefulSet", c.ref.namespace, desired["metadata"]["name"], {"spec": {"replicas": desired["spec"]["replicas"]}})
+            await c.api.patch(
+                "StatefulSet",
+                c.ref.namespace,
+                desired["metadata"]["name"],
+                {"spec": {"replicas": desired["spec"]["replicas"]}},
+            )
         return
     await _apply(c, desired)
 
@@ -230,7 +248,9 @@ async def broker_statefulset(c: Cluster) -> None:
         removing = list(range(wanted, current))
         if wanted == 0:
             # No broker would be left to take leadership: draining could never finish.
-            c.reporter.warn("ScaledToZero", f"scaling brokers from {current} to 0: every partition is offline until brokers return")
+            c.reporter.warn(
+                "ScaledToZero", f"scaling brokers from {current} to 0: every partition is offline until brokers return"
+            )
         elif await _drain_for_scale_in(c, removing):
             c.reporter.info("ScaledIn", f"brokers {removing} drained; scaling brokers from {current} to {wanted}")
         else:
@@ -276,7 +296,9 @@ async def rolling_update(c: Cluster) -> None:
             return
         live = await c.api.get("AutoMQCluster", c.ref.namespace, c.ref.name)
         if live is None or live.get("spec") != c.raw_spec:
-            c.progress.append(Note("RollingUpdate", "the spec changed during the rolling update; continuing with the new spec"))
+            c.progress.append(
+                Note("RollingUpdate", "the spec changed during the rolling update; continuing with the new spec")
+            )
             return
 
 
@@ -286,7 +308,8 @@ async def _roll_one(c: Cluster) -> bool:
     limits = {"broker": c.broker_replicas, "controller": c.spec.controller.replicas}
     want = {role: builders.template_hash(builders.statefulset(c.spec, c.ref, role)) for role in builders.ROLES}
     outdated = {
-        role: [p for p in pods[role] if ordinal(p) < limits[role] and pod_hash(p) != want[role]] for role in ("broker", "controller")
+        role: [p for p in pods[role] if ordinal(p) < limits[role] and pod_hash(p) != want[role]]
+        for role in ("broker", "controller")
     }
     # Outdated pods that are not Ready serve nothing: restart them first, whatever their role
     # (crash-looping controllers waiting for a config fix must not wait for the brokers' turn).
@@ -296,15 +319,24 @@ async def _roll_one(c: Cluster) -> bool:
                 continue
             if not pod["metadata"].get("deletionTimestamp"):
                 await c.api.delete("Pod", c.ref.namespace, pod["metadata"]["name"])
-                c.reporter.info("RestartedUnreadyPod", f"restarted {pod['metadata']['name']} (not ready, outdated) without draining")
-            c.progress.append(Note("RollingUpdate", f"{role} pod {pod['metadata']['name']} restarted with the new template"))
+                c.reporter.info(
+                    "RestartedUnreadyPod", f"restarted {pod['metadata']['name']} (not ready, outdated) without draining"
+                )
+            c.progress.append(
+                Note("RollingUpdate", f"{role} pod {pod['metadata']['name']} restarted with the new template")
+            )
             return False
     for role in ("broker", "controller"):
         if not outdated[role]:
             continue
         waiting = [p["metadata"]["name"] for r in builders.ROLES for p in pods[r] if not is_ready(p)]
         if waiting:
-            c.progress.append(Note("RollingUpdate", f"waiting for {', '.join(waiting)} to be ready before restarting {outdated[role][0]['metadata']['name']}"))
+            c.progress.append(
+                Note(
+                    "RollingUpdate",
+                    f"waiting for {', '.join(waiting)} to be ready before restarting {outdated[role][0]['metadata']['name']}",
+                )
+            )
             return False
         others = [p for p in pods["broker"] if p is not outdated[role][0]]
         return await _restart(c, role, outdated[role][0], want[role], drain=role == "broker" and bool(others))
@@ -325,9 +357,14 @@ async def _restart(c: Cluster, role: Role, pod: dict[str, Any], want: str, *, dr
                 return await api.broker_drained(node_id)
 
             if not await wait_until(drained, c.settings.drain_timeout_s, c.settings.poll_interval_s):
-                c.reporter.warn("DrainTimeout", f"broker {node_id} still leads partitions after {c.settings.drain_timeout_s:.0f}s; restarting it anyway")
+                c.reporter.warn(
+                    "DrainTimeout",
+                    f"broker {node_id} still leads partitions after {c.settings.drain_timeout_s:.0f}s; restarting it anyway",
+                )
         except ControllerApiError as exc:
-            c.problems.append(Note("ControllerUnavailable", f"cannot drain broker {node_id} before restarting {name}: {exc}"))
+            c.problems.append(
+                Note("ControllerUnavailable", f"cannot drain broker {node_id} before restarting {name}: {exc}")
+            )
             c.progress.append(Note("RollingUpdate", f"waiting to drain broker {node_id}"))
             return False
     c.reporter.info("RollingRestart", f"restarting {name} to apply the new {role} template")
@@ -349,8 +386,15 @@ async def _restart(c: Cluster, role: Role, pod: dict[str, Any], want: str, *, dr
         return True
     else:
         # Leave the broker drained: podsReady undrains it once it is Ready.
-        c.problems.append(Note("PodNotReady", f"{name} was restarted but is not ready after {c.settings.pod_ready_timeout_s:.0f}s; rolling update paused"))
-        c.reporter.warn("RollingUpdatePaused", f"{name} is not ready after its restart; no further pods are restarted until it is")
+        c.problems.append(
+            Note(
+                "PodNotReady",
+                f"{name} was restarted but is not ready after {c.settings.pod_ready_timeout_s:.0f}s; rolling update paused",
+            )
+        )
+        c.reporter.warn(
+            "RollingUpdatePaused", f"{name} is not ready after its restart; no further pods are restarted until it is"
+        )
         return False
 
 
@@ -374,14 +418,21 @@ async def pods_ready(c: Cluster) -> None:
         pods = c.pods[role]
         ready = sum(1 for p in pods if is_ready(p))
         updated = sum(1 for p in pods if pod_hash(p) == want)
-        c.status[f"{role}s"] = RoleStatus(desired=desired[role], replicas=len(pods), ready=ready, updated=updated, summary=f"{ready}/{desired[role]}")
+        c.status[f"{role}s"] = RoleStatus(
+            desired=desired[role], replicas=len(pods), ready=ready, updated=updated, summary=f"{ready}/{desired[role]}"
+        )
         for pod in pods:
             note = stuck_reason(pod)
             if note is not None:
                 c.problems.append(note)
         if ready < desired[role] or len(pods) != desired[role] or updated < len(pods):
             if not any(n.reason in ("RollingUpdate", "ScalingIn") for n in c.progress):
-                c.progress.append(Note("WaitingForPods", f"{role}s: {ready} of {desired[role]} ready, {updated} of {len(pods)} up to date"))
+                c.progress.append(
+                    Note(
+                        "WaitingForPods",
+                        f"{role}s: {ready} of {desired[role]} ready, {updated} of {len(pods)} up to date",
+                    )
+                )
     brokers = {ordinal(p): p for p in c.pods["broker"]}
     for node_id in list(c.drained):
         pod = brokers.get(node_id)
@@ -395,11 +446,24 @@ async def pods_ready(c: Cluster) -> None:
             await _undrain(c, node_id, quiet=True)
 
 
-def _condition(previous: list[dict[str, Any]], kind: str, ok: bool, reason: str, message: str, generation: int, now: str) -> Condition:
+def _condition(
+    previous: list[dict[str, Any]], kind: str, ok: bool, reason: str, message: str, generation: int, now: str
+) -> Condition:
     status = "True" if ok else "False"
     before = next((p for p in previous if p.get("type") == kind), None)
-    since = before["lastTransitionTime"] if before and before.get("status") == status and before.get("lastTransitionTime") else now
-    return Condition(type=kind, status=status, reason=reason, message=message, last_transition_time=since, observed_generation=generation)  # type: ignore[arg-type]
+    since = (
+        before["lastTransitionTime"]
+        if before and before.get("status") == status and before.get("lastTransitionTime")
+        else now
+    )
+    return Condition(
+        type=kind,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=since,
+        observed_generation=generation,
+    )  # type: ignore[arg-type]
 
 
 def _conditions(c: Cluster, now: str) -> list[Condition]:
@@ -413,15 +477,29 @@ def _conditions(c: Cluster, now: str) -> list[Condition]:
         ready_reason, ready_message = first.reason, first.message
     return [
         _condition(previous, "Ready", ready, ready_reason, ready_message, c.generation, now),
-        _condition(previous, "Progressing", bool(progress), progress[0].reason if progress else "UpToDate",
-                   "; ".join(n.message for n in progress) if progress else "nothing to change", c.generation, now),
-        _condition(previous, "Degraded", bool(problems), problems[0].reason if problems else "AsExpected",
-                   "; ".join(n.message for n in problems) if problems else "no problems seen", c.generation, now),
+        _condition(
+            previous,
+            "Progressing",
+            bool(progress),
+            progress[0].reason if progress else "UpToDate",
+            "; ".join(n.message for n in progress) if progress else "nothing to change",
+            c.generation,
+            now,
+        ),
+        _condition(
+            previous,
+            "Degraded",
+            bool(problems),
+            problems[0].reason if problems else "AsExpected",
+            "; ".join(n.message for n in problems) if problems else "no problems seen",
+            c.generation,
+            now,
+        ),
     ]
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def write_progress(c: Cluster) -> None:
@@ -440,14 +518,19 @@ async def update_status(c: Cluster) -> None:
     enabled = c.spec.placeholders_enabled()
     newly = [name for name in enabled if name not in (c.previous_status.get("notImplemented") or [])]
     if newly:
-        c.reporter.warn("NotImplemented", f"spec.{', spec.'.join(newly)} accepted but not implemented yet: it has no effect")
+        c.reporter.warn(
+            "NotImplemented", f"spec.{', spec.'.join(newly)} accepted but not implemented yet: it has no effect"
+        )
     was_ready = any(p.get("type") == "Ready" and p.get("status") == "True" for p in previous)
     if ready and not was_ready:
         c.reporter.info("ClusterReady", ready_message)
     for note in problems:
         # One event per problem and object, not one per pass (a restart count keeps changing).
         subject = note.message.split(":", 1)[0]
-        if not any(p.get("type") == "Degraded" and p.get("status") == "True" and subject in p.get("message", "") for p in previous):
+        if not any(
+            p.get("type") == "Degraded" and p.get("status") == "True" and subject in p.get("message", "")
+            for p in previous
+        ):
             c.reporter.warn(note.reason, note.message)
     status = AutoMQClusterStatus(
         observed_generation=c.generation,
@@ -461,7 +544,9 @@ async def update_status(c: Cluster) -> None:
         not_implemented=enabled,
     )
     c.status["document"] = status.model_dump(by_alias=True, mode="json")
-    await c.api.patch("AutoMQCluster", c.ref.namespace, c.ref.name, {"status": copy.deepcopy(c.status["document"])}, "status")
+    await c.api.patch(
+        "AutoMQCluster", c.ref.namespace, c.ref.name, {"status": copy.deepcopy(c.status["document"])}, "status"
+    )
 
 
 # What a status refresh between changes runs: observe, then write the status.
@@ -502,10 +587,17 @@ async def reconcile(c: Cluster, steps: tuple[tuple[str, Step], ...] = STEPS) -> 
         finally:
             await c.close()
     notes = c.problems + c.progress
-    return Outcome(ready=not notes, progressing=bool(c.progress), message="; ".join(n.message for n in notes) or "ready", status=c.status["document"])
+    return Outcome(
+        ready=not notes,
+        progressing=bool(c.progress),
+        message="; ".join(n.message for n in notes) or "ready",
+        status=c.status["document"],
+    )
 
 
-async def write_invalid_spec_status(api: KubeApi, ref: ClusterRef, generation: int, previous_status: dict[str, Any], message: str) -> None:
+async def write_invalid_spec_status(
+    api: KubeApi, ref: ClusterRef, generation: int, previous_status: dict[str, Any], message: str
+) -> None:
     """Report a spec the models reject: Ready False and Degraded True, reason InvalidSpec."""
     now = _now()
     previous = previous_status.get("conditions") or []
@@ -514,11 +606,18 @@ async def write_invalid_spec_status(api: KubeApi, ref: ClusterRef, generation: i
         _condition(previous, "Progressing", False, "InvalidSpec", "the spec must be fixed first", generation, now),
         _condition(previous, "Degraded", True, "InvalidSpec", message, generation, now),
     ]
-    patch = {"status": {"observedGeneration": generation, "conditions": [cond.model_dump(by_alias=True, mode="json") for cond in conditions]}}
+    patch = {
+        "status": {
+            "observedGeneration": generation,
+            "conditions": [cond.model_dump(by_alias=True, mode="json") for cond in conditions],
+        }
+    }
     await api.patch("AutoMQCluster", ref.namespace, ref.name, patch, "status")
 
 
-async def delete_cluster_data(api: KubeApi, ref: ClusterRef, spec: AutoMQClusterSpec | None, reporter: Reporter) -> list[str]:
+async def delete_cluster_data(
+    api: KubeApi, ref: ClusterRef, spec: AutoMQClusterSpec | None, reporter: Reporter
+) -> list[str]:
     """On deletion: remove the WAL volume claims when deletionPolicy is Delete; say what is kept."""
     if spec is None or spec.deletion_policy != "Delete":
         bucket = f" and the objects in bucket {spec.object_store.bucket}" if spec is not None else ""

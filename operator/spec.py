@@ -43,7 +43,9 @@ CONTROLLER_PORT = 9093
 BROKER_HTTP_PORT = 9094
 
 # Kubernetes' own resource.Quantity grammar, without a sign: a negative size is never meant.
-QUANTITY_PATTERN = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+QUANTITY_PATTERN = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
 
@@ -78,7 +80,9 @@ Quantity = Annotated[
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-_LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+_LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 
 
 class _Model(BaseModel):
@@ -107,7 +111,7 @@ class Resources(_Model):
     )
 
     @model_validator(mode="after")
-    def _limits_cover_requests(self) -> "Resources":
+    def _limits_cover_requests(self) -> Resources:
         from kubernetes.utils.quantity import parse_quantity
 
         for name, limit in self.limits.items():
@@ -160,7 +164,9 @@ class RackAwareness(_Model):
     The rack is read from the pod's `topology.kubernetes.io/zone` label through the downward API;
     Kubernetes 1.33+ copies the node's zone label onto the pod when it is bound."""
 
-    enabled: bool = Field(False, description="Spread brokers across topologyKey values and report the zone as the broker's rack.")
+    enabled: bool = Field(
+        False, description="Spread brokers across topologyKey values and report the zone as the broker's rack."
+    )
     topology_key: str = Field(
         "topology.kubernetes.io/zone",
         pattern=_LABEL_KEY,
@@ -195,7 +201,7 @@ class WalSpec(_Model):
     )
 
     @model_validator(mode="after")
-    def _volume_needs_size(self) -> "WalSpec":
+    def _volume_needs_size(self) -> WalSpec:
         if self.kind == "volume" and self.size is None:
             raise ValueError("spec.broker.wal.size is required when spec.broker.wal.kind is volume (e.g. size: 10Gi)")
         if self.kind == "s3" and self.storage_class_name is not None:
@@ -254,7 +260,9 @@ class SecretKeyRef(_Model):
 
     name: str = Field(..., pattern=_DNS_SUBDOMAIN, description="Secret name.")
     access_key_id_key: str = Field("AWS_ACCESS_KEY_ID", description="Key of the access key id in the Secret.")
-    secret_access_key_key: str = Field("AWS_SECRET_ACCESS_KEY", description="Key of the secret access key in the Secret.")
+    secret_access_key_key: str = Field(
+        "AWS_SECRET_ACCESS_KEY", description="Key of the secret access key in the Secret."
+    )
 
 
 class ObjectStoreSpec(_Model):
@@ -273,7 +281,9 @@ class ObjectStoreSpec(_Model):
         description="S3 endpoint URL (http:// or https://); AWS when empty.",
     )
     region: str = Field("us-east-1", min_length=1, description="Bucket region.")
-    path_style: bool = Field(False, description="Address the bucket in the path (MinIO, SeaweedFS, Ceph) instead of the host name.")
+    path_style: bool = Field(
+        False, description="Address the bucket in the path (MinIO, SeaweedFS, Ceph) instead of the host name."
+    )
     credentials_secret: SecretKeyRef | None = Field(
         None,
         description="Secret holding the access keys; when empty the pods rely on the environment (e.g. IRSA, workload identity).",
@@ -293,7 +303,10 @@ class ListenerSpec(_Model):
     """A Kafka listener on every broker."""
 
     name: str = Field(
-        ..., pattern=r"^[A-Z][A-Z0-9_]*$", max_length=32, description="Listener name as Kafka clients see it, e.g. PLAINTEXT."
+        ...,
+        pattern=r"^[A-Z][A-Z0-9_]*$",
+        max_length=32,
+        description="Listener name as Kafka clients see it, e.g. PLAINTEXT.",
     )
     port: int = Field(..., ge=1024, le=65535, description="Container port (>= 1024: the pods run as non-root).")
 
@@ -301,7 +314,9 @@ class ListenerSpec(_Model):
 class MetricsSpec(_Model):
     """Prometheus metrics every node serves on its HTTP port at /metrics."""
 
-    enabled: bool = Field(True, description="Annotate pods for Prometheus scraping (prometheus.io/scrape, /port, /path).")
+    enabled: bool = Field(
+        True, description="Annotate pods for Prometheus scraping (prometheus.io/scrape, /port, /path)."
+    )
 
 
 class AutoscalingSpec(_Model):
@@ -317,9 +332,11 @@ class AutoscalingSpec(_Model):
     cooldown_seconds: int = Field(300, ge=0, description="Minimum time between two scaling decisions.")
 
     @model_validator(mode="after")
-    def _bounds(self) -> "AutoscalingSpec":
+    def _bounds(self) -> AutoscalingSpec:
         if self.min_replicas > self.max_replicas:
-            raise ValueError(f"spec.autoscaling.minReplicas ({self.min_replicas}) exceeds maxReplicas ({self.max_replicas})")
+            raise ValueError(
+                f"spec.autoscaling.minReplicas ({self.min_replicas}) exceeds maxReplicas ({self.max_replicas})"
+            )
         return self
 
 
@@ -396,7 +413,9 @@ def check_overrides(overrides: dict[str, str], where: str) -> None:
 
     for key in overrides:
         if not re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)*", key):
-            raise ValueError(f"{where}[{key!r}]: keys are dotted snake_case node config paths, e.g. 'kafka.num_partitions'")
+            raise ValueError(
+                f"{where}[{key!r}]: keys are dotted snake_case node config paths, e.g. 'kafka.num_partitions'"
+            )
         for owned, why in OPERATOR_OWNED_KEYS.items():
             if key == owned or key.startswith(owned + "."):
                 raise ValueError(f"{where}[{key!r}]: cannot be overridden ({why})")
@@ -433,10 +452,14 @@ class AutoMQClusterSpec(_Model):
     )
     config: ConfigOverrides
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics.")
-    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="Placeholder, not implemented yet.")
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec, description="Placeholder, not implemented yet."
+    )
     balancing: BalancingSpec = Field(default_factory=BalancingSpec, description="Placeholder, not implemented yet.")
     compaction: CompactionSpec = Field(default_factory=CompactionSpec, description="Placeholder, not implemented yet.")
-    lake_ingestion: LakeIngestionSpec = Field(default_factory=LakeIngestionSpec, description="Placeholder, not implemented yet.")
+    lake_ingestion: LakeIngestionSpec = Field(
+        default_factory=LakeIngestionSpec, description="Placeholder, not implemented yet."
+    )
     deletion_policy: Literal["Retain", "Delete"] = Field(
         "Retain",
         description="What happens to data when the AutoMQCluster is deleted. Retain: WAL volumes (PVCs) and "
@@ -459,7 +482,7 @@ class AutoMQClusterSpec(_Model):
         return value
 
     @model_validator(mode="after")
-    def _overrides_are_node_config(self) -> "AutoMQClusterSpec":
+    def _overrides_are_node_config(self) -> AutoMQClusterSpec:
         check_overrides(self.config, "spec.config")
         check_overrides(self.controller.config, "spec.controller.config")
         check_overrides(self.broker.config, "spec.broker.config")
@@ -486,7 +509,9 @@ class Condition(_Model):
 
     type: Literal["Ready", "Progressing", "Degraded"] = Field(..., description="Ready, Progressing or Degraded.")
     status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
-    reason: str = Field(..., pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", description="CamelCase reason for the machine.")
+    reason: str = Field(
+        ..., pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", description="CamelCase reason for the machine."
+    )
     message: str = Field("", description="What happened, for a person.")
     last_transition_time: str = Field(..., description="When status last changed (RFC 3339).")
     observed_generation: int = Field(0, ge=0, description="metadata.generation this condition was computed for.")
@@ -496,7 +521,9 @@ class RoleStatus(_Model):
     """Replica counts of one role."""
 
     desired: int = Field(0, ge=0, description="Replicas the spec asks for.")
-    replicas: int = Field(0, ge=0, description="Pods that exist now (the scale subresource's status.replicas for brokers).")
+    replicas: int = Field(
+        0, ge=0, description="Pods that exist now (the scale subresource's status.replicas for brokers)."
+    )
     ready: int = Field(0, ge=0, description="Pods that are Ready.")
     updated: int = Field(0, ge=0, description="Pods running the current pod template.")
     summary: str = Field("0/0", description="ready/desired, for `kubectl get`.")
@@ -515,7 +542,9 @@ class AutoMQClusterStatus(_Model):
     brokers: RoleStatus = Field(default_factory=RoleStatus, description="Broker replicas.")
     bootstrap: str | None = Field(None, description="Kafka bootstrap address inside the cluster (host:port).")
     controller_endpoint: str | None = Field(None, description="Controller API base URL inside the cluster.")
-    broker_selector: str = Field("", description="Label selector of broker pods (the scale subresource's labelSelectorPath).")
+    broker_selector: str = Field(
+        "", description="Label selector of broker pods (the scale subresource's labelSelectorPath)."
+    )
     drained_brokers: list[int] = Field(
         default_factory=list,
         description="Broker node ids the operator drained for a restart or scale-in and will undrain once they are back.",
@@ -534,9 +563,13 @@ CLUSTER_NAME_MAX = 40
 def check_cluster_name(name: str) -> None:
     """Raise InvalidSpec when objects derived from this name would be invalid."""
     if len(name) > CLUSTER_NAME_MAX:
-        raise InvalidSpec(f"metadata.name: at most {CLUSTER_NAME_MAX} characters (Service and pod names derive from it), got {len(name)}")
+        raise InvalidSpec(
+            f"metadata.name: at most {CLUSTER_NAME_MAX} characters (Service and pod names derive from it), got {len(name)}"
+        )
     if not re.match(CLUSTER_NAME_PATTERN, name):
-        raise InvalidSpec(f"metadata.name: must start with a letter and contain only a-z, 0-9 and '-' (it names Services), got {name!r}")
+        raise InvalidSpec(
+            f"metadata.name: must start with a letter and contain only a-z, 0-9 and '-' (it names Services), got {name!r}"
+        )
 
 
 def explain_validation_error(exc: ValidationError, prefix: str = "spec") -> str:
@@ -562,4 +595,3 @@ def parse_spec(raw: dict[str, Any]) -> AutoMQClusterSpec:
 
 class InvalidSpec(ValueError):
     """The AutoMQCluster's spec is invalid; the message names each field and why."""
-

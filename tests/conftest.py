@@ -26,8 +26,10 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
         server.start()
     except SeaweedFSStartError as exc:
         pytest.fail(f"could not start SeaweedFS: {exc}", pytrace=False)
-    saved = {key: os.environ.get(key) for key in
-             ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")}
+    saved = {
+        key: os.environ.get(key)
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")
+    }
     server.export_environment()
     try:
         yield server
@@ -50,7 +52,7 @@ def s3_url(seaweedfs: SeaweedFS) -> Iterator[str]:
     if seaweedfs.running:
         try:
             seaweedfs.delete_bucket(bucket)
-        except Exception:  # noqa: BLE001 - cleanup only; the test's own result matters
+        except Exception:
             pass
 
 

@@ -80,7 +80,7 @@ class ControllerClient:
             await self._session.close()
             self._session = None
 
-    async def __aenter__(self) -> "ControllerClient":
+    async def __aenter__(self) -> ControllerClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -118,7 +118,7 @@ class ControllerClient:
                         data = await resp.json(content_type=None)
                     except ValueError:
                         data = {"error": "METADATA_ERROR", "message": f"HTTP {status}: not JSON"}
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 last_problem = f"{url}: {type(exc).__name__}: {exc}"
                 self._leader = None
                 url = self._rotate()
@@ -144,14 +144,18 @@ class ControllerClient:
                     raise cls(str(data.get("message", data)))
             redirects = 0
             if time.monotonic() + backoff > deadline:
-                raise ControllerUnavailableError(f"{method}: no active controller answered within {self.retry_deadline_s}s ({last_problem})")
+                raise ControllerUnavailableError(
+                    f"{method}: no active controller answered within {self.retry_deadline_s}s ({last_problem})"
+                )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 0.25)  # an election takes ~lease timeout; do not add much to it
 
     # ------------------------------------------------------------------ ClusterClient
 
     async def register_broker(self, node_id: int, endpoints: list[Endpoint], rack: str | None) -> int:
-        data = await self.call("register_broker", {"node_id": node_id, "endpoints": to_wire(list(endpoints)), "rack": rack})
+        data = await self.call(
+            "register_broker", {"node_id": node_id, "endpoints": to_wire(list(endpoints)), "rack": rack}
+        )
         return data["node_epoch"]
 
     async def heartbeat(self, node_id: int, node_epoch: int) -> str:
@@ -169,7 +173,9 @@ class ControllerClient:
         return wire.metadata_image(data)
 
     async def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicInfo:
-        return wire.topic_info(await self.call("create_topic", {"name": name, "partitions": partitions, "configs": dict(configs)}))
+        return wire.topic_info(
+            await self.call("create_topic", {"name": name, "partitions": partitions, "configs": dict(configs)})
+        )
 
     async def delete_topic(self, name: str) -> None:
         await self.call("delete_topic", {"name": name})
@@ -181,12 +187,22 @@ class ControllerClient:
         await self.call("alter_topic_configs", {"name": name, "configs": dict(configs)})
 
     async def reassign_partition(self, topic: str, partition: int, target_node_id: int) -> None:
-        await self.call("reassign_partition", {"topic": topic, "partition": partition, "target_node_id": target_node_id})
+        await self.call(
+            "reassign_partition", {"topic": topic, "partition": partition, "target_node_id": target_node_id}
+        )
 
-    async def partition_closed(self, topic: str, partition: int, node_id: int, node_epoch: int, leader_epoch: int) -> None:
+    async def partition_closed(
+        self, topic: str, partition: int, node_id: int, node_epoch: int, leader_epoch: int
+    ) -> None:
         await self.call(
             "partition_closed",
-            {"topic": topic, "partition": partition, "node_id": node_id, "node_epoch": node_epoch, "leader_epoch": leader_epoch},
+            {
+                "topic": topic,
+                "partition": partition,
+                "node_id": node_id,
+                "node_epoch": node_epoch,
+                "leader_epoch": leader_epoch,
+            },
         )
 
     async def drain_broker(self, node_id: int) -> None:
@@ -222,7 +238,9 @@ class ControllerClient:
     async def status(self) -> dict[str, Any]:
         """`GET /v1/status` of the controller this client currently talks to."""
         url = self._leader or self.urls[0]
-        async with self._http().get(f"{url}/v1/status", timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)) as resp:
+        async with self._http().get(
+            f"{url}/v1/status", timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)
+        ) as resp:
             return await resp.json()
 
     # ------------------------------------------------------------------ StreamManager
@@ -231,20 +249,34 @@ class ControllerClient:
         return (await self.call("create_stream", {"tags": dict(tags) if tags else None}))["stream_id"]
 
     async def open_stream(self, stream_id: int, epoch: int, node_id: int, node_epoch: int) -> StreamMetadata:
-        data = await self.call("open_stream", {"stream_id": stream_id, "epoch": epoch, "node_id": node_id, "node_epoch": node_epoch})
+        data = await self.call(
+            "open_stream", {"stream_id": stream_id, "epoch": epoch, "node_id": node_id, "node_epoch": node_epoch}
+        )
         return wire.stream_metadata(data)
 
     async def close_stream(self, stream_id: int, epoch: int, node_id: int, node_epoch: int) -> None:
-        await self.call("close_stream", {"stream_id": stream_id, "epoch": epoch, "node_id": node_id, "node_epoch": node_epoch})
+        await self.call(
+            "close_stream", {"stream_id": stream_id, "epoch": epoch, "node_id": node_id, "node_epoch": node_epoch}
+        )
 
-    async def trim_stream(self, stream_id: int, epoch: int, new_start_offset: int, node_id: int, node_epoch: int) -> None:
+    async def trim_stream(
+        self, stream_id: int, epoch: int, new_start_offset: int, node_id: int, node_epoch: int
+    ) -> None:
         await self.call(
             "trim_stream",
-            {"stream_id": stream_id, "epoch": epoch, "new_start_offset": new_start_offset, "node_id": node_id, "node_epoch": node_epoch},
+            {
+                "stream_id": stream_id,
+                "epoch": epoch,
+                "new_start_offset": new_start_offset,
+                "node_id": node_id,
+                "node_epoch": node_epoch,
+            },
         )
 
     async def delete_stream(self, stream_id: int, epoch: int, node_id: int, node_epoch: int) -> None:
-        await self.call("delete_stream", {"stream_id": stream_id, "epoch": epoch, "node_id": node_id, "node_epoch": node_epoch})
+        await self.call(
+            "delete_stream", {"stream_id": stream_id, "epoch": epoch, "node_id": node_id, "node_epoch": node_epoch}
+        )
 
     async def get_streams(self, stream_ids: list[int]) -> list[StreamMetadata]:
         data = await self.call("get_streams", {"stream_ids": list(stream_ids)})
@@ -263,7 +295,13 @@ class ControllerClient:
             "object_id": request.object_id,
             "object_size": request.object_size,
             "stream_ranges": [
-                {"stream_id": r.stream_id, "epoch": r.epoch, "start_offset": r.start_offset, "end_offset": r.end_offset, "size": r.size}
+                {
+                    "stream_id": r.stream_id,
+                    "epoch": r.epoch,
+                    "start_offset": r.start_offset,
+                    "end_offset": r.end_offset,
+                    "size": r.size,
+                }
                 for r in request.stream_ranges
             ],
             "stream_objects": [_stream_object(o) for o in request.stream_objects],
@@ -272,11 +310,14 @@ class ControllerClient:
         await self.call("commit_stream_set_object", body)
 
     async def commit_stream_object(self, obj: StreamObject, node_id: int, node_epoch: int) -> None:
-        await self.call("commit_stream_object", {"object": _stream_object(obj), "node_id": node_id, "node_epoch": node_epoch})
+        await self.call(
+            "commit_stream_object", {"object": _stream_object(obj), "node_id": node_id, "node_epoch": node_epoch}
+        )
 
     async def get_objects(self, stream_id: int, start_offset: int, end_offset: int, limit: int) -> list[ObjectMetadata]:
         data = await self.call(
-            "get_objects", {"stream_id": stream_id, "start_offset": start_offset, "end_offset": end_offset, "limit": limit}
+            "get_objects",
+            {"stream_id": stream_id, "start_offset": start_offset, "end_offset": end_offset, "limit": limit},
         )
         return [wire.object_metadata(o) for o in data["objects"]]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 from automq.broker.controller import records as r
 from automq.broker.controller.placement import Placement, counted_node
@@ -32,7 +32,15 @@ from automq.broker.controller.protocol import (
     WalRecoveryJobError,
     WalRecoveryPendingError,
 )
-from automq.broker.controller.state import COMMITTED, MARKED, PREPARED, BrokerState, MetadataState, PartitionState, StreamState
+from automq.broker.controller.state import (
+    COMMITTED,
+    MARKED,
+    PREPARED,
+    BrokerState,
+    MetadataState,
+    PartitionState,
+    StreamState,
+)
 from automq.broker.storage.metadata import (
     CommitStreamSetObjectRequest,
     NodeFencedError,
@@ -69,17 +77,31 @@ _TOPIC_CONFIGS: dict[str, object] = {
     "follower.replication.throttled.replicas": str,
     "leader.replication.throttled.replicas": str,
     "message.format.version": str,
-    **{
-        key: int
-        for key in (
-            "delete.retention.ms", "file.delete.delay.ms", "flush.messages", "flush.ms",
-            "index.interval.bytes", "local.retention.bytes", "local.retention.ms",
-            "max.compaction.lag.ms", "max.message.bytes", "message.timestamp.after.max.ms",
-            "message.timestamp.before.max.ms", "message.timestamp.difference.max.ms",
-            "min.compaction.lag.ms", "min.insync.replicas", "retention.bytes", "retention.ms",
-            "segment.bytes", "segment.index.bytes", "segment.jitter.ms", "segment.ms",
-        )
-    },
+    **dict.fromkeys(
+        (
+            "delete.retention.ms",
+            "file.delete.delay.ms",
+            "flush.messages",
+            "flush.ms",
+            "index.interval.bytes",
+            "local.retention.bytes",
+            "local.retention.ms",
+            "max.compaction.lag.ms",
+            "max.message.bytes",
+            "message.timestamp.after.max.ms",
+            "message.timestamp.before.max.ms",
+            "message.timestamp.difference.max.ms",
+            "min.compaction.lag.ms",
+            "min.insync.replicas",
+            "retention.bytes",
+            "retention.ms",
+            "segment.bytes",
+            "segment.index.bytes",
+            "segment.jitter.ms",
+            "segment.ms",
+        ),
+        int,
+    ),
 }
 
 
@@ -383,9 +405,7 @@ def _validate_configs(configs: dict[str, str | None], allow_none: bool) -> None:
 
 def validate_topic_name(name: str) -> None:
     if not isinstance(name, str) or not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
-        raise InvalidTopicError(
-            f"topic name {name!r} is invalid: 1-249 characters of [a-zA-Z0-9._-], not '.' or '..'"
-        )
+        raise InvalidTopicError(f"topic name {name!r} is invalid: 1-249 characters of [a-zA-Z0-9._-], not '.' or '..'")
 
 
 def topic_info(state: MetadataState, name: str) -> TopicInfo:
@@ -393,7 +413,10 @@ def topic_info(state: MetadataState, name: str) -> TopicInfo:
     return TopicInfo(
         t.name,
         t.topic_id,
-        tuple(PartitionInfo(p.topic, p.partition, p.stream_id, p.leader, p.leader_epoch, p.state, p.target) for p in t.partitions),
+        tuple(
+            PartitionInfo(p.topic, p.partition, p.stream_id, p.leader, p.leader_epoch, p.state, p.target)
+            for p in t.partitions
+        ),
         dict(t.configs),
     )
 
@@ -434,7 +457,9 @@ def create_partitions(tx: Tx, name: str, total_count: int) -> TopicInfo:
     if t is None:
         raise UnknownTopicError(f"topic {name!r} does not exist")
     if total_count <= len(t.partitions):
-        raise InvalidPartitionsError(f"topic {name!r} has {len(t.partitions)} partitions; the new count must be larger, got {total_count}")
+        raise InvalidPartitionsError(
+            f"topic {name!r} has {len(t.partitions)} partitions; the new count must be larger, got {total_count}"
+        )
     if total_count > MAX_PARTITIONS_PER_TOPIC:
         raise InvalidPartitionsError(f"at most {MAX_PARTITIONS_PER_TOPIC} partitions per topic, got {total_count}")
     _add_partitions(tx, name, t.topic_id, len(t.partitions), total_count)
@@ -560,7 +585,9 @@ def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[
     return out
 
 
-def _check_swap(state: MetadataState, sources: list[int], new: dict[int, list[tuple[int, int]]], only_stream: int | None) -> None:
+def _check_swap(
+    state: MetadataState, sources: list[int], new: dict[int, list[tuple[int, int]]], only_stream: int | None
+) -> None:
     """A compaction's new ranges hold exactly the sources' live data (minus what a trim made
     garbage meanwhile), so the swap neither loses nor duplicates an offset."""
     held: dict[int, list[tuple[int, int]]] = {}
@@ -594,9 +621,7 @@ def _same_commit(state: MetadataState, req: CommitStreamSetObjectRequest) -> boo
         obj = state.objects.get(oid)
         if obj is None or obj.state == PREPARED or obj.node_id != req.node_id:
             return False
-    if req.object_id >= 0 and state.objects[req.object_id].object_size != req.object_size:
-        return False
-    return True
+    return not (req.object_id >= 0 and state.objects[req.object_id].object_size != req.object_size)
 
 
 def commit_stream_set_object(tx: Tx, req: CommitStreamSetObjectRequest) -> None:
@@ -620,7 +645,10 @@ def commit_stream_set_object(tx: Tx, req: CommitStreamSetObjectRequest) -> None:
         _require(0 <= start < end, f"stream {sid}: empty or negative range [{start},{end})")
     for so in req.stream_objects:
         _require(so.object_size >= 0, "object_size must be >= 0")
-        _require(not so.source_object_ids, "stream objects of an upload replace nothing; compaction uses commit_stream_object")
+        _require(
+            not so.source_object_ids,
+            "stream objects of an upload replace nothing; compaction uses commit_stream_object",
+        )
     if compaction:
         _require(req.object_id not in req.compacted_object_ids, "an object cannot replace itself")
         new: dict[int, list[tuple[int, int]]] = {}
@@ -657,7 +685,12 @@ def commit_stream_object(tx: Tx, obj: StreamObject, node_id: int, node_epoch: in
     if not obj.source_object_ids or node_id >= 0:
         check_committer(state, node_id, node_epoch)
     existing = state.objects.get(obj.object_id)
-    if existing is not None and existing.state != PREPARED and existing.node_id == node_id and existing.object_size == obj.object_size:
+    if (
+        existing is not None
+        and existing.state != PREPARED
+        and existing.node_id == node_id
+        and existing.object_size == obj.object_size
+    ):
         return  # a retry of a commit that went through
     _require(0 <= obj.start_offset < obj.end_offset, f"empty or negative range [{obj.start_offset},{obj.end_offset})")
     _require(obj.object_size >= 0, "object_size must be >= 0")
@@ -665,20 +698,32 @@ def commit_stream_object(tx: Tx, obj: StreamObject, node_id: int, node_epoch: in
     s = _stream(state, obj.stream_id)
     if obj.source_object_ids:
         _require(obj.object_id not in obj.source_object_ids, "an object cannot replace itself")
-        _check_swap(state, list(obj.source_object_ids), {obj.stream_id: [(obj.start_offset, obj.end_offset)]}, obj.stream_id)
+        _check_swap(
+            state, list(obj.source_object_ids), {obj.stream_id: [(obj.start_offset, obj.end_offset)]}, obj.stream_id
+        )
     else:
         _check_writer(state, s, s.epoch, node_id)
         if obj.start_offset != s.end_offset:
-            raise OffsetMismatchError(f"stream {obj.stream_id}: range starts at {obj.start_offset}, committed end is {s.end_offset}")
+            raise OffsetMismatchError(
+                f"stream {obj.stream_id}: range starts at {obj.start_offset}, committed end is {s.end_offset}"
+            )
     tx.emit(
         r.StreamObjectCommitted(
-            obj.object_id, obj.object_size, obj.stream_id, obj.start_offset, obj.end_offset,
-            list(obj.source_object_ids), node_id, tx.now_ms,
+            obj.object_id,
+            obj.object_size,
+            obj.stream_id,
+            obj.start_offset,
+            obj.end_offset,
+            list(obj.source_object_ids),
+            node_id,
+            tx.now_ms,
         )
     )
 
 
-def get_objects(state: MetadataState, stream_id: int, start_offset: int, end_offset: int, limit: int) -> list[ObjectMetadata]:
+def get_objects(
+    state: MetadataState, stream_id: int, start_offset: int, end_offset: int, limit: int
+) -> list[ObjectMetadata]:
     s = _stream(state, stream_id)
     _require(limit >= 1, f"limit must be >= 1, got {limit}")
     _require(start_offset >= 0, f"start_offset must be >= 0, got {start_offset}")

@@ -71,20 +71,34 @@ class _Pending:
 class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.commit_seconds = Histogram(
-            "automq_controller_log_append_seconds", "Time to write one metadata log entry (conditional PUT)",
-            registry=registry, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            "automq_controller_log_append_seconds",
+            "Time to write one metadata log entry (conditional PUT)",
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
         )
         self.batch_commands = Histogram(
-            "automq_controller_batch_commands", "Requests sharing one log entry (group commit)",
-            registry=registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
+            "automq_controller_batch_commands",
+            "Requests sharing one log entry (group commit)",
+            registry=registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
         )
-        self.requests = Counter("automq_controller_requests_total", "Controller requests by outcome", ["outcome"], registry=registry)
+        self.requests = Counter(
+            "automq_controller_requests_total", "Controller requests by outcome", ["outcome"], registry=registry
+        )
         self.role = Gauge("automq_controller_leader", "1 while this controller is the active leader", registry=registry)
-        self.last_seq = Gauge("automq_controller_log_seq", "Last applied metadata log sequence number", registry=registry)
+        self.last_seq = Gauge(
+            "automq_controller_log_seq", "Last applied metadata log sequence number", registry=registry
+        )
         self.version = Gauge("automq_controller_metadata_version", "Metadata image version", registry=registry)
-        self.objects_deleted = Counter("automq_controller_gc_objects_deleted_total", "Objects deleted by the garbage collector", registry=registry)
-        self.brokers_fenced = Counter("automq_controller_brokers_fenced_total", "Brokers fenced after their session expired", registry=registry)
-        self.elections = Counter("automq_controller_elections_won_total", "Times this controller became leader", registry=registry)
+        self.objects_deleted = Counter(
+            "automq_controller_gc_objects_deleted_total", "Objects deleted by the garbage collector", registry=registry
+        )
+        self.brokers_fenced = Counter(
+            "automq_controller_brokers_fenced_total", "Brokers fenced after their session expired", registry=registry
+        )
+        self.elections = Counter(
+            "automq_controller_elections_won_total", "Times this controller became leader", registry=registry
+        )
 
 
 class Controller:
@@ -98,7 +112,7 @@ class Controller:
         config: ControllerConfig | None = None,
         session_timeout_ms: int = 10_000,
         gc_retention_ms: int = 60_000,
-        lease: "LeadershipLease | None" = None,
+        lease: LeadershipLease | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.store = store
@@ -165,7 +179,7 @@ class Controller:
                 task.cancel()
                 try:
                     await task
-                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
+                except (asyncio.CancelledError, Exception):
                     pass
         self._image_changed.set()
 
@@ -200,7 +214,7 @@ class Controller:
                 self.role = Role.STOPPED
                 self._stopped.set()
                 return
-            except Exception:  # noqa: BLE001 - the control plane must keep trying
+            except Exception:
                 log.exception("controller %d: unexpected error; restarting as standby", self.controller_id)
                 self._step_down("unexpected error")
                 await asyncio.sleep(0.5)
@@ -262,7 +276,9 @@ class Controller:
                 # fell behind a log truncation: writing "our" next entry could land on a deleted key
                 self.state = await self.log.load()
                 return False
-            records: list[r.Record] = [r.ControllerElected(self.controller_id, self.url, self.state.term + 1, wall_ms())]
+            records: list[r.Record] = [
+                r.ControllerElected(self.controller_id, self.url, self.state.term + 1, wall_ms())
+            ]
             if not self.state.cluster_id:
                 records.append(r.ClusterInitialized(self.cluster_id))
             seq = self.state.last_seq + 1
@@ -335,7 +351,7 @@ class Controller:
                 outcomes.append((True, pending.fn(tx)))
             except MetadataError as exc:
                 outcomes.append((False, exc))
-            except Exception as exc:  # noqa: BLE001 - one bad request must not stop the controller
+            except Exception as exc:
                 log.exception("controller %d: request failed", self.controller_id)
                 outcomes.append((False, MetadataError(f"internal controller error: {type(exc).__name__}: {exc}")))
         if records:
@@ -343,7 +359,7 @@ class Controller:
             started = time.perf_counter()
             try:
                 await self.log.append(seq, self.controller_id, records)
-            except BaseException as exc:  # noqa: BLE001 - whatever happened, these records may be lost
+            except BaseException as exc:
                 self._writing = False
                 self._step_down(f"log entry {seq} failed: {type(exc).__name__}: {exc}")
                 err = self._not_controller()
@@ -359,7 +375,7 @@ class Controller:
             self._entries_since_snapshot += 1
         self._writing = False
         self.metrics.batch_commands.observe(len(batch))
-        for pending, (ok, value) in zip(batch, outcomes):
+        for pending, (ok, value) in zip(batch, outcomes, strict=False):
             self.metrics.requests.labels("ok" if ok else getattr(value, "code", "error")).inc()
             if pending.future is None or pending.future.done():
                 continue
@@ -445,7 +461,9 @@ class Controller:
                         if cur is not None and cur.node_epoch == epoch:  # not re-registered meanwhile
                             commands.fence_broker(tx, node_id)
 
-                    log.warning("controller: node %d missed its session (%d ms); fencing it", node_id, self.session_timeout_ms)
+                    log.warning(
+                        "controller: node %d missed its session (%d ms); fencing it", node_id, self.session_timeout_ms
+                    )
                     self._sessions.pop(node_id, None)
                     self.metrics.brokers_fenced.inc()
                     try:

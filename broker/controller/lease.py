@@ -31,7 +31,7 @@ _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 def _now_micro() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class KubernetesLease:
@@ -45,7 +45,7 @@ class KubernetesLease:
         self._observed_at = 0.0
 
     @classmethod
-    def from_config(cls, config: NodeConfig) -> "KubernetesLease":
+    def from_config(cls, config: NodeConfig) -> KubernetesLease:
         from kubernetes import client
         from kubernetes import config as kube_config
 
@@ -68,7 +68,7 @@ class KubernetesLease:
         """Take or renew the Lease; True while this process holds it."""
         try:
             return await asyncio.to_thread(self._acquire)
-        except Exception as exc:  # noqa: BLE001 - an unreachable API server means "not now"
+        except Exception as exc:
             log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
             return False
 
@@ -76,7 +76,7 @@ class KubernetesLease:
         """Give the Lease up (graceful shutdown) so a standby need not wait for it to expire."""
         try:
             await asyncio.to_thread(self._release)
-        except Exception as exc:  # noqa: BLE001 - best effort; it expires anyway
+        except Exception as exc:
             log.warning("lease %s/%s: release failed: %s", self.namespace, self.name, exc)
 
     # ------------------------------------------------------------------ blocking parts
@@ -101,8 +101,11 @@ class KubernetesLease:
             body = client.V1Lease(
                 metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
                 spec=client.V1LeaseSpec(
-                    holder_identity=self.identity, lease_duration_seconds=self.duration_s,
-                    acquire_time=now, renew_time=now, lease_transitions=0,
+                    holder_identity=self.identity,
+                    lease_duration_seconds=self.duration_s,
+                    acquire_time=now,
+                    renew_time=now,
+                    lease_transitions=0,
                 ),
             )
             try:
@@ -121,7 +124,9 @@ class KubernetesLease:
         expired = time.monotonic() - self._observed_at > duration
         if holder and holder != self.identity and not expired:
             return False
-        patch: dict[str, Any] = {"spec": {"holderIdentity": self.identity, "renewTime": now, "leaseDurationSeconds": self.duration_s}}
+        patch: dict[str, Any] = {
+            "spec": {"holderIdentity": self.identity, "renewTime": now, "leaseDurationSeconds": self.duration_s}
+        }
         if holder != self.identity:
             patch["spec"]["acquireTime"] = now
             patch["spec"]["leaseTransitions"] = (spec.lease_transitions or 0) + 1

@@ -42,7 +42,9 @@ class Placement:
         self._topic_rack[(topic, self._rack(node_id))] += delta
 
     def candidates(self, exclude: tuple[int, ...] = ()) -> list[int]:
-        return sorted(b.node_id for b in self._state.brokers.values() if b.state == "active" and b.node_id not in exclude)
+        return sorted(
+            b.node_id for b in self._state.brokers.values() if b.state == "active" and b.node_id not in exclude
+        )
 
     def choose(self, topic: str, exclude: tuple[int, ...] = (), prefer: int = -1) -> int:
         """The broker a partition of `topic` should go to (-1 when none is active)."""

@@ -15,9 +15,9 @@ import signal
 from aiohttp import web
 
 from automq.broker.config import NodeConfig
-from automq.broker.node import run_node
 from automq.broker.controller.controller import Controller
 from automq.broker.controller.server import build_app
+from automq.broker.node import run_node
 from automq.broker.objectstore import open_object_store
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class ControllerService:
             self._runner = None
         await self.store.close()
 
-    async def __aenter__(self) -> "ControllerService":
+    async def __aenter__(self) -> ControllerService:
         await self.start()
         return self
 

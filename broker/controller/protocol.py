@@ -182,7 +182,9 @@ class ClusterClient(Protocol):
     async def reassign_partition(self, topic: str, partition: int, target_node_id: int) -> None:
         """Start a graceful move (see module docstring). Returns once it is started."""
 
-    async def partition_closed(self, topic: str, partition: int, node_id: int, node_epoch: int, leader_epoch: int) -> None:
+    async def partition_closed(
+        self, topic: str, partition: int, node_id: int, node_epoch: int, leader_epoch: int
+    ) -> None:
         """The old leader has closed the stream of a moving partition."""
 
     async def drain_broker(self, node_id: int) -> None:

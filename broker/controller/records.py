@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-RECORD_TYPES: dict[str, type["Record"]] = {}
+RECORD_TYPES: dict[str, type[Record]] = {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,7 @@ class WalRecoveryWorker:
             except NodeFencedError:
                 log.warning("WAL recovery worker of node %d stops: this node was fenced", self.node_id)
                 return
-            except Exception as exc:  # noqa: BLE001 - keep following; the next image retries
+            except Exception as exc:
                 log.warning("WAL recovery worker: %s", exc)
                 await asyncio.sleep(1)
 
@@ -70,9 +70,8 @@ class WalRecoveryWorker:
         for job in image.wal_recovery_jobs:
             if job.node_id == self.node_id:
                 continue  # our own WAL: the storage engine recovers it at start
-            if job.state == "pending" or job.claimed_by == self.node_id:
-                if await self.recover(job):
-                    done += 1
+            if (job.state == "pending" or job.claimed_by == self.node_id) and await self.recover(job):
+                done += 1
         return done
 
     async def recover(self, job: WalRecoveryJob) -> bool:

@@ -165,7 +165,12 @@ class StreamObjectModel(_Req):
 
     def to_domain(self) -> StreamObject:
         return StreamObject(
-            self.object_id, self.object_size, self.stream_id, self.start_offset, self.end_offset, tuple(self.source_object_ids)
+            self.object_id,
+            self.object_size,
+            self.stream_id,
+            self.start_offset,
+            self.end_offset,
+            tuple(self.source_object_ids),
         )
 
 
@@ -184,7 +189,10 @@ class CommitStreamSetObject(_Req):
             self.node_epoch,
             self.object_id,
             self.object_size,
-            tuple(ObjectStreamRange(x.stream_id, x.epoch, x.start_offset, x.end_offset, x.size) for x in self.stream_ranges),
+            tuple(
+                ObjectStreamRange(x.stream_id, x.epoch, x.start_offset, x.end_offset, x.size)
+                for x in self.stream_ranges
+            ),
             tuple(so.to_domain() for so in self.stream_objects),
             tuple(self.compacted_object_ids),
         )
@@ -277,7 +285,9 @@ async def _reassign_partition(c: Controller, q: ReassignPartition) -> dict:
 
 @method("partition_closed", PartitionClosed)
 async def _partition_closed(c: Controller, q: PartitionClosed) -> dict:
-    await c.execute(lambda tx: commands.partition_closed(tx, q.topic, q.partition, q.node_id, q.node_epoch, q.leader_epoch))
+    await c.execute(
+        lambda tx: commands.partition_closed(tx, q.topic, q.partition, q.node_id, q.node_epoch, q.leader_epoch)
+    )
     return {}
 
 
@@ -307,7 +317,9 @@ async def _list_wal_recovery_jobs(c: Controller, q: Empty) -> dict:
 
 @method("claim_wal_recovery", JobNodeRef)
 async def _claim_wal_recovery(c: Controller, q: JobNodeRef) -> dict:
-    return {"recovery_epoch": await c.execute(lambda tx: commands.claim_wal_recovery(tx, q.job_id, q.node_id, q.node_epoch))}
+    return {
+        "recovery_epoch": await c.execute(lambda tx: commands.claim_wal_recovery(tx, q.job_id, q.node_id, q.node_epoch))
+    }
 
 
 @method("complete_wal_recovery", JobNodeRef)
@@ -340,7 +352,9 @@ async def _close_stream(c: Controller, q: StreamRef) -> dict:
 
 @method("trim_stream", TrimStream)
 async def _trim_stream(c: Controller, q: TrimStream) -> dict:
-    await c.execute(lambda tx: commands.trim_stream(tx, q.stream_id, q.epoch, q.new_start_offset, q.node_id, q.node_epoch))
+    await c.execute(
+        lambda tx: commands.trim_stream(tx, q.stream_id, q.epoch, q.new_start_offset, q.node_id, q.node_epoch)
+    )
     return {}
 
 
@@ -416,7 +430,7 @@ def build_app(controller: Controller) -> web.Application:
             return _error(exc, 400)
         except MetadataError as exc:
             return _error(exc, 409)
-        except Exception as exc:  # noqa: BLE001 - answer, and keep serving
+        except Exception as exc:
             log.exception("controller API %s failed", name)
             return _error(MetadataError(f"internal controller error: {type(exc).__name__}"), 500)
         return web.Response(body=json.dumps(result, separators=(",", ":")), content_type="application/json")

@@ -24,6 +24,7 @@ from automq.broker.controller.protocol import (
     WalRecoveryJob,
 )
 from automq.broker.storage.metadata import ObjectMetadata, ObjectType, StreamMetadata, StreamOffsetRange
+import itertools
 
 PREPARED = "prepared"
 COMMITTED = "committed"
@@ -281,7 +282,9 @@ class MetadataState:
             self.prepared_ids.discard(oid)
 
     def _wal_recovery_job_created(self, rec: r.WalRecoveryJobCreated) -> None:
-        self.jobs[rec.job_id] = JobState(rec.job_id, rec.node_id, rec.node_epoch, list(rec.stream_ids), created_at_ms=rec.at_ms)
+        self.jobs[rec.job_id] = JobState(
+            rec.job_id, rec.node_id, rec.node_epoch, list(rec.stream_ids), created_at_ms=rec.at_ms
+        )
         self.next_job_id = max(self.next_job_id, rec.job_id + 1)
 
     def _wal_recovery_job_claimed(self, rec: r.WalRecoveryJobClaimed) -> None:
@@ -411,7 +414,9 @@ class MetadataState:
             for t in sorted(self.topics.values(), key=lambda t: t.name)
         )
         jobs = tuple(
-            WalRecoveryJob(j.job_id, j.node_id, j.node_epoch, j.state, j.claimed_by, tuple(j.stream_ids), j.recovery_epoch)
+            WalRecoveryJob(
+                j.job_id, j.node_id, j.node_epoch, j.state, j.claimed_by, tuple(j.stream_ids), j.recovery_epoch
+            )
             for j in sorted(self.jobs.values(), key=lambda j: j.job_id)
         )
         return MetadataImage(self.version, self.cluster_id, self.controller_id, brokers, topics, jobs)
@@ -431,33 +436,78 @@ class MetadataState:
             "next_stream_id": self.next_stream_id,
             "next_object_id": self.next_object_id,
             "next_job_id": self.next_job_id,
-            "brokers": [[b.node_id, b.node_epoch, b.endpoints, b.rack, b.state, b.registered_at_ms] for b in self.brokers.values()],
+            "brokers": [
+                [b.node_id, b.node_epoch, b.endpoints, b.rack, b.state, b.registered_at_ms]
+                for b in self.brokers.values()
+            ],
             "topics": [
-                [t.name, t.topic_id, t.configs, [[p.stream_id, p.leader, p.leader_epoch, p.state, p.target] for p in t.partitions]]
+                [
+                    t.name,
+                    t.topic_id,
+                    t.configs,
+                    [[p.stream_id, p.leader, p.leader_epoch, p.state, p.target] for p in t.partitions],
+                ]
                 for t in self.topics.values()
             ],
             "streams": [
-                [s.stream_id, s.epoch, s.start_offset, s.end_offset, s.owner, s.state, s.tags,
-                 [[g.epoch, g.node_id, g.start_offset, g.end_offset] for g in s.ranges]]
+                [
+                    s.stream_id,
+                    s.epoch,
+                    s.start_offset,
+                    s.end_offset,
+                    s.owner,
+                    s.state,
+                    s.tags,
+                    [[g.epoch, g.node_id, g.start_offset, g.end_offset] for g in s.ranges],
+                ]
                 for s in self.streams.values()
             ],
             "objects": [
-                [o.object_id, o.state, o.object_type, o.object_size, o.node_id, o.ranges, o.committed_at_ms, o.expires_at_ms, o.marked_at_ms]
+                [
+                    o.object_id,
+                    o.state,
+                    o.object_type,
+                    o.object_size,
+                    o.node_id,
+                    o.ranges,
+                    o.committed_at_ms,
+                    o.expires_at_ms,
+                    o.marked_at_ms,
+                ]
                 for o in self.objects.values()
             ],
             "jobs": [
-                [j.job_id, j.node_id, j.node_epoch, j.stream_ids, j.state, j.claimed_by, j.created_at_ms, j.recovery_epoch]
+                [
+                    j.job_id,
+                    j.node_id,
+                    j.node_epoch,
+                    j.stream_ids,
+                    j.state,
+                    j.claimed_by,
+                    j.created_at_ms,
+                    j.recovery_epoch,
+                ]
                 for j in self.jobs.values()
             ],
         }
 
     @classmethod
-    def from_snapshot(cls, data: dict[str, Any]) -> "MetadataState":
+    def from_snapshot(cls, data: dict[str, Any]) -> MetadataState:
         if data.get("format") != 1:
             raise ValueError(f"unknown metadata snapshot format {data.get('format')!r}")
         st = cls()
-        for key in ("cluster_id", "controller_id", "controller_url", "term", "leader_resigned", "version", "last_seq",
-                    "next_stream_id", "next_object_id", "next_job_id"):
+        for key in (
+            "cluster_id",
+            "controller_id",
+            "controller_url",
+            "term",
+            "leader_resigned",
+            "version",
+            "last_seq",
+            "next_stream_id",
+            "next_object_id",
+            "next_job_id",
+        ):
             setattr(st, key, data[key])
         for node_id, epoch, endpoints, rack, state, at in data["brokers"]:
             st.brokers[node_id] = BrokerState(node_id, epoch, endpoints, rack, state, at)
@@ -493,11 +543,13 @@ class MetadataState:
             if index:
                 assert index[0][0] <= s.start_offset, f"stream {sid}: first object starts after the stream start"
                 assert index[0][1] > s.start_offset, f"stream {sid}: dead object {index[0]} still indexed"
-                for (a_start, a_end, _), (b_start, _b_end, _) in zip(index, index[1:]):
+                for (_a_start, a_end, _), (b_start, _b_end, _) in itertools.pairwise(index):
                     assert a_end == b_start, f"stream {sid}: objects not contiguous at {a_end}/{b_start}"
                 assert index[-1][1] == s.end_offset, f"stream {sid}: objects end {index[-1][1]} != end {s.end_offset}"
             else:
-                assert s.start_offset >= s.end_offset, f"stream {sid}: offsets [{s.start_offset},{s.end_offset}) have no objects"
+                assert s.start_offset >= s.end_offset, (
+                    f"stream {sid}: offsets [{s.start_offset},{s.end_offset}) have no objects"
+                )
             seen: set[tuple[int, int]] = set()
             for g in s.ranges:
                 assert (g.epoch, g.node_id) not in seen, f"stream {sid}: duplicate range owner"
@@ -505,7 +557,7 @@ class MetadataState:
             epochs = [g.epoch for g in s.ranges]
             assert len(set(epochs)) == len(epochs), f"stream {sid}: two owners of one epoch {epochs}"
             assert epochs == sorted(epochs), f"stream {sid}: epochs go backwards {epochs}"
-            for a, b in zip(s.ranges, s.ranges[1:]):
+            for a, b in zip(s.ranges, s.ranges[1:], strict=False):
                 assert a.end_offset == b.start_offset, f"stream {sid}: owner ranges not continuous"
             if s.ranges:
                 assert s.ranges[-1].end_offset == s.end_offset
@@ -514,7 +566,9 @@ class MetadataState:
                 obj = self.objects[oid]
                 assert obj.state == COMMITTED, f"object {oid} indexed but {obj.state}"
                 assert [sid, start, end] in obj.ranges
-        assert self.prepared_ids == {o for o, x in self.objects.items() if x.state == PREPARED}, "prepared ids out of sync"
+        assert self.prepared_ids == {o for o, x in self.objects.items() if x.state == PREPARED}, (
+            "prepared ids out of sync"
+        )
         assert self.marked_ids == {o for o, x in self.objects.items() if x.state == MARKED}, "marked ids out of sync"
         for oid, obj in self.objects.items():
             if obj.state == COMMITTED:

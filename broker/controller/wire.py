@@ -54,7 +54,9 @@ def object_metadata(d: dict) -> ObjectMetadata:
 
 
 def partition_info(d: dict) -> PartitionInfo:
-    return PartitionInfo(d["topic"], d["partition"], d["stream_id"], d["leader"], d["leader_epoch"], d["state"], d["target"])
+    return PartitionInfo(
+        d["topic"], d["partition"], d["stream_id"], d["leader"], d["leader_epoch"], d["state"], d["target"]
+    )
 
 
 def topic_info(d: dict) -> TopicInfo:
@@ -63,13 +65,23 @@ def topic_info(d: dict) -> TopicInfo:
 
 def broker_info(d: dict) -> BrokerInfo:
     return BrokerInfo(
-        d["node_id"], d["node_epoch"], tuple(Endpoint(e["listener"], e["host"], e["port"]) for e in d["endpoints"]), d["rack"], d["state"]
+        d["node_id"],
+        d["node_epoch"],
+        tuple(Endpoint(e["listener"], e["host"], e["port"]) for e in d["endpoints"]),
+        d["rack"],
+        d["state"],
     )
 
 
 def wal_recovery_job(d: dict) -> WalRecoveryJob:
     return WalRecoveryJob(
-        d["job_id"], d["node_id"], d["node_epoch"], d["state"], d["claimed_by"], tuple(d["stream_ids"]), d.get("recovery_epoch", -1)
+        d["job_id"],
+        d["node_id"],
+        d["node_epoch"],
+        d["state"],
+        d["claimed_by"],
+        tuple(d["stream_ids"]),
+        d.get("recovery_epoch", -1),
     )
 
 

@@ -46,14 +46,24 @@ def advertised_endpoints(config: NodeConfig, bound_ports: dict[str, int] | None 
     """What clients are told to connect to, per listener (bound_ports: actual ports when 0 was asked)."""
     endpoints = []
     for listener in config.listeners:
-        host = listener.advertised_host or (listener.host if listener.host not in ("0.0.0.0", "::", "") else "127.0.0.1")
+        host = listener.advertised_host or (
+            listener.host if listener.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        )
         port = listener.advertised_port or (bound_ports or {}).get(listener.name) or listener.port
         endpoints.append(Endpoint(listener.name, host, port))
     return endpoints
 
 
 class Broker:
-    def __init__(self, config: NodeConfig, *, node_epoch: int, cluster: ClusterClient, storage: StreamClient, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        node_epoch: int,
+        cluster: ClusterClient,
+        storage: StreamClient,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.config = config
         self.node_id = config.node_id
         self.node_epoch = node_epoch
@@ -124,7 +134,9 @@ class Broker:
 
     # ---------------------------------------------------------------- topics
 
-    async def ensure_topic(self, name: str, partitions: int | None = None, configs: dict[str, str] | None = None, wait: float = 5.0) -> TopicInfo | None:
+    async def ensure_topic(
+        self, name: str, partitions: int | None = None, configs: dict[str, str] | None = None, wait: float = 5.0
+    ) -> TopicInfo | None:
         """Create a topic through the controller unless it exists (auto-create, internal topics).
 
         Concurrent calls for one name share one creation. Returns the topic once the local
@@ -139,9 +151,15 @@ class Broker:
             task.add_done_callback(lambda _t: self._creating.pop(name, None))
         return await asyncio.shield(task)
 
-    async def _create_topic(self, name: str, partitions: int | None, configs: dict[str, str], wait: float) -> TopicInfo | None:
+    async def _create_topic(
+        self, name: str, partitions: int | None, configs: dict[str, str], wait: float
+    ) -> TopicInfo | None:
         if partitions is None:
-            partitions = self.config.kafka.offsets_topic_num_partitions if name == OFFSETS_TOPIC else self.config.kafka.num_partitions
+            partitions = (
+                self.config.kafka.offsets_topic_num_partitions
+                if name == OFFSETS_TOPIC
+                else self.config.kafka.num_partitions
+            )
         try:
             await self.cluster.create_topic(name, partitions, configs)
             log.info("created topic %s with %d partitions", name, partitions)

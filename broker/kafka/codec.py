@@ -30,7 +30,15 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
-from kio.serial._introspect import EntityField, EntityTupleField, PrimitiveField, PrimitiveTupleField, classify_field, get_field_tag, is_optional
+from kio.serial._introspect import (
+    EntityField,
+    EntityTupleField,
+    PrimitiveField,
+    PrimitiveTupleField,
+    classify_field,
+    get_field_tag,
+    is_optional,
+)
 from kio.serial._parse import get_field_reader
 from kio.serial.errors import DecodeError
 from kio.serial.readers import read_compact_array_length, read_int8, read_legacy_array_length, read_unsigned_varint
@@ -138,7 +146,9 @@ def kio_versions(api_key: int) -> frozenset[int]:
     return frozenset(schema_name_map.get(name, {}).keys())
 
 
-def supported_range(api_key: int, min_version: int | None = None, max_version: int | None = None) -> tuple[int, int] | None:
+def supported_range(
+    api_key: int, min_version: int | None = None, max_version: int | None = None
+) -> tuple[int, int] | None:
     """The contiguous version range served for api_key: Kafka 4.0's, within kio's schemas and
     the handler's own limits; None when nothing is left."""
     kafka = KAFKA_4_VERSION_RANGES.get(api_key)
@@ -294,8 +304,18 @@ class _LengthError(Exception):
 
 
 _FIXED_SIZES = {
-    "int8": 1, "bool": 1, "int16": 2, "uint16": 2, "error_code": 2, "int32": 4, "timedelta_i32": 4,
-    "int64": 8, "timedelta_i64": 8, "datetime_i64": 8, "float64": 8, "uuid": 16,
+    "int8": 1,
+    "bool": 1,
+    "int16": 2,
+    "uint16": 2,
+    "error_code": 2,
+    "int32": 4,
+    "timedelta_i32": 4,
+    "int64": 8,
+    "timedelta_i64": 8,
+    "datetime_i64": 8,
+    "float64": 8,
+    "uuid": 16,
 }
 _SKIP, _STRING, _BYTES, _PRIM_ARRAY, _ENTITY_ARRAY, _ENTITY, _NULLABLE_ENTITY = range(7)
 
@@ -388,7 +408,7 @@ def _check_lengths(cls: type, buf, position: int) -> int:
 def _check_step(op: int, arg: Any, flexible: bool, buf, position: int, end: int) -> int:
     if op == _SKIP:
         position += arg
-    elif op == _STRING or op == _BYTES:
+    elif op in (_STRING, _BYTES):
         if flexible:
             n, position = _uvarint(buf, position)
             n -= 1
@@ -400,7 +420,7 @@ def _check_step(op: int, arg: Any, flexible: bool, buf, position: int, end: int)
             position += 4
         if n > 0:
             position += n
-    elif op == _ENTITY or op == _NULLABLE_ENTITY:
+    elif op in (_ENTITY, _NULLABLE_ENTITY):
         if op == _NULLABLE_ENTITY:
             marker = buf[position]
             position += 1
@@ -738,7 +758,7 @@ def _default_for(f: dataclasses.Field, error_code: Any) -> Any:
         "uuid": None,
         "timedelta_i32": ZERO_THROTTLE,
         "timedelta_i64": ZERO_THROTTLE,
-        "datetime_i64": datetime.datetime.fromtimestamp(0, datetime.timezone.utc),
+        "datetime_i64": datetime.datetime.fromtimestamp(0, datetime.UTC),
         "float64": 0.0,
     }.get(kafka_type, -1 if kafka_type in ("int32", "int64") else 0)
 
@@ -746,4 +766,10 @@ def _default_for(f: dataclasses.Field, error_code: Any) -> Any:
 def error_response(cls: type, error_code: Any) -> Any:
     """A response of `cls` carrying error_code in every required error field, empty lists
     elsewhere: what a Java broker's `getErrorResponse` amounts to for unexpected failures."""
-    return cls(**{f.name: _default_for(f, error_code) for f in fields(cls) if f.default is dataclasses.MISSING or f.metadata.get("kafka_type") == "error_code"})
+    return cls(
+        **{
+            f.name: _default_for(f, error_code)
+            for f in fields(cls)
+            if f.default is dataclasses.MISSING or f.metadata.get("kafka_type") == "error_code"
+        }
+    )

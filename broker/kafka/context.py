@@ -19,4 +19,4 @@ class RequestContext:
     # The kio response dataclass matching the request's api key AND version: handlers build
     # their answer with it (and its module's nested classes, see codec.build/codec.nested).
     response_class: type
-    broker: "Broker"
+    broker: Broker

@@ -55,7 +55,7 @@ class UnknownPartitionError(PartitionError):
 
 
 class PartitionListener(Protocol):
-    async def on_elected(self, partition: "Partition") -> None: ...
+    async def on_elected(self, partition: Partition) -> None: ...
 
     async def on_resigned(self, topic: str, partition: int) -> None: ...
 
@@ -80,7 +80,14 @@ def _new_producer_state(expiration_ms: int) -> Any:
 class Partition:
     """One led partition: its stream, leader epoch, producer state and fetch waiters."""
 
-    def __init__(self, info: PartitionInfo, topic: TopicInfo, stream: Stream, producer_state: Any, manager: "PartitionManager | None") -> None:
+    def __init__(
+        self,
+        info: PartitionInfo,
+        topic: TopicInfo,
+        stream: Stream,
+        producer_state: Any,
+        manager: PartitionManager | None,
+    ) -> None:
         self.topic = info.topic
         self.partition = info.partition
         self.topic_id = topic.topic_id
@@ -155,7 +162,14 @@ class Partition:
         if self.max_timestamp is None or timestamp > self.max_timestamp[1]:
             self.max_timestamp = (base_offset + header.last_offset_delta, timestamp)
         if idempotent:
-            state.record(header.producer_id, header.producer_epoch, header.base_sequence, header.record_count, base_offset, timestamp)
+            state.record(
+                header.producer_id,
+                header.producer_epoch,
+                header.base_sequence,
+                header.record_count,
+                base_offset,
+                timestamp,
+            )
         self._wake()
         return AppendResult(base_offset, append_time)
 
@@ -170,7 +184,9 @@ class Partition:
         if self.closed:
             raise NotLeaderError(f"{self.topic}-{self.partition} is no longer led here")
         try:
-            return await self.stream.fetch(offset, end_offset if end_offset is not None else self.stream.confirm_offset, max_bytes)
+            return await self.stream.fetch(
+                offset, end_offset if end_offset is not None else self.stream.confirm_offset, max_bytes
+            )
         except StreamClosedError:
             self._fenced()
             raise NotLeaderError(f"{self.topic}-{self.partition}: stream closed or fenced") from None
@@ -192,7 +208,12 @@ class Partition:
 
     def _fenced(self) -> None:
         if self._manager is not None and not self.closed:
-            log.warning("stream of %s-%d was fenced (epoch %d): dropping leadership", self.topic, self.partition, self.leader_epoch)
+            log.warning(
+                "stream of %s-%d was fenced (epoch %d): dropping leadership",
+                self.topic,
+                self.partition,
+                self.leader_epoch,
+            )
             self._manager._drop_fenced(self)
 
     async def close(self) -> None:
@@ -255,7 +276,7 @@ class PartitionManager:
     WATCH_TIMEOUT_MS = 30_000
     CLOSE_TIMEOUT_S = 60.0
 
-    def __init__(self, broker: "Broker") -> None:
+    def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._transitions: dict[tuple[str, int], asyncio.Task[None]] = {}
@@ -304,7 +325,9 @@ class PartitionManager:
         deadline = loop.time() + timeout
         while True:
             info = self._topics.get(topic)
-            mine = [p.partition for p in info.partitions if p.leader == self._broker.node_id] if info is not None else []
+            mine = (
+                [p.partition for p in info.partitions if p.leader == self._broker.node_id] if info is not None else []
+            )
             if info is not None and all((topic, i) in self._partitions for i in mine):
                 return True
             remaining = deadline - loop.time()
@@ -385,7 +408,12 @@ class PartitionManager:
         for t in image.topics:
             for p in t.partitions:
                 key = (t.name, p.partition)
-                if p.state == "moving" and p.leader == node and key not in self._partitions and key not in self._transitions:
+                if (
+                    p.state == "moving"
+                    and p.leader == node
+                    and key not in self._partitions
+                    and key not in self._transitions
+                ):
                     self._schedule(key, self._ack_closed(p))
 
     @staticmethod
@@ -436,7 +464,12 @@ class PartitionManager:
                 stream = await self._broker.storage.open_stream(info.stream_id, info.leader_epoch)
                 break
             except StreamFencedError:
-                log.warning("stream of %s-%d is owned under a newer epoch than %d; waiting for metadata", info.topic, info.partition, info.leader_epoch)
+                log.warning(
+                    "stream of %s-%d is owned under a newer epoch than %d; waiting for metadata",
+                    info.topic,
+                    info.partition,
+                    info.leader_epoch,
+                )
                 return
             except Exception as exc:
                 # a controller or object-store blip must not leave the partition unserved until
@@ -444,7 +477,9 @@ class PartitionManager:
                 log.warning("opening %s-%d failed (%s); retrying in %.1fs", info.topic, info.partition, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
-        partition = Partition(info, topic, stream, _new_producer_state(self._broker.config.kafka.producer_id_expiration_ms), self)
+        partition = Partition(
+            info, topic, stream, _new_producer_state(self._broker.config.kafka.producer_id_expiration_ms), self
+        )
         try:
             await partition.rebuild_producer_state()
         except Exception:
@@ -452,7 +487,15 @@ class PartitionManager:
         self._partitions[key] = partition
         self._opened.set()
         self._broker.metrics.partitions.set(len(self._partitions))
-        log.info("leading %s-%d (stream %d, epoch %d, offsets %d..%d)", info.topic, info.partition, info.stream_id, info.leader_epoch, stream.start_offset, stream.end_offset)
+        log.info(
+            "leading %s-%d (stream %d, epoch %d, offsets %d..%d)",
+            info.topic,
+            info.partition,
+            info.stream_id,
+            info.leader_epoch,
+            stream.start_offset,
+            stream.end_offset,
+        )
         for listener in list(self._listeners):
             await self._notify_elected(listener, partition)
 
@@ -461,7 +504,12 @@ class PartitionManager:
         if latest is None or self._closing:
             return False
         p = next((p for p in latest.partitions if p.partition == info.partition), None)
-        return p is not None and p.leader == self._broker.node_id and p.leader_epoch == info.leader_epoch and p.state == "online"
+        return (
+            p is not None
+            and p.leader == self._broker.node_id
+            and p.leader_epoch == info.leader_epoch
+            and p.state == "online"
+        )
 
     async def _notify_elected(self, listener: PartitionListener, partition: Partition) -> None:
         try:

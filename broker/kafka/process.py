@@ -29,9 +29,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from automq.broker.config import NodeConfig
-from automq.broker.node import run_node
 from automq.broker.kafka.broker import Broker, advertised_endpoints
 from automq.broker.kafka.server import KafkaServer
+from automq.broker.node import run_node
 from automq.broker.storage.metadata import NodeFencedError
 
 log = logging.getLogger(__name__)
@@ -87,15 +87,21 @@ class BrokerService:
         log.info("broker %d registered with node epoch %d, endpoints %s", config.node_id, node_epoch, endpoints)
 
         self.object_store = open_object_store(config.object_store_url)
-        self.storage = StorageEngine(config, self.object_store, self.cluster, self.cluster, config.node_id, node_epoch, registry=self.registry)
+        self.storage = StorageEngine(
+            config, self.object_store, self.cluster, self.cluster, config.node_id, node_epoch, registry=self.registry
+        )
         started = time.monotonic()
         await self.storage.start()
         self._ready["storage_recovered"] = True
         log.info("storage engine recovered in %.2fs", time.monotonic() - started)
 
-        self.broker = Broker(config, node_epoch=node_epoch, cluster=self.cluster, storage=self.storage, registry=self.registry)
+        self.broker = Broker(
+            config, node_epoch=node_epoch, cluster=self.cluster, storage=self.storage, registry=self.registry
+        )
         self.server.broker = self.broker
-        self._heartbeat = asyncio.get_running_loop().create_task(self._heartbeat_loop(node_epoch), name="broker-heartbeat")
+        self._heartbeat = asyncio.get_running_loop().create_task(
+            self._heartbeat_loop(node_epoch), name="broker-heartbeat"
+        )
         await self.broker.start()
         self._ready["metadata_received"] = True
         from automq.broker.kafka.retention import start_retention
@@ -123,7 +129,12 @@ class BrokerService:
                 last_ok = time.monotonic()
             except NodeFencedError as exc:
                 self.fatal = f"fenced by the controller: {exc}"
-                log.error("broker %d epoch %d was fenced (%s); exiting so the supervisor restarts it", node_id, node_epoch, exc)
+                log.error(
+                    "broker %d epoch %d was fenced (%s); exiting so the supervisor restarts it",
+                    node_id,
+                    node_epoch,
+                    exc,
+                )
                 self._failed.set()
                 return
             except asyncio.CancelledError:

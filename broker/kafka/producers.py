@@ -174,7 +174,13 @@ class ProducerStateManager:
         return None
 
     def record(
-        self, producer_id: int, producer_epoch: int, base_sequence: int, record_count: int, base_offset: int, timestamp_ms: int
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+        record_count: int,
+        base_offset: int,
+        timestamp_ms: int,
     ) -> None:
         """The batch accepted by `check` is durable at base_offset."""
         if producer_id == NO_PRODUCER_ID:
@@ -257,7 +263,9 @@ class ProducerIdAllocator:
         if not 0 <= node_id < 1 << _NODE_ID_BITS:
             raise ValueError(f"node_id {node_id} does not fit the producer id layout (0..{(1 << _NODE_ID_BITS) - 1})")
         if not 0 <= node_epoch < 1 << _EPOCH_BITS:
-            raise ValueError(f"node_epoch {node_epoch} does not fit the producer id layout (0..{(1 << _EPOCH_BITS) - 1})")
+            raise ValueError(
+                f"node_epoch {node_epoch} does not fit the producer id layout (0..{(1 << _EPOCH_BITS) - 1})"
+            )
         self._prefix = (node_epoch << (_NODE_ID_BITS + _COUNTER_BITS)) | (node_id << _COUNTER_BITS)
         self._counter = itertools.count()
         self._lock = threading.Lock()
@@ -266,5 +274,7 @@ class ProducerIdAllocator:
         with self._lock:
             n = next(self._counter)
         if n >= 1 << _COUNTER_BITS:
-            raise ProducerIdExhaustedError("producer ids of this node epoch are exhausted; restart the broker for a new epoch")
+            raise ProducerIdExhaustedError(
+                "producer ids of this node epoch are exhausted; restart the broker for a new epoch"
+            )
         return self._prefix | n

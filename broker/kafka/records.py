@@ -23,7 +23,6 @@ import struct
 from dataclasses import dataclass
 
 import crc32c
-
 from kio.schema.errors import ErrorCode
 
 BATCH_HEADER_SIZE = 61
@@ -98,30 +97,54 @@ def validate_produce_records(buf: bytes | memoryview | None, max_batch_bytes: in
     lastOffsetDelta → INVALID_RECORD.
     """
     if not buf:
-        raise InvalidBatchError(ErrorCode.invalid_record, "produce requests v3+ must have exactly one record batch per partition")
+        raise InvalidBatchError(
+            ErrorCode.invalid_record, "produce requests v3+ must have exactly one record batch per partition"
+        )
     total = len(buf)
     if total > MAGIC_OFFSET and buf[MAGIC_OFFSET] != 2:
-        raise InvalidBatchError(ErrorCode.invalid_record, f"produce requests v3+ only accept record batches with magic 2, got magic {buf[MAGIC_OFFSET]}")
+        raise InvalidBatchError(
+            ErrorCode.invalid_record,
+            f"produce requests v3+ only accept record batches with magic 2, got magic {buf[MAGIC_OFFSET]}",
+        )
     if total < BATCH_HEADER_SIZE:
-        raise InvalidBatchError(ErrorCode.corrupt_message, f"record batch of {total} bytes is shorter than the {BATCH_HEADER_SIZE}-byte v2 header")
+        raise InvalidBatchError(
+            ErrorCode.corrupt_message,
+            f"record batch of {total} bytes is shorter than the {BATCH_HEADER_SIZE}-byte v2 header",
+        )
     header = parse_header(buf)
     if header.size > max_batch_bytes:
-        raise InvalidBatchError(ErrorCode.message_too_large, f"record batch of {header.size} bytes exceeds the maximum of {max_batch_bytes} (max.message.bytes)")
+        raise InvalidBatchError(
+            ErrorCode.message_too_large,
+            f"record batch of {header.size} bytes exceeds the maximum of {max_batch_bytes} (max.message.bytes)",
+        )
     if header.batch_length < BATCH_HEADER_SIZE - LOG_OVERHEAD or header.size > total:
-        raise InvalidBatchError(ErrorCode.corrupt_message, f"record batch length {header.batch_length} does not fit the {total} bytes received")
+        raise InvalidBatchError(
+            ErrorCode.corrupt_message,
+            f"record batch length {header.batch_length} does not fit the {total} bytes received",
+        )
     if header.size < total:
-        raise InvalidBatchError(ErrorCode.invalid_record, "produce requests v3+ must have exactly one record batch per partition")
+        raise InvalidBatchError(
+            ErrorCode.invalid_record, "produce requests v3+ must have exactly one record batch per partition"
+        )
     computed = crc32c.crc32c(memoryview(buf)[ATTRIBUTES_OFFSET:])
     if computed != header.crc:
-        raise InvalidBatchError(ErrorCode.corrupt_message, f"record batch CRC mismatch: stored {header.crc:#010x}, computed {computed:#010x}")
+        raise InvalidBatchError(
+            ErrorCode.corrupt_message,
+            f"record batch CRC mismatch: stored {header.crc:#010x}, computed {computed:#010x}",
+        )
     if header.record_count <= 0:
         raise InvalidBatchError(ErrorCode.invalid_record, f"record batch has {header.record_count} records")
     if header.last_offset_delta != header.record_count - 1:
-        raise InvalidBatchError(ErrorCode.invalid_record, f"record count {header.record_count} does not match lastOffsetDelta {header.last_offset_delta}")
+        raise InvalidBatchError(
+            ErrorCode.invalid_record,
+            f"record count {header.record_count} does not match lastOffsetDelta {header.last_offset_delta}",
+        )
     return header
 
 
-def assign_offsets(batch: bytearray | memoryview, base_offset: int, leader_epoch: int, log_append_time_ms: int = -1) -> None:
+def assign_offsets(
+    batch: bytearray | memoryview, base_offset: int, leader_epoch: int, log_append_time_ms: int = -1
+) -> None:
     """Rewrite baseOffset and partitionLeaderEpoch in place; with a LogAppendTime, also set
     maxTimestamp and the timestamp-type bit and recompute the CRC."""
     _OFFSET_AND_EPOCH.pack_into(batch, 0, base_offset)

@@ -80,7 +80,7 @@ def _batches_max_timestamp(payload: Any) -> int:
 class RetentionTask:
     """Periodic time/size retention for one broker's led partitions."""
 
-    def __init__(self, broker: "Broker", interval_ms: int | None = None, run_bytes: int = RUN_BYTES) -> None:
+    def __init__(self, broker: Broker, interval_ms: int | None = None, run_bytes: int = RUN_BYTES) -> None:
         self._broker = broker
         self.interval_ms = interval_ms or broker.config.kafka.log_retention_check_interval_ms
         self.run_bytes = run_bytes
@@ -137,7 +137,7 @@ class RetentionTask:
                 trimmed[(partition.topic, partition.partition)] = new_start
         return trimmed
 
-    async def enforce(self, partition: "Partition", now_ms: int) -> int | None:
+    async def enforce(self, partition: Partition, now_ms: int) -> int | None:
         """Trim one partition by its topic's retention; returns the new start offset if trimmed."""
         config = effective_config(partition.configs, self._broker.config)
         if not config.deletes or (config.retention_ms < 0 and config.retention_bytes < 0):
@@ -155,10 +155,16 @@ class RetentionTask:
         index = self._indexes.get((partition.topic, partition.partition))
         if index is not None:
             index.drop_below(new_start)
-        log.info("retention trimmed %s-%d: offsets below %d deleted (was %d)", partition.topic, partition.partition, new_start, start)
+        log.info(
+            "retention trimmed %s-%d: offsets below %d deleted (was %d)",
+            partition.topic,
+            partition.partition,
+            new_start,
+            start,
+        )
         return new_start
 
-    async def _time_limit(self, partition: "Partition", cutoff_ms: int) -> int:
+    async def _time_limit(self, partition: Partition, cutoff_ms: int) -> int:
         """The first offset to keep: the first batch whose newest timestamp is not expired.
         Batches without a timestamp (-1) are never expired by time."""
         hw = partition.high_watermark
@@ -199,7 +205,7 @@ class RetentionTask:
 
     # ---------------------------------------------------------------- sizes
 
-    async def index(self, partition: "Partition") -> SizeIndex:
+    async def index(self, partition: Partition) -> SizeIndex:
         """The partition's size index, extended to its high watermark."""
         key = (partition.topic, partition.partition)
         index = self._indexes.get(key)
@@ -221,7 +227,11 @@ class RetentionTask:
                 size = len(batch.payload)
                 newest = _batches_max_timestamp(batch.payload)
                 last = index.runs[-1] if index.runs else None
-                if last is not None and last.end == max(batch.base_offset, offset) and last.size + size <= self.run_bytes:
+                if (
+                    last is not None
+                    and last.end == max(batch.base_offset, offset)
+                    and last.size + size <= self.run_bytes
+                ):
                     last.end = batch.next_offset
                     last.size += size
                     last.max_timestamp = max(last.max_timestamp, newest)
@@ -237,10 +247,10 @@ class RetentionTask:
 
 
 # One task per broker; handlers (DescribeLogDirs) find it here.
-_TASKS: "weakref.WeakKeyDictionary[Any, RetentionTask]" = weakref.WeakKeyDictionary()
+_TASKS: weakref.WeakKeyDictionary[Any, RetentionTask] = weakref.WeakKeyDictionary()
 
 
-def start_retention(broker: "Broker", interval_ms: int | None = None) -> RetentionTask:
+def start_retention(broker: Broker, interval_ms: int | None = None) -> RetentionTask:
     """Create and start the broker's retention task (the broker process calls this once
     its partitions are followed; `await task.close()` on shutdown)."""
     task = _TASKS.get(broker)
@@ -251,11 +261,11 @@ def start_retention(broker: "Broker", interval_ms: int | None = None) -> Retenti
     return task
 
 
-def retention_of(broker: "Broker") -> RetentionTask | None:
+def retention_of(broker: Broker) -> RetentionTask | None:
     return _TASKS.get(broker)
 
 
-async def partition_size(broker: "Broker", partition: "Partition") -> int:
+async def partition_size(broker: Broker, partition: Partition) -> int:
     """Bytes a led partition holds, as far as this broker knows them cheaply:
     the retention index when it exists, else the controller's object sizes for the uploaded
     part plus the not-yet-uploaded tail read from the log cache; -1 when unknown."""
@@ -271,7 +281,7 @@ async def partition_size(broker: "Broker", partition: "Partition") -> int:
         return -1
     try:
         objects = await asyncio.wait_for(get_objects(stream.stream_id, start, -1, 10_000), 5.0)
-    except Exception as exc:  # noqa: BLE001 - a size is informational
+    except Exception as exc:
         log.debug("object metadata for %s-%d unavailable: %s", partition.topic, partition.partition, exc)
         return -1
     total = 0

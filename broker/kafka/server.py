@@ -67,7 +67,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
     scratch buffer, a large frame (a produce batch) gets its own bytearray that the socket
     fills directly, so its bytes are not copied again before they are decoded."""
 
-    def __init__(self, server: "KafkaServer") -> None:
+    def __init__(self, server: KafkaServer) -> None:
         self.server = server
         self.broker = server.broker
         self.transport: asyncio.Transport | None = None
@@ -150,7 +150,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         while have - position >= 4:
             (size,) = _SIZE.unpack_from(scratch, position)
             if size < 0 or size > self._max_frame:
-                self._abort("oversized", f"request size {size} is outside 0..{self._max_frame} (socket_request_max_bytes)")
+                self._abort(
+                    "oversized", f"request size {size} is outside 0..{self._max_frame} (socket_request_max_bytes)"
+                )
                 return
             available = have - position - 4
             if available >= size:
@@ -193,7 +195,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if exc.api_key == codec.API_VERSIONS_KEY:
                 self._answer_unsupported_api_versions(exc.correlation_id)
             else:
-                self._abort("unsupported_version", f"{codec.api_name(exc.api_key)} v{exc.api_version} is not supported (served: {self._served.get(exc.api_key)})")
+                self._abort(
+                    "unsupported_version",
+                    f"{codec.api_name(exc.api_key)} v{exc.api_version} is not supported (served: {self._served.get(exc.api_key)})",
+                )
             return
         except codec.UnknownApiKeyError as exc:
             self._abort("unknown_api_key", f"unknown api key {exc.api_key}")
@@ -228,7 +233,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._tasks.discard(task)
         self._update_reading()
 
-    async def _handle(self, decoded: codec.DecodedRequest, ctx: RequestContext, slot: _Slot, waits_for: list[asyncio.Task[None]]) -> None:
+    async def _handle(
+        self, decoded: codec.DecodedRequest, ctx: RequestContext, slot: _Slot, waits_for: list[asyncio.Task[None]]
+    ) -> None:
         if waits_for:
             await asyncio.gather(*waits_for, return_exceptions=True)
         reg = registry.lookup(ctx.api_key)
@@ -246,12 +253,22 @@ class KafkaConnection(asyncio.BufferedProtocol):
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("%s v%d from %s (client %s) failed; answering UNKNOWN_SERVER_ERROR", api, ctx.api_version, ctx.peer, ctx.client_id)
+            log.exception(
+                "%s v%d from %s (client %s) failed; answering UNKNOWN_SERVER_ERROR",
+                api,
+                ctx.api_version,
+                ctx.peer,
+                ctx.client_id,
+            )
             metrics.request_errors.labels(api).inc()
             try:
-                payload = codec.encode_response_chunks(ctx.correlation_id, codec.error_response(ctx.response_class, ErrorCode.unknown_server_error))
+                payload = codec.encode_response_chunks(
+                    ctx.correlation_id, codec.error_response(ctx.response_class, ErrorCode.unknown_server_error)
+                )
             except Exception:
-                log.exception("cannot even encode an error response for %s v%d; closing %s", api, ctx.api_version, ctx.peer)
+                log.exception(
+                    "cannot even encode an error response for %s v%d; closing %s", api, ctx.api_version, ctx.peer
+                )
                 slot.close_after = True
                 payload = None
         metrics.record_request(api, time.perf_counter() - started)
@@ -260,9 +277,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._flush()
 
     def _answer_unsupported_api_versions(self, correlation_id: int) -> None:
-        from automq.broker.kafka.handlers.api_versions import api_versions_response
-
         from kio.schema.api_versions.v0.response import ApiVersionsResponse
+
+        from automq.broker.kafka.handlers.api_versions import api_versions_response
 
         response = api_versions_response(ApiVersionsResponse, ErrorCode.unsupported_version)
         slot = _Slot(correlation_id, done=True, payload=codec.encode_response_chunks(correlation_id, response))
@@ -356,7 +373,7 @@ class KafkaServer:
     `bind()` opens the sockets first (so port 0 resolves to a real port that can be
     advertised when registering with the controller); `start()` begins accepting."""
 
-    def __init__(self, broker: "Broker | None" = None, config=None) -> None:
+    def __init__(self, broker: Broker | None = None, config=None) -> None:
         self.broker = broker
         self.config = config if config is not None else broker.config  # type: ignore[union-attr]
         self.connections: set[KafkaConnection] = set()
@@ -391,12 +408,12 @@ class KafkaServer:
         """Stop accepting, finish in-flight requests (up to timeout), close connections."""
         for server in self._servers:
             server.close()
-        for name, sock in self._sockets.items():
+        for _name, sock in self._sockets.items():
             if not self._servers:
                 sock.close()
         await asyncio.gather(*(c.drain_and_close(timeout) for c in list(self.connections)), return_exceptions=True)
         for server in self._servers:
             try:
                 await asyncio.wait_for(server.wait_closed(), 1.0)
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 pass

@@ -206,123 +206,282 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
     k.name: k
     for k in (
         TopicConfigKey(
-            "cleanup.policy", ConfigType.LIST, "delete", _list_of("compact", "delete", allow_empty=False),
+            "cleanup.policy",
+            ConfigType.LIST,
+            "delete",
+            _list_of("compact", "delete", allow_empty=False),
             "The retention policy: 'delete' discards old data by time/size, 'compact' keeps the latest value per key.",
             "delete: enforced by the retention task. compact: accepted, but nothing compacts — the topic keeps every "
             "record (a superset of a compacted log); retention applies only if the list also contains delete",
             broker_key="log.cleanup.policy",
         ),
         TopicConfigKey(
-            "retention.ms", ConfigType.LONG, str(7 * 24 * 3_600_000), _long(lo=-1),
+            "retention.ms",
+            ConfigType.LONG,
+            str(7 * 24 * 3_600_000),
+            _long(lo=-1),
             "Discard record batches whose newest timestamp is older than this; -1 keeps data forever.",
             "enforced: the retention task trims the partition's stream (whole batches, oldest first)",
             broker_key="log.retention.ms",
         ),
         TopicConfigKey(
-            "retention.bytes", ConfigType.LONG, "-1", _long(lo=-1),
+            "retention.bytes",
+            ConfigType.LONG,
+            "-1",
+            _long(lo=-1),
             "Discard the oldest batches while the partition holds more than this many bytes; -1 = no limit.",
             "enforced: the retention task trims the partition's stream, in chunks of about 1 MiB",
             broker_key="log.retention.bytes",
         ),
         TopicConfigKey(
-            "max.message.bytes", ConfigType.INT, "1048588", _int(lo=0),
+            "max.message.bytes",
+            ConfigType.INT,
+            "1048588",
+            _int(lo=0),
             "The largest record batch the broker accepts for this topic.",
             "enforced by Produce (MESSAGE_TOO_LARGE)",
             broker_key="message.max.bytes",
         ),
         TopicConfigKey(
-            "message.timestamp.type", ConfigType.STRING, "CreateTime", _one_of("CreateTime", "LogAppendTime"),
+            "message.timestamp.type",
+            ConfigType.STRING,
+            "CreateTime",
+            _one_of("CreateTime", "LogAppendTime"),
             "CreateTime keeps the producer's timestamps; LogAppendTime stamps batches with the broker's clock.",
             "enforced by Produce (LogAppendTime rewrites each batch's timestamps)",
             broker_key="log.message.timestamp.type",
         ),
         TopicConfigKey(
-            "message.timestamp.before.max.ms", ConfigType.LONG, str(LONG_MAX), _long(lo=0),
+            "message.timestamp.before.max.ms",
+            ConfigType.LONG,
+            str(LONG_MAX),
+            _long(lo=0),
             "With CreateTime, reject batches whose timestamp is this much older than the broker's clock.",
             "accepted, not enforced: Produce does not reject batches for their timestamps",
             broker_key="log.message.timestamp.before.max.ms",
         ),
         TopicConfigKey(
-            "message.timestamp.after.max.ms", ConfigType.LONG, "3600000", _long(lo=0),
+            "message.timestamp.after.max.ms",
+            ConfigType.LONG,
+            "3600000",
+            _long(lo=0),
             "With CreateTime, reject batches whose timestamp is this much ahead of the broker's clock.",
             "accepted, not enforced: Produce does not reject batches for their timestamps",
             broker_key="log.message.timestamp.after.max.ms",
         ),
         TopicConfigKey(
-            "compression.type", ConfigType.STRING, "producer",
+            "compression.type",
+            ConfigType.STRING,
+            "producer",
             _one_of("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
             "The final compression of the topic's data; 'producer' keeps what the producer sent.",
             "accepted; batches are always stored as the producer sent them (no broker-side recompression)",
             broker_key="compression.type",
         ),
-        TopicConfigKey("compression.gzip.level", ConfigType.INT, "-1", _int(lo=-1, hi=9),
-                       "gzip level for broker-side recompression.", "accepted, no effect: no broker-side recompression",
-                       broker_key="compression.gzip.level"),
-        TopicConfigKey("compression.lz4.level", ConfigType.INT, "9", _int(lo=1, hi=17),
-                       "lz4 level for broker-side recompression.", "accepted, no effect: no broker-side recompression",
-                       broker_key="compression.lz4.level"),
-        TopicConfigKey("compression.zstd.level", ConfigType.INT, "3", _int(lo=-131072, hi=22),
-                       "zstd level for broker-side recompression.", "accepted, no effect: no broker-side recompression",
-                       broker_key="compression.zstd.level"),
         TopicConfigKey(
-            "min.insync.replicas", ConfigType.INT, "1", _int(lo=1),
+            "compression.gzip.level",
+            ConfigType.INT,
+            "-1",
+            _int(lo=-1, hi=9),
+            "gzip level for broker-side recompression.",
+            "accepted, no effect: no broker-side recompression",
+            broker_key="compression.gzip.level",
+        ),
+        TopicConfigKey(
+            "compression.lz4.level",
+            ConfigType.INT,
+            "9",
+            _int(lo=1, hi=17),
+            "lz4 level for broker-side recompression.",
+            "accepted, no effect: no broker-side recompression",
+            broker_key="compression.lz4.level",
+        ),
+        TopicConfigKey(
+            "compression.zstd.level",
+            ConfigType.INT,
+            "3",
+            _int(lo=-131072, hi=22),
+            "zstd level for broker-side recompression.",
+            "accepted, no effect: no broker-side recompression",
+            broker_key="compression.zstd.level",
+        ),
+        TopicConfigKey(
+            "min.insync.replicas",
+            ConfigType.INT,
+            "1",
+            _int(lo=1),
             "Replicas that must acknowledge an acks=all write.",
             "accepted: a partition has one replica and acks=all waits for the WAL to be durable",
             broker_key="min.insync.replicas",
         ),
-        TopicConfigKey("segment.bytes", ConfigType.INT, str(1 << 30), _int(lo=1 << 20),
-                       "Size of a log segment file.", _NO_SEGMENTS, broker_key="log.segment.bytes"),
-        TopicConfigKey("segment.ms", ConfigType.LONG, str(7 * 24 * 3_600_000), _long(lo=1),
-                       "Roll a new segment after this long.", _NO_SEGMENTS, broker_key="log.roll.ms"),
-        TopicConfigKey("segment.jitter.ms", ConfigType.LONG, "0", _long(lo=0),
-                       "Random jitter subtracted from segment.ms.", _NO_SEGMENTS, broker_key="log.roll.jitter.ms"),
-        TopicConfigKey("segment.index.bytes", ConfigType.INT, str(10 << 20), _int(lo=4),
-                       "Size of a segment's offset index.", _NO_SEGMENTS, broker_key="log.index.size.max.bytes"),
-        TopicConfigKey("index.interval.bytes", ConfigType.INT, "4096", _int(lo=0),
-                       "Bytes between offset index entries.", _NO_SEGMENTS, broker_key="log.index.interval.bytes"),
-        TopicConfigKey("preallocate", ConfigType.BOOLEAN, "false", _boolean,
-                       "Preallocate segment files.", _NO_SEGMENTS, broker_key="log.preallocate"),
-        TopicConfigKey("file.delete.delay.ms", ConfigType.LONG, "60000", _long(lo=0),
-                       "Wait before deleting a segment file.", _NO_SEGMENTS, broker_key="log.segment.delete.delay.ms"),
-        TopicConfigKey("flush.messages", ConfigType.LONG, str(LONG_MAX), _long(lo=1),
-                       "fsync after this many messages.",
-                       "accepted, no effect: every acknowledged write is already durable in the WAL",
-                       broker_key="log.flush.interval.messages"),
-        TopicConfigKey("flush.ms", ConfigType.LONG, str(LONG_MAX), _long(lo=0),
-                       "fsync at least this often.",
-                       "accepted, no effect: every acknowledged write is already durable in the WAL",
-                       broker_key="log.flush.interval.ms"),
-        TopicConfigKey("delete.retention.ms", ConfigType.LONG, "86400000", _long(lo=0),
-                       "How long tombstones of a compacted topic are kept.", _NO_COMPACTION,
-                       broker_key="log.cleaner.delete.retention.ms"),
-        TopicConfigKey("min.compaction.lag.ms", ConfigType.LONG, "0", _long(lo=0),
-                       "Minimum age before a record may be compacted.", _NO_COMPACTION,
-                       broker_key="log.cleaner.min.compaction.lag.ms"),
-        TopicConfigKey("max.compaction.lag.ms", ConfigType.LONG, str(LONG_MAX), _long(lo=1),
-                       "Maximum age before a record must be compacted.", _NO_COMPACTION,
-                       broker_key="log.cleaner.max.compaction.lag.ms"),
-        TopicConfigKey("min.cleanable.dirty.ratio", ConfigType.DOUBLE, "0.5", _double(0.0, 1.0),
-                       "Dirty ratio that triggers compaction.", _NO_COMPACTION,
-                       broker_key="log.cleaner.min.cleanable.ratio"),
-        TopicConfigKey("unclean.leader.election.enable", ConfigType.BOOLEAN, "false", _boolean,
-                       "Allow out-of-sync replicas to become leader.",
-                       "accepted, no effect: one replica, and a new leader reads the same stream",
-                       broker_key="unclean.leader.election.enable"),
-        TopicConfigKey("leader.replication.throttled.replicas", ConfigType.LIST, "", _replica_list,
-                       "Replicas throttled on the leader side during reassignment.",
-                       "accepted, no effect: a reassignment copies no data"),
-        TopicConfigKey("follower.replication.throttled.replicas", ConfigType.LIST, "", _replica_list,
-                       "Replicas throttled on the follower side during reassignment.",
-                       "accepted, no effect: a reassignment copies no data"),
-        TopicConfigKey("remote.storage.enable", ConfigType.BOOLEAN, "false", _boolean,
-                       "Tiered storage for this topic.",
-                       "accepted, no effect: all data already lives in the object store"),
-        TopicConfigKey("local.retention.ms", ConfigType.LONG, "-2", _long(lo=-2),
-                       "Local-tier retention with tiered storage.",
-                       "accepted, no effect: there is no local tier", broker_key="log.local.retention.ms"),
-        TopicConfigKey("local.retention.bytes", ConfigType.LONG, "-2", _long(lo=-2),
-                       "Local-tier retention with tiered storage.",
-                       "accepted, no effect: there is no local tier", broker_key="log.local.retention.bytes"),
+        TopicConfigKey(
+            "segment.bytes",
+            ConfigType.INT,
+            str(1 << 30),
+            _int(lo=1 << 20),
+            "Size of a log segment file.",
+            _NO_SEGMENTS,
+            broker_key="log.segment.bytes",
+        ),
+        TopicConfigKey(
+            "segment.ms",
+            ConfigType.LONG,
+            str(7 * 24 * 3_600_000),
+            _long(lo=1),
+            "Roll a new segment after this long.",
+            _NO_SEGMENTS,
+            broker_key="log.roll.ms",
+        ),
+        TopicConfigKey(
+            "segment.jitter.ms",
+            ConfigType.LONG,
+            "0",
+            _long(lo=0),
+            "Random jitter subtracted from segment.ms.",
+            _NO_SEGMENTS,
+            broker_key="log.roll.jitter.ms",
+        ),
+        TopicConfigKey(
+            "segment.index.bytes",
+            ConfigType.INT,
+            str(10 << 20),
+            _int(lo=4),
+            "Size of a segment's offset index.",
+            _NO_SEGMENTS,
+            broker_key="log.index.size.max.bytes",
+        ),
+        TopicConfigKey(
+            "index.interval.bytes",
+            ConfigType.INT,
+            "4096",
+            _int(lo=0),
+            "Bytes between offset index entries.",
+            _NO_SEGMENTS,
+            broker_key="log.index.interval.bytes",
+        ),
+        TopicConfigKey(
+            "preallocate",
+            ConfigType.BOOLEAN,
+            "false",
+            _boolean,
+            "Preallocate segment files.",
+            _NO_SEGMENTS,
+            broker_key="log.preallocate",
+        ),
+        TopicConfigKey(
+            "file.delete.delay.ms",
+            ConfigType.LONG,
+            "60000",
+            _long(lo=0),
+            "Wait before deleting a segment file.",
+            _NO_SEGMENTS,
+            broker_key="log.segment.delete.delay.ms",
+        ),
+        TopicConfigKey(
+            "flush.messages",
+            ConfigType.LONG,
+            str(LONG_MAX),
+            _long(lo=1),
+            "fsync after this many messages.",
+            "accepted, no effect: every acknowledged write is already durable in the WAL",
+            broker_key="log.flush.interval.messages",
+        ),
+        TopicConfigKey(
+            "flush.ms",
+            ConfigType.LONG,
+            str(LONG_MAX),
+            _long(lo=0),
+            "fsync at least this often.",
+            "accepted, no effect: every acknowledged write is already durable in the WAL",
+            broker_key="log.flush.interval.ms",
+        ),
+        TopicConfigKey(
+            "delete.retention.ms",
+            ConfigType.LONG,
+            "86400000",
+            _long(lo=0),
+            "How long tombstones of a compacted topic are kept.",
+            _NO_COMPACTION,
+            broker_key="log.cleaner.delete.retention.ms",
+        ),
+        TopicConfigKey(
+            "min.compaction.lag.ms",
+            ConfigType.LONG,
+            "0",
+            _long(lo=0),
+            "Minimum age before a record may be compacted.",
+            _NO_COMPACTION,
+            broker_key="log.cleaner.min.compaction.lag.ms",
+        ),
+        TopicConfigKey(
+            "max.compaction.lag.ms",
+            ConfigType.LONG,
+            str(LONG_MAX),
+            _long(lo=1),
+            "Maximum age before a record must be compacted.",
+            _NO_COMPACTION,
+            broker_key="log.cleaner.max.compaction.lag.ms",
+        ),
+        TopicConfigKey(
+            "min.cleanable.dirty.ratio",
+            ConfigType.DOUBLE,
+            "0.5",
+            _double(0.0, 1.0),
+            "Dirty ratio that triggers compaction.",
+            _NO_COMPACTION,
+            broker_key="log.cleaner.min.cleanable.ratio",
+        ),
+        TopicConfigKey(
+            "unclean.leader.election.enable",
+            ConfigType.BOOLEAN,
+            "false",
+            _boolean,
+            "Allow out-of-sync replicas to become leader.",
+            "accepted, no effect: one replica, and a new leader reads the same stream",
+            broker_key="unclean.leader.election.enable",
+        ),
+        TopicConfigKey(
+            "leader.replication.throttled.replicas",
+            ConfigType.LIST,
+            "",
+            _replica_list,
+            "Replicas throttled on the leader side during reassignment.",
+            "accepted, no effect: a reassignment copies no data",
+        ),
+        TopicConfigKey(
+            "follower.replication.throttled.replicas",
+            ConfigType.LIST,
+            "",
+            _replica_list,
+            "Replicas throttled on the follower side during reassignment.",
+            "accepted, no effect: a reassignment copies no data",
+        ),
+        TopicConfigKey(
+            "remote.storage.enable",
+            ConfigType.BOOLEAN,
+            "false",
+            _boolean,
+            "Tiered storage for this topic.",
+            "accepted, no effect: all data already lives in the object store",
+        ),
+        TopicConfigKey(
+            "local.retention.ms",
+            ConfigType.LONG,
+            "-2",
+            _long(lo=-2),
+            "Local-tier retention with tiered storage.",
+            "accepted, no effect: there is no local tier",
+            broker_key="log.local.retention.ms",
+        ),
+        TopicConfigKey(
+            "local.retention.bytes",
+            ConfigType.LONG,
+            "-2",
+            _long(lo=-2),
+            "Local-tier retention with tiered storage.",
+            "accepted, no effect: there is no local tier",
+            broker_key="log.local.retention.bytes",
+        ),
     )
 }
 
@@ -362,7 +521,9 @@ def check_consistency(configs: Mapping[str, str]) -> None:
         if local in configs and total in configs:
             lv, tv = int(configs[local]), int(configs[total])
             if lv >= 0 and tv >= 0 and lv > tv:
-                raise TopicConfigError(f"Invalid value {lv} for configuration {local}: Value must not be more than {total} ({tv})")
+                raise TopicConfigError(
+                    f"Invalid value {lv} for configuration {local}: Value must not be more than {total} ({tv})"
+                )
 
 
 def apply_incremental(current: Mapping[str, str], ops: Iterable[tuple[str, int, str | None]]) -> dict[str, str | None]:
@@ -387,7 +548,9 @@ def apply_incremental(current: Mapping[str, str], ops: Iterable[tuple[str, int, 
             result.pop(name, None)
         else:
             if key.type is not ConfigType.LIST:
-                raise TopicConfigError(f"Config value append/subtract is not allowed for config key: {name} (type {key.type.name})")
+                raise TopicConfigError(
+                    f"Config value append/subtract is not allowed for config key: {name} (type {key.type.name})"
+                )
             if value is None:
                 raise TopicConfigError(f"Null value not supported for topic configs: {name}")
             present = [i for i in result.get(name, key.default).split(",") if i]
@@ -423,7 +586,7 @@ def _render(value: Any) -> str:
     return str(value)
 
 
-def broker_default(key: TopicConfigKey, node: "NodeConfig") -> tuple[str, ConfigSource]:
+def broker_default(key: TopicConfigKey, node: NodeConfig) -> tuple[str, ConfigSource]:
     """A topic key's value when the topic does not set it, and where that value comes from."""
     field_name = key.node_field
     if field_name and field_name in type(node.kafka).model_fields:
@@ -433,7 +596,7 @@ def broker_default(key: TopicConfigKey, node: "NodeConfig") -> tuple[str, Config
     return key.default, ConfigSource.DEFAULT_CONFIG
 
 
-def builtin_default(key: TopicConfigKey, node: "NodeConfig") -> str:
+def builtin_default(key: TopicConfigKey, node: NodeConfig) -> str:
     """The default before any config file: the node config model's default, else Kafka's."""
     field_name = key.node_field
     fields = type(node.kafka).model_fields
@@ -462,7 +625,7 @@ class EffectiveTopicConfig:
         return "delete" in self.cleanup_policy
 
 
-def effective_config(topic_configs: Mapping[str, str], node: "NodeConfig") -> EffectiveTopicConfig:
+def effective_config(topic_configs: Mapping[str, str], node: NodeConfig) -> EffectiveTopicConfig:
     def value(name: str) -> str:
         if name in topic_configs:
             try:
@@ -511,7 +674,7 @@ class DescribedConfig:
 
 def describe_topic(
     topic_configs: Mapping[str, str],
-    node: "NodeConfig",
+    node: NodeConfig,
     keys: Iterable[str] | None = None,
     include_synonyms: bool = False,
     include_documentation: bool = False,
@@ -549,7 +712,7 @@ def describe_topic(
     return out
 
 
-def _broker_entries(node: "NodeConfig") -> list[tuple[str, str | None, ConfigSource, ConfigType, str]]:
+def _broker_entries(node: NodeConfig) -> list[tuple[str, str | None, ConfigSource, ConfigType, str]]:
     """(name, value, source, type, doc) of every broker-level key this broker reports."""
     kafka = node.kafka
     entries: list[tuple[str, str | None, ConfigSource, ConfigType, str]] = []
@@ -560,7 +723,9 @@ def _broker_entries(node: "NodeConfig") -> list[tuple[str, str | None, ConfigSou
         return ConfigSource.STATIC_BROKER_CONFIG if explicit else ConfigSource.DEFAULT_CONFIG
 
     entries.append(("node.id", str(node.node_id), ConfigSource.STATIC_BROKER_CONFIG, ConfigType.INT, "This node's id."))
-    entries.append(("broker.id", str(node.node_id), ConfigSource.STATIC_BROKER_CONFIG, ConfigType.INT, "Same as node.id."))
+    entries.append(
+        ("broker.id", str(node.node_id), ConfigSource.STATIC_BROKER_CONFIG, ConfigType.INT, "Same as node.id.")
+    )
     entries.append(("broker.rack", node.rack, src("rack" in explicit_top), ConfigType.STRING, "Rack of this broker."))
     if listener is not None:
         listeners = ",".join(f"{lst.name}://{lst.host}:{lst.port}" for lst in node.listeners)
@@ -568,8 +733,18 @@ def _broker_entries(node: "NodeConfig") -> list[tuple[str, str | None, ConfigSou
             f"{lst.name}://{lst.advertised_host or (lst.host if lst.host != '0.0.0.0' else '127.0.0.1')}:{lst.advertised_port or lst.port}"
             for lst in node.listeners
         )
-        entries.append(("listeners", listeners, src("listeners" in explicit_top), ConfigType.LIST, "Listeners the broker binds."))
-        entries.append(("advertised.listeners", advertised, src("listeners" in explicit_top), ConfigType.LIST, "Listeners clients are told."))
+        entries.append(
+            ("listeners", listeners, src("listeners" in explicit_top), ConfigType.LIST, "Listeners the broker binds.")
+        )
+        entries.append(
+            (
+                "advertised.listeners",
+                advertised,
+                src("listeners" in explicit_top),
+                ConfigType.LIST,
+                "Listeners clients are told.",
+            )
+        )
     for field_name, info in type(kafka).model_fields.items():
         value = getattr(kafka, field_name)
         if isinstance(value, bool):
@@ -578,19 +753,34 @@ def _broker_entries(node: "NodeConfig") -> list[tuple[str, str | None, ConfigSou
             ctype = ConfigType.LONG if field_name.endswith(("_ms", "_bytes")) else ConfigType.INT
         else:
             ctype = ConfigType.STRING
-        entries.append((field_name.replace("_", "."), _render(value), src(field_name in kafka.model_fields_set), ctype,
-                        info.description or f"kafka.{field_name} in the node config file."))
+        entries.append(
+            (
+                field_name.replace("_", "."),
+                _render(value),
+                src(field_name in kafka.model_fields_set),
+                ctype,
+                info.description or f"kafka.{field_name} in the node config file.",
+            )
+        )
     # Broker synonyms of topic keys that the node config has no field for: Kafka's defaults.
     known = {e[0] for e in entries}
     for key in TOPIC_CONFIGS.values():
         if key.broker_key and key.broker_key not in known:
-            entries.append((key.broker_key, key.default, ConfigSource.DEFAULT_CONFIG, key.type, f"Default of topic config {key.name}."))
+            entries.append(
+                (
+                    key.broker_key,
+                    key.default,
+                    ConfigSource.DEFAULT_CONFIG,
+                    key.type,
+                    f"Default of topic config {key.name}.",
+                )
+            )
             known.add(key.broker_key)
     return entries
 
 
 def describe_broker(
-    node: "NodeConfig",
+    node: NodeConfig,
     keys: Iterable[str] | None = None,
     include_synonyms: bool = False,
     include_documentation: bool = False,

@@ -1,7 +1,7 @@
 """Object storage: one interface (`ObjectStore`), backends chosen by URL.
 
-    s3://bucket?endpoint=http://127.0.0.1:8333&region=us-east-1&path_style=true
-    file:///var/lib/automq/objects          (embedded default)
+s3://bucket?endpoint=http://127.0.0.1:8333&region=us-east-1&path_style=true
+file:///var/lib/automq/objects          (embedded default)
 """
 
 from automq.broker.objectstore.base import (

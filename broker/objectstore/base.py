@@ -11,9 +11,8 @@ All methods are coroutines and must never block the event loop.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 
 class ObjectStoreError(Exception):
@@ -186,10 +185,10 @@ class ObjectStore(abc.ABC):
             return False
         return True
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
+    async def close(self) -> None:
         """Release connections. Safe to call twice."""
 
-    async def __aenter__(self) -> "ObjectStore":
+    async def __aenter__(self) -> ObjectStore:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -30,11 +30,10 @@ import fcntl
 import hashlib
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from automq.broker.objectstore.base import (
@@ -91,7 +90,7 @@ class _TempObject:
     """A new object's content being written next to its final place: a `.%tmp-*` file that
     `seal()` tags with its ETag and fsyncs; the store then renames or links it into place."""
 
-    def __init__(self, store: "LocalObjectStore", directory: Path) -> None:
+    def __init__(self, store: LocalObjectStore, directory: Path) -> None:
         self.store = store
         self.path = directory / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
         self.fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -104,7 +103,7 @@ class _TempObject:
         self._digest.update(view)
         self.size += len(view)
         while view:
-            view = view[os.write(self.fd, view):]
+            view = view[os.write(self.fd, view) :]
 
     def seal(self) -> str:
         """Store the ETag (xattr), fsync, close; returns the ETag."""
@@ -143,13 +142,15 @@ class LocalObjectStore(ObjectStore):
         self._xattrs = True  # cleared the first time the filesystem refuses user xattrs
 
     @classmethod
-    def from_url(cls, url: str) -> "LocalObjectStore":
+    def from_url(cls, url: str) -> LocalObjectStore:
         """`file:///abs/path[?fsync=false&max_concurrency=N]`; ValueError naming what is wrong."""
         parts = urlsplit(url)
         if parts.scheme != "file":
             raise ValueError(f"local object store URL {url!r}: scheme must be file://")
         if parts.netloc not in ("", "localhost"):
-            raise ValueError(f"local object store URL {url!r}: host must be empty (file:///abs/path), got {parts.netloc!r}")
+            raise ValueError(
+                f"local object store URL {url!r}: host must be empty (file:///abs/path), got {parts.netloc!r}"
+            )
         if not parts.path.startswith("/") or parts.path == "/":
             raise ValueError(f"local object store URL {url!r}: needs an absolute directory path other than /")
         if "\x00" in unquote(parts.path):
@@ -168,14 +169,16 @@ class LocalObjectStore(ObjectStore):
                 if kwargs["max_concurrency"] < 1:  # type: ignore[operator]
                     raise ValueError(f"local object store URL {url!r}: max_concurrency must be >= 1")
             else:
-                raise ValueError(f"local object store URL {url!r}: unknown query parameter {name!r} (known: fsync, max_concurrency)")
+                raise ValueError(
+                    f"local object store URL {url!r}: unknown query parameter {name!r} (known: fsync, max_concurrency)"
+                )
         store = cls(unquote(parts.path), **kwargs)  # type: ignore[arg-type]
         store.url = url
         return store
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    async def _run(self, op: str, func, *args):  # noqa: ANN001, ANN202
+    async def _run(self, op: str, func, *args):
         loop = asyncio.get_running_loop()
         if self._semaphore is None or self._semaphore_loop is not loop:
             # asyncio primitives belong to one loop; a store may be reused from a new one.
@@ -199,7 +202,9 @@ class LocalObjectStore(ObjectStore):
         except FileExistsError:
             raise BucketNotFound(f"local object store root {self.root} exists but is not a directory") from None
         except NotADirectoryError:
-            raise BucketNotFound(f"local object store root {self.root}: a parent path is a file, not a directory") from None
+            raise BucketNotFound(
+                f"local object store root {self.root}: a parent path is a file, not a directory"
+            ) from None
         if not self.root.is_dir():
             raise BucketNotFound(f"local object store root {self.root} exists but is not a directory")
         self._root_checked = True
@@ -276,12 +281,21 @@ class LocalObjectStore(ObjectStore):
 
     # -- writing ----------------------------------------------------------------------------
 
-    def _new_temp(self, directory: Path) -> "_TempObject":
+    def _new_temp(self, directory: Path) -> _TempObject:
         self._ensure_dir(directory)
         return _TempObject(self, directory)
 
-    def _commit(self, key: str, directory: Path, name: str, temp: Path, etag: str, size: int,
-                if_none_match: bool, if_match: str | None) -> PutResult:
+    def _commit(
+        self,
+        key: str,
+        directory: Path,
+        name: str,
+        temp: Path,
+        etag: str,
+        size: int,
+        if_none_match: bool,
+        if_match: str | None,
+    ) -> PutResult:
         target = directory / name
         try:
             with self._dir_lock(directory):
@@ -317,8 +331,9 @@ class LocalObjectStore(ObjectStore):
         self._fsync_dir(directory)
         return PutResult(key=key, etag=etag, size=size)
 
-    def _put_sync(self, key: str, data: bytes | bytearray | memoryview, if_none_match: bool,
-                  if_match: str | None) -> PutResult:
+    def _put_sync(
+        self, key: str, data: bytes | bytearray | memoryview, if_none_match: bool, if_match: str | None
+    ) -> PutResult:
         self._check_root()
         directory, name = self._path(key)
         temp = self._new_temp(directory)
@@ -330,8 +345,14 @@ class LocalObjectStore(ObjectStore):
             raise
         return self._commit(key, directory, name, temp.path, etag, temp.size, if_none_match, if_match)
 
-    async def put(self, key: str, data: bytes | bytearray | memoryview, *, if_none_match: bool = False,
-                  if_match: str | None = None) -> PutResult:
+    async def put(
+        self,
+        key: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> PutResult:
         validate_key(key)
         if if_none_match and if_match is not None:
             raise ValueError("put: if_none_match and if_match are mutually exclusive")
@@ -340,7 +361,9 @@ class LocalObjectStore(ObjectStore):
         self.stats.bytes_put += result.size
         return result
 
-    async def put_multipart(self, key: str, parts: AsyncIterator[bytes | memoryview] | list[bytes | memoryview]) -> PutResult:
+    async def put_multipart(
+        self, key: str, parts: AsyncIterator[bytes | memoryview] | list[bytes | memoryview]
+    ) -> PutResult:
         """Parts are appended to one temp file as they arrive, then committed like `put`."""
         validate_key(key)
         await self._run("put_multipart", self._check_root)

@@ -55,13 +55,34 @@ T = TypeVar("T")
 MIN_PART_SIZE = 5 << 20
 MAX_DELETE_BATCH = 1000
 _NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
-_DENIED_CODES = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
-                 "ExpiredToken", "AllAccessDisabled", "AccountProblem", "Forbidden"}
+_DENIED_CODES = {
+    "AccessDenied",
+    "403",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidToken",
+    "ExpiredToken",
+    "AllAccessDisabled",
+    "AccountProblem",
+    "Forbidden",
+}
 # Transient by nature, or (BadDigest, IncompleteBody, XAmzContentSHA256Mismatch) the body was
 # damaged in transit, which a resend fixes.
-_RETRY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-                "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequests", "BandwidthLimitExceeded",
-                "OperationAborted", "BadDigest", "IncompleteBody", "XAmzContentSHA256Mismatch"}
+_RETRY_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+    "BandwidthLimitExceeded",
+    "OperationAborted",
+    "BadDigest",
+    "IncompleteBody",
+    "XAmzContentSHA256Mismatch",
+}
 _PRECONDITION_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412"}
 
 
@@ -81,9 +102,16 @@ class S3Settings:
     upload_concurrency: int = 4
 
 
-_INT_PARAMS = {"max_attempts": 1, "timeout_ms": 1, "backoff_ms": 0, "max_backoff_ms": 0,
-               "multipart_threshold": MIN_PART_SIZE, "part_size": MIN_PART_SIZE, "max_connections": 1,
-               "upload_concurrency": 1}
+_INT_PARAMS = {
+    "max_attempts": 1,
+    "timeout_ms": 1,
+    "backoff_ms": 0,
+    "max_backoff_ms": 0,
+    "multipart_threshold": MIN_PART_SIZE,
+    "part_size": MIN_PART_SIZE,
+    "max_connections": 1,
+    "upload_concurrency": 1,
+}
 
 
 def parse_s3_url(url: str) -> S3Settings:
@@ -96,12 +124,20 @@ def parse_s3_url(url: str) -> S3Settings:
     bucket = parts.netloc
     if not bucket:
         raise ValueError(f"S3 object store URL {url!r}: missing bucket (s3://<bucket>?endpoint=...)")
-    if not (3 <= len(bucket) <= 63) or not all(c.islower() or c.isdigit() or c in ".-" for c in bucket) \
-            or not bucket[0].isalnum() or not bucket[-1].isalnum():
-        raise ValueError(f"S3 object store URL {url!r}: {bucket!r} is not a valid bucket name "
-                         "(3-63 lowercase letters, digits, '.', '-')")
+    if (
+        not (3 <= len(bucket) <= 63)
+        or not all(c.islower() or c.isdigit() or c in ".-" for c in bucket)
+        or not bucket[0].isalnum()
+        or not bucket[-1].isalnum()
+    ):
+        raise ValueError(
+            f"S3 object store URL {url!r}: {bucket!r} is not a valid bucket name "
+            "(3-63 lowercase letters, digits, '.', '-')"
+        )
     if parts.path not in ("", "/"):
-        raise ValueError(f"S3 object store URL {url!r}: a key prefix in the path is not supported; use a bucket per cluster")
+        raise ValueError(
+            f"S3 object store URL {url!r}: a key prefix in the path is not supported; use a bucket per cluster"
+        )
     values: dict[str, Any] = {"bucket": bucket}
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if name in values:
@@ -160,7 +196,7 @@ class S3ObjectStore(ObjectStore):
         self._exit_stack: contextlib.AsyncExitStack | None = None
 
     @classmethod
-    def from_url(cls, url: str) -> "S3ObjectStore":
+    def from_url(cls, url: str) -> S3ObjectStore:
         return cls(parse_s3_url(url), url)
 
     # -- client and error handling ------------------------------------------------------------
@@ -244,16 +280,32 @@ class S3ObjectStore(ObjectStore):
                 return _Retryable(ObjectStoreUnavailable(message, key=key))
             return ObjectStoreError(message, key=key)
         if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
-            return AccessDenied(f"{where}: no usable AWS credentials ({exc}); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY", key=key)
+            return AccessDenied(
+                f"{where}: no usable AWS credentials ({exc}); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY", key=key
+            )
         if isinstance(exc, (bce.EndpointConnectionError, bce.ConnectTimeoutError)):
             return _Retryable(ObjectStoreUnavailable(f"{where}: {exc}", key=key))
-        if isinstance(exc, (bce.ConnectionError, bce.HTTPClientError, bce.IncompleteReadError,
-                            aiohttp.ClientError, TimeoutError, OSError)):
+        if isinstance(
+            exc,
+            (
+                bce.ConnectionError,
+                bce.HTTPClientError,
+                bce.IncompleteReadError,
+                aiohttp.ClientError,
+                TimeoutError,
+                OSError,
+            ),
+        ):
             return _Retryable(ObjectStoreUnavailable(f"{where}: {type(exc).__name__}: {exc}", key=key))
         return exc
 
-    async def _call(self, op: str, key: str | None, attempt: Callable[[Any], Awaitable[T]],
-                    on_precondition: Callable[[], Awaitable[T | None]] | None = None) -> T:
+    async def _call(
+        self,
+        op: str,
+        key: str | None,
+        attempt: Callable[[Any], Awaitable[T]],
+        on_precondition: Callable[[], Awaitable[T | None]] | None = None,
+    ) -> T:
         """Run `attempt(client)` with retries; map errors. `on_precondition` may turn a 412
         into success (see the module docstring)."""
         s = self.settings
@@ -268,7 +320,7 @@ class S3ObjectStore(ObjectStore):
                 return await attempt(client)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - translated below
+            except Exception as exc:
                 mapped = exc if isinstance(exc, ObjectStoreError) else self._translate(exc, op, key)
                 if isinstance(mapped, _Retryable):
                     last = mapped
@@ -288,8 +340,14 @@ class S3ObjectStore(ObjectStore):
 
     # -- writing ------------------------------------------------------------------------------
 
-    async def put(self, key: str, data: bytes | bytearray | memoryview, *, if_none_match: bool = False,
-                  if_match: str | None = None) -> PutResult:
+    async def put(
+        self,
+        key: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> PutResult:
         validate_key(key)
         if if_none_match and if_match is not None:
             raise ValueError("put: if_none_match and if_match are mutually exclusive")
@@ -297,11 +355,17 @@ class S3ObjectStore(ObjectStore):
         if not (if_none_match or if_match is not None) and size > self.settings.multipart_threshold:
             view = memoryview(data).cast("B")
             step = self.settings.part_size
-            return await self.put_multipart(key, [view[i:i + step] for i in range(0, size, step)])
+            return await self.put_multipart(key, [view[i : i + step] for i in range(0, size, step)])
         return await self._put_single(key, data, if_none_match=if_none_match, if_match=if_match)
 
-    async def _put_single(self, key: str, data: bytes | bytearray | memoryview, *, if_none_match: bool = False,
-                          if_match: str | None = None) -> PutResult:
+    async def _put_single(
+        self,
+        key: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> PutResult:
         size = memoryview(data).nbytes
         conditional = if_none_match or if_match is not None
         body = bytes(data) if isinstance(data, memoryview) else data
@@ -334,7 +398,9 @@ class S3ObjectStore(ObjectStore):
         self.stats.bytes_put += size
         return result
 
-    async def put_multipart(self, key: str, parts: AsyncIterator[bytes | memoryview] | list[bytes | memoryview]) -> PutResult:
+    async def put_multipart(
+        self, key: str, parts: AsyncIterator[bytes | memoryview] | list[bytes | memoryview]
+    ) -> PutResult:
         """Parts are re-buffered into uploads of exactly `part_size` bytes (the last may be
         shorter), so callers may pass chunks of any size; up to `upload_concurrency` parts are
         in flight at once. A total below `part_size` becomes a single PUT. On any failure
@@ -348,15 +414,19 @@ class S3ObjectStore(ObjectStore):
         total = 0
 
         async def upload_part(number: int, chunk: bytes) -> None:
-            response = await self._call("upload_part", key, lambda c: c.upload_part(
-                Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=chunk))
+            response = await self._call(
+                "upload_part",
+                key,
+                lambda c: c.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=chunk),
+            )
             completed.append({"PartNumber": number, "ETag": response["ETag"]})
 
         async def start_part(chunk: bytes) -> None:
             nonlocal upload_id
             if upload_id is None:
-                created = await self._call("create_multipart_upload", key,
-                                           lambda c: c.create_multipart_upload(Bucket=bucket, Key=key))
+                created = await self._call(
+                    "create_multipart_upload", key, lambda c: c.create_multipart_upload(Bucket=bucket, Key=key)
+                )
                 upload_id = created["UploadId"]
             number = len(completed) + len(in_flight) + 1
             in_flight.add(asyncio.create_task(upload_part(number, chunk)))
@@ -382,8 +452,13 @@ class S3ObjectStore(ObjectStore):
                 task = in_flight.pop()
                 await task
             completed.sort(key=lambda item: item["PartNumber"])
-            response = await self._call("complete_multipart_upload", key, lambda c: c.complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": completed}))
+            response = await self._call(
+                "complete_multipart_upload",
+                key,
+                lambda c: c.complete_multipart_upload(
+                    Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": completed}
+                ),
+            )
         except BaseException:
             for task in in_flight:
                 task.cancel()
@@ -398,8 +473,11 @@ class S3ObjectStore(ObjectStore):
     async def _abort(self, key: str, upload_id: str) -> None:
         """Best effort: an upload left behind only costs storage until a bucket lifecycle rule."""
         with contextlib.suppress(Exception):
-            await self._call("abort_multipart_upload", key, lambda c: c.abort_multipart_upload(
-                Bucket=self.settings.bucket, Key=key, UploadId=upload_id))
+            await self._call(
+                "abort_multipart_upload",
+                key,
+                lambda c: c.abort_multipart_upload(Bucket=self.settings.bucket, Key=key, UploadId=upload_id),
+            )
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -441,8 +519,12 @@ class S3ObjectStore(ObjectStore):
 
         async def attempt(client: Any) -> ObjectInfo:
             r = await client.head_object(Bucket=self.settings.bucket, Key=key)
-            return ObjectInfo(key=key, size=r["ContentLength"], etag=_strip_etag(r["ETag"]),
-                              last_modified=r["LastModified"].timestamp())
+            return ObjectInfo(
+                key=key,
+                size=r["ContentLength"],
+                etag=_strip_etag(r["ETag"]),
+                last_modified=r["LastModified"].timestamp(),
+            )
 
         return await self._call("head", key, attempt)
 
@@ -460,8 +542,14 @@ class S3ObjectStore(ObjectStore):
                 params["ContinuationToken"] = token
             page = await self._call("list", prefix or None, lambda c, p=params: c.list_objects_v2(**p))
             for item in page.get("Contents", []):
-                items.append(ObjectInfo(key=item["Key"], size=item["Size"], etag=_strip_etag(item.get("ETag", "")),
-                                        last_modified=item["LastModified"].timestamp()))
+                items.append(
+                    ObjectInfo(
+                        key=item["Key"],
+                        size=item["Size"],
+                        etag=_strip_etag(item.get("ETag", "")),
+                        last_modified=item["LastModified"].timestamp(),
+                    )
+                )
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 break
@@ -479,10 +567,11 @@ class S3ObjectStore(ObjectStore):
             validate_key(key)
         failures: list[tuple[str, str, str]] = []
         for index in range(0, len(keys), MAX_DELETE_BATCH):
-            batch = keys[index:index + MAX_DELETE_BATCH]
+            batch = keys[index : index + MAX_DELETE_BATCH]
             request = {"Objects": [{"Key": k} for k in batch], "Quiet": True}
-            response = await self._call("delete_many", batch[0], lambda c, r=request: c.delete_objects(
-                Bucket=self.settings.bucket, Delete=r))
+            response = await self._call(
+                "delete_many", batch[0], lambda c, r=request: c.delete_objects(Bucket=self.settings.bucket, Delete=r)
+            )
             for error in response.get("Errors", []):
                 if error.get("Code") != "NoSuchKey":
                     failures.append((error.get("Key", "?"), error.get("Code", "?"), error.get("Message", "")))

@@ -96,7 +96,7 @@ class SeaweedFS:
     # -- lifecycle -----------------------------------------------------------------------
 
     @classmethod
-    def launch(cls, data_dir: str | Path | None = None, **kwargs: object) -> "SeaweedFS":
+    def launch(cls, data_dir: str | Path | None = None, **kwargs: object) -> SeaweedFS:
         """Start a server in `data_dir` (a fresh temp dir when None) and wait until it serves S3."""
         if data_dir is None:
             data_dir = tempfile.mkdtemp(prefix="automq-seaweedfs-")
@@ -145,32 +145,52 @@ class SeaweedFS:
         store_dir = self.data_dir / "store"
         store_dir.mkdir(exist_ok=True)
         identities = self.data_dir / "s3-identities.json"
-        identities.write_text(json.dumps({"identities": [{
-            "name": "automq",
-            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-        }]}))
+        identities.write_text(
+            json.dumps(
+                {
+                    "identities": [
+                        {
+                            "name": "automq",
+                            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                        }
+                    ]
+                }
+            )
+        )
         args = [
-            find_weed_binary(), "mini",
-            f"-dir={store_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            find_weed_binary(),
+            "mini",
+            f"-dir={store_dir}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-master.telemetry=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
             "-s3.autoCreateBucket=false",
             f"-s3.config={identities}",
             # Small volumes, many allowed: every test bucket is a collection with its own volumes.
-            "-master.volumeSizeLimitMB=64", "-volume.max=2000",
+            "-master.volumeSizeLimitMB=64",
+            "-volume.max=2000",
         ]
         for name, port in self.ports.items():
             args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + _GRPC_OFFSET}"]
-        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self._log_file = open(self.log_path, "ab")
         self._log_offset = self._log_file.tell()  # type: ignore[attr-defined]
         # weed also turns AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY from its environment into
         # an identity; inherited ones (another server's, exported by a fixture) would clash.
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         self.export_environment(env)
         self._process = subprocess.Popen(
-            args, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=self.data_dir, start_new_session=True, env=env,
+            args,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.data_dir,
+            start_new_session=True,
+            env=env,
         )
         try:
             self._wait_until_serving()
@@ -212,7 +232,7 @@ class SeaweedFS:
         self.stop()
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def __enter__(self) -> "SeaweedFS":
+    def __enter__(self) -> SeaweedFS:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -236,12 +256,15 @@ class SeaweedFS:
 
         session = botocore.session.get_session()
         return session.create_client(
-            "s3", endpoint_url=self.endpoint, region_name=self.region,
-            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=self.region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": max_attempts}, **config),
         )
 
-    def _admin_client(self):  # noqa: ANN202
+    def _admin_client(self):
         """A cached client for bucket housekeeping (creating a botocore client costs ~0.1 s)."""
         credentials = (self.access_key, self.secret_key)
         if self._admin is None or self._admin[0] != credentials:
@@ -296,7 +319,7 @@ class SeaweedFS:
                 return
             except SeaweedFSStartError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - any failure means "not yet"
+            except Exception as exc:
                 last_error = exc
                 time.sleep(0.2)
         raise SeaweedFSStartError(

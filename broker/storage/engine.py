@@ -33,18 +33,30 @@ from automq.broker.storage.wal.base import WalError, WalRecord, WalRecordTooLarg
 log = logging.getLogger(__name__)
 
 
-def build_wal(config: NodeConfig, object_store: ObjectStore, node_id: int, node_epoch: int, metrics: StorageMetrics | None) -> WriteAheadLog:
+def build_wal(
+    config: NodeConfig, object_store: ObjectStore, node_id: int, node_epoch: int, metrics: StorageMetrics | None
+) -> WriteAheadLog:
     wal = config.wal
     if wal.kind == "volume":
         from automq.broker.storage.wal.volume import VolumeWal
 
         return VolumeWal(
-            config.data_path(wal.path), wal.capacity, node_id, node_epoch, group_commit_delay_ms=wal.group_commit_max_delay_ms, metrics=metrics
+            config.data_path(wal.path),
+            wal.capacity,
+            node_id,
+            node_epoch,
+            group_commit_delay_ms=wal.group_commit_max_delay_ms,
+            metrics=metrics,
         )
     from automq.broker.storage.wal.objectstore import ObjectStoreWal
 
     return ObjectStoreWal(
-        object_store, node_id, node_epoch, bulk_interval_ms=wal.s3_bulk_interval_ms, bulk_bytes=wal.s3_bulk_bytes, metrics=metrics
+        object_store,
+        node_id,
+        node_epoch,
+        bulk_interval_ms=wal.s3_bulk_interval_ms,
+        bulk_bytes=wal.s3_bulk_bytes,
+        metrics=metrics,
     )
 
 
@@ -56,7 +68,7 @@ def upload_settings(config: NodeConfig) -> UploadSettings:
 class EngineStream:
     """One open stream. Implements `automq.broker.storage.api.Stream`."""
 
-    def __init__(self, engine: "StorageEngine", meta: StreamMetadata) -> None:
+    def __init__(self, engine: StorageEngine, meta: StreamMetadata) -> None:
         self._engine = engine
         self.stream_id = meta.stream_id
         self.epoch = meta.epoch
@@ -240,10 +252,20 @@ class StorageEngine:
             self.metrics.wal_recovered_records.inc(report.records)
             if report.stop_reason == "torn":
                 self.metrics.wal_damaged_records.inc()
-                log.warning("WAL recovery stopped at a damaged tail record (never acknowledged): %s", "; ".join(report.details))
+                log.warning(
+                    "WAL recovery stopped at a damaged tail record (never acknowledged): %s", "; ".join(report.details)
+                )
             if records:
                 log.info("WAL recovery: %d records, %d bytes to upload", report.records, report.bytes)
-                await upload_recovered(records, self.object_store, self.streams, self.objects, upload_settings(self.config), self.node_id, self.node_epoch)
+                await upload_recovered(
+                    records,
+                    self.object_store,
+                    self.streams,
+                    self.objects,
+                    upload_settings(self.config),
+                    self.node_id,
+                    self.node_epoch,
+                )
             await self.wal.start(report.end_position)
         except BaseException:
             await self.wal.close()
@@ -367,7 +389,12 @@ class StorageEngine:
             # metadata now names its successor.
             batches, all_cached = await self.reader.read(stream_id, start, object_end, max_bytes)
         source = "block_cache" if all_cached else "object_store"
-        if batches and first_cached is not None and batches[-1].next_offset >= first_cached and batches[-1].next_offset < end:
+        if (
+            batches
+            and first_cached is not None
+            and batches[-1].next_offset >= first_cached
+            and batches[-1].next_offset < end
+        ):
             size = sum(len(b.payload) for b in batches)
             more = cache.get(stream_id, batches[-1].next_offset, end, max(0, max_bytes - size))
             if more and size + sum(len(b.payload) for b in more) <= max_bytes:

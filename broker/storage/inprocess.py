@@ -220,7 +220,14 @@ class InProcessMetadata:
         def change(s, now):
             sid = s["next_stream_id"]
             s["next_stream_id"] += 1
-            s["streams"][str(sid)] = {"epoch": 0, "start": 0, "end": 0, "owner": -1, "state": "closed", "tags": dict(tags or {})}
+            s["streams"][str(sid)] = {
+                "epoch": 0,
+                "start": 0,
+                "end": 0,
+                "owner": -1,
+                "state": "closed",
+                "tags": dict(tags or {}),
+            }
             return sid
 
         return await self._mutate(change)
@@ -232,7 +239,9 @@ class InProcessMetadata:
             if epoch < st["epoch"]:
                 raise StreamFencedError(f"stream {stream_id} epoch {epoch} is fenced by epoch {st['epoch']}")
             if epoch == st["epoch"] and st["state"] == "open" and st["owner"] != node_id:
-                raise StreamFencedError(f"stream {stream_id} is open by node {st['owner']} under epoch {epoch}; open with a higher epoch")
+                raise StreamFencedError(
+                    f"stream {stream_id} is open by node {st['owner']} under epoch {epoch}; open with a higher epoch"
+                )
             st.update(epoch=epoch, owner=node_id, state="open")
             return self._meta(stream_id, st)
 
@@ -251,7 +260,9 @@ class InProcessMetadata:
 
         await self._mutate(change)
 
-    async def trim_stream(self, stream_id: int, epoch: int, new_start_offset: int, node_id: int, node_epoch: int) -> None:
+    async def trim_stream(
+        self, stream_id: int, epoch: int, new_start_offset: int, node_id: int, node_epoch: int
+    ) -> None:
         def change(s, now):
             self._rule_node(s, node_id, node_epoch)
             st = self._rule_owner(s, stream_id, epoch, node_id)
@@ -292,7 +303,9 @@ class InProcessMetadata:
 
     @staticmethod
     def _meta(stream_id: int, st: dict[str, Any]) -> StreamMetadata:
-        return StreamMetadata(stream_id, st["epoch"], st["start"], st["end"], st["owner"], st["state"], dict(st["tags"]))
+        return StreamMetadata(
+            stream_id, st["epoch"], st["start"], st["end"], st["owner"], st["state"], dict(st["tags"])
+        )
 
     # ------------------------------------------------------------------ ObjectManager
 
@@ -322,7 +335,9 @@ class InProcessMetadata:
             else:
                 # Each stream's ranges (stream-set part and stream objects) must continue its
                 # committed end, in offset order, under its current epoch, by its owner.
-                pieces: list[tuple[int, int, int, int]] = [(r.stream_id, r.epoch, r.start_offset, r.end_offset) for r in request.stream_ranges]
+                pieces: list[tuple[int, int, int, int]] = [
+                    (r.stream_id, r.epoch, r.start_offset, r.end_offset) for r in request.stream_ranges
+                ]
                 epochs = {r.stream_id: r.epoch for r in request.stream_ranges}
                 for so in request.stream_objects:
                     if so.stream_id not in epochs:
@@ -334,7 +349,9 @@ class InProcessMetadata:
                         raise OffsetMismatchError(f"stream {sid}: empty or negative range [{start}, {end})")
                     st = self._rule_owner(s, sid, epoch, request.node_id)
                     if start != st["end"]:
-                        raise OffsetMismatchError(f"stream {sid}: range [{start}, {end}) does not continue committed end {st['end']}")
+                        raise OffsetMismatchError(
+                            f"stream {sid}: range [{start}, {end}) does not continue committed end {st['end']}"
+                        )
                     st["end"] = end
             if request.object_id >= 0:
                 del s["prepared"][str(request.object_id)]

@@ -22,7 +22,6 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-
 # --------------------------------------------------------------------------- errors
 
 
@@ -193,7 +192,9 @@ class StreamManager(Protocol):
     async def close_stream(self, stream_id: int, epoch: int, node_id: int, node_epoch: int) -> None:
         """Give up ownership. Idempotent for the current owner."""
 
-    async def trim_stream(self, stream_id: int, epoch: int, new_start_offset: int, node_id: int, node_epoch: int) -> None:
+    async def trim_stream(
+        self, stream_id: int, epoch: int, new_start_offset: int, node_id: int, node_epoch: int
+    ) -> None:
         """Move the start offset forward (never backward). Objects wholly below it become garbage."""
 
     async def delete_stream(self, stream_id: int, epoch: int, node_id: int, node_epoch: int) -> None:

@@ -13,9 +13,9 @@ class StorageMetrics:
     """One set per registry: a second engine on the same registry (a restart inside one
     process) shares the collectors instead of failing on duplicate names."""
 
-    _by_registry: "weakref.WeakKeyDictionary[CollectorRegistry, StorageMetrics]" = weakref.WeakKeyDictionary()
+    _by_registry: weakref.WeakKeyDictionary[CollectorRegistry, StorageMetrics] = weakref.WeakKeyDictionary()
 
-    def __new__(cls, registry: CollectorRegistry | None = None) -> "StorageMetrics":
+    def __new__(cls, registry: CollectorRegistry | None = None) -> StorageMetrics:
         if registry is not None and registry in cls._by_registry:
             return cls._by_registry[registry]
         self = super().__new__(cls)
@@ -32,21 +32,50 @@ class StorageMetrics:
         # collide; the broker passes the registry it serves on /metrics.
         r = registry if registry is not None else CollectorRegistry()
         self.registry = r
-        self.append_seconds = Histogram("automq_storage_append_seconds", "Stream append latency until durable in the WAL", buckets=_LATENCY_BUCKETS, registry=r)
+        self.append_seconds = Histogram(
+            "automq_storage_append_seconds",
+            "Stream append latency until durable in the WAL",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.append_bytes = Counter("automq_storage_append_bytes", "Bytes appended to streams", registry=r)
-        self.wal_sync_seconds = Histogram("automq_storage_wal_sync_seconds", "WAL group write+sync (or bulk PUT) latency", buckets=_LATENCY_BUCKETS, registry=r)
-        self.wal_bytes_written = Counter("automq_storage_wal_bytes_written", "Bytes written to the WAL (with framing)", registry=r)
-        self.wal_bytes_pending = Gauge("automq_storage_wal_bytes_pending", "WAL bytes not yet trimmed (not uploaded)", registry=r)
-        self.wal_recovered_records = Counter("automq_storage_wal_recovered_records", "Records replayed from the WAL at start", registry=r)
-        self.wal_damaged_records = Counter("automq_storage_wal_damaged_records", "Damaged (torn or corrupt) WAL records found at recovery and not served", registry=r)
+        self.wal_sync_seconds = Histogram(
+            "automq_storage_wal_sync_seconds",
+            "WAL group write+sync (or bulk PUT) latency",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.wal_bytes_written = Counter(
+            "automq_storage_wal_bytes_written", "Bytes written to the WAL (with framing)", registry=r
+        )
+        self.wal_bytes_pending = Gauge(
+            "automq_storage_wal_bytes_pending", "WAL bytes not yet trimmed (not uploaded)", registry=r
+        )
+        self.wal_recovered_records = Counter(
+            "automq_storage_wal_recovered_records", "Records replayed from the WAL at start", registry=r
+        )
+        self.wal_damaged_records = Counter(
+            "automq_storage_wal_damaged_records",
+            "Damaged (torn or corrupt) WAL records found at recovery and not served",
+            registry=r,
+        )
         self.wal_full = Counter("automq_storage_wal_full", "Times appends waited because the WAL was full", registry=r)
         self.cache_requests = Counter("automq_storage_cache_requests", "Cache lookups", ["cache", "result"], registry=r)
         self.cache_bytes = Gauge("automq_storage_cache_bytes", "Bytes held in a cache", ["cache"], registry=r)
-        self.upload_seconds = Histogram("automq_storage_upload_seconds", "Upload+commit latency of one cache block", buckets=_LATENCY_BUCKETS, registry=r)
+        self.upload_seconds = Histogram(
+            "automq_storage_upload_seconds",
+            "Upload+commit latency of one cache block",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.upload_bytes = Counter("automq_storage_upload_bytes", "Bytes uploaded in objects", registry=r)
         self.upload_failures = Counter("automq_storage_upload_failures", "Failed upload or commit attempts", registry=r)
         self.objects_committed = Counter("automq_storage_objects_committed", "Objects committed", ["type"], registry=r)
-        self.object_read_seconds = Histogram("automq_storage_object_read_seconds", "Ranged GET latency", buckets=_LATENCY_BUCKETS, registry=r)
-        self.object_read_bytes = Counter("automq_storage_object_read_bytes", "Bytes read from the object store", registry=r)
+        self.object_read_seconds = Histogram(
+            "automq_storage_object_read_seconds", "Ranged GET latency", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.object_read_bytes = Counter(
+            "automq_storage_object_read_bytes", "Bytes read from the object store", registry=r
+        )
         self.fetch_bytes = Counter("automq_storage_fetch_bytes", "Bytes returned by fetches", ["source"], registry=r)
         self.open_streams = Gauge("automq_storage_open_streams", "Streams open on this node", registry=r)

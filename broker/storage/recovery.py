@@ -85,5 +85,11 @@ async def recover_wal(
         await wal.start(wal.report.end_position)
     finally:
         await wal.close()
-    log.info("recovered WAL of node %d: %d records, %d bytes (%s)", node_id, wal.report.records, wal.report.bytes, wal.report.stop_reason)
+    log.info(
+        "recovered WAL of node %d: %d records, %d bytes (%s)",
+        node_id,
+        wal.report.records,
+        wal.report.bytes,
+        wal.report.stop_reason,
+    )
     return wal.report

@@ -12,7 +12,11 @@ from automq.broker.controller.process import ControllerService
 
 
 def controller_config(
-    object_store_url: str, node_id: int = 0, session_timeout_ms: int = 60_000, gc_retention_ms: int = 60_000, **controller: object
+    object_store_url: str,
+    node_id: int = 0,
+    session_timeout_ms: int = 60_000,
+    gc_retention_ms: int = 60_000,
+    **controller: object,
 ) -> NodeConfig:
     settings = {"lease_timeout_ms": 1_000, "renew_interval_ms": 200, "poll_interval_ms": 50, "gc_interval_ms": 60_000}
     settings.update(controller)

@@ -113,12 +113,19 @@ async def test_stream_open_commit_read_trim(client: ControllerClient) -> None:
     first = await client.prepare_objects(3, 60_000)
     await client.commit_stream_set_object(
         CommitStreamSetObjectRequest(
-            1, epoch, first, 100, (ObjectStreamRange(p.stream_id, p.leader_epoch, 0, 10, 100),),
+            1,
+            epoch,
+            first,
+            100,
+            (ObjectStreamRange(p.stream_id, p.leader_epoch, 0, 10, 100),),
             (StreamObject(first + 1, 500, p.stream_id, 10, 60),),
         )
     )
     objs = await client.get_objects(p.stream_id, 0, -1, 10)
-    assert [(o.object_id, o.object_type) for o in objs] == [(first, ObjectType.STREAM_SET), (first + 1, ObjectType.STREAM)]
+    assert [(o.object_id, o.object_type) for o in objs] == [
+        (first, ObjectType.STREAM_SET),
+        (first + 1, ObjectType.STREAM),
+    ]
     assert objs[1].ranges[0].end_offset == 60
     assert [o.object_id for o in await client.get_objects(p.stream_id, 30, 40, 10)] == [first + 1]
     assert [o.object_id for o in await client.get_stream_set_objects(1)] == [first]
@@ -172,7 +179,7 @@ async def test_drain_and_reassign(client: ControllerClient) -> None:
     e1 = await client.register_broker(1, EP, None)
     await client.register_broker(2, EP, None)
     topic = await client.create_topic("m", 2, {})
-    on1 = [p for p in topic.partitions if p.leader == 1][0]
+    on1 = next(p for p in topic.partitions if p.leader == 1)
     await client.open_stream(on1.stream_id, on1.leader_epoch, 1, e1)
     await client.reassign_partition("m", on1.partition, 2)
     image = await client.watch_metadata(-1, 0)
@@ -199,8 +206,14 @@ async def test_drain_and_reassign(client: ControllerClient) -> None:
 
 async def test_hostile_http_bodies(service, client: ControllerClient) -> None:
     async with aiohttp.ClientSession() as http:
-        for body in (b"not json", b"[]", b'{"node_id": "1", "endpoints": []}', b'{"node_id": -5, "endpoints": []}',
-                     b'{"node_id": 1, "endpoints": [], "extra": 1}', b'{"node_id": 99999999999, "endpoints": []}'):
+        for body in (
+            b"not json",
+            b"[]",
+            b'{"node_id": "1", "endpoints": []}',
+            b'{"node_id": -5, "endpoints": []}',
+            b'{"node_id": 1, "endpoints": [], "extra": 1}',
+            b'{"node_id": 99999999999, "endpoints": []}',
+        ):
             async with http.post(f"{service.url}/v1/register_broker", data=body) as resp:
                 assert resp.status == 400, body
                 data = await resp.json()
@@ -217,8 +230,10 @@ async def test_hostile_http_bodies(service, client: ControllerClient) -> None:
     with pytest.raises(InvalidRequestError):
         await client.prepare_objects(0, 1000)
     with pytest.raises(InvalidRequestError):
-        await client.call("commit_stream_set_object", {"node_id": 1, "node_epoch": 1, "object_id": 0,
-                                                         "object_size": -1, "stream_ranges": []})
+        await client.call(
+            "commit_stream_set_object",
+            {"node_id": 1, "node_epoch": 1, "object_id": 0, "object_size": -1, "stream_ranges": []},
+        )
 
 
 async def test_unreachable_controllers_raise_unavailable() -> None:
@@ -244,7 +259,7 @@ async def test_group_commit_keeps_each_request_apart(service, client: Controller
     racing = [commit(first + 50 + i, sids[0], 1) for i in range(5)]  # all want offset 1 of stream 0
     results = await asyncio.gather(*(client.commit_stream_set_object(r) for r in ok + racing), return_exceptions=True)
     assert results[: len(ok)] == [None] * len(ok)
-    outcomes = results[len(ok):]
+    outcomes = results[len(ok) :]
     assert sum(r is None for r in outcomes) == 1
     assert all(isinstance(r, OffsetMismatchError) for r in outcomes if r is not None)
     assert service.controller.state.last_seq > seq_before

@@ -94,7 +94,9 @@ def test_hostile_object_requests(cluster: Cluster) -> None:
     oid = cluster.run(c.prepare_objects, 4, 1000)
 
     def req(ranges=(), objs=(), object_id=oid, node=1, node_epoch=epoch, compacted=()):
-        return CommitStreamSetObjectRequest(node, node_epoch, object_id, 10, tuple(ranges), tuple(objs), tuple(compacted))
+        return CommitStreamSetObjectRequest(
+            node, node_epoch, object_id, 10, tuple(ranges), tuple(objs), tuple(compacted)
+        )
 
     rng = ObjectStreamRange(sid, 0, 0, 10, 10)
     cluster.refused(NodeFencedError, c.commit_stream_set_object, req([rng], node=2))
@@ -104,27 +106,47 @@ def test_hostile_object_requests(cluster: Cluster) -> None:
     cluster.refused(InvalidRequestError, c.commit_stream_set_object, req([rng], object_id=-1))
     cluster.refused(InvalidRequestError, c.commit_stream_set_object, req(object_id=-1))
     cluster.refused(InvalidRequestError, c.commit_stream_set_object, req([rng], [StreamObject(oid, 1, sid, 10, 11)]))
-    cluster.refused(InvalidRequestError, c.commit_stream_set_object, req([rng], [StreamObject(oid + 1, 1, sid, 10, 11, (oid + 2,))]))
+    cluster.refused(
+        InvalidRequestError, c.commit_stream_set_object, req([rng], [StreamObject(oid + 1, 1, sid, 10, 11, (oid + 2,))])
+    )
     cluster.refused(ObjectNotPreparedError, c.commit_stream_set_object, req([rng], object_id=oid + 100))
     cluster.refused(StreamNotFoundError, c.commit_stream_set_object, req([ObjectStreamRange(999, 0, 0, 1, 1)]))
     cluster.refused(StreamFencedError, c.commit_stream_set_object, req([ObjectStreamRange(sid, -1, 0, 1, 1)]))
     cluster.refused(StreamNotOpenError, c.commit_stream_set_object, req([ObjectStreamRange(sid, 1, 0, 1, 1)]))
     cluster.refused(OffsetMismatchError, c.commit_stream_set_object, req([ObjectStreamRange(sid, 0, 1, 2, 1)]))
     # two ranges of one stream must chain
-    cluster.refused(OffsetMismatchError, c.commit_stream_set_object, req([rng], [StreamObject(oid + 1, 1, sid, 11, 12)]))
+    cluster.refused(
+        OffsetMismatchError, c.commit_stream_set_object, req([rng], [StreamObject(oid + 1, 1, sid, 11, 12)])
+    )
     cluster.run(c.commit_stream_set_object, req([rng], [StreamObject(oid + 1, 1, sid, 10, 12)]))
     # compaction hostility
-    cluster.refused(InvalidRequestError, c.commit_stream_set_object,
-                    req([ObjectStreamRange(sid, 0, 0, 10, 1)], object_id=oid + 2, compacted=(oid + 2,)))
-    cluster.refused(ObjectConflictError, c.commit_stream_set_object,
-                    req([ObjectStreamRange(sid, 0, 0, 10, 1)], object_id=oid + 2, compacted=(oid + 1,)))  # a stream object
-    cluster.refused(ObjectConflictError, c.commit_stream_set_object,
-                    req([ObjectStreamRange(sid, 0, 0, 11, 1)], object_id=oid + 2, compacted=(oid,)))  # invents data
-    cluster.refused(ObjectConflictError, c.commit_stream_set_object,
-                    req([ObjectStreamRange(sid, 0, 0, 9, 1)], object_id=oid + 2, compacted=(oid,)))  # loses data
-    cluster.refused(ObjectConflictError, c.commit_stream_object, StreamObject(oid + 2, 1, sid, 0, 12, (oid, 424242)), -1, -1)
+    cluster.refused(
+        InvalidRequestError,
+        c.commit_stream_set_object,
+        req([ObjectStreamRange(sid, 0, 0, 10, 1)], object_id=oid + 2, compacted=(oid + 2,)),
+    )
+    cluster.refused(
+        ObjectConflictError,
+        c.commit_stream_set_object,
+        req([ObjectStreamRange(sid, 0, 0, 10, 1)], object_id=oid + 2, compacted=(oid + 1,)),
+    )  # a stream object
+    cluster.refused(
+        ObjectConflictError,
+        c.commit_stream_set_object,
+        req([ObjectStreamRange(sid, 0, 0, 11, 1)], object_id=oid + 2, compacted=(oid,)),
+    )  # invents data
+    cluster.refused(
+        ObjectConflictError,
+        c.commit_stream_set_object,
+        req([ObjectStreamRange(sid, 0, 0, 9, 1)], object_id=oid + 2, compacted=(oid,)),
+    )  # loses data
+    cluster.refused(
+        ObjectConflictError, c.commit_stream_object, StreamObject(oid + 2, 1, sid, 0, 12, (oid, 424242)), -1, -1
+    )
     cluster.run(c.commit_stream_object, StreamObject(oid + 2, 1, sid, 0, 12, (oid, oid + 1)), -1, -1)
-    cluster.refused(ObjectConflictError, c.commit_stream_object, StreamObject(oid + 3, 1, sid, 0, 12, (oid, oid + 1)), -1, -1)
+    cluster.refused(
+        ObjectConflictError, c.commit_stream_object, StreamObject(oid + 3, 1, sid, 0, 12, (oid, oid + 1)), -1, -1
+    )
     assert [o.object_id for o in c.get_objects(cluster.state, sid, 0, -1, 10)] == [oid + 2]
     with pytest.raises(InvalidRequestError):
         c.get_objects(cluster.state, sid, 0, -1, 0)
@@ -161,7 +183,9 @@ def test_partition_stream_needs_leader_and_leader_epoch(cluster: Cluster) -> Non
     p = cluster.run(c.create_topic, "t", 1, {}).partitions[0]
     other = 2 if p.leader == 1 else 1
     cluster.refused(StreamFencedError, c.open_stream, p.stream_id, p.leader_epoch, other, e2 if other == 2 else e1)
-    cluster.refused(StreamFencedError, c.open_stream, p.stream_id, p.leader_epoch + 1, p.leader, e1 if p.leader == 1 else e2)
+    cluster.refused(
+        StreamFencedError, c.open_stream, p.stream_id, p.leader_epoch + 1, p.leader, e1 if p.leader == 1 else e2
+    )
     cluster.refused(InvalidRequestError, c.delete_stream, p.stream_id, 0, p.leader, e1 if p.leader == 1 else e2)
 
 

@@ -63,7 +63,9 @@ async def test_standby_takes_over_after_crash_without_losing_commits(store_url: 
         for _ in range(20):  # many commits, some in flight together
             first = await client.prepare_objects(2, 60_000)
             batch = [
-                CommitStreamSetObjectRequest(1, epoch, first, 10, (ObjectStreamRange(p.stream_id, p.leader_epoch, end, end + 5, 10),)),
+                CommitStreamSetObjectRequest(
+                    1, epoch, first, 10, (ObjectStreamRange(p.stream_id, p.leader_epoch, end, end + 5, 10),)
+                ),
             ]
             await client.commit_stream_set_object(batch[0])
             end += 5
@@ -82,7 +84,9 @@ async def test_standby_takes_over_after_crash_without_losing_commits(store_url: 
         assert await client.heartbeat(1, epoch) == "active"
         first = await client.prepare_objects(1, 60_000)
         await client.commit_stream_set_object(
-            CommitStreamSetObjectRequest(1, epoch, first, 10, (ObjectStreamRange(p.stream_id, p.leader_epoch, end, end + 1, 1),))
+            CommitStreamSetObjectRequest(
+                1, epoch, first, 10, (ObjectStreamRange(p.stream_id, p.leader_epoch, end, end + 1, 1),)
+            )
         )
         assert (await client.get_streams([p.stream_id]))[0].end_offset == end + 1
         image = await client.watch_metadata(-1, 0)
@@ -105,7 +109,9 @@ async def test_deposed_leader_write_fails_and_it_steps_down(store_url: str, make
             while True:  # the leader keeps writing heartbeats: win the next free entry
                 nxt = svc.controller.state.last_seq + 1
                 try:
-                    await lg.append(nxt, 9, [r.ControllerElected(9, "http://127.0.0.1:1", svc.controller.state.term + 1, 0)])
+                    await lg.append(
+                        nxt, 9, [r.ControllerElected(9, "http://127.0.0.1:1", svc.controller.state.term + 1, 0)]
+                    )
                     break
                 except LogConflictError:
                     await asyncio.sleep(0)
@@ -169,8 +175,16 @@ async def test_kill_9_active_controller_process(tmp_path, store_url: str) -> Non
     ports = [_free_port(), _free_port()]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "automq.broker.cli", "controller", "--config", str(_write_config(tmp_path, i, ports[i], store_url))],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                sys.executable,
+                "-m",
+                "automq.broker.cli",
+                "controller",
+                "--config",
+                str(_write_config(tmp_path, i, ports[i], store_url)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         for i in (0, 1)
     ]
@@ -298,13 +312,15 @@ async def test_no_acknowledged_change_lost_when_the_leader_crashes_under_load(st
         for sid in sids:
             await client.open_stream(sid, 0, 1, epoch)
         first = await client.prepare_objects(8 * 40, 600_000)
-        acked: dict[int, int] = {sid: 0 for sid in sids}  # acknowledged end offset per stream
+        acked: dict[int, int] = dict.fromkeys(sids, 0)  # acknowledged end offset per stream
         crashed = asyncio.Event()
 
         async def writer(w: int) -> None:
             sid = sids[w]
             for i in range(40):
-                req = CommitStreamSetObjectRequest(1, epoch, first + w * 40 + i, 1, (ObjectStreamRange(sid, 0, i, i + 1, 1),))
+                req = CommitStreamSetObjectRequest(
+                    1, epoch, first + w * 40 + i, 1, (ObjectStreamRange(sid, 0, i, i + 1, 1),)
+                )
                 await client.commit_stream_set_object(req)  # retried across the crash by the client
                 acked[sid] = i + 1
                 if w == 0 and i == 10:
@@ -318,7 +334,7 @@ async def test_no_acknowledged_change_lost_when_the_leader_crashes_under_load(st
         survivor = next(s for s in services if s is not leader)
         assert survivor.controller.is_leader
         streams = {s.stream_id: s.end_offset for s in await client.get_streams(sids)}
-        assert streams == acked == {sid: 40 for sid in sids}
+        assert streams == acked == dict.fromkeys(sids, 40)
         for sid in sids:
             objs = await client.get_objects(sid, 0, -1, 100)
             assert [o.ranges[0].start_offset for o in objs] == list(range(40))

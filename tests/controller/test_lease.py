@@ -25,7 +25,9 @@ async def coordination_api(tmp_path):
     async with kmock.KubernetesEmulator() as k, kmock.Server(k) as srv:
         k.resources.load_bundled()
         kubeconfig = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "kmock",
             "clusters": [{"name": "kmock", "cluster": {"server": str(srv.url)}}],
             "users": [{"name": "u", "user": {"token": "test"}}],
             "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}],
@@ -71,6 +73,7 @@ async def test_controllers_lead_only_while_holding_the_lease(coordination_api, f
     for svc in services:
         await svc.start()
     try:
+
         async def one_leader() -> bool:
             return sum(s.controller.is_leader for s in services) == 1
 
@@ -79,7 +82,9 @@ async def test_controllers_lead_only_while_holding_the_lease(coordination_api, f
         other = next(s for s in services if s is not leader)
 
         async def holder() -> str:
-            lease = await asyncio.to_thread(coordination_api.read_namespaced_lease, name="automq-controller", namespace="ns")
+            lease = await asyncio.to_thread(
+                coordination_api.read_namespaced_lease, name="automq-controller", namespace="ns"
+            )
             return lease.spec.holder_identity
 
         assert await holder() == f"c{leader.config.node_id}"

@@ -72,7 +72,9 @@ async def test_fenced_broker_wal_is_recovered_before_partitions_reopen(file_url:
             await client.open_stream(p1.stream_id, p1.leader_epoch, 1, e1)
             oid = await client.prepare_objects(3, 60_000)
             await client.commit_stream_set_object(
-                CommitStreamSetObjectRequest(1, e1, oid, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 0, 5, 10),))
+                CommitStreamSetObjectRequest(
+                    1, e1, oid, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 0, 5, 10),)
+                )
             )
             # broker 1 stops heartbeating: fenced after the session timeout, its WAL needs recovery
             image = await _wait_image(client, lambda im: {b.node_id: b.state for b in im.brokers}.get(1) == "fenced")
@@ -85,7 +87,9 @@ async def test_fenced_broker_wal_is_recovered_before_partitions_reopen(file_url:
             # the zombie cannot commit or heartbeat; nobody can take the stream before recovery
             with pytest.raises(NodeFencedError):
                 await client.commit_stream_set_object(
-                    CommitStreamSetObjectRequest(1, e1, oid + 1, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 5, 8, 10),))
+                    CommitStreamSetObjectRequest(
+                        1, e1, oid + 1, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 5, 8, 10),)
+                    )
                 )
             with pytest.raises(NodeFencedError):
                 await client.heartbeat(1, e1)
@@ -105,12 +109,16 @@ async def test_fenced_broker_wal_is_recovered_before_partitions_reopen(file_url:
                 await client.claim_wal_recovery(job.job_id)  # someone else (the operator) cannot take it over
             with pytest.raises(NodeFencedError):  # the zombie is still fenced
                 await client.commit_stream_set_object(
-                    CommitStreamSetObjectRequest(1, e1, oid + 1, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 5, 8, 10),))
+                    CommitStreamSetObjectRequest(
+                        1, e1, oid + 1, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 5, 8, 10),)
+                    )
                 )
             with pytest.raises(NodeFencedError):  # the recovery epoch commits, it does not heartbeat
                 await client.heartbeat(1, recovery_epoch)
             await client.commit_stream_set_object(
-                CommitStreamSetObjectRequest(1, recovery_epoch, oid + 1, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 5, 8, 10),))
+                CommitStreamSetObjectRequest(
+                    1, recovery_epoch, oid + 1, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 5, 8, 10),)
+                )
             )
             await client.complete_wal_recovery(job.job_id, 2, e2)
             image = await _wait_image(client, lambda im: im.topics[0].partitions[p1.partition].state == "online")
@@ -161,7 +169,9 @@ async def test_operator_claims_and_completes_a_recovery(file_url: str, make_conf
         assert (claimed.state, claimed.claimed_by, claimed.recovery_epoch) == ("claimed", -1, recovery_epoch)
         oid = await client.prepare_objects(1, 60_000)
         await client.commit_stream_set_object(
-            CommitStreamSetObjectRequest(1, recovery_epoch, oid, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 0, 4, 10),))
+            CommitStreamSetObjectRequest(
+                1, recovery_epoch, oid, 10, (ObjectStreamRange(p1.stream_id, p1.leader_epoch, 0, 4, 10),)
+            )
         )
         with pytest.raises(WalRecoveryJobError):
             await client.complete_wal_recovery(job.job_id, 2, e2)  # only the claimer completes
@@ -173,7 +183,9 @@ async def test_operator_claims_and_completes_a_recovery(file_url: str, make_conf
         with pytest.raises(NodeFencedError):  # recovery is over: the recovery epoch commits no more
             oid2 = await client.prepare_objects(1, 60_000)
             await client.commit_stream_set_object(
-                CommitStreamSetObjectRequest(1, recovery_epoch, oid2, 10, (ObjectStreamRange(p1.stream_id, part.leader_epoch, 4, 5, 10),))
+                CommitStreamSetObjectRequest(
+                    1, recovery_epoch, oid2, 10, (ObjectStreamRange(p1.stream_id, part.leader_epoch, 4, 5, 10),)
+                )
             )
 
 
@@ -204,7 +216,9 @@ async def test_gc_deletes_garbage_after_retention_and_never_a_live_object(store_
             a, b, c, compacted, spare1, spare2 = range(first, first + 6)
             for oid, (start, end) in ((a, (0, 10)), (b, (10, 20)), (c, (20, 30))):
                 await client.commit_stream_set_object(
-                    CommitStreamSetObjectRequest(1, e1, oid, 16, (ObjectStreamRange(p.stream_id, p.leader_epoch, start, end, 16),))
+                    CommitStreamSetObjectRequest(
+                        1, e1, oid, 16, (ObjectStreamRange(p.stream_id, p.leader_epoch, start, end, 16),)
+                    )
                 )
             # compaction: b + c -> one stream object; then a trim makes a garbage
             await client.commit_stream_object(StreamObject(compacted, 16, p.stream_id, 10, 30, (b, c)), -1, -1)

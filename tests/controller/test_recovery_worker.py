@@ -9,6 +9,8 @@ import asyncio
 import contextlib
 import time
 
+import pytest
+
 from automq.broker.config import NodeConfig
 from automq.broker.controller.client import ControllerClient
 from automq.broker.controller.process import ControllerService
@@ -17,14 +19,14 @@ from automq.broker.controller.recovery_worker import WalRecoveryWorker
 from automq.broker.objectstore import open_object_store
 from automq.broker.storage.engine import StorageEngine
 
-import pytest
-
 EP = [Endpoint("PLAINTEXT", "127.0.0.1", 9092)]
 
 
 def engine_config(node_id: int, url: str, tmp_path) -> NodeConfig:
     return NodeConfig(
-        node_id=node_id, object_store_url=url, data_dir=str(tmp_path / f"node{node_id}"),
+        node_id=node_id,
+        object_store_url=url,
+        data_dir=str(tmp_path / f"node{node_id}"),
         wal={"kind": "s3", "s3_bulk_interval_ms": 10},
         storage={"upload_interval_ms": 3_600_000, "upload_block_bytes": 64 << 20},  # nothing uploads by itself
     )

@@ -27,6 +27,7 @@ from automq.broker.storage.metadata import (
     ObjectType,
     StreamObject,
 )
+import itertools
 
 NODES = [1, 2, 3]
 TOPICS = ["a", "b"]
@@ -124,8 +125,11 @@ class ControllerMachine(RuleBasedStateMachine):
         return [p for p in self._partitions() if p.leader >= 0 and self.state.brokers[p.leader].state != "fenced"]
 
     def _writable(self):
-        return [s for s in self.state.streams.values()
-                if s.state == "open" and s.owner in self.state.brokers and self.state.brokers[s.owner].state != "fenced"]
+        return [
+            s
+            for s in self.state.streams.values()
+            if s.state == "open" and s.owner in self.state.brokers and self.state.brokers[s.owner].state != "fenced"
+        ]
 
     @precondition(lambda self: self._led())
     @rule(data=st.data(), stale=st.sampled_from([False, False, False, True]))
@@ -162,7 +166,12 @@ class ControllerMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ objects
 
     @precondition(lambda self: self._writable())
-    @rule(data=st.data(), stale_node=st.sampled_from([False, False, True]), gap=st.sampled_from([0, 0, 0, 1]), split=st.booleans())
+    @rule(
+        data=st.data(),
+        stale_node=st.sampled_from([False, False, True]),
+        gap=st.sampled_from([0, 0, 0, 1]),
+        split=st.booleans(),
+    )
     def upload(self, data, stale_node: bool, gap: int, split: bool) -> None:
         """A broker uploads what it holds for up to 3 of its open streams (sometimes
         including another owner's stream, which must be refused)."""
@@ -180,9 +189,15 @@ class ControllerMachine(RuleBasedStateMachine):
         for s in chosen:
             length = data.draw(st.integers(1, 20))
             if split and not objs:
-                objs.append(StreamObject(first + 1, length * 10, s.stream_id, s.end_offset + gap, s.end_offset + gap + length))
+                objs.append(
+                    StreamObject(first + 1, length * 10, s.stream_id, s.end_offset + gap, s.end_offset + gap + length)
+                )
             else:
-                ranges.append(ObjectStreamRange(s.stream_id, s.epoch, s.end_offset + gap, s.end_offset + gap + length, length * 10))
+                ranges.append(
+                    ObjectStreamRange(
+                        s.stream_id, s.epoch, s.end_offset + gap, s.end_offset + gap + length, length * 10
+                    )
+                )
         req = CommitStreamSetObjectRequest(node, node_epoch, first if ranges else -1, 100, tuple(ranges), tuple(objs))
         before = {s.stream_id: s.end_offset for s in chosen}
         try:
@@ -190,9 +205,13 @@ class ControllerMachine(RuleBasedStateMachine):
         except NodeFencedError:
             return
         except MetadataError:
-            assert not (all(s.owner == node for s in chosen) and gap == 0 and not stale_node
-                        and self.state.brokers.get(node) is not None and self.state.brokers[node].state != "fenced"), \
-                "a valid commit by the owner was rejected"
+            assert not (
+                all(s.owner == node for s in chosen)
+                and gap == 0
+                and not stale_node
+                and self.state.brokers.get(node) is not None
+                and self.state.brokers[node].state != "fenced"
+            ), "a valid commit by the owner was rejected"
             return
         assert not stale_node, "a zombie (stale node epoch) committed"
         assert gap == 0, "a commit with a gap was accepted"
@@ -201,7 +220,11 @@ class ControllerMachine(RuleBasedStateMachine):
             self.acked[rg.stream_id] = rg.end_offset
         for so in objs:
             self.acked[so.stream_id] = so.end_offset
-        self.readable.update(oid for oid in (first, first + 1) if self.state.objects.get(oid) and self.state.objects[oid].state == COMMITTED)
+        self.readable.update(
+            oid
+            for oid in (first, first + 1)
+            if self.state.objects.get(oid) and self.state.objects[oid].state == COMMITTED
+        )
 
     @precondition(lambda self: self.state.jobs)
     @rule(data=st.data(), complete=st.booleans())
@@ -213,13 +236,20 @@ class ControllerMachine(RuleBasedStateMachine):
             recovery_epoch = self.run(c.claim_wal_recovery, job.job_id, -1, -1)
         except MetadataError:
             return
-        held = sorted((s for s in self.state.streams.values() if s.owner == job.node_id and s.state == "open"),
-                      key=lambda s: s.stream_id)
+        held = sorted(
+            (s for s in self.state.streams.values() if s.owner == job.node_id and s.state == "open"),
+            key=lambda s: s.stream_id,
+        )
         if held:
             s = held[0]
             oid = self.run(c.prepare_objects, 1, 10_000)
-            req = CommitStreamSetObjectRequest(job.node_id, recovery_epoch, oid, 10,
-                                               (ObjectStreamRange(s.stream_id, s.epoch, s.end_offset, s.end_offset + 3, 10),))
+            req = CommitStreamSetObjectRequest(
+                job.node_id,
+                recovery_epoch,
+                oid,
+                10,
+                (ObjectStreamRange(s.stream_id, s.epoch, s.end_offset, s.end_offset + 3, 10),),
+            )
             self.run(c.commit_stream_set_object, req)  # must not raise
             if s.stream_id in self.acked:
                 self.acked[s.stream_id] = s.end_offset
@@ -233,7 +263,9 @@ class ControllerMachine(RuleBasedStateMachine):
         if len(sets) < 2:
             return
         picked = data.draw(st.lists(st.sampled_from(sets), min_size=2, max_size=3, unique_by=lambda o: o.object_id))
-        ranges = [ObjectStreamRange(rg.stream_id, 0, rg.start_offset, rg.end_offset, 1) for o in picked for rg in o.ranges]
+        ranges = [
+            ObjectStreamRange(rg.stream_id, 0, rg.start_offset, rg.end_offset, 1) for o in picked for rg in o.ranges
+        ]
         drop = data.draw(st.booleans())  # a broken compaction that loses a range must be refused
         if drop and len(ranges) > 1:
             ranges = ranges[1:]
@@ -254,7 +286,9 @@ class ControllerMachine(RuleBasedStateMachine):
             return
         mine = [rg for o in objs for rg in o.ranges if rg.stream_id == p.stream_id]
         first = self.run(c.prepare_objects, 1, 10_000)
-        so = StreamObject(first, 10, p.stream_id, mine[0].start_offset, mine[-1].end_offset, tuple(o.object_id for o in objs))
+        so = StreamObject(
+            first, 10, p.stream_id, mine[0].start_offset, mine[-1].end_offset, tuple(o.object_id for o in objs)
+        )
         try:
             self.run(c.commit_stream_object, so, -1, -1)
         except MetadataError:
@@ -292,9 +326,9 @@ class ControllerMachine(RuleBasedStateMachine):
             live_from = max(s.start_offset, 0)
             if live_from < end:
                 assert covered and covered[0][0] <= live_from and covered[-1][1] == end
-                for (_, b), (a2, _) in zip(covered, covered[1:]):
+                for (_, b), (a2, _) in itertools.pairwise(covered):
                     assert b == a2
-            for a, b, oid in self.state.stream_index[sid]:
+            for _a, b, oid in self.state.stream_index[sid]:
                 obj = self.state.objects[oid]
                 assert obj.object_type in (ObjectType.STREAM, ObjectType.STREAM_SET)
 

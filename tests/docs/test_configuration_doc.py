@@ -20,7 +20,9 @@ def test_every_node_config_key_has_a_meaning_and_is_documented():
     gen = _generator()
     doc = (ROOT / "docs" / "configuration.md").read_text()
     keys = gen.all_keys()
-    assert "node_id" in keys and "wal.capacity" in keys and "kafka.num_partitions" in keys and "listeners[].port" in keys
+    assert (
+        "node_id" in keys and "wal.capacity" in keys and "kafka.num_partitions" in keys and "listeners[].port" in keys
+    )
     for _, _, model, prefix in gen.sections():
         for key, _type, _default, meaning in gen.model_rows(model, prefix):
             assert meaning.strip(" `:"), f"{key} has no meaning: add a comment on its line in broker/config.py"
@@ -35,4 +37,6 @@ def test_every_topic_config_is_documented():
 
 def test_doc_is_regenerated():
     gen = _generator()
-    assert (ROOT / "docs" / "configuration.md").read_text() == gen.render(), "run: python docs/generate_configuration.py"
+    assert (ROOT / "docs" / "configuration.md").read_text() == gen.render(), (
+        "run: python docs/generate_configuration.py"
+    )

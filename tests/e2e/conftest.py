@@ -40,14 +40,27 @@ class LocalCluster:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def start(self) -> "LocalCluster":
-        cmd = [sys.executable, "-m", "automq.broker.cli", "local", "up", "--brokers", str(self.brokers),
-               "--data-dir", str(self.data_dir), "--port", str(self.port)]
+    def start(self) -> LocalCluster:
+        cmd = [
+            sys.executable,
+            "-m",
+            "automq.broker.cli",
+            "local",
+            "up",
+            "--brokers",
+            str(self.brokers),
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            str(self.port),
+        ]
         if self.object_store_url:
             cmd += ["--object-store", self.object_store_url]
         self.output = []
         self.bootstrap = ""
-        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.process = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         ready = threading.Event()
 
         def read() -> None:
@@ -65,7 +78,10 @@ class LocalCluster:
         if not self.bootstrap:
             code = self.process.poll()
             self.kill()
-            pytest.fail(f"local cluster did not start (exit {code}):\n" + "\n".join(self.output[-40:]) + self.logs_tail(), pytrace=False)
+            pytest.fail(
+                f"local cluster did not start (exit {code}):\n" + "\n".join(self.output[-40:]) + self.logs_tail(),
+                pytrace=False,
+            )
         return self
 
     def stop(self, timeout: float = 60.0, sig: int = signal.SIGTERM) -> int:
@@ -166,7 +182,9 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, configs: dict[s
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1, config=configs or {})], operation_timeout=30)
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=configs or {})], operation_timeout=30
+    )
     futures[name].result(60)
     wait_for_leaders(bootstrap, name, partitions)
 
@@ -183,7 +201,10 @@ def wait_for_leaders(bootstrap: str, name: str, partitions: int, timeout: float 
         t = md.topics.get(name)
         if t is not None and t.error is None and len(t.partitions) == partitions:
             leaders = {p.id: p.leader for p in t.partitions.values()}
-            if all(leader >= 0 and p.error is None for p, leader in zip(t.partitions.values(), leaders.values())):
+            if all(
+                leader >= 0 and p.error is None
+                for p, leader in zip(t.partitions.values(), leaders.values(), strict=False)
+            ):
                 return leaders
         last = t
         time.sleep(0.2)
@@ -222,8 +243,15 @@ def consume_confluent(bootstrap: str, topic: str, expected: int, timeout: float 
     """Read from the beginning (no group commits) until `expected` records or timeout."""
     from confluent_kafka import Consumer
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False, **config})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            **config,
+        }
+    )
     consumer.subscribe([topic])
     out = []
     deadline = time.monotonic() + timeout

@@ -40,10 +40,18 @@ def test_confluent_create_describe_alter_delete(cluster, e2e):
     # duplicate and invalid creations
     assert _error_name(admin.create_topics([NewTopic(name, 1, 1)])[name]) == "TOPIC_ALREADY_EXISTS"
     bad = "bad/name"
-    assert _error_name(admin.create_topics([NewTopic(bad, 1, 1)])[bad]) == "TOPIC_EXCEPTION"  # librdkafka's name for INVALID_TOPIC_EXCEPTION (17)
+    assert (
+        _error_name(admin.create_topics([NewTopic(bad, 1, 1)])[bad]) == "TOPIC_EXCEPTION"
+    )  # librdkafka's name for INVALID_TOPIC_EXCEPTION (17)
     other = e2e.topic_name("adm")
-    assert _error_name(admin.create_topics([NewTopic(other, 1, 1, config={"retention.ms": "soon"})])[other]) == "INVALID_CONFIG"
-    assert _error_name(admin.create_topics([NewTopic(other, 1, 1, config={"no.such.key": "1"})])[other]) == "INVALID_CONFIG"
+    assert (
+        _error_name(admin.create_topics([NewTopic(other, 1, 1, config={"retention.ms": "soon"})])[other])
+        == "INVALID_CONFIG"
+    )
+    assert (
+        _error_name(admin.create_topics([NewTopic(other, 1, 1, config={"no.such.key": "1"})])[other])
+        == "INVALID_CONFIG"
+    )
     # validate_only creates nothing
     admin.create_topics([NewTopic(other, 2, 1)], validate_only=True)[other].result(30)
     assert other not in admin.list_topics(timeout=10).topics
@@ -57,21 +65,28 @@ def test_confluent_create_describe_alter_delete(cluster, e2e):
     assert configs["cleanup.policy"].value == "delete"
 
     # incremental alter: SET, DELETE, APPEND
-    res = ConfigResource(ResourceType.TOPIC, name, incremental_configs=[
-        ConfigEntry("retention.bytes", "1048576", incremental_operation=AlterConfigOpType.SET),
-        ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
-        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND),
-    ])
+    res = ConfigResource(
+        ResourceType.TOPIC,
+        name,
+        incremental_configs=[
+            ConfigEntry("retention.bytes", "1048576", incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
+            ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND),
+        ],
+    )
     admin.incremental_alter_configs([res])[res].result(30)
     configs = admin.describe_configs([ConfigResource(ResourceType.TOPIC, name)])
-    configs = list(configs.values())[0].result(30)
+    configs = next(iter(configs.values())).result(30)
     assert configs["retention.bytes"].value == "1048576"
     assert configs["retention.ms"].source != ConfigSource.DYNAMIC_TOPIC_CONFIG.value
     assert set(configs["cleanup.policy"].value.split(",")) == {"delete", "compact"}
 
     # a bad value names the key
-    res = ConfigResource(ResourceType.TOPIC, name, incremental_configs=[
-        ConfigEntry("segment.bytes", "12", incremental_operation=AlterConfigOpType.SET)])
+    res = ConfigResource(
+        ResourceType.TOPIC,
+        name,
+        incremental_configs=[ConfigEntry("segment.bytes", "12", incremental_operation=AlterConfigOpType.SET)],
+    )
     with pytest.raises(KafkaException) as err:
         admin.incremental_alter_configs([res])[res].result(30)
     assert err.value.args[0].name() == "INVALID_CONFIG" and "segment.bytes" in err.value.args[0].str()
@@ -101,12 +116,12 @@ def test_confluent_delete_records_and_describe_cluster(cluster, e2e):
     e2e.create_topic(cluster.bootstrap, name, partitions=1)
     e2e.produce(cluster.bootstrap, name, [b"r%d" % i for i in range(50)], **{"linger.ms": 0, "batch.num.messages": 1})
     result = admin.delete_records([TopicPartition(name, 0, 20)])
-    low = list(result.values())[0].result(30)
+    low = next(iter(result.values())).result(30)
     assert low.low_watermark == 20
     msgs = e2e.consume(cluster.bootstrap, name, 30)
     assert sorted(m.offset() for m in msgs) == list(range(20, 50))
     # -1 = up to the high watermark
-    low = list(admin.delete_records([TopicPartition(name, 0, -1)]).values())[0].result(30)
+    low = next(iter(admin.delete_records([TopicPartition(name, 0, -1)]).values())).result(30)
     assert low.low_watermark == 50
 
     description = admin.describe_cluster().result(30)
@@ -124,7 +139,9 @@ def test_kafka_python_admin(cluster, e2e):
     admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=30_000)
     try:
         name = e2e.topic_name("kpa")
-        admin.create_topics({name: {"num_partitions": 2, "replication_factor": 1, "configs": {"max.message.bytes": "200000"}}})
+        admin.create_topics(
+            {name: {"num_partitions": 2, "replication_factor": 1, "configs": {"max.message.bytes": "200000"}}}
+        )
         e2e.wait_for_leaders(cluster.bootstrap, name, 2)
         assert name in admin.list_topics()
         with pytest.raises(TopicAlreadyExistsError):

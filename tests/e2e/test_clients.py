@@ -31,8 +31,13 @@ def test_kafka_python_produce_consume(cluster, e2e):
     for offsets in by_partition.values():
         assert sorted(offsets) == list(range(len(offsets)))
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=cluster.bootstrap, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=20_000)
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=cluster.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=20_000,
+    )
     values = set()
     for msg in consumer:
         values.add(msg.value)
@@ -73,7 +78,9 @@ def test_aiokafka_produce_consume(cluster, e2e):
             await asyncio.gather(*sent)
         finally:
             await producer.stop()
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=cluster.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=cluster.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+        )
         await consumer.start()
         out: list[bytes] = []
         try:
@@ -97,15 +104,37 @@ def test_kcat_produce_consume(cluster, e2e):
     lines = [f"k{i}:kcat-{i}-{uuid.uuid4().hex[:6]}" for i in range(100)]
     subprocess.run(
         ["kcat", "-b", cluster.bootstrap, "-t", topic, "-P", "-K:", "-X", "acks=all"],
-        input="\n".join(lines) + "\n", text=True, check=True, timeout=60,
+        input="\n".join(lines) + "\n",
+        text=True,
+        check=True,
+        timeout=60,
     )
     out = subprocess.run(
-        ["kcat", "-b", cluster.bootstrap, "-t", topic, "-C", "-o", "beginning", "-e", "-c", str(len(lines)), "-f", "%k:%s\\n"],
-        capture_output=True, text=True, check=True, timeout=60,
+        [
+            "kcat",
+            "-b",
+            cluster.bootstrap,
+            "-t",
+            topic,
+            "-C",
+            "-o",
+            "beginning",
+            "-e",
+            "-c",
+            str(len(lines)),
+            "-f",
+            "%k:%s\\n",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
     assert out.stdout.splitlines() == lines
     # metadata listing names both brokers
-    md = subprocess.run(["kcat", "-b", cluster.bootstrap, "-L", "-t", topic], capture_output=True, text=True, check=True, timeout=30)
+    md = subprocess.run(
+        ["kcat", "-b", cluster.bootstrap, "-L", "-t", topic], capture_output=True, text=True, check=True, timeout=30
+    )
     assert "2 brokers:" in md.stdout
 
 

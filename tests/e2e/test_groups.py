@@ -16,11 +16,17 @@ class Member(threading.Thread):
         super().__init__(daemon=True)
         from confluent_kafka import Consumer
 
-        self.consumer = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-            "enable.auto.commit": False, "session.timeout.ms": 10_000, "heartbeat.interval.ms": 500,
-            "partition.assignment.strategy": "range",
-        })
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 500,
+                "partition.assignment.strategy": "range",
+            }
+        )
         self.consumer.subscribe([topic])
         self.values: list[bytes] = []
         self.assignment: set[int] = set()
@@ -64,8 +70,11 @@ def test_group_rebalances_across_members_and_resumes_from_commits(cluster, e2e):
     _wait(lambda: a.assignment == {0, 1, 2, 3}, 60, "member a to own all 4 partitions")
     b = Member(cluster.broker_bootstrap(2), group, topic)
     b.start()
-    _wait(lambda: len(a.assignment) == 2 and len(b.assignment) == 2 and not (a.assignment & b.assignment), 60,
-          "a rebalance splitting 4 partitions 2/2")
+    _wait(
+        lambda: len(a.assignment) == 2 and len(b.assignment) == 2 and not (a.assignment & b.assignment),
+        60,
+        "a rebalance splitting 4 partitions 2/2",
+    )
     e2e.produce(cluster.bootstrap, topic, [b"b%d" % i for i in range(100)])
     _wait(lambda: len(set(a.values) | set(b.values)) == 200, 60, "all 200 records consumed by the group")
 
@@ -93,8 +102,14 @@ def test_kafka_python_group_commit_and_committed_offsets(cluster, e2e):
     group = f"kg-{uuid.uuid4().hex[:8]}"
     e2e.create_topic(cluster.bootstrap, topic, partitions=2)
     e2e.produce(cluster.bootstrap, topic, [b"m%d" % i for i in range(60)])
-    consumer = KafkaConsumer(topic, bootstrap_servers=cluster.bootstrap, group_id=group, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=20_000)
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=cluster.bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=20_000,
+    )
     seen = 0
     for _ in consumer:
         seen += 1

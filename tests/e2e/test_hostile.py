@@ -67,7 +67,10 @@ def _still_serves(cluster, e2e, broker: int = 1) -> None:
 
 
 def _api_versions(s: socket.socket, correlation_id: int = 7):
-    _send_frame(s, codec.encode_request(correlation_id, ApiVersionsRequest(client_software_name="t", client_software_version="1")))
+    _send_frame(
+        s,
+        codec.encode_request(correlation_id, ApiVersionsRequest(client_software_name="t", client_software_version="1")),
+    )
     frame = _read_frame(s)
     assert frame is not None, "broker closed a valid ApiVersions connection"
     return codec.decode_response(frame, ApiVersionsRequest)
@@ -128,8 +131,15 @@ def test_unknown_api_key_and_unsupported_versions(cluster, e2e):
 def _record_batch(values: list[bytes]) -> bytearray:
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
-                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
     for i, v in enumerate(values):
         builder.append(i, timestamp=None, key=None, value=v, headers=[])
     return bytearray(builder.build())
@@ -137,8 +147,14 @@ def _record_batch(values: list[bytes]) -> bytearray:
 
 def _produce(s: socket.socket, topic: str, records: bytes, correlation_id: int):
     request = produce_v9.ProduceRequest(
-        transactional_id=None, acks=-1, timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-        topic_data=(produce_v9.TopicProduceData(name=topic, partition_data=(produce_v9.PartitionProduceData(index=0, records=records),)),),
+        transactional_id=None,
+        acks=-1,
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        topic_data=(
+            produce_v9.TopicProduceData(
+                name=topic, partition_data=(produce_v9.PartitionProduceData(index=0, records=records),)
+            ),
+        ),
     )
     _send_frame(s, codec.encode_request(correlation_id, request))
     frame = _read_frame(s)
@@ -161,8 +177,11 @@ def test_wrong_crc_and_bad_batches_are_refused_per_partition(cluster, e2e):
     assert _produce(s, topic, bytes(corrupt), 1).error_code == ErrorCode.corrupt_message
     wrong_magic = bytearray(good)
     wrong_magic[16] = 1
-    assert _produce(s, topic, bytes(wrong_magic), 2).error_code in (ErrorCode.corrupt_message, ErrorCode.invalid_record,
-                                                                  ErrorCode.unsupported_for_message_format)
+    assert _produce(s, topic, bytes(wrong_magic), 2).error_code in (
+        ErrorCode.corrupt_message,
+        ErrorCode.invalid_record,
+        ErrorCode.unsupported_for_message_format,
+    )
     assert _produce(s, topic, bytes(good[:30]), 3).error_code in (ErrorCode.corrupt_message, ErrorCode.invalid_record)
     # the same connection then appends a valid batch right after the first record: nothing bad was stored
     ok = _produce(s, topic, bytes(good), 4)

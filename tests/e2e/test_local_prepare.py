@@ -43,7 +43,9 @@ def test_port_in_use_names_the_port(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         busy = s.getsockname()[1]
-        with pytest.raises(local.LocalClusterError, match=f"port {busy} \\(broker 1's Kafka listener\\) is already in use"):
+        with pytest.raises(
+            local.LocalClusterError, match=f"port {busy} \\(broker 1's Kafka listener\\) is already in use"
+        ):
             local.prepare(1, tmp_path, busy, None)
         if local.port_is_free(busy - 1):
             with pytest.raises(local.LocalClusterError, match=f"port {busy} \\(broker 2's Kafka listener\\)"):
@@ -72,5 +74,5 @@ def test_bad_arguments(tmp_path):
 def test_free_port_block_is_free_and_below_the_ephemeral_range():
     floor = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
     base = local.free_port_block(3)
-    assert 10_000 <= base and base + 3 <= floor
+    assert base >= 10_000 and base + 3 <= floor
     assert all(local.port_is_free(base + i) for i in range(3))

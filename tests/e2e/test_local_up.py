@@ -19,8 +19,20 @@ def test_port_in_use_is_a_clear_error(tmp_path):
         s.listen()
         busy = s.getsockname()[1]
         out = subprocess.run(
-            [sys.executable, "-m", "automq.broker.cli", "local", "up", "--data-dir", str(tmp_path), "--port", str(busy)],
-            capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "automq.broker.cli",
+                "local",
+                "up",
+                "--data-dir",
+                str(tmp_path),
+                "--port",
+                str(busy),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert out.returncode == 2
     assert f"port {busy}" in out.stderr and "already in use" in out.stderr
@@ -34,8 +46,20 @@ def test_stop_restart_same_data_dir_and_lock(tmp_path, e2e):
         assert (tmp_path / "logs" / "controller.log").exists() and (tmp_path / "logs" / "broker-1.log").exists()
         # a second launcher on the same data dir is refused while the first runs
         second = subprocess.run(
-            [sys.executable, "-m", "automq.broker.cli", "local", "up", "--data-dir", str(tmp_path), "--port", str(e2e.free_port_block(1))],
-            capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "automq.broker.cli",
+                "local",
+                "up",
+                "--data-dir",
+                str(tmp_path),
+                "--port",
+                str(e2e.free_port_block(1)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert second.returncode == 2 and "in use by another" in second.stderr
 

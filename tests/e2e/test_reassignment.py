@@ -17,7 +17,9 @@ def test_reassignment_while_producing_loses_nothing(cluster, e2e):
 
     topic = e2e.topic_name("ra")
     e2e.create_topic(cluster.bootstrap, topic, partitions=2)
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 2})
+    producer = Producer(
+        {"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 2}
+    )
     acked: list[bytes] = []
     failed: list[str] = []
     lock = threading.Lock()
@@ -40,8 +42,14 @@ def test_reassignment_while_producing_loses_nothing(cluster, e2e):
 
     consumed: list[bytes] = []
 
-    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"ra-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": f"ra-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
 
     flushed = threading.Event()
@@ -69,7 +77,9 @@ def test_reassignment_while_producing_loses_nothing(cluster, e2e):
             for partition, leader in leaders.items():
                 target = 2 if leader == 1 else 1
                 result = admin.alter_partition_reassignments({TopicPartition(topic, partition): [target]})
-                assert result[TopicPartition(topic, partition)] is None, f"move of {partition} to {target} refused: {result}"
+                assert result[TopicPartition(topic, partition)] is None, (
+                    f"move of {partition} to {target} refused: {result}"
+                )
                 moves += 1
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:

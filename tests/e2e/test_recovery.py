@@ -35,8 +35,16 @@ def test_kill9_during_acks_all_produce_keeps_every_acknowledged_record_once(own_
     leaders = e2e.wait_for_leaders(cluster.bootstrap, topic, 4)
     victim = leaders[0]
 
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True,
-                         "linger.ms": 2, "message.timeout.ms": 120_000, "retry.backoff.ms": 100})
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 2,
+            "message.timeout.ms": 120_000,
+            "retry.backoff.ms": 100,
+        }
+    )
     acked: list[bytes] = []
     failed: list[str] = []
     lock = threading.Lock()
@@ -101,8 +109,14 @@ def test_committed_offsets_survive_broker_restarts(own_cluster, e2e):
     e2e.create_topic(cluster.bootstrap, topic, partitions=2)
     e2e.produce(cluster.bootstrap, topic, [b"old-%d" % i for i in range(100)])
 
-    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     seen = []
     deadline = time.monotonic() + 60
@@ -120,8 +134,14 @@ def test_committed_offsets_survive_broker_restarts(own_cluster, e2e):
     _restart_broker(cluster, 2, signal.SIGKILL)
 
     e2e.produce(cluster.bootstrap, topic, [b"new-%d" % i for i in range(30)])
-    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     resumed = []
     deadline = time.monotonic() + 90
@@ -143,8 +163,17 @@ def test_idempotent_producer_no_duplicates(own_cluster, e2e):
     topic = e2e.topic_name("idem")
     e2e.create_topic(cluster.bootstrap, topic, partitions=2)
     values = [b"i-%d" % i for i in range(3000)]
-    acked = e2e.produce(cluster.bootstrap, topic, values, **{"enable.idempotence": True, "max.in.flight.requests.per.connection": 5,
-                                                               "linger.ms": 1, "batch.num.messages": 50})
+    acked = e2e.produce(
+        cluster.bootstrap,
+        topic,
+        values,
+        **{
+            "enable.idempotence": True,
+            "max.in.flight.requests.per.connection": 5,
+            "linger.ms": 1,
+            "batch.num.messages": 50,
+        },
+    )
     assert len(acked) == len(values)
     msgs = e2e.consume(cluster.bootstrap, topic, len(values))
     assert sorted(m.value() for m in msgs) == sorted(values)

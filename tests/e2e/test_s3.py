@@ -15,7 +15,9 @@ def s3_cluster(seaweedfs, tmp_path_factory, e2e):
     if not seaweedfs.running:
         seaweedfs.start()
     bucket = seaweedfs.create_bucket()
-    cluster = e2e.LocalCluster(tmp_path_factory.mktemp("s3cluster"), 2, e2e.free_port_block(2), seaweedfs.url_for(bucket)).start()
+    cluster = e2e.LocalCluster(
+        tmp_path_factory.mktemp("s3cluster"), 2, e2e.free_port_block(2), seaweedfs.url_for(bucket)
+    ).start()
     try:
         yield cluster
     finally:
@@ -40,8 +42,14 @@ def test_s3_produce_consume_restart_recovers_everything(s3_cluster, e2e):
     producer.flush(60)
     producer.close()
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=cluster.bootstrap, group_id=group, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=20_000)
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=cluster.bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=20_000,
+    )
     seen = []
     for msg in consumer:
         seen.append(msg.value)
@@ -57,11 +65,19 @@ def test_s3_produce_consume_restart_recovers_everything(s3_cluster, e2e):
     cluster.start()
 
     msgs = e2e.consume(cluster.bootstrap, topic, 600, timeout=120)
-    assert sorted(m.value() for m in msgs) == sorted([b"c-%d" % i for i in range(500)] + [b"k-%d" % i for i in range(100)])
+    assert sorted(m.value() for m in msgs) == sorted(
+        [b"c-%d" % i for i in range(500)] + [b"k-%d" % i for i in range(100)]
+    )
     # the group resumes after its commits: only records produced after the restart
     e2e.produce(cluster.bootstrap, topic, [b"after-%d" % i for i in range(10)])
-    resumed = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                        "enable.auto.commit": False})
+    resumed = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     resumed.subscribe([topic])
     got = []
     deadline = time.monotonic() + 60

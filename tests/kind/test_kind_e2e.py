@@ -48,6 +48,7 @@ pytestmark = [pytest.mark.kind, pytest.mark.timeout(3600)]
 
 # --- is there a cluster? ----------------------------------------------------------------------
 
+
 def _run(*args: str, timeout: float = 60, check: bool = False, **kw: Any) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=check, **kw)
 
@@ -70,7 +71,10 @@ def find_kind_cluster() -> tuple[str | None, str]:
     clusters = _run("kind", "get", "clusters")
     names = clusters.stdout.split()
     if clusters.returncode != 0 or not names:
-        return None, f"no kind cluster: `kind get clusters` printed {_last_line(clusters)!r} (kind create cluster --name automq-e2e)"
+        return (
+            None,
+            f"no kind cluster: `kind get clusters` printed {_last_line(clusters)!r} (kind create cluster --name automq-e2e)",
+        )
     name = os.environ.get("AUTOMQ_KIND_CLUSTER") or names[0]
     if name not in names:
         return None, f"AUTOMQ_KIND_CLUSTER={name} is not among the kind clusters {names}"
@@ -81,6 +85,7 @@ def find_kind_cluster() -> tuple[str | None, str]:
 
 
 # --- the environment --------------------------------------------------------------------------
+
 
 @dataclass
 class Env:
@@ -126,16 +131,25 @@ def env() -> Iterator[Env]:
     context = f"kind-{cluster}"
     image = build_and_load_image(cluster)
     repository, _, tag = image.rpartition(":")
-    e = Env(cluster=cluster, context=context, image=image, operator_namespace=f"automq-system-{suffix}",
-            namespace=f"automq-e2e-{suffix}", release=f"automq-operator-{suffix}",
-            helm=helm_python.Config(kube_context=context, namespace=f"automq-system-{suffix}"))
+    e = Env(
+        cluster=cluster,
+        context=context,
+        image=image,
+        operator_namespace=f"automq-system-{suffix}",
+        namespace=f"automq-e2e-{suffix}",
+        release=f"automq-operator-{suffix}",
+        helm=helm_python.Config(kube_context=context, namespace=f"automq-system-{suffix}"),
+    )
     e.kubectl("create", "namespace", e.namespace)
     try:
         e.helm.install(
-            str(ROOT / "charts" / "automq-operator"), e.release,
-            {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-             "watchNamespaces": [e.namespace]},
-            namespace=e.operator_namespace, create_namespace=True, wait="watcher", timeout=300,
+            str(ROOT / "charts" / "automq-operator"),
+            e.release,
+            {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"}, "watchNamespaces": [e.namespace]},
+            namespace=e.operator_namespace,
+            create_namespace=True,
+            wait="watcher",
+            timeout=300,
         )
         yield e
     finally:
@@ -144,7 +158,9 @@ def env() -> Iterator[Env]:
 
 def teardown(e: Env) -> None:
     # The cluster first, while the operator still runs to remove its finalizer.
-    e.kubectl("-n", e.namespace, "delete", "automqcluster", "--all", "--wait", "--timeout=300s", check=False, timeout=330)
+    e.kubectl(
+        "-n", e.namespace, "delete", "automqcluster", "--all", "--wait", "--timeout=300s", check=False, timeout=330
+    )
     with contextlib.suppress(Exception):
         e.helm.uninstall(e.release, ignore_not_found=True, wait="watcher", timeout=300)
     for namespace in (e.namespace, e.operator_namespace):
@@ -153,6 +169,7 @@ def teardown(e: Env) -> None:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -163,8 +180,12 @@ def free_port() -> int:
 @contextlib.contextmanager
 def port_forward(e: Env, target: str, remote_port: int) -> Iterator[int]:
     local = free_port()
-    proc = subprocess.Popen(["kubectl", "--context", e.context, "-n", e.namespace, "port-forward", target,
-                             f"{local}:{remote_port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["kubectl", "--context", e.context, "-n", e.namespace, "port-forward", target, f"{local}:{remote_port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -172,7 +193,9 @@ def port_forward(e: Env, target: str, remote_port: int) -> Iterator[int]:
                 socket.create_connection(("127.0.0.1", local), timeout=1).close()
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"port-forward {target} did not come up: {proc.stderr.read() if proc.poll() is not None else 'timeout'}")
+                raise AssertionError(
+                    f"port-forward {target} did not come up: {proc.stderr.read() if proc.poll() is not None else 'timeout'}"
+                )
             time.sleep(0.5)
         yield local
     finally:
@@ -214,9 +237,9 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 # --- the tests -------------------------------------------------------------------------------
 
+
 def test_operator_runs_locked_down(env: Env):
-    [pod] = env.get_json("-n", env.operator_namespace, "pods", "-l",
-                         "app.kubernetes.io/component=operator")["items"]
+    [pod] = env.get_json("-n", env.operator_namespace, "pods", "-l", "app.kubernetes.io/component=operator")["items"]
     assert pod["status"]["phase"] == "Running"
     assert pod["spec"]["securityContext"]["runAsUser"] == 10001
     [container] = pod["spec"]["containers"]
@@ -230,8 +253,16 @@ def test_minimal_cluster_becomes_ready_and_serves_kafka(env: Env):
     [cluster] = [d for d in yaml.safe_load_all((EXAMPLES / "minimal.yaml").read_text()) if d]
     cluster["spec"] |= {"image": env.image, "imagePullPolicy": "Never"}
     apply_documents(env, [cluster])
-    waited = env.kubectl("-n", env.namespace, "wait", "automqcluster/minimal", "--for=condition=Ready",
-                         "--timeout=600s", timeout=630, check=False)
+    waited = env.kubectl(
+        "-n",
+        env.namespace,
+        "wait",
+        "automqcluster/minimal",
+        "--for=condition=Ready",
+        "--timeout=600s",
+        timeout=630,
+        check=False,
+    )
     obj = env.get_json("-n", env.namespace, "automqcluster", "minimal")
     assert waited.returncode == 0, f"not Ready: {json.dumps(obj.get('status'), indent=1)}"
     assert obj["status"]["brokers"]["ready"] == 1 and obj["status"]["controllers"]["ready"] == 1
@@ -248,8 +279,13 @@ def test_minimal_cluster_becomes_ready_and_serves_kafka(env: Env):
             producer.send(topic, value)
         producer.flush(timeout=60)
         producer.close()
-        consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                 enable_auto_commit=False, consumer_timeout_ms=30_000)
+        consumer = KafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            consumer_timeout_ms=30_000,
+        )
         received = [record.value for record in consumer]
         consumer.close()
     assert received == sent

@@ -57,8 +57,12 @@ WORKER = textwrap.dedent(
 def run_workers(url: str, tmp_path: Path, mode: str, processes: int, rounds: int) -> list[list[int]]:
     go_file = tmp_path / "go"
     children = [
-        subprocess.Popen([sys.executable, "-c", WORKER, url, str(go_file), mode, str(me), str(rounds)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, url, str(go_file), mode, str(me), str(rounds)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for me in range(processes)
     ]
     time.sleep(0.5)  # let the interpreters start; correctness does not depend on this
@@ -157,8 +161,9 @@ async def test_conditional_create_without_hard_link_support(file_url, monkeypatc
     await store.put("k", b"first", if_none_match=True)
     with pytest.raises(PreconditionFailed):
         await store.put("k", b"second", if_none_match=True)
-    outcomes = await asyncio.gather(*(store.put("race", b"%d" % n, if_none_match=True) for n in range(12)),
-                                    return_exceptions=True)
+    outcomes = await asyncio.gather(
+        *(store.put("race", b"%d" % n, if_none_match=True) for n in range(12)), return_exceptions=True
+    )
     assert sum(not isinstance(o, BaseException) for o in outcomes) == 1
     assert all(isinstance(o, PreconditionFailed) for o in outcomes if isinstance(o, BaseException))
     assert [info.key async for info in store.list()] == ["k", "race"]

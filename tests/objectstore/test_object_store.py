@@ -144,8 +144,12 @@ def test_ranged_reads_match_python_slicing(store_url):
             runner.run(store.put(key, data))
 
         @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-        @given(key=st.sampled_from(sorted(objects)), start=st.integers(0, 800),
-               end=st.none() | st.integers(0, 900), delta=st.none() | st.integers(0, 3))
+        @given(
+            key=st.sampled_from(sorted(objects)),
+            start=st.integers(0, 800),
+            end=st.none() | st.integers(0, 900),
+            delta=st.none() | st.integers(0, 3),
+        )
         def check(key: str, start: int, end: int | None, delta: int | None) -> None:
             if end is not None and end < start:
                 end = start + (delta or 0)
@@ -238,7 +242,7 @@ async def test_list_many_keys_paginates_and_delete_many_clears(store):
     await asyncio.gather(*(put(key) for key in keys))
     await store.put("wal/node-2/000000", b"other node")
     assert await keys_of(store, "wal/node-1/") == keys
-    await store.delete_many(keys + ["wal/node-1/missing"])
+    await store.delete_many([*keys, "wal/node-1/missing"])
     assert await keys_of(store) == ["wal/node-2/000000"]
 
 
@@ -258,13 +262,13 @@ async def test_delete_missing_keys_is_not_an_error(store):
 
 async def test_multipart_round_trip_12_mib_in_5_mib_parts(store):
     data = os.urandom(12 * MiB)
-    parts = [data[i:i + 5 * MiB] for i in range(0, len(data), 5 * MiB)]
+    parts = [data[i : i + 5 * MiB] for i in range(0, len(data), 5 * MiB)]
     result = await store.put_multipart("big/object", parts)
     assert result.size == len(data)
     assert (await store.head("big/object")).size == len(data)
     assert await store.get("big/object") == data
     boundary = 5 * MiB
-    assert await store.get("big/object", boundary - 3, boundary + 3) == data[boundary - 3:boundary + 3]
+    assert await store.get("big/object", boundary - 3, boundary + 3) == data[boundary - 3 : boundary + 3]
 
 
 async def test_multipart_from_async_iterator_and_small_total(store):
@@ -298,8 +302,21 @@ async def test_large_put_is_atomic_and_readable(store):
 
 # -- hostile keys ------------------------------------------------------------------------------
 
-HOSTILE_KEYS = ["", "/abs", "../escape", "a/../../b", "a//b", "a/", "./a", "a/.", "a\x00b", "new\nline",
-                "x" * 1025, "\ud800", "back\\slash"]
+HOSTILE_KEYS = [
+    "",
+    "/abs",
+    "../escape",
+    "a/../../b",
+    "a//b",
+    "a/",
+    "./a",
+    "a/.",
+    "a\x00b",
+    "new\nline",
+    "x" * 1025,
+    "\ud800",
+    "back\\slash",
+]
 
 
 async def test_hostile_keys_are_rejected_everywhere(store):
@@ -320,8 +337,23 @@ async def test_hostile_keys_are_rejected_everywhere(store):
 
 
 async def test_keys_with_url_and_filesystem_special_characters_round_trip(store):
-    keys = ["a b", "a+b", "100%", "q?x=1&y=2", "h#f", "x%2Fy", "\u00fc/\u00e4", ".hidden", "..dots",
-            "~tilde", "%25", "%obj", "%lock", ".%tmp-x", "emoji-\U0001f600"]
+    keys = [
+        "a b",
+        "a+b",
+        "100%",
+        "q?x=1&y=2",
+        "h#f",
+        "x%2Fy",
+        "\u00fc/\u00e4",
+        ".hidden",
+        "..dots",
+        "~tilde",
+        "%25",
+        "%obj",
+        "%lock",
+        ".%tmp-x",
+        "emoji-\U0001f600",
+    ]
     for key in keys:
         await store.put(key, key.encode())
     for key in keys:
@@ -347,7 +379,9 @@ def test_arbitrary_valid_keys_round_trip_and_list_in_byte_order(store_url):
     filesystem rewriting) and listed in UTF-8 byte order."""
     keys_strategy = st.lists(
         st.text(alphabet=KEY_ALPHABET.replace("\t", ""), min_size=1, max_size=12).filter(_portable),
-        min_size=1, max_size=6, unique=True,
+        min_size=1,
+        max_size=6,
+        unique=True,
     )
     with asyncio.Runner() as runner:
         store = open_object_store(store_url)
@@ -397,8 +431,9 @@ async def test_conditional_replace_racing_writers_exactly_one_wins(store_url):
                 store = first if writer % 2 else second
                 try:
                     # distinct payloads: equal bytes would keep the ETag (ABA), not a race
-                    result = await store.put("cas", b"round-%d-writer-%d" % (round_number, writer),
-                                             if_match=current.etag)
+                    result = await store.put(
+                        "cas", b"round-%d-writer-%d" % (round_number, writer), if_match=current.etag
+                    )
                 except PreconditionFailed:
                     return None
                 return writer, result.etag

@@ -41,8 +41,9 @@ async def test_server_stopped_mid_test_fails_then_recovers(seaweedfs, s3_url):
         assert [info.key async for info in store.list()] == ["after", "before"]
 
 
-@pytest.mark.parametrize("variable, value", [("AWS_SECRET_ACCESS_KEY", "wrong-secret"),
-                                             ("AWS_ACCESS_KEY_ID", "unknown-key")])
+@pytest.mark.parametrize(
+    "variable, value", [("AWS_SECRET_ACCESS_KEY", "wrong-secret"), ("AWS_ACCESS_KEY_ID", "unknown-key")]
+)
 async def test_wrong_credentials_are_access_denied(s3_url, monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)
     async with open_object_store(s3_url) as store:
@@ -152,16 +153,20 @@ def throttling_proxy(target_port: int, failures: int):
     """A TCP proxy in front of the real server that answers the first `failures` requests
     itself with 503 SlowDown (what S3 sends when throttling) and relays the rest."""
     state = {"refused": 0}
-    body = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code>"
-            b"<Message>Please reduce your request rate.</Message></Error>")
+    body = (
+        b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+        b"<Message>Please reduce your request rate.</Message></Error>"
+    )
 
     async def relay(reader, writer):
         try:
             if state["refused"] < failures:
                 state["refused"] += 1
                 await reader.read(65536)
-                writer.write(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                writer.write(
+                    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
                 await writer.drain()
                 writer.close()
                 return
@@ -208,20 +213,28 @@ async def test_throttling_is_retried_with_backoff_then_unavailable(seaweedfs, s3
 
 def delete_result_proxy(target_port: int, errors: list[tuple[str, str]]):
     """Relays to the real server, but answers DeleteObjects itself with per-key errors."""
-    entries = "".join(f"<Error><Key>{key}</Key><Code>{code}</Code><Message>refused</Message></Error>"
-                      for key, code in errors)
-    body = ('<?xml version="1.0" encoding="UTF-8"?><DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
-            f"{entries}</DeleteResult>").encode()
+    entries = "".join(
+        f"<Error><Key>{key}</Key><Code>{code}</Code><Message>refused</Message></Error>" for key, code in errors
+    )
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?><DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        f"{entries}</DeleteResult>"
+    ).encode()
 
     async def relay(reader, writer):
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             if head.startswith(b"POST ") and b"?delete" in head.split(b"\r\n", 1)[0]:
-                length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
                 await reader.readexactly(length)
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nConnection: close\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
                 await writer.drain()
                 writer.close()
                 return
@@ -245,11 +258,14 @@ def delete_result_proxy(target_port: int, errors: list[tuple[str, str]]):
     return relay
 
 
-@pytest.mark.parametrize("errors, expected", [
-    ([("a", "AccessDenied"), ("gone", "NoSuchKey")], AccessDenied),
-    ([("a", "InternalError"), ("b", "AccessDenied")], ObjectStoreError),
-    ([("gone", "NoSuchKey")], None),
-])
+@pytest.mark.parametrize(
+    "errors, expected",
+    [
+        ([("a", "AccessDenied"), ("gone", "NoSuchKey")], AccessDenied),
+        ([("a", "InternalError"), ("b", "AccessDenied")], ObjectStoreError),
+        ([("gone", "NoSuchKey")], None),
+    ],
+)
 async def test_delete_many_reports_per_key_errors(seaweedfs, s3_url, errors, expected):
     target_port = int(seaweedfs.endpoint.rsplit(":", 1)[1])
     proxy = await asyncio.start_server(delete_result_proxy(target_port, errors), "127.0.0.1", 0)

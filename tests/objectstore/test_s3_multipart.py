@@ -20,14 +20,14 @@ def pending_uploads(seaweedfs, s3_url: str) -> list[str]:
 
 async def test_parallel_parts_reassemble_in_order(seaweedfs, s3_url):
     data = os.urandom(23 * MiB)
-    chunks = [data[i:i + 3 * MiB] for i in range(0, len(data), 3 * MiB)]  # not aligned to parts
+    chunks = [data[i : i + 3 * MiB] for i in range(0, len(data), 3 * MiB)]  # not aligned to parts
     async with open_object_store(s3_url + f"&part_size={5 * MiB}&upload_concurrency=3") as store:
         result = await store.put_multipart("big", chunks)
         assert result.etag.endswith("-5")  # 5 parts: 4 x 5 MiB + 3 MiB
         assert await store.get("big") == data
         whole = await store.put("whole", data)  # above multipart_threshold: multipart too
         assert whole.etag.endswith("-5")
-        assert await store.get("whole", 5 * MiB - 1, 5 * MiB + 1) == data[5 * MiB - 1:5 * MiB + 1]
+        assert await store.get("whole", 5 * MiB - 1, 5 * MiB + 1) == data[5 * MiB - 1 : 5 * MiB + 1]
     assert pending_uploads(seaweedfs, s3_url) == []
 
 

@@ -41,7 +41,12 @@ class ScalingEmulator(kmock.KubernetesEmulator):
         del self._requests[:-1]
         resource = request.resource
         meta = request.data.get("metadata") if isinstance(request.data, dict) else None
-        if request.action == kmock.action.CREATE and meta is not None and not meta.get("name") and meta.get("generateName"):
+        if (
+            request.action == kmock.action.CREATE
+            and meta is not None
+            and not meta.get("name")
+            and meta.get("generateName")
+        ):
             # kmock 0.8 ignores generateName; kopf names its Events that way.
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:10]
         if request.action in (kmock.action.CREATE, kmock.action.UPDATE) and request.data is not None:
@@ -59,7 +64,9 @@ class ScalingEmulator(kmock.KubernetesEmulator):
             key = (resource, request.namespace, request.name)
             async with self._lock:
                 if key not in self._objects or self._objects[key].deleted:
-                    return aiohttp.web.json_response({"kind": "Status", "code": 404, "message": "not found"}, status=404)
+                    return aiohttp.web.json_response(
+                        {"kind": "Status", "code": 404, "message": "not found"}, status=404
+                    )
                 if request.method == "PATCH":
                     self._objects[key].patch(_set_path(SCALE["specReplicasPath"], request.data["spec"]["replicas"]))
                     self._objects[key].patch({"metadata": request.data["metadata"]})
@@ -71,21 +78,33 @@ class ScalingEmulator(kmock.KubernetesEmulator):
                     "kind": "Scale",
                     "metadata": {"name": request.name, "namespace": request.namespace},
                     "spec": {"replicas": _get_path(obj, SCALE["specReplicasPath"])},
-                    "status": {"replicas": _get_path(obj, SCALE["statusReplicasPath"]) or 0, "selector": _get_path(obj, SCALE["labelSelectorPath"]) or ""},
+                    "status": {
+                        "replicas": _get_path(obj, SCALE["statusReplicasPath"]) or 0,
+                        "selector": _get_path(obj, SCALE["labelSelectorPath"]) or "",
+                    },
                 }
             )
         try:
             return await super()._handle(request)
         except jsonpatch.JsonPatchTestFailed as exc:
             # A stale resourceVersion in kopf's optimistic JSON patch: 422, as the API answers.
-            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422, "message": str(exc)}, status=422)
+            return aiohttp.web.json_response(
+                {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422, "message": str(exc)},
+                status=422,
+            )
         except kmock.KubernetesError as exc:
             # kmock 0.8 lets a missing object's 404 escape as an HTTP 500; answer as the API does.
             return aiohttp.web.json_response(
-                {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": exc.status, "reason": exc.reason, "message": exc.message},
+                {
+                    "apiVersion": "v1",
+                    "kind": "Status",
+                    "status": "Failure",
+                    "code": exc.status,
+                    "reason": exc.reason,
+                    "message": exc.message,
+                },
                 status=exc.status,
             )
-
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,10 @@ REF = ClusterRef(name="demo", namespace="streaming", uid="0b7d7c1e-1111-4c4c-888
 SPECS: dict[str, dict[str, Any]] = {
     "minimal": {"objectStore": {"bucket": "automq-data"}},
     "production": {
-        "controller": {"replicas": 3, "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}},
+        "controller": {
+            "replicas": 3,
+            "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+        },
         "broker": {
             "replicas": 6,
             "resources": {"requests": {"cpu": 2, "memory": "4Gi"}, "limits": {"memory": "4Gi"}},
@@ -41,7 +44,11 @@ SPECS: dict[str, dict[str, Any]] = {
         "imagePullSecrets": ["regcred"],
         "deletionPolicy": "Delete",
     },
-    "s3-wal": {"broker": {"replicas": 2, "wal": {"kind": "s3"}}, "objectStore": {"bucket": "b12", "endpoint": "http://seaweedfs:8333", "pathStyle": True}, "metrics": {"enabled": False}},
+    "s3-wal": {
+        "broker": {"replicas": 2, "wal": {"kind": "s3"}},
+        "objectStore": {"bucket": "b12", "endpoint": "http://seaweedfs:8333", "pathStyle": True},
+        "metrics": {"enabled": False},
+    },
     "no-brokers": {"objectStore": {"bucket": "automq-data"}, "broker": {"replicas": 0}},
 }
 
@@ -70,7 +77,14 @@ def test_every_object_is_owned_and_labelled(name: str) -> None:
         meta = obj["metadata"]
         assert meta["namespace"] == REF.namespace
         assert meta["ownerReferences"] == [
-            {"apiVersion": "automq.io/v1alpha1", "kind": "AutoMQCluster", "name": "demo", "uid": REF.uid, "controller": True, "blockOwnerDeletion": True}
+            {
+                "apiVersion": "automq.io/v1alpha1",
+                "kind": "AutoMQCluster",
+                "name": "demo",
+                "uid": REF.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
         ]
         assert meta["labels"]["app.kubernetes.io/instance"] == "demo"
         assert meta["labels"]["app.kubernetes.io/managed-by"] == "automq-operator"
@@ -84,9 +98,11 @@ def test_config_map_holds_a_valid_node_config_per_role() -> None:
     broker = parse_config(yaml.safe_load(data["broker.yaml"]))
     controller = parse_config(yaml.safe_load(data["controller.yaml"]))
     assert broker.object_store_url == "s3://prod-automq?region=eu-west-1"
-    assert broker.controller_urls == controller.controller_urls == [
-        f"http://demo-controller-{i}.demo-controllers.streaming.svc:9093" for i in range(3)
-    ]
+    assert (
+        broker.controller_urls
+        == controller.controller_urls
+        == [f"http://demo-controller-{i}.demo-controllers.streaming.svc:9093" for i in range(3)]
+    )
     assert broker.cluster_id == "streaming-demo"
     assert [(l.name, l.port) for l in broker.listeners] == [("PLAINTEXT", 9092), ("REPLICATION_X", 9095)]
     assert broker.http_port == 9094 and controller.http_port == 9093
@@ -95,7 +111,9 @@ def test_config_map_holds_a_valid_node_config_per_role() -> None:
     assert broker.kafka.num_partitions == 6 and controller.kafka.num_partitions == 1  # broker-only override
     assert broker.storage.log_cache_bytes == controller.storage.log_cache_bytes == 512 << 20  # cluster-wide override
     assert controller.controller.leadership == "lease"
-    assert controller.controller.lease_name == "demo-controller" and controller.controller.lease_namespace == "streaming"
+    assert (
+        controller.controller.lease_name == "demo-controller" and controller.controller.lease_namespace == "streaming"
+    )
 
 
 def test_object_store_url_with_endpoint_and_path_style() -> None:
@@ -124,7 +142,9 @@ def test_rbac_is_leases_only() -> None:
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "demo"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo", "namespace": "streaming"}]
     assert by_kind(objects, "ServiceAccount")["automountServiceAccountToken"] is False
-    pods = {r: by_kind(objects, "StatefulSet", f"demo-{r}")["spec"]["template"]["spec"] for r in ("broker", "controller")}
+    pods = {
+        r: by_kind(objects, "StatefulSet", f"demo-{r}")["spec"]["template"]["spec"] for r in ("broker", "controller")
+    }
     assert pods["controller"]["automountServiceAccountToken"] is True  # Leases
     assert pods["broker"]["automountServiceAccountToken"] is False
 
@@ -145,7 +165,11 @@ def test_broker_statefulset_with_volume_wal() -> None:
     assert spec["selector"]["matchLabels"] == builders.selector_labels(REF, "broker")
     (claim,) = spec["volumeClaimTemplates"]
     assert claim["metadata"]["name"] == "wal"
-    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "20Gi"}}, "storageClassName": "gp3"}
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "20Gi"}},
+        "storageClassName": "gp3",
+    }
     assert spec["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Delete", "whenScaled": "Retain"}
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
@@ -234,7 +258,10 @@ def test_scale_in_override_keeps_the_template() -> None:
 
 def test_selector_and_bootstrap_strings() -> None:
     spec = parse_spec(SPECS["minimal"])
-    assert builders.broker_selector(REF) == "app.kubernetes.io/component=broker,app.kubernetes.io/instance=demo,app.kubernetes.io/name=automq"
+    assert (
+        builders.broker_selector(REF)
+        == "app.kubernetes.io/component=broker,app.kubernetes.io/instance=demo,app.kubernetes.io/name=automq"
+    )
     assert builders.bootstrap_address(spec, REF) == "demo-bootstrap.streaming.svc:9092"
 
 
@@ -248,14 +275,25 @@ def _template(role: str) -> dict[str, Any]:
 
 
 def test_pod_config_for_a_broker() -> None:
-    env = {"POD_NAME": "demo-broker-4", "AUTOMQ_ROLE": "broker", "AUTOMQ_NODE_ID_BASE": "0", "AUTOMQ_ADVERTISED_HOST": "demo-broker-4.demo-brokers.streaming.svc", "AUTOMQ_RACK": "eu-west-1b"}
+    env = {
+        "POD_NAME": "demo-broker-4",
+        "AUTOMQ_ROLE": "broker",
+        "AUTOMQ_NODE_ID_BASE": "0",
+        "AUTOMQ_ADVERTISED_HOST": "demo-broker-4.demo-brokers.streaming.svc",
+        "AUTOMQ_RACK": "eu-west-1b",
+    }
     config = render_pod_config(_template("broker"), env)
     assert config.node_id == 4 and config.rack == "eu-west-1b"
     assert {l.advertised_host for l in config.listeners} == {"demo-broker-4.demo-brokers.streaming.svc"}
 
 
 def test_pod_config_for_a_controller() -> None:
-    env = {"POD_NAME": "demo-controller-2", "AUTOMQ_ROLE": "controller", "AUTOMQ_NODE_ID_BASE": "1000", "AUTOMQ_ADVERTISED_HOST": "demo-controller-2.demo-controllers.streaming.svc"}
+    env = {
+        "POD_NAME": "demo-controller-2",
+        "AUTOMQ_ROLE": "controller",
+        "AUTOMQ_NODE_ID_BASE": "1000",
+        "AUTOMQ_ADVERTISED_HOST": "demo-controller-2.demo-controllers.streaming.svc",
+    }
     config = render_pod_config(_template("controller"), env)
     assert config.node_id == 1002 and config.rack is None
     assert config.controller.advertised_url == "http://demo-controller-2.demo-controllers.streaming.svc:9093"

@@ -21,13 +21,53 @@ K8S_VERSION = "1.35"
 # https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#specifying-a-structural-schema
 # written from the rules, independent of the generator.
 
-FORBIDDEN = {"$ref", "$schema", "$defs", "definitions", "dependencies", "patternProperties", "additionalItems", "id", "title", "examples", "const", "oneOf", "allOf", "not"}
+FORBIDDEN = {
+    "$ref",
+    "$schema",
+    "$defs",
+    "definitions",
+    "dependencies",
+    "patternProperties",
+    "additionalItems",
+    "id",
+    "title",
+    "examples",
+    "const",
+    "oneOf",
+    "allOf",
+    "not",
+}
 ALLOWED = {
-    "type", "description", "properties", "required", "items", "enum", "default", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems", "maxItems",
-    "minProperties", "maxProperties", "format", "nullable", "additionalProperties", "anyOf", "example",
-    "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-validations",
-    "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "x-kubernetes-embedded-resource",
+    "type",
+    "description",
+    "properties",
+    "required",
+    "items",
+    "enum",
+    "default",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "format",
+    "nullable",
+    "additionalProperties",
+    "anyOf",
+    "example",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-validations",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+    "x-kubernetes-map-type",
+    "x-kubernetes-embedded-resource",
 }
 TYPES = {"object", "array", "string", "integer", "number", "boolean"}
 INT_OR_STRING_ANYOF = [{"type": "integer"}, {"type": "string"}]
@@ -95,7 +135,16 @@ def test_checker_catches_what_kubernetes_rejects() -> None:
         "required": ["zzz"],
     }
     found = "\n".join(structural_problems(bad))
-    for expected in ("'$ref'", ".a: no type", ".b: anyOf", "mutually exclusive", "additionalProperties: false", "array without items", ".e: no type", "'zzz'"):
+    for expected in (
+        "'$ref'",
+        ".a: no type",
+        ".b: anyOf",
+        "mutually exclusive",
+        "additionalProperties: false",
+        "array without items",
+        ".e: no type",
+        "'zzz'",
+    ):
         assert expected in found
 
 
@@ -103,7 +152,9 @@ def test_checker_catches_what_kubernetes_rejects() -> None:
 
 
 def test_committed_crd_is_what_the_models_generate() -> None:
-    assert CRD_FILE.read_text() == render_crd(), "crds/ is stale: run `python -m automq.operator.crd` and commit the result"
+    assert CRD_FILE.read_text() == render_crd(), (
+        "crds/ is stale: run `python -m automq.operator.crd` and commit the result"
+    )
 
 
 def test_crd_schema_is_structural() -> None:
@@ -170,7 +221,14 @@ def test_every_spec_field_is_documented() -> None:
 def test_structural_conversion_of_optional_and_refs() -> None:
     converted = structural(
         {
-            "$defs": {"Inner": {"type": "object", "title": "Inner", "additionalProperties": False, "properties": {"n": {"type": "integer", "default": 3}}}},
+            "$defs": {
+                "Inner": {
+                    "type": "object",
+                    "title": "Inner",
+                    "additionalProperties": False,
+                    "properties": {"n": {"type": "integer", "default": 3}},
+                }
+            },
             "type": "object",
             "properties": {
                 "inner": {"anyOf": [{"$ref": "#/$defs/Inner"}, {"type": "null"}], "default": None, "description": "d"},
@@ -178,7 +236,12 @@ def test_structural_conversion_of_optional_and_refs() -> None:
             },
         }
     )
-    assert converted["properties"]["inner"] == {"type": "object", "description": "d", "properties": {"n": {"type": "integer", "default": 3}}, "nullable": True}
+    assert converted["properties"]["inner"] == {
+        "type": "object",
+        "description": "d",
+        "properties": {"n": {"type": "integer", "default": 3}},
+        "nullable": True,
+    }
     assert "default" not in converted["properties"]["obj_default"]
     with pytest.raises(ValueError, match="structurally"):
         structural({"anyOf": [{"type": "string"}, {"type": "integer"}]})
@@ -201,7 +264,11 @@ def openapi_to_jsonschema(node: Any) -> Any:
             out["type"] = [out["type"], "null"]
         if "enum" in out:
             out["enum"] = [*out["enum"], None]
-    if "properties" in node and "additionalProperties" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+    if (
+        "properties" in node
+        and "additionalProperties" not in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False  # the API server prunes; treat unknown fields as errors here
     return out
 
@@ -217,22 +284,34 @@ ACCEPTED = {
     "minimal": MINIMAL,
     "production": {
         "image": "registry.example.com/automq:0.1.0",
-        "controller": {"replicas": 3, "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}},
+        "controller": {
+            "replicas": 3,
+            "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+        },
         "broker": {
             "replicas": 6,
             "resources": {"requests": {"cpu": 2, "memory": "4Gi"}},
             "rack": {"enabled": True},
             "wal": {"kind": "volume", "size": "20Gi", "storageClassName": "gp3"},
-            "scheduling": {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "kafka", "effect": "NoSchedule"}],
-                           "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}},
+            "scheduling": {
+                "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "kafka", "effect": "NoSchedule"}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}},
+            },
             "config": {"kafka.num_partitions": "6", "storage.log_cache_bytes": "512MiB"},
         },
         "objectStore": {"bucket": "prod-automq", "region": "eu-west-1", "credentialsSecret": {"name": "s3-creds"}},
         "listeners": [{"name": "PLAINTEXT", "port": 9092}, {"name": "INTERNAL", "port": 9095}],
         "deletionPolicy": "Delete",
     },
-    "s3-wal": {"broker": {"wal": {"kind": "s3"}}, "objectStore": {"bucket": "b12", "endpoint": "http://seaweedfs:8333", "pathStyle": True}},
-    "placeholders-on": {**MINIMAL, "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 5}, "balancing": {"enabled": True}},
+    "s3-wal": {
+        "broker": {"wal": {"kind": "s3"}},
+        "objectStore": {"bucket": "b12", "endpoint": "http://seaweedfs:8333", "pathStyle": True},
+    },
+    "placeholders-on": {
+        **MINIMAL,
+        "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 5},
+        "balancing": {"enabled": True},
+    },
     "zero-brokers": {**MINIMAL, "broker": {"replicas": 0}},
 }
 # name -> (spec, what the pydantic error must mention, whether the openAPI schema alone rejects it)
@@ -243,16 +322,40 @@ REJECTED = {
     "bad-quantity": ({**MINIMAL, "broker": {"resources": {"requests": {"memory": "lots"}}}}, "quantity", True),
     "negative-quantity": ({**MINIMAL, "broker": {"wal": {"kind": "volume", "size": "-1Gi"}}}, "quantity", True),
     "bad-wal-kind": ({**MINIMAL, "broker": {"wal": {"kind": "disk", "size": "1Gi"}}}, "spec.broker.wal.kind", True),
-    "volume-wal-without-size": ({**MINIMAL, "broker": {"wal": {"kind": "volume"}}}, "spec.broker.wal.size is required", False),
+    "volume-wal-without-size": (
+        {**MINIMAL, "broker": {"wal": {"kind": "volume"}}},
+        "spec.broker.wal.size is required",
+        False,
+    ),
     "unknown-field": ({**MINIMAL, "brokers": {"replicas": 3}}, "spec.brokers: unknown field", True),
-    "unknown-config-key": ({**MINIMAL, "config": {"kafka.num_partition": "3"}}, "spec.config['kafka.num_partition']: unknown node config key", False),
+    "unknown-config-key": (
+        {**MINIMAL, "config": {"kafka.num_partition": "3"}},
+        "spec.config['kafka.num_partition']: unknown node config key",
+        False,
+    ),
     "owned-config-key": ({**MINIMAL, "broker": {"config": {"listeners": "x"}}}, "cannot be overridden", False),
-    "bad-config-value": ({**MINIMAL, "config": {"kafka.num_partitions": "many"}}, "spec.config['kafka.num_partitions']", False),
+    "bad-config-value": (
+        {**MINIMAL, "config": {"kafka.num_partitions": "many"}},
+        "spec.config['kafka.num_partitions']",
+        False,
+    ),
     "bad-bucket": ({"objectStore": {"bucket": "Has_Upper"}}, "spec.objectStore.bucket", True),
-    "duplicate-listener-port": ({**MINIMAL, "listeners": [{"name": "A", "port": 9092}, {"name": "B", "port": 9092}]}, "distinct", False),
+    "duplicate-listener-port": (
+        {**MINIMAL, "listeners": [{"name": "A", "port": 9092}, {"name": "B", "port": 9092}]},
+        "distinct",
+        False,
+    ),
     "listener-on-http-port": ({**MINIMAL, "listeners": [{"name": "A", "port": 9094}]}, "broker HTTP port", False),
-    "requests-over-limits": ({**MINIMAL, "broker": {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}}, "larger than limits.cpu", False),
-    "autoscaling-bounds": ({**MINIMAL, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "minReplicas (5) exceeds", False),
+    "requests-over-limits": (
+        {**MINIMAL, "broker": {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}},
+        "larger than limits.cpu",
+        False,
+    ),
+    "autoscaling-bounds": (
+        {**MINIMAL, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
+        "minReplicas (5) exceeds",
+        False,
+    ),
     "bad-cron": ({**MINIMAL, "compaction": {"schedule": "often"}}, "spec.compaction.schedule", True),
     "replicas-as-string": ({**MINIMAL, "broker": {"replicas": "three"}}, "spec.broker.replicas", True),
 }
@@ -279,7 +382,9 @@ def test_rejected_specs(name: str, spec_validator: jsonschema.Draft7Validator) -
 @pytest.mark.parametrize("name", ["demo", "a", "prod-eu-1", "x" * 40])
 def test_cluster_names_accepted(name: str) -> None:
     check_cluster_name(name)
-    rule = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"]["properties"]["name"]
+    rule = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"]["properties"][
+        "name"
+    ]
     jsonschema.validate(name, rule)
 
 
@@ -287,14 +392,18 @@ def test_cluster_names_accepted(name: str) -> None:
 def test_cluster_names_rejected(name: str) -> None:
     with pytest.raises(InvalidSpec, match="metadata.name"):
         check_cluster_name(name)
-    rule = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"]["properties"]["name"]
+    rule = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"]["properties"][
+        "name"
+    ]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(name, rule)
 
 
 def test_cel_rule_for_volume_wal_matches_the_model() -> None:
     """No CEL engine is installed: check the one rule's meaning by evaluating its tiny grammar."""
-    wal = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["broker"]["properties"]["wal"]
+    wal = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["broker"][
+        "properties"
+    ]["wal"]
     (rule,) = wal["x-kubernetes-validations"]
     m = re.fullmatch(r"self\.kind != '(\w+)' \|\| has\(self\.(\w+)\)", rule["rule"])
     assert m, rule

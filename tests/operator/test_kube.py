@@ -14,7 +14,10 @@ from automq.operator.kube import KubeApi, KubeError, apply, contains, merge_patc
 
 def test_contains_tolerates_server_defaults_only() -> None:
     desired = {"spec": {"ports": [{"port": 9092}], "type": "ClusterIP"}}
-    live = {"spec": {"ports": [{"port": 9092, "protocol": "TCP"}], "type": "ClusterIP", "clusterIP": "10.0.0.1"}, "status": {}}
+    live = {
+        "spec": {"ports": [{"port": 9092, "protocol": "TCP"}], "type": "ClusterIP", "clusterIP": "10.0.0.1"},
+        "status": {},
+    }
     assert contains(live, desired)
     assert not contains({"spec": {"ports": [{"port": 9093}], "type": "ClusterIP"}}, desired)
     assert not contains({"spec": {"ports": [], "type": "ClusterIP"}}, desired)  # list length matters
@@ -24,7 +27,10 @@ def test_contains_tolerates_server_defaults_only() -> None:
 def test_merge_patch_nulls_what_was_dropped() -> None:
     last = {"metadata": {"annotations": {"a": "1", "b": "2"}}, "spec": {"x": 1, "gone": {"deep": True}}}
     desired = {"metadata": {"annotations": {"a": "1"}}, "spec": {"x": 2}}
-    assert merge_patch(last, desired) == {"metadata": {"annotations": {"a": "1", "b": None}}, "spec": {"x": 2, "gone": None}}
+    assert merge_patch(last, desired) == {
+        "metadata": {"annotations": {"a": "1", "b": None}},
+        "spec": {"x": 2, "gone": None},
+    }
     # Nothing applied before: the patch is the desired object itself.
     assert merge_patch({}, desired) == desired
 
@@ -92,7 +98,16 @@ async def test_server_errors_carry_the_status_and_message(api: KubeApi) -> None:
 
 
 def test_immutable_fields_stay_out_of_patches() -> None:
-    sts = {"kind": "StatefulSet", "spec": {"replicas": 3, "serviceName": "s", "selector": {"matchLabels": {"a": "b"}}, "volumeClaimTemplates": [{"metadata": {"name": "wal"}}], "template": {}}}
+    sts = {
+        "kind": "StatefulSet",
+        "spec": {
+            "replicas": 3,
+            "serviceName": "s",
+            "selector": {"matchLabels": {"a": "b"}},
+            "volumeClaimTemplates": [{"metadata": {"name": "wal"}}],
+            "template": {},
+        },
+    }
     assert without_immutable("StatefulSet", sts) == {"kind": "StatefulSet", "spec": {"replicas": 3, "template": {}}}
     assert sts["spec"]["serviceName"] == "s"  # the desired object itself is not changed
     assert without_immutable("ConfigMap", {"data": {"a": "1"}}) == {"data": {"a": "1"}}
@@ -100,15 +115,37 @@ def test_immutable_fields_stay_out_of_patches() -> None:
 
 async def test_apply_patches_a_statefulset_without_touching_its_claim_templates(api: KubeApi) -> None:
     sts = {
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
         "metadata": {"name": "demo-broker", "namespace": "ns", "uid": str(uuid.uuid4())},
-        "spec": {"replicas": 1, "serviceName": "demo-brokers", "selector": {"matchLabels": {"a": "b"}},
-                 "volumeClaimTemplates": [{"metadata": {"name": "wal"}, "spec": {"resources": {"requests": {"storage": "1Gi"}}}}],
-                 "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i:1"}]}}},
+        "spec": {
+            "replicas": 1,
+            "serviceName": "demo-brokers",
+            "selector": {"matchLabels": {"a": "b"}},
+            "volumeClaimTemplates": [
+                {"metadata": {"name": "wal"}, "spec": {"resources": {"requests": {"storage": "1Gi"}}}}
+            ],
+            "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i:1"}]}},
+        },
     }
     await apply(api, sts)
     # What an API server adds to a claim template; a patch must not send the template back.
-    await api.patch("StatefulSet", "ns", "demo-broker", {"spec": {"volumeClaimTemplates": [{"metadata": {"name": "wal"}, "spec": {"resources": {"requests": {"storage": "1Gi"}}, "volumeMode": "Filesystem"}, "status": {"phase": "Pending"}}]}})
+    await api.patch(
+        "StatefulSet",
+        "ns",
+        "demo-broker",
+        {
+            "spec": {
+                "volumeClaimTemplates": [
+                    {
+                        "metadata": {"name": "wal"},
+                        "spec": {"resources": {"requests": {"storage": "1Gi"}}, "volumeMode": "Filesystem"},
+                        "status": {"phase": "Pending"},
+                    }
+                ]
+            }
+        },
+    )
     assert (await apply(api, sts))[0] == "unchanged"
     newer = {**sts, "spec": {**sts["spec"], "replicas": 2}}
     result, live = await apply(api, newer)

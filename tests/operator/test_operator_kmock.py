@@ -20,8 +20,9 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import kmock
 import pytest
@@ -39,6 +40,7 @@ from automq.operator.spec import GROUP, PLURAL, VERSION, parse_spec
 
 NS = "streaming"
 WAIT_S = 60.0  # upper bound for a condition to become true (generous: CI machines are shared)
+
 
 class Log:
     """An ordered, thread-safe record of what happened (drains, pod deletions, replicas)."""
@@ -114,11 +116,24 @@ class PodSimulator:
                         self.log.add("deleted", pod_name)
                     self.replicas[("seen", pod_name)] = True  # type: ignore[index]
                     await self.api.create(self._pod(pod_name, template, ready=False))
-                elif self.crashing.get(pod_name) == (pod["metadata"].get("annotations") or {}).get(builders.TEMPLATE_HASH):
+                elif self.crashing.get(pod_name) == (pod["metadata"].get("annotations") or {}).get(
+                    builders.TEMPLATE_HASH
+                ):
                     if not (pod.get("status", {}).get("containerStatuses") or [{}])[0].get("state", {}).get("waiting"):
                         await self.api.patch("Pod", NS, pod_name, {"status": self._crashing_status(template)})
                 elif not _is_ready(pod):
-                    await self.api.patch("Pod", NS, pod_name, {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}], "containerStatuses": None}})
+                    await self.api.patch(
+                        "Pod",
+                        NS,
+                        pod_name,
+                        {
+                            "status": {
+                                "phase": "Running",
+                                "conditions": [{"type": "Ready", "status": "True"}],
+                                "containerStatuses": None,
+                            }
+                        },
+                    )
             for pod_name, pod in pods.items():
                 if int(pod_name.rsplit("-", 1)[1]) >= replicas:
                     await self.api.delete("Pod", NS, pod_name)
@@ -142,12 +157,24 @@ class PodSimulator:
         return {
             "phase": "Running",
             "conditions": [{"type": "Ready", "status": "False"}],
-            "containerStatuses": [{"name": container, "restartCount": 4, "ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}}}],
+            "containerStatuses": [
+                {
+                    "name": container,
+                    "restartCount": 4,
+                    "ready": False,
+                    "state": {
+                        "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}
+                    },
+                }
+            ],
         }
 
 
 def _is_ready(pod: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in (pod.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 class Harness:
@@ -190,7 +217,9 @@ class Harness:
         kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
         self.context = OperatorContext(
             controller_api_factory=lambda urls: RecordingControllerApi(self.log, urls),
-            settings=ReconcileSettings(poll_interval_s=0.1, pod_ready_timeout_s=WAIT_S, drain_timeout_s=5, scale_in_wait_s=1),
+            settings=ReconcileSettings(
+                poll_interval_s=0.1, pod_ready_timeout_s=WAIT_S, drain_timeout_s=5, scale_in_wait_s=1
+            ),
             retry_delay_s=0.2,
             status_interval_s=1.0,
             resync_interval_s=4.0,  # drift repair (a full pass of a quiet cluster) within seconds
@@ -216,8 +245,10 @@ class Harness:
 
     def _run_operator(self) -> None:
         try:
-            asyncio.run(operate([], True, None, context=self.context, stop_flag=self.stop_flag, ready_flag=self.ready_flag))
-        except BaseException as exc:  # noqa: BLE001 - reported by start()/stop()
+            asyncio.run(
+                operate([], True, None, context=self.context, stop_flag=self.stop_flag, ready_flag=self.ready_flag)
+            )
+        except BaseException as exc:
             self.operator_errors.append(exc)
 
     def stop(self) -> None:
@@ -248,7 +279,12 @@ class Harness:
 
     def create_cluster(self, name: str, spec: dict[str, Any]) -> ClusterRef:
         uid = str(uuid.uuid4())
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AutoMQCluster", "metadata": {"name": name, "namespace": NS, "uid": uid, "generation": 1, "resourceVersion": "1"}, "spec": spec}
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "AutoMQCluster",
+            "metadata": {"name": name, "namespace": NS, "uid": uid, "generation": 1, "resourceVersion": "1"},
+            "spec": spec,
+        }
         self.call(self.api.create(body))
         return ClusterRef(name, NS, uid)
 
@@ -273,7 +309,9 @@ class Harness:
                 if last:
                     return last
             time.sleep(0.05)
-        pytest.fail(f"timed out waiting for {what}; last: {last!r}; operator errors: {self.operator_errors}; log tail: {self.log.snapshot()[-20:]}")
+        pytest.fail(
+            f"timed out waiting for {what}; last: {last!r}; operator errors: {self.operator_errors}; log tail: {self.log.snapshot()[-20:]}"
+        )
 
 
 def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
@@ -314,7 +352,9 @@ def test_create_builds_every_object_with_owner_references(k8s: Harness) -> None:
     spec = parse_spec(SPEC)
     expected = builders.desired_objects(spec, ref)
     for want in expected:
-        live = k8s.wait_for(f"{want['kind']} {want['metadata']['name']}", lambda: k8s.get(want["kind"], want["metadata"]["name"]))
+        live = k8s.wait_for(
+            f"{want['kind']} {want['metadata']['name']}", lambda: k8s.get(want["kind"], want["metadata"]["name"])
+        )
         assert live["metadata"]["ownerReferences"] == [ref.owner_reference()]
         for key in ("spec", "data", "rules", "roleRef", "subjects"):
             if key in want:
@@ -336,7 +376,10 @@ def test_create_builds_every_object_with_owner_references(k8s: Harness) -> None:
 def test_config_change_rolls_brokers_one_at_a_time_then_controllers(k8s: Harness) -> None:
     before = len(k8s.log.snapshot())
     k8s.patch_spec("demo", {"config": {"kafka.num_partitions": "12"}})
-    k8s.wait_for("ConfigMap with the override", lambda: "num_partitions: 12" in k8s.get("ConfigMap", "demo-config")["data"]["broker.yaml"])
+    k8s.wait_for(
+        "ConfigMap with the override",
+        lambda: "num_partitions: 12" in k8s.get("ConfigMap", "demo-config")["data"]["broker.yaml"],
+    )
 
     def rolled() -> bool:
         deleted = [e for e in k8s.log.snapshot()[before:] if e[0] == "deleted"]
@@ -345,10 +388,17 @@ def test_config_change_rolls_brokers_one_at_a_time_then_controllers(k8s: Harness
     k8s.wait_for("all five pods restarted and the cluster Ready", rolled)
     steps = [e for e in k8s.log.snapshot()[before:] if e[0] in ("drain", "undrain", "deleted")]
     assert steps == [
-        ("drain", 0), ("deleted", "demo-broker-0"), ("undrain", 0),
-        ("drain", 1), ("deleted", "demo-broker-1"), ("undrain", 1),
-        ("drain", 2), ("deleted", "demo-broker-2"), ("undrain", 2),
-        ("deleted", "demo-controller-0"), ("deleted", "demo-controller-1"),
+        ("drain", 0),
+        ("deleted", "demo-broker-0"),
+        ("undrain", 0),
+        ("drain", 1),
+        ("deleted", "demo-broker-1"),
+        ("undrain", 1),
+        ("drain", 2),
+        ("deleted", "demo-broker-2"),
+        ("undrain", 2),
+        ("deleted", "demo-controller-0"),
+        ("deleted", "demo-controller-1"),
     ]
     want = builders.template_hash(k8s.get("StatefulSet", "demo-broker"))
     for i in range(3):
@@ -377,11 +427,17 @@ def test_scale_subresource_scales_in_after_draining_and_back_out(k8s: Harness) -
     base = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}/demo/scale"
     scale = k8s.request("GET", base)
     assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
-    assert scale["status"]["selector"] == "app.kubernetes.io/component=broker,app.kubernetes.io/instance=demo,app.kubernetes.io/name=automq"
+    assert (
+        scale["status"]["selector"]
+        == "app.kubernetes.io/component=broker,app.kubernetes.io/instance=demo,app.kubernetes.io/name=automq"
+    )
 
     before = len(k8s.log.snapshot())
     k8s.request("PATCH", base, {"spec": {"replicas": 1}})
-    k8s.wait_for("brokers scaled to 1 and Ready", lambda: _ready(k8s, "demo") and k8s.get("AutoMQCluster", "demo")["status"]["brokers"]["replicas"] == 1)
+    k8s.wait_for(
+        "brokers scaled to 1 and Ready",
+        lambda: _ready(k8s, "demo") and k8s.get("AutoMQCluster", "demo")["status"]["brokers"]["replicas"] == 1,
+    )
     entries = [e for e in k8s.log.snapshot()[before:] if e[0] in ("drain", "replicas", "removed")]
     drains = [e for e in entries if e[0] == "drain"]
     assert sorted(d[1] for d in drains) == [1, 2]
@@ -392,19 +448,36 @@ def test_scale_subresource_scales_in_after_draining_and_back_out(k8s: Harness) -
     assert k8s.get("AutoMQCluster", "demo")["status"]["drainedBrokers"] == []  # nothing left drained
 
     k8s.request("PATCH", base, {"spec": {"replicas": 2}})
-    k8s.wait_for("brokers scaled to 2 and Ready", lambda: _ready(k8s, "demo") and k8s.get("AutoMQCluster", "demo")["status"]["brokers"]["ready"] == 2)
+    k8s.wait_for(
+        "brokers scaled to 2 and Ready",
+        lambda: _ready(k8s, "demo") and k8s.get("AutoMQCluster", "demo")["status"]["brokers"]["ready"] == 2,
+    )
     assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 2
     assert any(e["reason"] == "ScalingOut" for e in k8s.events("demo"))
 
 
 def test_crash_looping_pod_is_reported_degraded(k8s: Harness) -> None:
-    k8s.simulator.crashing["demo-broker-1"] = k8s.get("Pod", "demo-broker-1")["metadata"]["annotations"][builders.TEMPLATE_HASH]
-    k8s.call(k8s.api.patch("Pod", NS, "demo-broker-1", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}))
-    cluster = k8s.wait_for("Degraded CrashLoopBackOff", lambda: (c := k8s.get("AutoMQCluster", "demo")) and condition(c, "Degraded").get("reason") == "CrashLoopBackOff" and c)
+    k8s.simulator.crashing["demo-broker-1"] = k8s.get("Pod", "demo-broker-1")["metadata"]["annotations"][
+        builders.TEMPLATE_HASH
+    ]
+    k8s.call(
+        k8s.api.patch("Pod", NS, "demo-broker-1", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+    )
+    cluster = k8s.wait_for(
+        "Degraded CrashLoopBackOff",
+        lambda: (
+            (c := k8s.get("AutoMQCluster", "demo"))
+            and condition(c, "Degraded").get("reason") == "CrashLoopBackOff"
+            and c
+        ),
+    )
     assert condition(cluster, "Degraded")["status"] == "True"
     assert "demo-broker-1" in condition(cluster, "Degraded")["message"]
     assert condition(cluster, "Ready")["status"] == "False"
-    k8s.wait_for("CrashLoopBackOff warning event", lambda: any(e["reason"] == "CrashLoopBackOff" and e["type"] == "Warning" for e in k8s.events("demo")))
+    k8s.wait_for(
+        "CrashLoopBackOff warning event",
+        lambda: any(e["reason"] == "CrashLoopBackOff" and e["type"] == "Warning" for e in k8s.events("demo")),
+    )
     k8s.simulator.crashing.pop("demo-broker-1")
     k8s.call(k8s.api.patch("Pod", NS, "demo-broker-1", {"status": {"containerStatuses": None}}))
     cluster = k8s.wait_for("Ready again", lambda: _ready(k8s, "demo"))
@@ -413,17 +486,33 @@ def test_crash_looping_pod_is_reported_degraded(k8s: Harness) -> None:
 
 def test_crash_looping_controller_is_restarted_first_by_a_fix(k8s: Harness) -> None:
     """Outdated pods that are not Ready go first: a broken controller does not wait for brokers."""
-    k8s.simulator.crashing["demo-controller-1"] = k8s.get("Pod", "demo-controller-1")["metadata"]["annotations"][builders.TEMPLATE_HASH]
-    k8s.call(k8s.api.patch("Pod", NS, "demo-controller-1", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}))
-    k8s.wait_for("controller crash loop reported", lambda: "demo-controller-1" in condition(k8s.get("AutoMQCluster", "demo"), "Degraded").get("message", ""))
+    k8s.simulator.crashing["demo-controller-1"] = k8s.get("Pod", "demo-controller-1")["metadata"]["annotations"][
+        builders.TEMPLATE_HASH
+    ]
+    k8s.call(
+        k8s.api.patch(
+            "Pod", NS, "demo-controller-1", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+        )
+    )
+    k8s.wait_for(
+        "controller crash loop reported",
+        lambda: "demo-controller-1" in condition(k8s.get("AutoMQCluster", "demo"), "Degraded").get("message", ""),
+    )
     before = len(k8s.log.snapshot())
     k8s.patch_spec("demo", {"config": {"kafka.num_partitions": "6"}})  # the "fix": both roles outdated
-    k8s.wait_for("Ready after the fix", lambda: len([e for e in k8s.log.snapshot()[before:] if e[0] == "deleted"]) == 4 and _ready(k8s, "demo"))
+    k8s.wait_for(
+        "Ready after the fix",
+        lambda: len([e for e in k8s.log.snapshot()[before:] if e[0] == "deleted"]) == 4 and _ready(k8s, "demo"),
+    )
     steps = [e for e in k8s.log.snapshot()[before:] if e[0] in ("drain", "undrain", "deleted")]
     assert steps == [
         ("deleted", "demo-controller-1"),
-        ("drain", 0), ("deleted", "demo-broker-0"), ("undrain", 0),
-        ("drain", 1), ("deleted", "demo-broker-1"), ("undrain", 1),
+        ("drain", 0),
+        ("deleted", "demo-broker-0"),
+        ("undrain", 0),
+        ("drain", 1),
+        ("deleted", "demo-broker-1"),
+        ("undrain", 1),
         ("deleted", "demo-controller-0"),
     ]
     k8s.simulator.crashing.clear()
@@ -433,24 +522,47 @@ def test_no_broker_restarts_while_the_controller_cannot_drain(k8s: Harness) -> N
     k8s.log.controller_down = True
     before = len(k8s.log.snapshot())
     k8s.patch_spec("demo", {"broker": {"resources": {"requests": {"cpu": "1"}}}})
-    cluster = k8s.wait_for("ControllerUnavailable", lambda: (c := k8s.get("AutoMQCluster", "demo")) and condition(c, "Degraded").get("reason") == "ControllerUnavailable" and c)
+    cluster = k8s.wait_for(
+        "ControllerUnavailable",
+        lambda: (
+            (c := k8s.get("AutoMQCluster", "demo"))
+            and condition(c, "Degraded").get("reason") == "ControllerUnavailable"
+            and c
+        ),
+    )
     assert "cannot drain broker 0 before restarting demo-broker-0" in condition(cluster, "Degraded")["message"]
     assert condition(cluster, "Progressing")["status"] == "True"
     assert [e for e in k8s.log.snapshot()[before:] if e[0] == "deleted"] == []  # nothing restarted undrained
     assert cluster["status"]["drainedBrokers"] == [0]  # the drain may have landed: undrain it later
 
     k8s.log.controller_down = False
-    k8s.wait_for("rolled once the controller answers", lambda: len([e for e in k8s.log.snapshot()[before:] if e[0] == "deleted"]) == 2 and _ready(k8s, "demo"))
+    k8s.wait_for(
+        "rolled once the controller answers",
+        lambda: len([e for e in k8s.log.snapshot()[before:] if e[0] == "deleted"]) == 2 and _ready(k8s, "demo"),
+    )
     steps = [e for e in k8s.log.snapshot()[before:] if e[0] in ("drain", "undrain", "deleted")]
     if steps[:1] == [("undrain", 0)]:
         steps = steps[1:]  # a status refresh may first undrain the broker whose drain may have landed
-    assert steps == [("drain", 0), ("deleted", "demo-broker-0"), ("undrain", 0), ("drain", 1), ("deleted", "demo-broker-1"), ("undrain", 1)]
+    assert steps == [
+        ("drain", 0),
+        ("deleted", "demo-broker-0"),
+        ("undrain", 0),
+        ("drain", 1),
+        ("deleted", "demo-broker-1"),
+        ("undrain", 1),
+    ]
 
 
 def test_placeholder_is_reported_not_implemented(k8s: Harness) -> None:
     k8s.patch_spec("demo", {"autoscaling": {"enabled": True, "maxReplicas": 5}})
-    k8s.wait_for("notImplemented in status", lambda: k8s.get("AutoMQCluster", "demo")["status"].get("notImplemented") == ["autoscaling"])
-    k8s.wait_for("NotImplemented event", lambda: any(e["reason"] == "NotImplemented" and "autoscaling" in e["message"] for e in k8s.events("demo")))
+    k8s.wait_for(
+        "notImplemented in status",
+        lambda: k8s.get("AutoMQCluster", "demo")["status"].get("notImplemented") == ["autoscaling"],
+    )
+    k8s.wait_for(
+        "NotImplemented event",
+        lambda: any(e["reason"] == "NotImplemented" and "autoscaling" in e["message"] for e in k8s.events("demo")),
+    )
     assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 2  # inert
 
 
@@ -458,14 +570,21 @@ def test_scale_in_waits_for_the_drain(k8s: Harness) -> None:
     k8s.log.held.add(1)
     before = len(k8s.log.snapshot())
     k8s.patch_spec("demo", {"broker": {"replicas": 1}})
-    cluster = k8s.wait_for("ScalingIn in progress", lambda: (c := k8s.get("AutoMQCluster", "demo")) and condition(c, "Progressing").get("reason") == "ScalingIn" and c)
+    cluster = k8s.wait_for(
+        "ScalingIn in progress",
+        lambda: (
+            (c := k8s.get("AutoMQCluster", "demo")) and condition(c, "Progressing").get("reason") == "ScalingIn" and c
+        ),
+    )
     assert "draining brokers [1]" in condition(cluster, "Progressing")["message"]
     assert ("drain", 1) in k8s.log.snapshot()[before:]
     assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 2  # not before the drain is done
     assert cluster["status"]["drainedBrokers"] == [1]
 
     k8s.log.held.discard(1)
-    k8s.wait_for("scaled in", lambda: k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 1 and _ready(k8s, "demo"))
+    k8s.wait_for(
+        "scaled in", lambda: k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 1 and _ready(k8s, "demo")
+    )
     assert k8s.get("AutoMQCluster", "demo")["status"]["drainedBrokers"] == []
 
 
@@ -473,12 +592,21 @@ def test_wal_change_is_refused_without_restarting_anything(k8s: Harness) -> None
     before = len(k8s.log.snapshot())
     resources = k8s.get("StatefulSet", "demo-broker")["spec"]["template"]["spec"]["containers"][0]["resources"]
     k8s.patch_spec("demo", {"broker": {"wal": {"size": "50Gi"}, "resources": {"requests": {"cpu": "3"}}}})
-    cluster = k8s.wait_for("WalChangeNotSupported", lambda: (c := k8s.get("AutoMQCluster", "demo")) and condition(c, "Degraded").get("reason") == "WalChangeNotSupported" and c)
+    cluster = k8s.wait_for(
+        "WalChangeNotSupported",
+        lambda: (
+            (c := k8s.get("AutoMQCluster", "demo"))
+            and condition(c, "Degraded").get("reason") == "WalChangeNotSupported"
+            and c
+        ),
+    )
     assert "spec.broker.wal" in condition(cluster, "Degraded")["message"]
     sts = k8s.get("StatefulSet", "demo-broker")
     assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "5Gi"
     assert sts["spec"]["template"]["spec"]["containers"][0]["resources"] == resources  # held back too
-    k8s.wait_for("WalChangeNotSupported event", lambda: any(e["reason"] == "WalChangeNotSupported" for e in k8s.events("demo")))
+    k8s.wait_for(
+        "WalChangeNotSupported event", lambda: any(e["reason"] == "WalChangeNotSupported" for e in k8s.events("demo"))
+    )
     assert [e for e in k8s.log.snapshot()[before:] if e[0] in ("drain", "deleted")] == []
 
     k8s.patch_spec("demo", {"broker": {"wal": {"size": "5Gi"}, "resources": resources}})
@@ -490,12 +618,20 @@ def test_scale_to_zero_does_not_wait_for_a_drain(k8s: Harness) -> None:
     k8s.log.held.add(0)  # a drain of the last broker could never finish
     before = len(k8s.log.snapshot())
     k8s.request("PATCH", base, {"spec": {"replicas": 0}})
-    k8s.wait_for("no brokers", lambda: k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 0 and _ready(k8s, "demo"))
+    k8s.wait_for(
+        "no brokers", lambda: k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 0 and _ready(k8s, "demo")
+    )
     assert ("drain", 0) not in k8s.log.snapshot()[before:]
-    k8s.wait_for("ScaledToZero warning", lambda: any(e["reason"] == "ScaledToZero" and e["type"] == "Warning" for e in k8s.events("demo")))
+    k8s.wait_for(
+        "ScaledToZero warning",
+        lambda: any(e["reason"] == "ScaledToZero" and e["type"] == "Warning" for e in k8s.events("demo")),
+    )
     k8s.log.held.clear()
     k8s.request("PATCH", base, {"spec": {"replicas": 1}})
-    k8s.wait_for("one broker again", lambda: _ready(k8s, "demo") and k8s.get("AutoMQCluster", "demo")["status"]["brokers"]["ready"] == 1)
+    k8s.wait_for(
+        "one broker again",
+        lambda: _ready(k8s, "demo") and k8s.get("AutoMQCluster", "demo")["status"]["brokers"]["ready"] == 1,
+    )
 
 
 def test_invalid_spec_is_reported_and_recovers_when_fixed(k8s: Harness) -> None:
@@ -504,8 +640,18 @@ def test_invalid_spec_is_reported_and_recovers_when_fixed(k8s: Harness) -> None:
         message = condition(c, "Degraded").get("message", "")
         return condition(c, "Degraded").get("reason") == "InvalidSpec" and fragment in message and c
 
-    k8s.create_cluster("broken", {"objectStore": {"bucket": "automq-data"}, "broker": {"wal": {"kind": "volume"}}, "config": {"kafka.num_partition": "3"}})
-    cluster = k8s.wait_for("InvalidSpec status", lambda: degraded_message("broken", "spec.broker.wal.size is required when spec.broker.wal.kind is volume"))
+    k8s.create_cluster(
+        "broken",
+        {
+            "objectStore": {"bucket": "automq-data"},
+            "broker": {"wal": {"kind": "volume"}},
+            "config": {"kafka.num_partition": "3"},
+        },
+    )
+    cluster = k8s.wait_for(
+        "InvalidSpec status",
+        lambda: degraded_message("broken", "spec.broker.wal.size is required when spec.broker.wal.kind is volume"),
+    )
     assert condition(cluster, "Degraded")["status"] == "True"
     assert condition(cluster, "Ready")["status"] == "False" and condition(cluster, "Ready")["reason"] == "InvalidSpec"
     event = k8s.wait_for("InvalidSpec event", lambda: [e for e in k8s.events("broken") if e["reason"] == "InvalidSpec"])
@@ -514,19 +660,29 @@ def test_invalid_spec_is_reported_and_recovers_when_fixed(k8s: Harness) -> None:
 
     # Half fixed: the next problem is named.
     k8s.patch_spec("broken", {"broker": {"wal": {"size": "1Gi"}}})
-    k8s.wait_for("config key named", lambda: degraded_message("broken", "spec.config['kafka.num_partition']: unknown node config key"))
+    k8s.wait_for(
+        "config key named",
+        lambda: degraded_message("broken", "spec.config['kafka.num_partition']: unknown node config key"),
+    )
     assert k8s.get("StatefulSet", "broken-broker") is None
 
     k8s.patch_spec("broken", {"config": {"kafka.num_partition": None, "kafka.num_partitions": "3"}})
     k8s.wait_for("fixed cluster Ready", lambda: _ready(k8s, "broken"))
-    assert k8s.get("StatefulSet", "broken-broker")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    assert (
+        k8s.get("StatefulSet", "broken-broker")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"][
+            "storage"
+        ]
+        == "1Gi"
+    )
 
 
 def test_objects_changed_by_hand_are_put_back(k8s: Harness) -> None:
     k8s.call(k8s.api.delete("Service", NS, "demo-bootstrap"))
     k8s.call(k8s.api.patch("ConfigMap", NS, "demo-config", {"data": {"broker.yaml": "edited by hand"}}))
     k8s.wait_for("Service recreated", lambda: k8s.get("Service", "demo-bootstrap"))
-    k8s.wait_for("ConfigMap restored", lambda: "node_id: 0" in k8s.get("ConfigMap", "demo-config")["data"]["broker.yaml"])
+    k8s.wait_for(
+        "ConfigMap restored", lambda: "node_id: 0" in k8s.get("ConfigMap", "demo-config")["data"]["broker.yaml"]
+    )
     assert k8s.get("Service", "demo-bootstrap")["metadata"]["ownerReferences"][0]["name"] == "demo"
 
 
@@ -534,9 +690,32 @@ def test_delete_runs_the_finalizer(k8s: Harness) -> None:
     # kmock has no volume controller: make the claims the StatefulSet controller would have made.
     labels = builders.selector_labels(ClusterRef("demo", NS, ""), "broker")
     for name in ("wal-demo-broker-0", "wal-demo-broker-1"):
-        k8s.call(k8s.api.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": NS, "uid": str(uuid.uuid4()), "labels": labels}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}}}}))
+        k8s.call(
+            k8s.api.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": name, "namespace": NS, "uid": str(uuid.uuid4()), "labels": labels},
+                    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}}},
+                }
+            )
+        )
     for name in ("wal-broken-broker-0",):
-        k8s.call(k8s.api.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": NS, "uid": str(uuid.uuid4()), "labels": builders.selector_labels(ClusterRef("broken", NS, ""), "broker")}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}))
+        k8s.call(
+            k8s.api.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {
+                        "name": name,
+                        "namespace": NS,
+                        "uid": str(uuid.uuid4()),
+                        "labels": builders.selector_labels(ClusterRef("broken", NS, ""), "broker"),
+                    },
+                    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+                }
+            )
+        )
 
     k8s.call(k8s.api.delete("AutoMQCluster", NS, "demo"))
     k8s.wait_for("demo gone (finalizer removed)", lambda: k8s.get("AutoMQCluster", "demo") is None)
@@ -567,9 +746,13 @@ def test_automq_operator_command_serves_liveness_and_stops_on_sigterm(k8s: Harne
     env = {**os.environ, "KUBECONFIG": str(k8s.tmp / "kubeconfig")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "automq.broker.cli", "operator", "-A", "--liveness", f"http://127.0.0.1:{port}/healthz"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
+
         def healthy() -> bool:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:

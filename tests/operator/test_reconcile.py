@@ -21,25 +21,53 @@ def test_ready_and_ordinal() -> None:
 
 
 def test_crash_loop_is_stuck_and_names_the_container() -> None:
-    note = stuck_reason(pod(containerStatuses=[{"name": "broker", "restartCount": 7, "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m"}}}]))
+    note = stuck_reason(
+        pod(
+            containerStatuses=[
+                {
+                    "name": "broker",
+                    "restartCount": 7,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m"}},
+                }
+            ]
+        )
+    )
     assert note is not None and note.reason == "CrashLoopBackOff"
     assert note.message == "pod demo-broker-2 container broker: CrashLoopBackOff (restarts: 7): back-off 5m"
 
 
 def test_init_container_image_pull_is_stuck() -> None:
-    note = stuck_reason(pod(initContainerStatuses=[{"name": "node-config", "state": {"waiting": {"reason": "ImagePullBackOff"}}}]))
+    note = stuck_reason(
+        pod(initContainerStatuses=[{"name": "node-config", "state": {"waiting": {"reason": "ImagePullBackOff"}}}])
+    )
     assert note is not None and note.reason == "ImagePullBackOff" and "node-config" in note.message
 
 
 def test_unschedulable_is_stuck() -> None:
-    note = stuck_reason(pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient cpu."}]))
+    note = stuck_reason(
+        pod(
+            conditions=[
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient cpu.",
+                }
+            ]
+        )
+    )
     assert note is not None and note.reason == "Unschedulable"
     assert note.message == "pod demo-broker-2 cannot be scheduled: 0/3 nodes are available: 3 Insufficient cpu."
 
 
 def test_starting_pods_are_not_stuck() -> None:
-    assert stuck_reason(pod(containerStatuses=[{"name": "broker", "state": {"waiting": {"reason": "ContainerCreating"}}}])) is None
-    assert stuck_reason(pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}])) is None
+    assert (
+        stuck_reason(pod(containerStatuses=[{"name": "broker", "state": {"waiting": {"reason": "ContainerCreating"}}}]))
+        is None
+    )
+    assert (
+        stuck_reason(pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}])) is None
+    )
     assert stuck_reason(pod()) is None
 
 

@@ -76,8 +76,9 @@ def chart():
 def render(chart) -> Callable[..., dict[str, list[dict[str, Any]]]]:
     """values -> {template path: [documents]} (NOTES.txt left out)."""
 
-    def do_render(values: dict[str, Any] | None = None, name: str = "automq-operator",
-                  namespace: str = "automq-system") -> dict[str, list[dict[str, Any]]]:
+    def do_render(
+        values: dict[str, Any] | None = None, name: str = "automq-operator", namespace: str = "automq-system"
+    ) -> dict[str, list[dict[str, Any]]]:
         rendered = chart.render(values, name=name, namespace=namespace)
         return {path: load_documents(text) for path, text in rendered.items() if not path.endswith("NOTES.txt")}
 

@@ -99,15 +99,21 @@ def test_helm_lint_finds_no_warning_or_error():
 
 # --- RBAC ------------------------------------------------------------------------------------
 
+
 def test_cluster_wide_grants_exactly_operator_rules(render):
     docs = documents(render(values_of(VALUES_DIR / "cluster-wide.yaml")))
     [role] = only(docs, "ClusterRole")
     assert Counter(map(rule_key, role["rules"])) == Counter(map(rule_key, OPERATOR_RULES))
     assert not only(docs, "Role") and not only(docs, "RoleBinding")
     [binding] = only(docs, "ClusterRoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "automq-operator-sa", "namespace": "automq-system"}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "automq-operator-sa", "namespace": "automq-system"}
+    ]
     [sa] = only(docs, "ServiceAccount")
     assert sa["metadata"]["name"] == "automq-operator-sa"
     assert deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"] == "automq-operator-sa"
@@ -128,12 +134,16 @@ def test_namespaced_grants_exactly_operator_rules_per_namespace(render):
     assert set(bindings) == {"team-a", "team-b"}
     for binding in bindings.values():
         assert binding["roleRef"]["kind"] == "Role"
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "automq-operator", "namespace": "automq-system"}]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "automq-operator", "namespace": "automq-system"}
+        ]
 
 
 def test_rbac_can_be_left_to_the_user(render):
     docs = documents(render({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "mine"}}))
-    assert not [d for d in docs if d["kind"] in {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"}]
+    assert not [
+        d for d in docs if d["kind"] in {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"}
+    ]
     assert deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"] == "mine"
 
 
@@ -145,6 +155,7 @@ def test_existing_service_account_needs_a_name(chart):
 
 
 # --- the operator Deployment -----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("values_file", CASES, ids=IDS)
 def test_operator_pod_is_locked_down_and_probed(render, values_file):
@@ -180,8 +191,9 @@ def test_watch_mode_becomes_operator_arguments(render):
 def test_operator_arguments_parse_with_the_real_cli(render):
     # The chart's args must be what `automq operator` accepts: run the real CLI parser on them
     # with run_operator replaced, so the test sees the arguments the operator would get.
-    args = deployment(documents(render({"watchNamespaces": ["team-a", "team-b"], "health": {"port": 8181}})))[
-        "spec"]["template"]["spec"]["containers"][0]["args"]
+    args = deployment(documents(render({"watchNamespaces": ["team-a", "team-b"], "health": {"port": 8181}})))["spec"][
+        "template"
+    ]["spec"]["containers"][0]["args"]
     probe = (
         "import sys, types, json\n"
         "mod = types.ModuleType('automq.operator.main')\n"
@@ -192,8 +204,11 @@ def test_operator_arguments_parse_with_the_real_cli(render):
     )
     out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == {"namespaces": ["team-a", "team-b"], "clusterwide": False,
-                                      "liveness": "http://0.0.0.0:8181/healthz"}
+    assert json.loads(out.stdout) == {
+        "namespaces": ["team-a", "team-b"],
+        "clusterwide": False,
+        "liveness": "http://0.0.0.0:8181/healthz",
+    }
 
 
 def test_custom_image_resources_and_scheduling_reach_the_pod(render):
@@ -223,6 +238,7 @@ def test_default_image_is_the_documented_one_and_follows_app_version(render, cha
 
 # --- the optional AutoMQCluster --------------------------------------------------------------
 
+
 def test_cluster_from_values_is_passed_through(render):
     values = values_of(VALUES_DIR / "with-cluster.yaml")
     [cluster] = only(documents(render(values)), "AutoMQCluster")
@@ -245,8 +261,10 @@ def test_cluster_without_object_store_is_refused_with_the_key(chart):
 def test_cluster_outside_watched_namespaces_is_refused(chart):
     from helm_python import HelmRenderError
 
-    values = {"watchNamespaces": ["team-a"],
-              "cluster": {"enabled": True, "namespace": "team-b", "spec": {"objectStore": {"bucket": "abc"}}}}
+    values = {
+        "watchNamespaces": ["team-a"],
+        "cluster": {"enabled": True, "namespace": "team-b", "spec": {"objectStore": {"bucket": "abc"}}},
+    }
     with pytest.raises(HelmRenderError, match=r'cluster.namespace "team-b" is not in watchNamespaces'):
         chart.render(values, name="automq-operator", namespace="automq-system")
 
@@ -315,6 +333,7 @@ def test_every_default_value_is_described_by_the_schema(chart):
 
 # --- the helm test hook ----------------------------------------------------------------------
 
+
 def test_pod(rendered: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     [pod] = rendered["automq-operator/templates/tests/test-connection.yaml"]
     return pod
@@ -324,7 +343,7 @@ test_pod.__test__ = False  # a helper, not a test
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's naming)
+    def do_GET(self):
         self.send_response(200 if self.path == "/healthz" else 404)
         self.end_headers()
         self.wfile.write(b"ok")
@@ -344,8 +363,10 @@ def test_hook_targets_operator_and_cluster_bootstrap(render):
     pod = test_pod(render(values_of(VALUES_DIR / "with-cluster.yaml"), name="automq-operator"))
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     targets = pod["spec"]["containers"][0]["args"][1:]
-    assert targets == ["http://automq-operator.automq-system.svc:8080/healthz",
-                       "tcp://events-bootstrap.streaming.svc:9095"]
+    assert targets == [
+        "http://automq-operator.automq-system.svc:8080/healthz",
+        "tcp://events-bootstrap.streaming.svc:9095",
+    ]
     only_operator = test_pod(render(None))["spec"]["containers"][0]["args"][1:]
     assert only_operator == ["http://automq-operator.automq-system.svc:8080/healthz"]
 
@@ -391,9 +412,12 @@ def test_hook_check_fails_on_an_unhealthy_operator(render):
 
 # --- derived files ---------------------------------------------------------------------------
 
+
 def test_derived_install_files_are_in_sync():
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "sync-k8s-artifacts.py"), "--check"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sync-k8s-artifacts.py"), "--check"], capture_output=True, text=True
+    )
     assert result.returncode == 0, (
         f"{result.stdout}{result.stderr}\nrun `python scripts/sync-k8s-artifacts.py` after changing "
-        "operator/rbac.py or the CRD")
+        "operator/rbac.py or the CRD"
+    )

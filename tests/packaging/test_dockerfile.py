@@ -31,6 +31,7 @@ ENTRYPOINT = ROOT / "scripts" / "spark-entrypoint.sh"
 
 # --- a small Dockerfile reader: enough to check stages, not a general parser ---------------
 
+
 @dataclass
 class Stage:
     name: str
@@ -92,6 +93,7 @@ def lineage(stages: dict[str, Stage], name: str) -> list[Stage]:
 
 # --- hadolint --------------------------------------------------------------------------------
 
+
 def hadolint_binary() -> str:
     # The wheel installs the binary next to the interpreter; a pyenv shim on PATH may point at
     # another interpreter's copy, so prefer ours.
@@ -103,8 +105,9 @@ def hadolint_binary() -> str:
 
 
 def test_hadolint_reports_nothing():
-    result = subprocess.run([hadolint_binary(), "--format", "json", "--no-color", str(DOCKERFILE)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [hadolint_binary(), "--format", "json", "--no-color", str(DOCKERFILE)], capture_output=True, text=True
+    )
     findings = json.loads(result.stdout or "[]")
     assert findings == [], "\n".join(f"line {f['line']}: {f['code']} {f['message']}" for f in findings)
     assert result.returncode == 0, result.stderr
@@ -121,6 +124,7 @@ def test_hadolint_catches_an_unpinned_base_so_the_lint_is_live(tmp_path):
 
 # --- stages ----------------------------------------------------------------------------------
 
+
 def test_runtime_is_the_default_target_and_spark_exists(dockerfile):
     _, by_name, ordered = dockerfile
     assert ordered[-1].name == "runtime", "docker build without --target must produce the runtime image"
@@ -132,8 +136,9 @@ def test_external_bases_are_one_pinned_python_slim_image(dockerfile):
     external = {s.base for s in by_name.values() if s.base not in by_name}
     assert external == {"${PYTHON_IMAGE}"}, external
     image = global_args["PYTHON_IMAGE"]
-    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", image), \
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", image), (
         f"base image {image!r} must be an exact patch-level tag"
+    )
 
 
 def test_runtime_runs_automq_as_uid_10001_without_build_tools(dockerfile):
@@ -176,6 +181,7 @@ def test_spark_target_has_java_pyspark_and_the_entrypoint(dockerfile):
 
 
 # --- build context and the builder's wheel ---------------------------------------------------
+
 
 def dockerignore_patterns() -> list[tuple[bool, re.Pattern[str]]]:
     patterns = []
@@ -222,17 +228,31 @@ def in_build_context(path: str, patterns) -> bool:
 
 @pytest.fixture(scope="module")
 def build_context() -> set[str]:
-    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     patterns = dockerignore_patterns()
     return {p for p in tracked if (ROOT / p).is_file() and in_build_context(p, patterns)}
 
 
 def test_build_context_holds_sources_and_nothing_else(build_context):
-    assert {"pyproject.toml", "setup.py", "README.md", "broker/cli.py", "operator/spec.py",
-            "scripts/spark-entrypoint.sh"} <= build_context
-    leaked = {p for p in build_context if p.split("/")[0] in
-              {"tests", "charts", "manifests", "docs", "benchmarks", ".git", ".ci", "crds"}}
+    assert {
+        "pyproject.toml",
+        "setup.py",
+        "README.md",
+        "broker/cli.py",
+        "operator/spec.py",
+        "scripts/spark-entrypoint.sh",
+    } <= build_context
+    leaked = {
+        p
+        for p in build_context
+        if p.split("/")[0] in {"tests", "charts", "manifests", "docs", "benchmarks", ".git", ".ci", "crds"}
+    }
     assert not leaked, f"outside the allow-list but sent to the builder: {sorted(leaked)[:10]}"
     assert not [p for p in build_context if "__pycache__" in p or p.endswith(".pyc")]
 
@@ -244,8 +264,9 @@ def test_every_copy_source_is_in_the_build_context(dockerfile, build_context):
             words = [w for w in args.split() if not w.startswith("--")]
             for source in words[:-1]:
                 source = source.rstrip("/")
-                assert source in build_context or any(p.startswith(source + "/") for p in build_context), \
+                assert source in build_context or any(p.startswith(source + "/") for p in build_context), (
                     f"stage {stage.name}: COPY {source} is excluded by .dockerignore or missing"
+                )
 
 
 def test_builder_wheel_builds_from_the_context_and_holds_every_package(dockerfile, build_context, tmp_path):
@@ -263,25 +284,41 @@ def test_builder_wheel_builds_from_the_context_and_holds_every_package(dockerfil
     assert by_name["builder"].all("RUN") == ["pip wheel --wheel-dir /wheels/runtime ."]
     # The builder's command, with build isolation like in the image (pip fetches the build
     # backend pyproject.toml asks for); dependencies are left to the image build (--no-deps).
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir",
-                             str(tmp_path / "wheels"), str(src)], capture_output=True, text=True)
-    if result.returncode != 0 and re.search(r"Could not find a version that satisfies the requirement setuptools"
-                                            r"|Failed to establish a new connection|Network is unreachable",
-                                            result.stdout + result.stderr):
-        pytest.skip("the package index is unreachable, so pip cannot fetch the build backend "
-                    f"(setuptools, wheel): {result.stderr.strip().splitlines()[-1]}")
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(tmp_path / "wheels"), str(src)],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0 and re.search(
+        r"Could not find a version that satisfies the requirement setuptools"
+        r"|Failed to establish a new connection|Network is unreachable",
+        result.stdout + result.stderr,
+    ):
+        pytest.skip(
+            "the package index is unreachable, so pip cannot fetch the build backend "
+            f"(setuptools, wheel): {result.stderr.strip().splitlines()[-1]}"
+        )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     [wheel] = list((tmp_path / "wheels").glob("automq_py-0.1.0-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         entry_points = zf.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
         metadata = zf.read(next(n for n in names if n.endswith("/METADATA"))).decode()
-    expected = {"automq/broker/__init__.py", "automq/broker/cli.py", "automq/broker/config.py",
-                "automq/operator/spec.py", "automq/spark/__init__.py"}
+    expected = {
+        "automq/broker/__init__.py",
+        "automq/broker/cli.py",
+        "automq/broker/config.py",
+        "automq/operator/spec.py",
+        "automq/spark/__init__.py",
+    }
     assert expected <= names, expected - names
     # Every module of the source tree made it into the wheel (operator/ is a namespace portion
     # without __init__.py, so look for modules, not package markers).
-    for folder, package in {"broker": "automq/broker", "operator": "automq/operator", "spark-jobs": "automq/spark"}.items():
+    for folder, package in {
+        "broker": "automq/broker",
+        "operator": "automq/operator",
+        "spark-jobs": "automq/spark",
+    }.items():
         for module in (src / folder).rglob("*.py"):
             rel = module.relative_to(src / folder).as_posix()
             assert f"{package}/{rel}" in names, f"{folder}/{rel} missing from the wheel"
@@ -292,11 +329,13 @@ def test_builder_wheel_builds_from_the_context_and_holds_every_package(dockerfil
 
 # --- the Spark entrypoint --------------------------------------------------------------------
 
+
 def run_entrypoint(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
     full_env.update(env or {})
-    return subprocess.run(["bash", str(ENTRYPOINT), *args], capture_output=True, text=True, env=full_env,
-                          timeout=timeout)
+    return subprocess.run(
+        ["bash", str(ENTRYPOINT), *args], capture_output=True, text=True, env=full_env, timeout=timeout
+    )
 
 
 def test_entrypoint_is_valid_bash():
@@ -320,15 +359,27 @@ def test_entrypoint_without_arguments_prints_usage():
 
 def test_entrypoint_execs_any_other_command_in_place():
     # `exec` means the command replaces the script: same pid, its exit code, its output.
-    proc = subprocess.Popen(["bash", str(ENTRYPOINT), "bash", "-c", 'echo "pid=$$ args=$*"; exit 7', "x", "a b"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(ENTRYPOINT), "bash", "-c", 'echo "pid=$$ args=$*"; exit 7', "x", "a b"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 7
     assert out.strip() == f"pid={proc.pid} args=a b"
 
 
-@pytest.mark.parametrize("missing", ["SPARK_DRIVER_URL", "SPARK_EXECUTOR_ID", "SPARK_EXECUTOR_CORES",
-                                     "SPARK_EXECUTOR_MEMORY", "SPARK_APPLICATION_ID", "SPARK_EXECUTOR_POD_IP"])
+@pytest.mark.parametrize(
+    "missing",
+    [
+        "SPARK_DRIVER_URL",
+        "SPARK_EXECUTOR_ID",
+        "SPARK_EXECUTOR_CORES",
+        "SPARK_EXECUTOR_MEMORY",
+        "SPARK_APPLICATION_ID",
+        "SPARK_EXECUTOR_POD_IP",
+    ],
+)
 def test_executor_names_the_missing_kubernetes_variable(missing):
     env = executor_env(driver_port=1)
     del env[missing]
@@ -366,8 +417,9 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-needs_java = pytest.mark.skipif(shutil.which("java") is None,
-                                reason="no java on PATH (scripts/install-system-deps.sh installs OpenJDK 17)")
+needs_java = pytest.mark.skipif(
+    shutil.which("java") is None, reason="no java on PATH (scripts/install-system-deps.sh installs OpenJDK 17)"
+)
 
 
 @pytest.mark.slow
@@ -376,8 +428,12 @@ def test_executor_starts_the_kubernetes_backend_with_spark_java_opts_in_numeric_
     port = closed_port()
     env = executor_env(port)
     # -XshowSettings prints the JVM's system properties, so the test sees what the JVM got.
-    env |= {"SPARK_JAVA_OPT_0": "-XshowSettings:properties", "SPARK_JAVA_OPT_2": "-Dautomq.probe=from-2",
-            "SPARK_JAVA_OPT_10": "-Dautomq.probe=from-10", "SPARK_JAVA_OPT_3": "-Dautomq.spaced=a b"}
+    env |= {
+        "SPARK_JAVA_OPT_0": "-XshowSettings:properties",
+        "SPARK_JAVA_OPT_2": "-Dautomq.probe=from-2",
+        "SPARK_JAVA_OPT_10": "-Dautomq.probe=from-10",
+        "SPARK_JAVA_OPT_3": "-Dautomq.spaced=a b",
+    }
     result = run_entrypoint("executor", env=env)
     log = result.stdout + result.stderr
     assert "Unrecognized options" not in log and "Usage:" not in log, log[-3000:]
@@ -401,9 +457,16 @@ def test_driver_runs_a_pyspark_job_in_client_mode(tmp_path):
         "print('RESULT', conf.get('spark.submit.deployMode'), conf.get('spark.driver.bindAddress'), total)\n"
         "spark.stop()\n"
     )
-    result = run_entrypoint("driver", "--master", "local[1]", "--conf", "spark.ui.enabled=false", str(job),
-                            env={"POD_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
-                                 "PYSPARK_DRIVER_PYTHON": sys.executable}, timeout=300)
+    result = run_entrypoint(
+        "driver",
+        "--master",
+        "local[1]",
+        "--conf",
+        "spark.ui.enabled=false",
+        str(job),
+        env={"POD_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "RESULT client 127.0.0.1 10" in result.stdout
 

@@ -41,7 +41,12 @@ def rule_key(rule: dict[str, Any]) -> str:
 
 
 def test_the_documented_examples_exist():
-    assert {p.name for p in EXAMPLE_FILES} >= {"minimal.yaml", "production.yaml", "s3-wal.yaml", "dev-object-store.yaml"}
+    assert {p.name for p in EXAMPLE_FILES} >= {
+        "minimal.yaml",
+        "production.yaml",
+        "s3-wal.yaml",
+        "dev-object-store.yaml",
+    }
 
 
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[p.stem for p in EXAMPLE_FILES])
@@ -103,8 +108,10 @@ def test_examples_point_at_the_demo_store_with_keys_it_accepts():
         secret = store_spec["credentialsSecret"]
         assert secret["name"] == "automq-s3"
         # The operator reads these keys (defaults of SecretKeyRef) from the Secret.
-        assert {secret.get("accessKeyIdKey", "AWS_ACCESS_KEY_ID"),
-                secret.get("secretAccessKeyKey", "AWS_SECRET_ACCESS_KEY")} <= set(keys)
+        assert {
+            secret.get("accessKeyIdKey", "AWS_ACCESS_KEY_ID"),
+            secret.get("secretAccessKeyKey", "AWS_SECRET_ACCESS_KEY"),
+        } <= set(keys)
 
 
 def test_example_cluster_names_fit_the_operator_names():
@@ -115,6 +122,7 @@ def test_example_cluster_names_fit_the_operator_names():
 
 
 # --- the kustomize base ------------------------------------------------------------------------
+
 
 def kustomization(path: Path) -> dict[str, Any]:
     return yaml.safe_load((path / "kustomization.yaml").read_text())
@@ -147,8 +155,9 @@ def test_every_base_file_validates(validate_document):
 
 
 def test_base_crd_is_the_generated_crd():
-    assert (BASE / "crd.yaml").read_text() == (ROOT / "crds" / "automqclusters.automq.io.yaml").read_text(), \
+    assert (BASE / "crd.yaml").read_text() == (ROOT / "crds" / "automqclusters.automq.io.yaml").read_text(), (
         "run `python scripts/sync-k8s-artifacts.py`"
+    )
 
 
 def test_base_grants_exactly_operator_rules_to_its_service_account():
@@ -159,8 +168,9 @@ def test_base_grants_exactly_operator_rules_to_its_service_account():
     [sa] = [d for d in docs if d["kind"] == "ServiceAccount"]
     [deployment] = [d for d in docs if d["kind"] == "Deployment"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
-                                    "namespace": kustomization(BASE)["namespace"]}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": kustomization(BASE)["namespace"]}
+    ]
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     assert pod["containers"][0]["args"][:2] == ["operator", "--all-namespaces"]

@@ -7,7 +7,9 @@ from automq.broker.config import ConfigError, dump_config, load_config, parse_co
 
 def test_sizes_and_durations_parse_with_units(tmp_path):
     f = tmp_path / "node.yaml"
-    f.write_text("node_id: 3\nwal: {kind: s3, s3_bulk_interval_ms: 250ms, s3_bulk_bytes: 8MiB}\nstorage: {upload_interval_ms: 1m}\n")
+    f.write_text(
+        "node_id: 3\nwal: {kind: s3, s3_bulk_interval_ms: 250ms, s3_bulk_bytes: 8MiB}\nstorage: {upload_interval_ms: 1m}\n"
+    )
     cfg = load_config(f)
     assert cfg.wal.s3_bulk_bytes == 8 << 20
     assert cfg.wal.s3_bulk_interval_ms == 250

@@ -13,7 +13,11 @@ def test_folders_import_under_one_namespace_without_shadowing_stdlib():
     import operator as stdlib_operator
 
     assert hasattr(stdlib_operator, "itemgetter"), "stdlib operator must stay importable"
-    for name, folder in {"automq.broker": "broker", "automq.operator": "operator", "automq.spark": "spark-jobs"}.items():
+    for name, folder in {
+        "automq.broker": "broker",
+        "automq.operator": "operator",
+        "automq.spark": "spark-jobs",
+    }.items():
         module = importlib.import_module(name)
         assert Path(next(iter(module.__path__))).resolve() == ROOT / folder
 
@@ -26,15 +30,24 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
     assert "automq local up" in main_cmd and "pip install" in main_cmd
     assert "pytest" in test_cmd and "pip install" in test_cmd
     extracted = subprocess.run(
-        ["bash", "-c", "awk '/<!-- test-command -->/{f=1;next} f && /^```/ {if (++n==2) exit; next} f && n==1' README.md"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        [
+            "bash",
+            "-c",
+            "awk '/<!-- test-command -->/{f=1;next} f && /^```/ {if (++n==2) exit; next} f && n==1' README.md",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert extracted == test_cmd
     assert "README.md" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "automq.broker.cli", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "automq.broker.cli", "--help"], capture_output=True, text=True, check=True
+    )
     for command in ("broker", "controller", "operator", "local"):
         assert command in out.stdout
 
@@ -47,7 +60,9 @@ def test_repo_root_on_sys_path_does_not_shadow_stdlib_operator():
     assert not (ROOT / "operator" / "__init__.py").exists()
     out = subprocess.run(
         [sys.executable, "-S", "-c", "import operator, collections; print(operator.eq.__module__)"],
-        cwd=ROOT, capture_output=True, text=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "_operator"

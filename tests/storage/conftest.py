@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_setup import EngineFactory  # noqa: E402
+from engine_setup import EngineFactory
 
 
 @pytest.fixture

@@ -33,7 +33,9 @@ def make_payload(stream_id: int, base: int, count: int, size: int) -> bytes:
 def check_payload(stream_id: int, base: int, count: int, payload: bytes) -> None:
     sid, b, c = HEAD.unpack_from(payload)
     if (sid, b, c) != (stream_id, base, count):
-        raise AssertionError(f"batch at stream {stream_id} offset {base} holds data of stream {sid} offset {b} count {c}")
+        raise AssertionError(
+            f"batch at stream {stream_id} offset {base} holds data of stream {sid} offset {b} count {c}"
+        )
     expected = make_payload(stream_id, base, count, len(payload))
     if payload != expected:
         raise AssertionError(f"batch at stream {stream_id} offset {base}: payload bytes differ")

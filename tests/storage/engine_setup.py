@@ -25,7 +25,9 @@ def node_config(data_dir: Path, store_url: str, **overrides: Any) -> NodeConfig:
     }
     wal.update(overrides.pop("wal", {}))
     storage.update(overrides.pop("storage", {}))
-    return NodeConfig(node_id=1, data_dir=str(data_dir), object_store_url=store_url, wal=wal, storage=storage, **overrides)
+    return NodeConfig(
+        node_id=1, data_dir=str(data_dir), object_store_url=store_url, wal=wal, storage=storage, **overrides
+    )
 
 
 class EngineFactory:

@@ -15,19 +15,29 @@ from pathlib import Path
 
 import pytest
 
-
 CHILD = Path(__file__).with_name("crash_child.py")
 sys.path.insert(0, str(CHILD.parent))
-from crash_child import check_payload, open_engine  # noqa: E402
+from crash_child import check_payload, open_engine
 
 STREAMS = 3
 
 
-def run_and_kill(tmp_path: Path, store_url: str, wal_kind: str, seed: int, ack_file: Path, early: bool, delay: float) -> None:
+def run_and_kill(
+    tmp_path: Path, store_url: str, wal_kind: str, seed: int, ack_file: Path, early: bool, delay: float
+) -> None:
     """Start the child; SIGKILL it `delay` s after start (`early`: likely during recovery)
     or `delay` s after it reported ready (mid-append, mid-upload)."""
     child = subprocess.Popen(
-        [sys.executable, str(CHILD), str(tmp_path / "node"), store_url, wal_kind, str(seed), str(STREAMS), str(ack_file)],
+        [
+            sys.executable,
+            str(CHILD),
+            str(tmp_path / "node"),
+            store_url,
+            wal_kind,
+            str(seed),
+            str(STREAMS),
+            str(ack_file),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -68,7 +78,9 @@ async def verify(tmp_path: Path, store_url: str, wal_kind: str, ack_file: Path) 
                 for b in result.batches:
                     if b.next_offset <= pos:
                         continue
-                    assert b.base_offset == pos, f"stream {m.stream_id}: batch at {b.base_offset}, expected {pos} (gap or overlap)"
+                    assert b.base_offset == pos, (
+                        f"stream {m.stream_id}: batch at {b.base_offset}, expected {pos} (gap or overlap)"
+                    )
                     check_payload(m.stream_id, b.base_offset, b.record_count, bytes(b.payload))
                     seen[b.base_offset] = b.record_count
                     pos = b.next_offset
@@ -90,6 +102,8 @@ async def test_sigkill_during_appends_and_uploads_loses_no_acknowledged_batch(tm
     for i in range(iterations):
         early = i > 0 and rng.random() < 0.25  # during startup/recovery of the previous run's WAL
         delay = rng.uniform(0.3, 1.5) if early else rng.uniform(0.1, 2.0)
-        await asyncio.to_thread(run_and_kill, tmp_path, store_url, wal_kind, rng.randint(0, 1 << 30), ack_file, early, delay)
+        await asyncio.to_thread(
+            run_and_kill, tmp_path, store_url, wal_kind, rng.randint(0, 1 << 30), ack_file, early, delay
+        )
     total = await verify(tmp_path, store_url, wal_kind, ack_file)
     assert total > 0, "the child never acknowledged anything; the test proved nothing"

@@ -202,7 +202,9 @@ async def test_full_wal_forces_uploads_instead_of_overwriting(engines):
     # a 128 KiB ring, uploads only when something forces them
     engine = await engines.start(
         wal=engines.config.wal.model_copy(update={"capacity": 128 << 10, "path": "small-wal"}),
-        storage=engines.config.storage.model_copy(update={"upload_interval_ms": 3_600_000, "upload_block_bytes": 64 << 20}),
+        storage=engines.config.storage.model_copy(
+            update={"upload_interval_ms": 3_600_000, "upload_block_bytes": 64 << 20}
+        ),
     )
     sid = await engine.create_stream()
     stream = await engine.open_stream(sid, 0)

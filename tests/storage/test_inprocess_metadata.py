@@ -98,16 +98,17 @@ async def test_commit_checks_offsets_epochs_and_prepared_ids(store):
     await meta.open_stream(a, 1, 2, 0)  # node 2 takes stream a over
     with pytest.raises(StreamFencedError):
         await meta.commit_stream_set_object(commit(first, (a, 0, 0, 10)))
-    await meta.commit_stream_set_object(
-        commit(first, (b, 0, 0, 10), objects=[StreamObject(first + 1, 500, b, 10, 30)])
-    )
+    await meta.commit_stream_set_object(commit(first, (b, 0, 0, 10), objects=[StreamObject(first + 1, 500, b, 10, 30)]))
     assert [(m.stream_id, m.end_offset) for m in await meta.get_streams([b])] == [(b, 30)]
     with pytest.raises(ObjectNotPreparedError):  # committed already
         await meta.commit_stream_set_object(commit(first, (b, 0, 30, 40)))
     with pytest.raises(ObjectNotPreparedError):  # never prepared
         await meta.commit_stream_set_object(commit(first + 100, (b, 0, 30, 40)))
     objs = await meta.get_objects(b, 0, -1, 10)
-    assert [(o.object_id, o.object_type) for o in objs] == [(first, ObjectType.STREAM_SET), (first + 1, ObjectType.STREAM)]
+    assert [(o.object_id, o.object_type) for o in objs] == [
+        (first, ObjectType.STREAM_SET),
+        (first + 1, ObjectType.STREAM),
+    ]
     assert [o.object_id for o in await meta.get_objects(b, 12, 20, 10)] == [first + 1]
     assert [o.object_id for o in await meta.get_stream_set_objects(node_id=1)] == [first]
 
@@ -176,12 +177,16 @@ async def test_compaction_commits_replace_objects(store):
     await meta.commit_stream_set_object(commit(o2, (sid, 0, 10, 20)))
     # a compaction job rewrites both stream-set objects into one stream object
     new = await meta.prepare_objects(1, 60_000)
-    await meta.commit_stream_object(StreamObject(new, 300, sid, 0, 20, source_object_ids=(o1, o2)), node_id=-1, node_epoch=0)
+    await meta.commit_stream_object(
+        StreamObject(new, 300, sid, 0, 20, source_object_ids=(o1, o2)), node_id=-1, node_epoch=0
+    )
     objs = await meta.get_objects(sid, 0, -1, 10)
     assert [(o.object_id, o.object_type) for o in objs] == [(new, ObjectType.STREAM)]
     assert (await meta.get_streams([sid]))[0].end_offset == 20  # compaction moves no offsets
     with pytest.raises(ObjectNotPreparedError):  # the same id cannot be committed twice
-        await meta.commit_stream_object(StreamObject(new, 300, sid, 0, 20, source_object_ids=(o1,)), node_id=-1, node_epoch=0)
+        await meta.commit_stream_object(
+            StreamObject(new, 300, sid, 0, 20, source_object_ids=(o1,)), node_id=-1, node_epoch=0
+        )
 
 
 async def test_reads_see_changes_made_by_another_instance(store, url):

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from engine_setup import node_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,12 +19,12 @@ from automq.broker.storage.api import OffsetOutOfRangeError
 from automq.broker.storage.engine import StorageEngine
 from automq.broker.storage.inprocess import InProcessMetadata
 
-from engine_setup import node_config  # noqa: E402  (tests/storage/engine_setup.py, on sys.path via conftest)
-
 STREAMS = 2
 
 append_op = st.tuples(st.just("append"), st.integers(0, STREAMS - 1), st.integers(1, 3000), st.integers(1, 5))
-fetch_op = st.tuples(st.just("fetch"), st.integers(0, STREAMS - 1), st.floats(0, 1), st.integers(1, 40), st.integers(1, 8000))
+fetch_op = st.tuples(
+    st.just("fetch"), st.integers(0, STREAMS - 1), st.floats(0, 1), st.integers(1, 40), st.integers(1, 8000)
+)
 ops = st.lists(
     st.one_of(
         append_op,
@@ -48,7 +49,7 @@ def payload(sid: int, base: int, size: int) -> bytes:
 class Model:
     def __init__(self) -> None:
         self.batches: dict[int, list[tuple[int, int, bytes]]] = {s: [] for s in range(STREAMS)}
-        self.start: dict[int, int] = {s: 0 for s in range(STREAMS)}
+        self.start: dict[int, int] = dict.fromkeys(range(STREAMS), 0)
 
     def end(self, sid: int) -> int:
         b = self.batches[sid]
@@ -75,7 +76,7 @@ async def run(tmp: Path, program: list[tuple], url: str | None = None, wal_kind:
     store = open_object_store(url)
     meta = InProcessMetadata(store)
     model = Model()
-    epochs = {s: 0 for s in range(STREAMS)}
+    epochs = dict.fromkeys(range(STREAMS), 0)
 
     async def boot():
         e = StorageEngine(config, store, meta, meta, 1, await meta.register_node(1))
@@ -83,7 +84,9 @@ async def run(tmp: Path, program: list[tuple], url: str | None = None, wal_kind:
         opened = {}
         for s in range(STREAMS):
             opened[s] = await e.open_stream(s, epochs[s])
-            assert opened[s].end_offset == model.end(s), f"stream {s}: engine end {opened[s].end_offset} != model {model.end(s)}"
+            assert opened[s].end_offset == model.end(s), (
+                f"stream {s}: engine end {opened[s].end_offset} != model {model.end(s)}"
+            )
         return e, opened
 
     engine = StorageEngine(config, store, meta, meta, 1, await meta.register_node(1))

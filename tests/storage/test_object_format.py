@@ -37,7 +37,9 @@ def test_round_trip_and_block_search():
     assert INDEX_ENTRY.size == 36 and FOOTER.size == 48
     blocks = index.blocks(1, 10, 20)
     assert blocks and blocks[0].start_offset <= 10 < blocks[0].end_offset and blocks[-1].start_offset < 20
-    batches = [(b, c, bytes(p)) for e in blocks for b, c, p in iter_block_batches(data[e.position : e.position + e.size])]
+    batches = [
+        (b, c, bytes(p)) for e in blocks for b, c, p in iter_block_batches(data[e.position : e.position + e.size])
+    ]
     assert [b for b, _, _ in batches] == sorted(b for b, _, _ in batches)
     assert (9, 3, bytes([9]) * 40) in batches
     assert [e.stream_id for e in index.blocks(5, 0, 100)] == [5]
@@ -62,7 +64,21 @@ def test_writer_rejects_gaps_and_interleaving():
         (lambda d: d[:-1], "magic|inconsistent|footer"),
         (lambda d: d[:20], "shorter|magic"),
         (lambda d: d[:-8] + b"NOTMAGIC", "magic"),
-        (lambda d: d[: -FOOTER.size] + FOOTER.pack(*(list(FOOTER.unpack(d[-FOOTER.size :]))[:3] + [FORMAT_VERSION + 1] + list(FOOTER.unpack(d[-FOOTER.size :]))[4:])), "version"),
+        (
+            lambda d: (
+                d[: -FOOTER.size]
+                + FOOTER.pack(
+                    *(
+                        [
+                            *list(FOOTER.unpack(d[-FOOTER.size :]))[:3],
+                            FORMAT_VERSION + 1,
+                            *list(FOOTER.unpack(d[-FOOTER.size :]))[4:],
+                        ]
+                    )
+                )
+            ),
+            "version",
+        ),
         (lambda d: d[: -FOOTER.size - 5] + b"\xff" * 5 + d[-FOOTER.size :], "CRC"),
     ],
 )

@@ -52,7 +52,9 @@ async def test_appends_are_acked_in_order_and_replayed_by_the_next_epoch(store):
     await wal.close()
 
     wal2, got = await started(store, 2)
-    assert [(r.stream_id, r.base_offset, bytes(r.payload)) for r in got] == [(r.stream_id, r.base_offset, bytes(r.payload)) for r in map(rec, range(40))]
+    assert [(r.stream_id, r.base_offset, bytes(r.payload)) for r in got] == [
+        (r.stream_id, r.base_offset, bytes(r.payload)) for r in map(rec, range(40))
+    ]
     assert await keys(store, data_prefix(4)) == []  # replayed objects are dropped by start()
     await wal2.close()
 

@@ -3,13 +3,13 @@ read-ahead that grows while a reader keeps missing, a bounded block cache."""
 
 from __future__ import annotations
 
+from engine_setup import node_config
+
 from automq.broker.objectstore import ObjectStore, open_object_store
 from automq.broker.storage.cache.block_cache import BlockCache
 from automq.broker.storage.engine import StorageEngine
 from automq.broker.storage.inprocess import InProcessMetadata
 from automq.broker.storage.read.reader import ObjectReader
-
-from engine_setup import node_config  # noqa: E402
 
 
 class CountingStore(ObjectStore):
@@ -46,7 +46,11 @@ class CountingStore(ObjectStore):
 async def fill(tmp_path, url, batches: int, size: int) -> tuple[int, InProcessMetadata, ObjectStore]:
     store = open_object_store(url)
     meta = InProcessMetadata(store)
-    config = node_config(tmp_path / "w", url, storage={"upload_block_bytes": 256 << 10, "object_block_bytes": 16 << 10, "stream_split_bytes": 64 << 20})
+    config = node_config(
+        tmp_path / "w",
+        url,
+        storage={"upload_block_bytes": 256 << 10, "object_block_bytes": 16 << 10, "stream_split_bytes": 64 << 20},
+    )
     engine = StorageEngine(config, store, meta, meta, 1, await meta.register_node(1))
     await engine.start()
     sid = await engine.create_stream()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from engine_setup import node_config
 from prometheus_client import CollectorRegistry
 
 from automq.broker.objectstore import open_object_store
@@ -14,8 +15,6 @@ from automq.broker.storage.api import StreamError
 from automq.broker.storage.engine import StorageEngine
 from automq.broker.storage.inprocess import InProcessMetadata
 from automq.broker.storage.recovery import recover_wal
-
-from engine_setup import node_config  # noqa: E402
 
 
 async def read_all(stream) -> list[tuple[int, bytes]]:
@@ -75,12 +74,24 @@ async def test_recover_dead_nodes_wal_then_new_owner_reads_everything(tmp_path, 
         await dead.wal.close()
     # recovering again is harmless
     again = await recover_wal(
-        object_store=store, streams=meta, objects=meta, node_id=1, node_epoch=recovery_epoch + 1, kind=kind,
+        object_store=store,
+        streams=meta,
+        objects=meta,
+        node_id=1,
+        node_epoch=recovery_epoch + 1,
+        kind=kind,
         volume_path=config.data_path(config.wal.path),
     )
     assert again.records == 0
     # a new owner on another node reads every acknowledged batch
-    other = StorageEngine(node_config(tmp_path / "other", url).model_copy(update={"node_id": 2}), store, meta, meta, 2, await meta.register_node(2))
+    other = StorageEngine(
+        node_config(tmp_path / "other", url).model_copy(update={"node_id": 2}),
+        store,
+        meta,
+        meta,
+        2,
+        await meta.register_node(2),
+    )
     await other.start()
     moved = await other.open_stream(sid, 1)
     assert await read_all(moved) == acked
@@ -92,7 +103,9 @@ async def test_recover_dead_nodes_wal_then_new_owner_reads_everything(tmp_path, 
 async def test_engine_on_s3_wal_survives_restart(tmp_path, s3_url):
     store = open_object_store(s3_url)
     meta = InProcessMetadata(store)
-    config = node_config(tmp_path / "n", s3_url, wal={"kind": "s3", "s3_bulk_interval_ms": 20}, storage={"upload_interval_ms": 3_600_000})
+    config = node_config(
+        tmp_path / "n", s3_url, wal={"kind": "s3", "s3_bulk_interval_ms": 20}, storage={"upload_interval_ms": 3_600_000}
+    )
     engine = StorageEngine(config, store, meta, meta, 1, await meta.register_node(1))
     await engine.start()
     sid = await engine.create_stream()
@@ -112,11 +125,13 @@ async def test_metrics_are_exported(tmp_path, file_url):
     store = open_object_store(file_url)
     meta = InProcessMetadata(store)
     registry = CollectorRegistry()
-    engine = StorageEngine(node_config(tmp_path, file_url), store, meta, meta, 1, await meta.register_node(1), registry=registry)
+    engine = StorageEngine(
+        node_config(tmp_path, file_url), store, meta, meta, 1, await meta.register_node(1), registry=registry
+    )
     await engine.start()
     sid = await engine.create_stream()
     stream = await engine.open_stream(sid, 0)
-    for i in range(20):
+    for _i in range(20):
         await stream.append(b"x" * 1000, 1)
     await stream.fetch(0, 20, 1 << 20)
     await engine.uploader.flush()
@@ -136,7 +151,15 @@ async def test_recovering_a_missing_volume_wal_is_an_error(tmp_path, file_url):
     store = open_object_store(file_url)
     meta = InProcessMetadata(store)
     with pytest.raises(FileNotFoundError, match="no WAL"):
-        await recover_wal(object_store=store, streams=meta, objects=meta, node_id=3, node_epoch=1, kind="volume", volume_path=tmp_path / "nope")
+        await recover_wal(
+            object_store=store,
+            streams=meta,
+            objects=meta,
+            node_id=3,
+            node_epoch=1,
+            kind="volume",
+            volume_path=tmp_path / "nope",
+        )
     assert not (tmp_path / "nope").exists()
     with pytest.raises(ValueError, match="kind"):
         await recover_wal(object_store=store, streams=meta, objects=meta, node_id=3, node_epoch=1, kind="tape")
@@ -148,7 +171,9 @@ async def test_two_engines_can_share_one_registry(tmp_path, file_url):
     meta = InProcessMetadata(store)
     registry = CollectorRegistry()
     for i in range(2):  # a broker restarted inside one process keeps its /metrics registry
-        engine = StorageEngine(node_config(tmp_path, file_url), store, meta, meta, 1, await meta.register_node(1), registry=registry)
+        engine = StorageEngine(
+            node_config(tmp_path, file_url), store, meta, meta, 1, await meta.register_node(1), registry=registry
+        )
         await engine.start()
         stream = await engine.open_stream(0 if i else await engine.create_stream(), i)
         await stream.append(b"x", 1)

@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from engine_setup import node_config
 
 from automq.broker.objectstore import open_object_store
 from automq.broker.storage.engine import StorageEngine
 from automq.broker.storage.inprocess import InProcessMetadata
 from automq.broker.storage.metadata import ObjectType
-
-from engine_setup import node_config  # noqa: E402
 
 
 class FlakyCommits(InProcessMetadata):
@@ -49,7 +48,7 @@ async def test_failed_commit_never_trims_then_retry_succeeds(setup):
     engine, meta = setup
     sid = await engine.create_stream()
     s = await engine.open_stream(sid, 0)
-    for i in range(10):
+    for _i in range(10):
         await s.append(b"x" * 1000, 1)
     pending = engine.wal.bytes_pending_trim
     trim_before = engine.wal._header.trim
@@ -115,7 +114,12 @@ async def test_object_store_outage_holds_data_in_the_wal_until_it_returns(tmp_pa
 
     store.put = put
     meta = InProcessMetadata(store)
-    config = node_config(tmp_path, file_url, wal={"capacity": 256 << 10}, storage={"upload_interval_ms": 50, "upload_block_bytes": 16 << 10})
+    config = node_config(
+        tmp_path,
+        file_url,
+        wal={"capacity": 256 << 10},
+        storage={"upload_interval_ms": 50, "upload_block_bytes": 16 << 10},
+    )
     engine = StorageEngine(config, store, meta, meta, 1, await meta.register_node(1))
     await engine.start()
     sid = await engine.create_stream()
@@ -154,7 +158,7 @@ async def test_parallel_object_writes_still_commit_in_block_order(setup):
         if n == 1:  # hold the first block's PUT until the second block's begins (if it ever does)
             try:
                 await asyncio.wait_for(second_started.wait(), timeout=30)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         result = await real_put(key, data, **kw)
         events.append(("end", n))
@@ -170,7 +174,7 @@ async def test_parallel_object_writes_still_commit_in_block_order(setup):
 
     meta.commit_stream_set_object = commit
     for part in range(2):
-        for i in range(5):
+        for _i in range(5):
             await s.append(bytes([part]) * 100, 1)
         engine.log_cache.seal()
     await engine.uploader.flush()

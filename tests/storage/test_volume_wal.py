@@ -210,7 +210,9 @@ def loop_device(tmp_path):
     with open(backing, "wb") as f:
         f.truncate(2 << 20)
     try:
-        dev = subprocess.run(["losetup", "-f", "--show", str(backing)], check=True, capture_output=True, text=True, timeout=30).stdout.strip()
+        dev = subprocess.run(
+            ["losetup", "-f", "--show", str(backing)], check=True, capture_output=True, text=True, timeout=30
+        ).stdout.strip()
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"loop devices unavailable here: {exc}")
     try:

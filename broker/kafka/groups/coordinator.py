@@ -62,7 +62,7 @@ def now_ms() -> int:
 
 
 class _PendingWrite:
-    __slots__ = ("records", "tasks", "ok")
+    __slots__ = ("ok", "records", "tasks")
 
     def __init__(self) -> None:
         self.records: dict[int, list[tuple[bytes, bytes | None]]] = {}
@@ -73,7 +73,7 @@ class _PendingWrite:
 class _GroupMetrics:
     """Prometheus collector: groups by state, members, loaded offsets partitions, commits."""
 
-    def __init__(self, coordinator: "GroupCoordinator") -> None:
+    def __init__(self, coordinator: GroupCoordinator) -> None:
         self._coordinator = coordinator
         self.commits = 0
 
@@ -81,7 +81,9 @@ class _GroupMetrics:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         c = self._coordinator
-        groups = GaugeMetricFamily("kafka_coordinator_groups", "Consumer groups this broker coordinates, by state", labels=["state"])
+        groups = GaugeMetricFamily(
+            "kafka_coordinator_groups", "Consumer groups this broker coordinates, by state", labels=["state"]
+        )
         counts: dict[str, int] = {s.value: 0 for s in GroupState}
         members = 0
         for g in c.manager.groups.values():
@@ -90,14 +92,24 @@ class _GroupMetrics:
         for state, n in counts.items():
             groups.add_metric([state], n)
         yield groups
-        yield GaugeMetricFamily("kafka_coordinator_members", "Members of the groups this broker coordinates", value=members)
-        yield GaugeMetricFamily("kafka_coordinator_partitions_loaded", "__consumer_offsets partitions loaded here", value=len(c._partitions))
-        yield GaugeMetricFamily("kafka_coordinator_partitions_loading", "__consumer_offsets partitions being replayed", value=len(c._loading))
-        yield CounterMetricFamily("kafka_coordinator_offset_commits", "Partition offsets committed durably", value=self.commits)
+        yield GaugeMetricFamily(
+            "kafka_coordinator_members", "Members of the groups this broker coordinates", value=members
+        )
+        yield GaugeMetricFamily(
+            "kafka_coordinator_partitions_loaded", "__consumer_offsets partitions loaded here", value=len(c._partitions)
+        )
+        yield GaugeMetricFamily(
+            "kafka_coordinator_partitions_loading",
+            "__consumer_offsets partitions being replayed",
+            value=len(c._loading),
+        )
+        yield CounterMetricFamily(
+            "kafka_coordinator_offset_commits", "Partition offsets committed durably", value=self.commits
+        )
 
 
 class GroupCoordinator:
-    def __init__(self, broker: "Broker") -> None:
+    def __init__(self, broker: Broker) -> None:
         self.broker = broker
         kafka = broker.config.kafka
         self.config = GroupConfig(
@@ -163,7 +175,11 @@ class GroupCoordinator:
         if topic is not None and topic.partitions:
             # the topic's real partition count decides placement (FindCoordinator uses it too)
             self.manager.num_partitions = self.num_partitions = len(topic.partitions)
-        if topic is not None and topic.configs.get("cleanup.policy") != OFFSETS_TOPIC_CONFIGS["cleanup.policy"] and not self._fixing_config:
+        if (
+            topic is not None
+            and topic.configs.get("cleanup.policy") != OFFSETS_TOPIC_CONFIGS["cleanup.policy"]
+            and not self._fixing_config
+        ):
             # created some other way (e.g. auto-created by a Metadata request): fix it
             self._fixing_config = True
             self._spawn(self._make_compacted())
@@ -241,9 +257,19 @@ class GroupCoordinator:
                         k = grouplog.decode_key(key)
                         v = None
                         if value is not None:
-                            v = grouplog.GroupValue.decode(value) if isinstance(k, grouplog.GroupKey) else grouplog.OffsetValue.decode(value)
+                            v = (
+                                grouplog.GroupValue.decode(value)
+                                if isinstance(k, grouplog.GroupKey)
+                                else grouplog.OffsetValue.decode(value)
+                            )
                     except (grouplog.RecordFormatError, UnicodeDecodeError) as exc:
-                        log.warning("%s-%d offset %d: unreadable record skipped: %s", OFFSETS_TOPIC, partition.partition, record_offset, exc)
+                        log.warning(
+                            "%s-%d offset %d: unreadable record skipped: %s",
+                            OFFSETS_TOPIC,
+                            partition.partition,
+                            record_offset,
+                            exc,
+                        )
                         continue
                     out.append((k, v))
             offset = max(offset, result.batches[-1].next_offset)
@@ -298,12 +324,17 @@ class GroupCoordinator:
         if fx.writes or fx.replies:
             self.apply_soon(fx)
 
-    async def _finish_apply(self, fx: Effects, pending: "_PendingWrite") -> None:
+    async def _finish_apply(self, fx: Effects, pending: _PendingWrite) -> None:
         ok = await self._finish_write(pending)
         replies = fx.replies
         if not ok:
             replies = [
-                (t, JoinResult(ErrorCode.not_coordinator, r.member_id) if isinstance(r, JoinResult) else SyncResult(ErrorCode.not_coordinator))
+                (
+                    t,
+                    JoinResult(ErrorCode.not_coordinator, r.member_id)
+                    if isinstance(r, JoinResult)
+                    else SyncResult(ErrorCode.not_coordinator),
+                )
                 for t, r in replies
             ]
         self._deliver(replies)
@@ -320,7 +351,7 @@ class GroupCoordinator:
         as soon as they are, before anything else can checkpoint the partitions."""
         return await self._finish_write(self._begin_write(writes), on_durable)
 
-    def _begin_write(self, writes: list[Write]) -> "_PendingWrite":
+    def _begin_write(self, writes: list[Write]) -> _PendingWrite:
         """Start the appends now (synchronously), so the log order of records is the order
         in which the state machine produced them."""
         pending = _PendingWrite()
@@ -335,7 +366,7 @@ class GroupCoordinator:
             self._inflight[index] = self._inflight.get(index, 0) + 1
         return pending
 
-    async def _finish_write(self, pending: "_PendingWrite", on_durable: Any = None) -> bool:
+    async def _finish_write(self, pending: _PendingWrite, on_durable: Any = None) -> bool:
         ok = pending.ok
         try:
             for result in await asyncio.gather(*pending.tasks, return_exceptions=True):
@@ -376,8 +407,13 @@ class GroupCoordinator:
                 out.append(g.record())
             for (t, p), o in g.offsets.items():
                 out.append(
-                    Write(index, grouplog.OffsetKey(g.group_id, t, p).encode(),
-                          grouplog.OffsetValue(o.offset, o.leader_epoch, o.metadata, o.commit_timestamp_ms, o.expire_timestamp_ms).encode())
+                    Write(
+                        index,
+                        grouplog.OffsetKey(g.group_id, t, p).encode(),
+                        grouplog.OffsetValue(
+                            o.offset, o.leader_epoch, o.metadata, o.commit_timestamp_ms, o.expire_timestamp_ms
+                        ).encode(),
+                    )
                 )
         return out
 
@@ -408,7 +444,13 @@ class GroupCoordinator:
             if self._partitions.get(index) is partition:
                 await partition.stream.trim(start)
                 self._records_since_checkpoint[index] = len(writes)
-                log.info("%s-%d checkpointed: %d live records, log trimmed below %d", OFFSETS_TOPIC, index, len(writes), start)
+                log.info(
+                    "%s-%d checkpointed: %d live records, log trimmed below %d",
+                    OFFSETS_TOPIC,
+                    index,
+                    len(writes),
+                    start,
+                )
         except Exception:
             log.exception("checkpoint of %s-%d failed", OFFSETS_TOPIC, index)
         finally:
@@ -467,6 +509,7 @@ class GroupCoordinator:
         """Make an accepted commit durable, then visible. Errors per partition."""
         if not plan.writes:
             return plan.errors
+
         def durable() -> None:
             self.manager.complete_commit(plan, now_ms())
             self.metrics.commits += len(plan.accepted)
@@ -481,7 +524,9 @@ class GroupCoordinator:
             return ErrorCode.not_coordinator
         return error
 
-    async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
+    async def delete_offsets(
+        self, group_id: str, partitions: list[tuple[str, int]]
+    ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
         top, errors, fx = self.manager.delete_offsets(group_id, partitions)
         if fx.writes and not await self.write(fx.writes):
             return ErrorCode.not_coordinator, {}

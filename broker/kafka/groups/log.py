@@ -113,7 +113,12 @@ class OffsetKey:
     partition: int
 
     def encode(self) -> bytes:
-        return struct.pack(">h", OFFSET_KEY_VERSION) + _str(self.group_id) + _str(self.topic) + struct.pack(">i", self.partition)
+        return (
+            struct.pack(">h", OFFSET_KEY_VERSION)
+            + _str(self.group_id)
+            + _str(self.topic)
+            + struct.pack(">i", self.partition)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +139,19 @@ class OffsetValue:
 
     def encode(self) -> bytes:
         if self.expire_timestamp_ms is not None:
-            return struct.pack(">hq", 1, self.offset) + _str(self.metadata) + struct.pack(">qq", self.commit_timestamp_ms, self.expire_timestamp_ms)
-        return struct.pack(">hqi", 3, self.offset, self.leader_epoch) + _str(self.metadata) + struct.pack(">q", self.commit_timestamp_ms)
+            return (
+                struct.pack(">hq", 1, self.offset)
+                + _str(self.metadata)
+                + struct.pack(">qq", self.commit_timestamp_ms, self.expire_timestamp_ms)
+            )
+        return (
+            struct.pack(">hqi", 3, self.offset, self.leader_epoch)
+            + _str(self.metadata)
+            + struct.pack(">q", self.commit_timestamp_ms)
+        )
 
     @classmethod
-    def decode(cls, buf: bytes) -> "OffsetValue":
+    def decode(cls, buf: bytes) -> OffsetValue:
         r = _Reader(buf)
         version = r.int16()
         if version in (0, 1):
@@ -193,7 +206,7 @@ class GroupValue:
         return b"".join(parts)
 
     @classmethod
-    def decode(cls, buf: bytes) -> "GroupValue":
+    def decode(cls, buf: bytes) -> GroupValue:
         r = _Reader(buf)
         version = r.int16()
         if version != 3:
@@ -203,7 +216,8 @@ class GroupValue:
         if count < 0 or count > len(buf):
             raise RecordFormatError(f"bad member count {count}")
         members = tuple(
-            MemberValue(r.str(), r.nstr(), r.str(), r.str(), r.int32(), r.int32(), r.bytes(), r.bytes()) for _ in range(count)
+            MemberValue(r.str(), r.nstr(), r.str(), r.str(), r.int32(), r.int32(), r.bytes(), r.bytes())
+            for _ in range(count)
         )
         return cls(protocol_type, generation, protocol, leader, ts, members)
 
@@ -249,7 +263,9 @@ def decode_batches(buf: bytes | memoryview) -> Iterator[tuple[int, bytes, bytes 
     buf = memoryview(buf)
     pos = 0
     while pos + BATCH_HEADER_SIZE <= len(buf):
-        (base_offset, length, _epoch, magic, crc, attributes, _lod, _bts, _mts, _pid, _pep, _bseq, count) = HEADER.unpack_from(buf, pos)
+        (base_offset, length, _epoch, magic, crc, attributes, _lod, _bts, _mts, _pid, _pep, _bseq, count) = (
+            HEADER.unpack_from(buf, pos)
+        )
         end = pos + LOG_OVERHEAD + length
         if length < BATCH_HEADER_SIZE - LOG_OVERHEAD or end > len(buf):
             log.warning("__consumer_offsets: truncated batch at offset %d; ignoring the rest", base_offset)

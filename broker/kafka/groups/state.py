@@ -274,7 +274,14 @@ class Group:
             )
             for m in self.members.values()
         )
-        value = GroupValue(self.protocol_type or "", self.generation_id, self.protocol_name, self.leader_id, self.state_timestamp_ms, members)
+        value = GroupValue(
+            self.protocol_type or "",
+            self.generation_id,
+            self.protocol_name,
+            self.leader_id,
+            self.state_timestamp_ms,
+            members,
+        )
         return Write(self.partition, GroupKey(self.group_id).encode(), value.encode())
 
 
@@ -404,10 +411,14 @@ class GroupManager:
                 fx.reply(token, self._join_result(group, member, include_members=False))
         return fx
 
-    def _join_result(self, group: Group, member: Member, include_members: bool, skip_assignment: bool = False) -> JoinResult:
+    def _join_result(
+        self, group: Group, member: Member, include_members: bool, skip_assignment: bool = False
+    ) -> JoinResult:
         members = ()
         if include_members:
-            members = tuple((m.member_id, m.group_instance_id, m.metadata(group.protocol_name)) for m in group.members.values())
+            members = tuple(
+                (m.member_id, m.group_instance_id, m.metadata(group.protocol_name)) for m in group.members.values()
+            )
         return JoinResult(
             ErrorCode.none,
             member.member_id,
@@ -419,15 +430,21 @@ class GroupManager:
             skip_assignment,
         )
 
-    def _add_member_and_rebalance(self, group: Group, now_ms: int, member_id: str, fx: Effects, *, token: Any, **args: Any) -> None:
-        member = Member(member_id=member_id, last_heartbeat_ms=now_ms, joined_at_ms=now_ms, join_token=token, is_new=True, **args)
+    def _add_member_and_rebalance(
+        self, group: Group, now_ms: int, member_id: str, fx: Effects, *, token: Any, **args: Any
+    ) -> None:
+        member = Member(
+            member_id=member_id, last_heartbeat_ms=now_ms, joined_at_ms=now_ms, join_token=token, is_new=True, **args
+        )
         if group.state is GroupState.PREPARING_REBALANCE and group.generation_id == 0:
             group.new_member_added = True  # lets the initial delay extend
         group.add(member)
         self._maybe_prepare_rebalance(group, now_ms, fx)
         self._check_join_complete(group, now_ms, fx)
 
-    def _update_member_and_rebalance(self, group: Group, member: Member, now_ms: int, fx: Effects, *, token: Any, **args: Any) -> None:
+    def _update_member_and_rebalance(
+        self, group: Group, member: Member, now_ms: int, fx: Effects, *, token: Any, **args: Any
+    ) -> None:
         if member.join_token is not None and member.join_token is not token:
             # a newer JoinGroup from the same member supersedes the one still waiting
             fx.reply(member.join_token, JoinResult(ErrorCode.rebalance_in_progress, member.member_id))
@@ -610,7 +627,10 @@ class GroupManager:
                 fx.writes.append(group.record())
                 for m in group.members.values():
                     if m.sync_token is not None:
-                        fx.reply(m.sync_token, SyncResult(ErrorCode.none, group.protocol_type, group.protocol_name, m.assignment))
+                        fx.reply(
+                            m.sync_token,
+                            SyncResult(ErrorCode.none, group.protocol_type, group.protocol_name, m.assignment),
+                        )
                         m.sync_token = None
                         m.last_heartbeat_ms = now_ms
         else:  # Stable: the assignment is known
@@ -621,7 +641,9 @@ class GroupManager:
 
     # ----- Heartbeat / LeaveGroup
 
-    def heartbeat(self, now_ms: int, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int) -> ErrorCode:
+    def heartbeat(
+        self, now_ms: int, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int
+    ) -> ErrorCode:
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.unknown_member_id
@@ -641,7 +663,9 @@ class GroupManager:
             return ErrorCode.rebalance_in_progress
         return ErrorCode.none
 
-    def leave(self, now_ms: int, group_id: str, members: list[tuple[str, str | None]]) -> tuple[ErrorCode, list[ErrorCode], Effects]:
+    def leave(
+        self, now_ms: int, group_id: str, members: list[tuple[str, str | None]]
+    ) -> tuple[ErrorCode, list[ErrorCode], Effects]:
         """(group error, one error per (member_id, instance_id) asked, effects)."""
         fx = Effects()
         group = self.groups.get(group_id)
@@ -742,7 +766,7 @@ class GroupManager:
         keys = [(t, p) for t, p, *_ in offsets]
 
         def fail(error: ErrorCode) -> CommitPlan:
-            return CommitPlan(group_id, {k: error for k in keys}, {}, [])
+            return CommitPlan(group_id, dict.fromkeys(keys, error), {}, [])
 
         if not group_id:
             return fail(ErrorCode.invalid_group_id)
@@ -795,7 +819,9 @@ class GroupManager:
             group = self._new_group(plan.group_id, now_ms)
         group.offsets.update(plan.accepted)
 
-    def fetch_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None) -> list[tuple[str, int, CommittedOffset | None]]:
+    def fetch_offsets(
+        self, group_id: str, partitions: list[tuple[str, int]] | None
+    ) -> list[tuple[str, int, CommittedOffset | None]]:
         """Committed offsets of `partitions` (None: every partition the group has)."""
         group = self.groups.get(group_id)
         offsets = group.offsets if group is not None else {}
@@ -803,7 +829,9 @@ class GroupManager:
             return [(t, p, o) for (t, p), o in sorted(offsets.items())]
         return [(t, p, offsets.get((t, p))) for t, p in partitions]
 
-    def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode], Effects]:
+    def delete_offsets(
+        self, group_id: str, partitions: list[tuple[str, int]]
+    ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode], Effects]:
         fx = Effects()
         group = self.groups.get(group_id)
         if group is None or group.state is GroupState.DEAD:
@@ -852,11 +880,17 @@ class GroupManager:
         for group in list(self.groups.values()):
             if group.state is GroupState.EMPTY:
                 candidates = list(group.offsets.items())
-                base_of = (lambda o: group.state_timestamp_ms) if group.protocol_type else (lambda o: o.commit_timestamp_ms)
-            elif group.state is GroupState.STABLE and group.protocol_type == "consumer" and group.subscribed_topics is not None:
+                base_of = (
+                    (lambda o: group.state_timestamp_ms) if group.protocol_type else (lambda o: o.commit_timestamp_ms)
+                )
+            elif (
+                group.state is GroupState.STABLE
+                and group.protocol_type == "consumer"
+                and group.subscribed_topics is not None
+            ):
                 subscribed = group.subscribed_topics
                 candidates = [(k, o) for k, o in group.offsets.items() if k[0] not in subscribed]
-                base_of = lambda o: o.commit_timestamp_ms  # noqa: E731
+                base_of = lambda o: o.commit_timestamp_ms
             else:
                 continue
             for (t, p), o in candidates:
@@ -897,7 +931,13 @@ class GroupManager:
             )
             for m in group.members.values()
         )
-        return GroupSummary(group.group_id, group.state.value, group.protocol_type or "", (group.protocol_name or "") if stable else "", members)
+        return GroupSummary(
+            group.group_id,
+            group.state.value,
+            group.protocol_type or "",
+            (group.protocol_name or "") if stable else "",
+            members,
+        )
 
     # ----- loading and unloading partitions
 
@@ -920,7 +960,11 @@ class GroupManager:
                         loaded[key.group_id].offsets.pop((key.topic, key.partition), None)
                 elif isinstance(value, OffsetValue):
                     group_for(key.group_id).offsets[(key.topic, key.partition)] = CommittedOffset(
-                        value.offset, value.leader_epoch, value.metadata, value.commit_timestamp_ms, value.expire_timestamp_ms
+                        value.offset,
+                        value.leader_epoch,
+                        value.metadata,
+                        value.commit_timestamp_ms,
+                        value.expire_timestamp_ms,
                     )
             elif isinstance(key, GroupKey):
                 if value is None:

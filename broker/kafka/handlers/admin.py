@@ -28,9 +28,9 @@ from urllib.parse import urlsplit
 from kio.schema.errors import ErrorCode
 
 from automq.broker.controller.protocol import MetadataImage, TopicInfo
-from automq.broker.kafka.broker import INTERNAL_TOPICS
 from automq.broker.kafka import retention
 from automq.broker.kafka import topic_configs as tc
+from automq.broker.kafka.broker import INTERNAL_TOPICS
 from automq.broker.kafka.codec import ZERO_THROTTLE, build, has_field, nested
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.registry import handles
@@ -190,16 +190,24 @@ def plan_create_topic(topic: Any, image: MetadataImage | None, kafka_config: Any
             )
         live = live_brokers(image)
         by_index = {a.partition_index: a for a in assignments}
-        leaders = tuple(check_assignment(by_index[i].broker_ids, live, f"partition {i}") for i in range(len(assignments)))
+        leaders = tuple(
+            check_assignment(by_index[i].broker_ids, live, f"partition {i}") for i in range(len(assignments))
+        )
         sizes = {len(a.broker_ids) for a in assignments}
         if len(sizes) != 1:
-            raise AdminError(ErrorCode.invalid_replica_assignment, "All partitions should have the same number of replicas")
+            raise AdminError(
+                ErrorCode.invalid_replica_assignment, "All partitions should have the same number of replicas"
+            )
         partitions, replication = len(assignments), sizes.pop()
     else:
         partitions = kafka_config.num_partitions if topic.num_partitions == -1 else topic.num_partitions
-        replication = kafka_config.default_replication_factor if topic.replication_factor == -1 else topic.replication_factor
+        replication = (
+            kafka_config.default_replication_factor if topic.replication_factor == -1 else topic.replication_factor
+        )
         if partitions < 1:
-            raise AdminError(ErrorCode.invalid_partitions, "Number of partitions was set to an invalid non-positive value.")
+            raise AdminError(
+                ErrorCode.invalid_partitions, "Number of partitions was set to an invalid non-positive value."
+            )
         if replication < 1:
             raise AdminError(
                 ErrorCode.invalid_replication_factor,
@@ -231,7 +239,9 @@ def plan_create_partitions(topic: Any, image: MetadataImage | None) -> tuple[Top
                 f"Increasing the number of partitions by {added} but {len(topic.assignments)} assignments provided.",
             )
         live = live_brokers(image)
-        leaders = tuple(check_assignment(a.broker_ids, live, f"partition {current + i}") for i, a in enumerate(topic.assignments))
+        leaders = tuple(
+            check_assignment(a.broker_ids, live, f"partition {current + i}") for i, a in enumerate(topic.assignments)
+        )
     return info, leaders
 
 
@@ -280,7 +290,7 @@ async def _fresh_image(ctx: RequestContext) -> MetadataImage | None:
     this broker's image if the controller does not answer quickly."""
     try:
         return await asyncio.wait_for(ctx.broker.cluster.watch_metadata(-1, 0), 5.0)
-    except Exception as exc:  # noqa: BLE001 - falling back to the local image is the answer
+    except Exception as exc:
         log.debug("fresh metadata unavailable (%s); using the local image", exc)
         return ctx.broker.partitions.image
 
@@ -291,7 +301,9 @@ async def _await_local(ctx: RequestContext, predicate: Callable[[MetadataImage],
     await ctx.broker.partitions.wait_for_image(predicate, min(budget_s, METADATA_PROPAGATION_WAIT_S))
 
 
-async def _place_leaders(ctx: RequestContext, name: str, first_partition: int, leaders: tuple[int, ...], info: TopicInfo | None) -> None:
+async def _place_leaders(
+    ctx: RequestContext, name: str, first_partition: int, leaders: tuple[int, ...], info: TopicInfo | None
+) -> None:
     """Honour a manual assignment: move each new partition to its list's first broker."""
     current = {p.partition: p.leader for p in info.partitions} if info is not None else {}
     for i, leader in enumerate(leaders):
@@ -300,7 +312,7 @@ async def _place_leaders(ctx: RequestContext, name: str, first_partition: int, l
             continue
         try:
             await _controller(ctx.broker.cluster.reassign_partition(name, p, leader))
-        except Exception as exc:  # noqa: BLE001 - the topic exists; placement is best effort
+        except Exception as exc:
             log.warning("placing %s-%d on broker %d as assigned failed: %s", name, p, leader, exc)
 
 
@@ -326,29 +338,47 @@ async def create_topics(request: Any, ctx: RequestContext) -> Any:
     async def one(topic: Any) -> Any:
         if counts[topic.name] > 1:
             return result(
-                topic.name, ErrorCode.invalid_request,
+                topic.name,
+                ErrorCode.invalid_request,
                 f"Create topics request from client `{ctx.client_id}` contains multiple entries for the following topics: {topic.name}",
             )
         try:
             plan = plan_create_topic(topic, image, broker.config.kafka)
             info = None
             if not request.validate_only:
-                info = await _controller(broker.cluster.create_topic(plan.name, plan.partitions, plan.configs), timeout_s or None)
+                info = await _controller(
+                    broker.cluster.create_topic(plan.name, plan.partitions, plan.configs), timeout_s or None
+                )
                 created.append(plan.name)
                 if plan.leaders:
                     await _place_leaders(ctx, plan.name, 0, plan.leaders, info)
-                log.info("created topic %s (%d partitions, configs %s) for %s", plan.name, plan.partitions, plan.configs, ctx.peer)
-        except Exception as exc:  # noqa: BLE001 - each topic gets its own error
+                log.info(
+                    "created topic %s (%d partitions, configs %s) for %s",
+                    plan.name,
+                    plan.partitions,
+                    plan.configs,
+                    ctx.peer,
+                )
+        except Exception as exc:
             code, message = error_of(exc)
             return result(topic.name, code, message)
         configs = None
         if ConfigEntry is not None:
             configs = tuple(
-                build(ConfigEntry, name=d.name, value=d.value, read_only=d.read_only, config_source=int(d.source), is_sensitive=d.is_sensitive)
+                build(
+                    ConfigEntry,
+                    name=d.name,
+                    value=d.value,
+                    read_only=d.read_only,
+                    config_source=int(d.source),
+                    is_sensitive=d.is_sensitive,
+                )
                 for d in tc.describe_topic(plan.configs, broker.config)
             )
         return result(
-            plan.name, ErrorCode.none, None,
+            plan.name,
+            ErrorCode.none,
+            None,
             topic_id=_topic_uuid(info),
             num_partitions=plan.partitions,
             replication_factor=1,  # one replica per partition, whatever was asked (see module docstring)
@@ -368,7 +398,9 @@ async def delete_topics(request: Any, ctx: RequestContext) -> Any:
     broker = ctx.broker
     timeout_s = _timeout_s(request)
     if hasattr(request, "topics"):  # v6+: by name or by topic id
-        wanted = [(t.name, t.topic_id if t.topic_id is not None and t.topic_id.int != 0 else None) for t in request.topics]
+        wanted = [
+            (t.name, t.topic_id if t.topic_id is not None and t.topic_id.int != 0 else None) for t in request.topics
+        ]
     else:
         wanted = [(name, None) for name in request.topic_names]
     deleted: list[str] = []
@@ -394,8 +426,10 @@ async def delete_topics(request: Any, ctx: RequestContext) -> Any:
             await _controller(broker.cluster.delete_topic(name), timeout_s or None)
             deleted.append(name)
             log.info("deleted topic %s for %s", name, ctx.peer)
-            return build(Result, name=name, topic_id=topic_id or _topic_uuid(info), error_code=ErrorCode.none, error_message=None)
-        except Exception as exc:  # noqa: BLE001
+            return build(
+                Result, name=name, topic_id=topic_id or _topic_uuid(info), error_code=ErrorCode.none, error_message=None
+            )
+        except Exception as exc:
             code, message = error_of(exc)
             return build(Result, name=name, topic_id=topic_id, error_code=code, error_message=message)
 
@@ -422,20 +456,24 @@ async def create_partitions(request: Any, ctx: RequestContext) -> Any:
             info, leaders = plan_create_partitions(topic, image)
             if not request.validate_only:
                 first_new = len(info.partitions)
-                grown_info = await _controller(broker.cluster.create_partitions(topic.name, topic.count), timeout_s or None)
+                grown_info = await _controller(
+                    broker.cluster.create_partitions(topic.name, topic.count), timeout_s or None
+                )
                 grown[topic.name] = topic.count
                 if leaders:
                     await _place_leaders(ctx, topic.name, first_new, leaders, grown_info)
                 log.info("topic %s now has %d partitions (for %s)", topic.name, topic.count, ctx.peer)
             return build(Result, name=topic.name, error_code=ErrorCode.none, error_message=None)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             code, message = error_of(exc)
             return build(Result, name=topic.name, error_code=code, error_message=message)
 
     results = await asyncio.gather(*(one(t) for t in request.topics))
     if grown:
         await _await_local(
-            ctx, lambda img: all((t := _topic(img, n)) is not None and len(t.partitions) >= c for n, c in grown.items()), timeout_s
+            ctx,
+            lambda img: all((t := _topic(img, n)) is not None and len(t.partitions) >= c for n, c in grown.items()),
+            timeout_s,
         )
     return build(cls, throttle_time=ZERO_THROTTLE, results=tuple(results))
 
@@ -451,7 +489,10 @@ def _broker_resource_is_me(ctx: RequestContext, resource_name: str) -> None:
     except ValueError:
         raise AdminError(ErrorCode.invalid_request, f"Invalid broker id {resource_name!r}") from None
     if node != ctx.broker.node_id:
-        raise AdminError(ErrorCode.invalid_request, f"Unexpected broker id, expected {ctx.broker.node_id} or empty string, but received {node}")
+        raise AdminError(
+            ErrorCode.invalid_request,
+            f"Unexpected broker id, expected {ctx.broker.node_id} or empty string, but received {node}",
+        )
 
 
 @handles(DESCRIBE_CONFIGS)
@@ -469,8 +510,15 @@ async def describe_configs(request: Any, ctx: RequestContext) -> Any:
 
     def entry(d: tc.DescribedConfig) -> Any:
         return build(
-            Entry, name=d.name, value=d.value, read_only=d.read_only, config_source=int(d.source), is_default=d.is_default,
-            is_sensitive=d.is_sensitive, config_type=int(d.type), documentation=d.documentation,
+            Entry,
+            name=d.name,
+            value=d.value,
+            read_only=d.read_only,
+            config_source=int(d.source),
+            is_default=d.is_default,
+            is_sensitive=d.is_sensitive,
+            config_type=int(d.type),
+            documentation=d.documentation,
             synonyms=tuple(build(Synonym, name=s.name, value=s.value, source=int(s.source)) for s in d.synonyms),
         )
 
@@ -485,22 +533,44 @@ async def describe_configs(request: Any, ctx: RequestContext) -> Any:
                 validate_topic_name(resource.resource_name)
                 info = _topic(image, resource.resource_name)
                 if info is None:
-                    raise AdminError(ErrorCode.unknown_topic_or_partition, f"Topic {resource.resource_name} does not exist.")
+                    raise AdminError(
+                        ErrorCode.unknown_topic_or_partition, f"Topic {resource.resource_name} does not exist."
+                    )
                 described = tc.describe_topic(info.configs, node_config, keys, include_synonyms, include_docs)
             elif resource.resource_type == tc.ConfigResourceType.BROKER:
                 _broker_resource_is_me(ctx, resource.resource_name)
                 # the empty name is the cluster-wide dynamic default: none exist here
-                described = [] if resource.resource_name == "" else tc.describe_broker(node_config, keys, include_synonyms, include_docs)
+                described = (
+                    []
+                    if resource.resource_name == ""
+                    else tc.describe_broker(node_config, keys, include_synonyms, include_docs)
+                )
             else:
-                raise AdminError(ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type} for DescribeConfigs")
+                raise AdminError(
+                    ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type} for DescribeConfigs"
+                )
             results.append(
-                build(Result, error_code=ErrorCode.none, error_message=None, resource_type=resource.resource_type,
-                      resource_name=resource.resource_name, configs=tuple(entry(d) for d in described))
+                build(
+                    Result,
+                    error_code=ErrorCode.none,
+                    error_message=None,
+                    resource_type=resource.resource_type,
+                    resource_name=resource.resource_name,
+                    configs=tuple(entry(d) for d in described),
+                )
             )
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             code, message = error_of(exc)
-            results.append(build(Result, error_code=code, error_message=message, resource_type=resource.resource_type,
-                                 resource_name=resource.resource_name, configs=()))
+            results.append(
+                build(
+                    Result,
+                    error_code=code,
+                    error_message=message,
+                    resource_type=resource.resource_type,
+                    resource_name=resource.resource_name,
+                    configs=(),
+                )
+            )
     return build(cls, throttle_time=ZERO_THROTTLE, results=tuple(results))
 
 
@@ -511,7 +581,11 @@ async def _alter_configs(
     Result = nested(cls, "AlterConfigsResourceResponse")
     broker = ctx.broker
     counts = collections.Counter((r.resource_type, r.resource_name) for r in request.resources)
-    image = await _fresh_image(ctx) if any(r.resource_type == tc.ConfigResourceType.TOPIC for r in request.resources) else None
+    image = (
+        await _fresh_image(ctx)
+        if any(r.resource_type == tc.ConfigResourceType.TOPIC for r in request.resources)
+        else None
+    )
     altered: dict[str, dict[str, str | None]] = {}
 
     async def one(resource: Any) -> Any:
@@ -521,7 +595,9 @@ async def _alter_configs(
             if resource.resource_type == tc.ConfigResourceType.TOPIC:
                 info = _topic(image, resource.resource_name)
                 if info is None:
-                    raise AdminError(ErrorCode.unknown_topic_or_partition, f"Topic {resource.resource_name} does not exist.")
+                    raise AdminError(
+                        ErrorCode.unknown_topic_or_partition, f"Topic {resource.resource_name} does not exist."
+                    )
                 changes = changes_for(dict(info.configs), resource)
                 if changes and not request.validate_only:
                     await _controller(broker.cluster.alter_topic_configs(info.name, changes))
@@ -536,14 +612,30 @@ async def _alter_configs(
                     "(docs/configuration.md); change it and restart the broker.",
                 )
             else:
-                raise AdminError(ErrorCode.invalid_request, f"Unsupported resource type {resource.resource_type} for altering configs")
-            return build(Result, error_code=ErrorCode.none, error_message=None, resource_type=resource.resource_type, resource_name=resource.resource_name)
-        except Exception as exc:  # noqa: BLE001
+                raise AdminError(
+                    ErrorCode.invalid_request,
+                    f"Unsupported resource type {resource.resource_type} for altering configs",
+                )
+            return build(
+                Result,
+                error_code=ErrorCode.none,
+                error_message=None,
+                resource_type=resource.resource_type,
+                resource_name=resource.resource_name,
+            )
+        except Exception as exc:
             code, message = error_of(exc)
-            return build(Result, error_code=code, error_message=message, resource_type=resource.resource_type, resource_name=resource.resource_name)
+            return build(
+                Result,
+                error_code=code,
+                error_message=message,
+                resource_type=resource.resource_type,
+                resource_name=resource.resource_name,
+            )
 
     results = await asyncio.gather(*(one(r) for r in request.resources))
     if altered:
+
         def applied(img: MetadataImage) -> bool:
             for name, changes in altered.items():
                 t = _topic(img, name)
@@ -557,13 +649,17 @@ async def _alter_configs(
 
 @handles(ALTER_CONFIGS)
 async def alter_configs(request: Any, ctx: RequestContext) -> Any:
-    return await _alter_configs(request, ctx, lambda current, r: tc.replace_all(current, ((c.name, c.value) for c in r.configs)))
+    return await _alter_configs(
+        request, ctx, lambda current, r: tc.replace_all(current, ((c.name, c.value) for c in r.configs))
+    )
 
 
 @handles(INCREMENTAL_ALTER_CONFIGS)
 async def incremental_alter_configs(request: Any, ctx: RequestContext) -> Any:
     return await _alter_configs(
-        request, ctx, lambda current, r: tc.apply_incremental(current, ((c.name, c.config_operation, c.value) for c in r.configs))
+        request,
+        ctx,
+        lambda current, r: tc.apply_incremental(current, ((c.name, c.config_operation, c.value) for c in r.configs)),
     )
 
 
@@ -590,10 +686,14 @@ async def delete_records(request: Any, ctx: RequestContext) -> Any:
                 )
             if target > partition.log_start_offset:
                 await partition.stream.trim(target)
-                log.info("deleted records of %s-%d below offset %d (for %s)", topic, p.partition_index, target, ctx.peer)
+                log.info(
+                    "deleted records of %s-%d below offset %d (for %s)", topic, p.partition_index, target, ctx.peer
+                )
             low = partition.log_start_offset
-            return build(PartitionResult, partition_index=p.partition_index, low_watermark=low, error_code=ErrorCode.none)
-        except Exception as exc:  # noqa: BLE001
+            return build(
+                PartitionResult, partition_index=p.partition_index, low_watermark=low, error_code=ErrorCode.none
+            )
+        except Exception as exc:
             code, _ = error_of(exc)
             return build(PartitionResult, partition_index=p.partition_index, low_watermark=low, error_code=code)
 
@@ -618,9 +718,14 @@ async def describe_cluster(request: Any, ctx: RequestContext) -> Any:
     if endpoint_type != 1:
         # a broker describes brokers; controllers are reached over their HTTP API here
         return build(
-            cls, throttle_time=ZERO_THROTTLE, error_code=ErrorCode.unsupported_endpoint_type,
-            error_message=f"Endpoint type {endpoint_type} is not supported by a broker", endpoint_type=endpoint_type,
-            cluster_id=cluster_id, controller_id=-1, brokers=(),
+            cls,
+            throttle_time=ZERO_THROTTLE,
+            error_code=ErrorCode.unsupported_endpoint_type,
+            error_message=f"Endpoint type {endpoint_type} is not supported by a broker",
+            endpoint_type=endpoint_type,
+            cluster_id=cluster_id,
+            controller_id=-1,
+            brokers=(),
         )
     include_fenced = bool(getattr(request, "include_fenced_brokers", False))
     listener = broker.config.listeners[0].name if broker.config.listeners else "PLAINTEXT"
@@ -635,14 +740,23 @@ async def describe_cluster(request: Any, ctx: RequestContext) -> Any:
             continue
         if not fenced:
             alive.append(b.node_id)
-        entries.append(build(BrokerEntry, broker_id=b.node_id, host=ep.host, port=ep.port, rack=b.rack, is_fenced=fenced))
+        entries.append(
+            build(BrokerEntry, broker_id=b.node_id, host=ep.host, port=ep.port, rack=b.rack, is_fenced=fenced)
+        )
     # Kafka: "when handled by a broker, returns a random alive broker ID" — the controller is
     # not a Kafka-protocol node here, so clients must not try to reach it.
     controller_id = broker.node_id if broker.node_id in alive or not alive else alive[0]
     operations = _CLUSTER_OPERATIONS if request.include_cluster_authorized_operations else -(1 << 31)
     return build(
-        cls, throttle_time=ZERO_THROTTLE, error_code=ErrorCode.none, error_message=None, endpoint_type=1,
-        cluster_id=cluster_id, controller_id=controller_id, brokers=tuple(entries), cluster_authorized_operations=operations,
+        cls,
+        throttle_time=ZERO_THROTTLE,
+        error_code=ErrorCode.none,
+        error_message=None,
+        endpoint_type=1,
+        cluster_id=cluster_id,
+        controller_id=controller_id,
+        brokers=tuple(entries),
+        cluster_authorized_operations=operations,
     )
 
 
@@ -664,16 +778,27 @@ async def describe_log_dirs(request: Any, ctx: RequestContext) -> Any:
             continue
         try:
             size = await retention.partition_size(broker, p)
-        except Exception as exc:  # noqa: BLE001 - moved or closed meanwhile: size unknown
+        except Exception as exc:
             log.debug("size of %s-%d unknown: %s", p.topic, p.partition, exc)
             size = -1
         by_topic.setdefault(p.topic, []).append(
-            build(PartitionEntry, partition_index=p.partition, partition_size=size,
-                  offset_lag=max(0, p.log_end_offset - p.high_watermark), is_future_key=False)
+            build(
+                PartitionEntry,
+                partition_index=p.partition,
+                partition_size=size,
+                offset_lag=max(0, p.log_end_offset - p.high_watermark),
+                is_future_key=False,
+            )
         )
     topics = tuple(build(TopicEntry, name=name, partitions=tuple(parts)) for name, parts in by_topic.items())
-    result = build(Result, error_code=ErrorCode.none, log_dir=log_dir_name(broker.config.object_store_url), topics=topics,
-                   total_bytes=-1, usable_bytes=-1)  # object storage has no volume size
+    result = build(
+        Result,
+        error_code=ErrorCode.none,
+        log_dir=log_dir_name(broker.config.object_store_url),
+        topics=topics,
+        total_bytes=-1,
+        usable_bytes=-1,
+    )  # object storage has no volume size
     return build(cls, throttle_time=ZERO_THROTTLE, error_code=ErrorCode.none, results=(result,))
 
 
@@ -699,17 +824,36 @@ async def alter_partition_reassignments(request: Any, ctx: RequestContext) -> An
             if p.replicas is None:
                 # A move here takes about a second and copies nothing: there is nothing to roll back.
                 if pinfo.state == "moving":
-                    raise AdminError(ErrorCode.reassignment_in_progress,
-                                     f"The move of {topic}-{p.partition_index} cannot be cancelled; it completes on its own shortly")
-                raise AdminError(ErrorCode.no_reassignment_in_progress, f"No reassignment in progress for {topic}-{p.partition_index}")
+                    raise AdminError(
+                        ErrorCode.reassignment_in_progress,
+                        f"The move of {topic}-{p.partition_index} cannot be cancelled; it completes on its own shortly",
+                    )
+                raise AdminError(
+                    ErrorCode.no_reassignment_in_progress,
+                    f"No reassignment in progress for {topic}-{p.partition_index}",
+                )
             target = check_assignment(p.replicas, live, f"{topic}-{p.partition_index}")
             if pinfo.state == "moving":
-                raise AdminError(ErrorCode.reassignment_in_progress, f"{topic}-{p.partition_index} is already moving to {pinfo.target}")
+                raise AdminError(
+                    ErrorCode.reassignment_in_progress,
+                    f"{topic}-{p.partition_index} is already moving to {pinfo.target}",
+                )
             if target != pinfo.leader:
-                await _controller(broker.cluster.reassign_partition(topic, p.partition_index, target), timeout_s or None)
-                log.info("moving %s-%d from broker %d to %d (for %s)", topic, p.partition_index, pinfo.leader, target, ctx.peer)
-            return build(PartitionResult, partition_index=p.partition_index, error_code=ErrorCode.none, error_message=None)
-        except Exception as exc:  # noqa: BLE001
+                await _controller(
+                    broker.cluster.reassign_partition(topic, p.partition_index, target), timeout_s or None
+                )
+                log.info(
+                    "moving %s-%d from broker %d to %d (for %s)",
+                    topic,
+                    p.partition_index,
+                    pinfo.leader,
+                    target,
+                    ctx.peer,
+                )
+            return build(
+                PartitionResult, partition_index=p.partition_index, error_code=ErrorCode.none, error_message=None
+            )
+        except Exception as exc:
             code, message = error_of(exc)
             return build(PartitionResult, partition_index=p.partition_index, error_code=code, error_message=message)
 
@@ -717,8 +861,14 @@ async def alter_partition_reassignments(request: Any, ctx: RequestContext) -> An
     for t in request.topics:
         results = await asyncio.gather(*(one(t.name, p) for p in t.partitions))
         topics.append(build(TopicResult, name=t.name, partitions=tuple(results)))
-    return build(cls, throttle_time=ZERO_THROTTLE, allow_replication_factor_change=True, error_code=ErrorCode.none,
-                 error_message=None, responses=tuple(topics))
+    return build(
+        cls,
+        throttle_time=ZERO_THROTTLE,
+        allow_replication_factor_change=True,
+        error_code=ErrorCode.none,
+        error_message=None,
+        responses=tuple(topics),
+    )
 
 
 @handles(LIST_PARTITION_REASSIGNMENTS)
@@ -741,9 +891,13 @@ async def list_partition_reassignments(request: Any, ctx: RequestContext) -> Any
             current = (p.leader,) if p.leader >= 0 else ()
             target = (p.target,) if p.target >= 0 else ()
             ongoing.append(
-                build(PartitionEntry, partition_index=p.partition, replicas=tuple(dict.fromkeys(target + current)),
-                      adding_replicas=tuple(x for x in target if x not in current),
-                      removing_replicas=tuple(x for x in current if x not in target))
+                build(
+                    PartitionEntry,
+                    partition_index=p.partition,
+                    replicas=tuple(dict.fromkeys(target + current)),
+                    adding_replicas=tuple(x for x in target if x not in current),
+                    removing_replicas=tuple(x for x in current if x not in target),
+                )
             )
         if ongoing:
             topics.append(build(TopicEntry, name=t.name, partitions=tuple(ongoing)))

@@ -111,7 +111,11 @@ async def fetch(request, ctx: RequestContext):
                 max_bytes=p.partition_max_bytes,
                 current_leader_epoch=getattr(p, "current_leader_epoch", -1),
             )
-            missing = ErrorCode.none if name is not None else (ErrorCode.unknown_topic_id if version >= 13 else ErrorCode.unknown_topic_or_partition)
+            missing = (
+                ErrorCode.none
+                if name is not None
+                else (ErrorCode.unknown_topic_id if version >= 13 else ErrorCode.unknown_topic_or_partition)
+            )
             requested.append((sp, topic_id, missing))
 
     session: FetchSession | None = None
@@ -178,7 +182,11 @@ async def fetch(request, ctx: RequestContext):
             # KIP-320: a client whose metadata is behind or ahead of this leader refreshes it
             epoch = read.target.current_leader_epoch
             if epoch >= 0 and epoch != read.partition.leader_epoch:
-                read.error = ErrorCode.fenced_leader_epoch if epoch < read.partition.leader_epoch else ErrorCode.unknown_leader_epoch
+                read.error = (
+                    ErrorCode.fenced_leader_epoch
+                    if epoch < read.partition.leader_epoch
+                    else ErrorCode.unknown_leader_epoch
+                )
                 read.partition = None
         except NotLeaderError:
             read.error = ErrorCode.not_leader_or_follower
@@ -206,7 +214,7 @@ async def fetch(request, ctx: RequestContext):
             if any(p.high_watermark > r.high_watermark for r in reads if (p := r.partition) is not None):
                 continue
             await asyncio.wait_for(waiter, remaining)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             pass
         finally:
             for p in led:
@@ -225,7 +233,13 @@ async def fetch(request, ctx: RequestContext):
     current_parts: list = []
     for read in reads:
         sp = read.target
-        if incremental and read.size == 0 and read.error == ErrorCode.none and read.high_watermark == sp.last_high_watermark and read.log_start_offset == sp.last_log_start_offset:
+        if (
+            incremental
+            and read.size == 0
+            and read.error == ErrorCode.none
+            and read.high_watermark == sp.last_high_watermark
+            and read.log_start_offset == sp.last_log_start_offset
+        ):
             continue  # nothing new for this partition: incremental responses leave it out
         sp.last_high_watermark = read.high_watermark
         sp.last_log_start_offset = read.log_start_offset
@@ -252,7 +266,7 @@ async def fetch(request, ctx: RequestContext):
             records=data,
         )
         key = read.topic_id if version >= 13 else sp.topic
-        if key != current_key or not topics and not current_parts:
+        if key != current_key or (not topics and not current_parts):
             if current_parts:
                 topics.append((current_key, current_parts))
             current_key, current_parts = key, []
@@ -264,7 +278,11 @@ async def fetch(request, ctx: RequestContext):
     else:
         responses = tuple(codec.build(topic_cls, topic=k, partitions=tuple(ps)) for k, ps in topics)
     return codec.build(
-        cls, throttle_time=codec.ZERO_THROTTLE, error_code=ErrorCode.none, session_id=response_session_id, responses=responses,
+        cls,
+        throttle_time=codec.ZERO_THROTTLE,
+        error_code=ErrorCode.none,
+        session_id=response_session_id,
+        responses=responses,
         node_endpoints=node_endpoints(broker, cls, leaders),
     )
 
@@ -279,7 +297,7 @@ async def _read_all(reads: list[_Read], max_bytes: int) -> None:
     if len(pending) == 1:
         await _read_partition(pending[0], limits[0])
     else:
-        await asyncio.gather(*(_read_partition(r, lim) for r, lim in zip(pending, limits)))
+        await asyncio.gather(*(_read_partition(r, lim) for r, lim in zip(pending, limits, strict=False)))
     budget = max_bytes
     first = True
     for r in reads:

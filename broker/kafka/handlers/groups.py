@@ -112,10 +112,22 @@ async def find_coordinator(request: Any, ctx: RequestContext) -> Any:
         results = []
         for key in request.coordinator_keys:
             error, message, node_id, host, port = await _locate(ctx, key_type, key)
-            results.append(build(coordinator_cls, key=key, node_id=node_id, host=host, port=port, error_code=error, error_message=message))
+            results.append(
+                build(
+                    coordinator_cls,
+                    key=key,
+                    node_id=node_id,
+                    host=host,
+                    port=port,
+                    error_code=error,
+                    error_message=message,
+                )
+            )
         return build(cls, throttle_time=ZERO_THROTTLE, coordinators=tuple(results))
     error, message, node_id, host, port = await _locate(ctx, key_type, request.key)
-    return build(cls, throttle_time=ZERO_THROTTLE, error_code=error, error_message=message, node_id=node_id, host=host, port=port)
+    return build(
+        cls, throttle_time=ZERO_THROTTLE, error_code=error, error_message=message, node_id=node_id, host=host, port=port
+    )
 
 
 # ---------------------------------------------------------------- JoinGroup / SyncGroup / Heartbeat / LeaveGroup
@@ -125,8 +137,18 @@ def _join_response(ctx: RequestContext, error: ErrorCode, member_id: str, result
     cls = ctx.response_class
     old = ctx.api_version < 7  # protocol_name is not nullable before v7
     if result is None:
-        return build(cls, throttle_time=ZERO_THROTTLE, error_code=error, generation_id=-1, protocol_type=None,
-                     protocol_name="" if old else None, leader="", skip_assignment=False, member_id=member_id, members=())
+        return build(
+            cls,
+            throttle_time=ZERO_THROTTLE,
+            error_code=error,
+            generation_id=-1,
+            protocol_type=None,
+            protocol_name="" if old else None,
+            leader="",
+            skip_assignment=False,
+            member_id=member_id,
+            members=(),
+        )
     member_cls = nested(cls, "JoinGroupResponseMember")
     members = tuple(build(member_cls, member_id=m, group_instance_id=i, metadata=meta) for m, i, meta in result.members)
     return build(
@@ -179,9 +201,17 @@ async def sync_group(request: Any, ctx: RequestContext) -> Any:
             protocol_name=getattr(request, "protocol_name", None),
             assignments={a.member_id: bytes(a.assignment) for a in request.assignments},
         )
-        return build(cls, throttle_time=ZERO_THROTTLE, error_code=result.error, protocol_type=result.protocol_type,
-                      protocol_name=result.protocol_name, assignment=result.assignment)
-    return build(cls, throttle_time=ZERO_THROTTLE, error_code=error, protocol_type=None, protocol_name=None, assignment=b"")
+        return build(
+            cls,
+            throttle_time=ZERO_THROTTLE,
+            error_code=result.error,
+            protocol_type=result.protocol_type,
+            protocol_name=result.protocol_name,
+            assignment=result.assignment,
+        )
+    return build(
+        cls, throttle_time=ZERO_THROTTLE, error_code=error, protocol_type=None, protocol_name=None, assignment=b""
+    )
 
 
 @handles(HEARTBEAT)
@@ -191,7 +221,9 @@ async def heartbeat(request: Any, ctx: RequestContext) -> Any:
         if not request.group_id:
             error = ErrorCode.invalid_group_id
         else:
-            error = _coordinator(ctx).heartbeat(request.group_id, request.member_id, getattr(request, "group_instance_id", None), request.generation_id)
+            error = _coordinator(ctx).heartbeat(
+                request.group_id, request.member_id, getattr(request, "group_instance_id", None), request.generation_id
+            )
     return build(ctx.response_class, throttle_time=ZERO_THROTTLE, error_code=error)
 
 
@@ -199,7 +231,9 @@ async def heartbeat(request: Any, ctx: RequestContext) -> Any:
 async def leave_group(request: Any, ctx: RequestContext) -> Any:
     cls = ctx.response_class
     batched = has_field(type(request), "members")
-    identities = [(m.member_id, m.group_instance_id) for m in request.members] if batched else [(request.member_id, None)]
+    identities = (
+        [(m.member_id, m.group_instance_id) for m in request.members] if batched else [(request.member_id, None)]
+    )
     error = _group_error(ctx, request.group_id)
     if error is None and not request.group_id:
         error = ErrorCode.invalid_group_id
@@ -210,7 +244,8 @@ async def leave_group(request: Any, ctx: RequestContext) -> Any:
         return build(cls, throttle_time=ZERO_THROTTLE, error_code=top if top != ErrorCode.none else errors[0])
     member_cls = nested(cls, "MemberResponse")
     members = tuple(
-        build(member_cls, member_id=mid, group_instance_id=iid, error_code=err) for (mid, iid), err in zip(identities, errors)
+        build(member_cls, member_id=mid, group_instance_id=iid, error_code=err)
+        for (mid, iid), err in zip(identities, errors, strict=False)
     )
     return build(cls, throttle_time=ZERO_THROTTLE, error_code=top, members=members)
 
@@ -232,14 +267,22 @@ async def offset_commit(request: Any, ctx: RequestContext) -> Any:
     order = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
     error = _group_error(ctx, request.group_id)
     if error is not None:
-        errors = {k: error for k in order}
+        errors = dict.fromkeys(order, error)
     else:
         coordinator = _coordinator(ctx)
         offsets = []
         for t in request.topics:
             for p in t.partitions:
                 if _known_partition(ctx, t.name, p.partition_index):
-                    offsets.append((t.name, p.partition_index, p.committed_offset, getattr(p, "committed_leader_epoch", -1), p.committed_metadata))
+                    offsets.append(
+                        (
+                            t.name,
+                            p.partition_index,
+                            p.committed_offset,
+                            getattr(p, "committed_leader_epoch", -1),
+                            p.committed_metadata,
+                        )
+                    )
                 else:
                     errors[(t.name, p.partition_index)] = ErrorCode.unknown_topic_or_partition
         retention = _ms(getattr(request, "retention_time", -1))
@@ -255,11 +298,19 @@ async def offset_commit(request: Any, ctx: RequestContext) -> Any:
         errors.update(await coordinator.commit(plan))
     topics: dict[str, list[Any]] = {}
     for name, index in order:
-        topics.setdefault(name, []).append(build(partition_cls, partition_index=index, error_code=errors.get((name, index), ErrorCode.none)))
-    return build(cls, throttle_time=ZERO_THROTTLE, topics=tuple(build(topic_cls, name=n, partitions=tuple(ps)) for n, ps in topics.items()))
+        topics.setdefault(name, []).append(
+            build(partition_cls, partition_index=index, error_code=errors.get((name, index), ErrorCode.none))
+        )
+    return build(
+        cls,
+        throttle_time=ZERO_THROTTLE,
+        topics=tuple(build(topic_cls, name=n, partitions=tuple(ps)) for n, ps in topics.items()),
+    )
 
 
-def _fetch_group(ctx: RequestContext, group_id: str, requested: list[tuple[str, list[int]]] | None) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, Any, ErrorCode]]]]]:
+def _fetch_group(
+    ctx: RequestContext, group_id: str, requested: list[tuple[str, list[int]]] | None
+) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, Any, ErrorCode]]]]]:
     """(group error, [(topic, [(partition, CommittedOffset | None, partition error)])])."""
     error = _group_error(ctx, group_id)
     if error is None and not group_id:
@@ -288,7 +339,14 @@ async def offset_fetch(request: Any, ctx: RequestContext) -> Any:
         for g in request.groups:
             requested = None if g.topics is None else [(t.name, list(t.partition_indexes)) for t in g.topics]
             error, topics = _fetch_group(ctx, g.group_id, requested)
-            groups.append(build(group_cls, group_id=g.group_id, error_code=error, topics=_fetch_topics(topic_cls, partition_cls, topics)))
+            groups.append(
+                build(
+                    group_cls,
+                    group_id=g.group_id,
+                    error_code=error,
+                    topics=_fetch_topics(topic_cls, partition_cls, topics),
+                )
+            )
         return build(cls, throttle_time=ZERO_THROTTLE, groups=tuple(groups))
     topic_cls = nested(cls, "OffsetFetchResponseTopic")
     partition_cls = nested(cls, "OffsetFetchResponsePartition")
@@ -296,10 +354,14 @@ async def offset_fetch(request: Any, ctx: RequestContext) -> Any:
     error, topics = _fetch_group(ctx, request.group_id, requested)
     if has_field(cls, "error_code") and error != ErrorCode.none:
         topics = []  # v2+: a group-level error is reported once, at the top, with no partitions
-    return build(cls, throttle_time=ZERO_THROTTLE, error_code=error, topics=_fetch_topics(topic_cls, partition_cls, topics))
+    return build(
+        cls, throttle_time=ZERO_THROTTLE, error_code=error, topics=_fetch_topics(topic_cls, partition_cls, topics)
+    )
 
 
-def _fetch_topics(topic_cls: type, partition_cls: type, topics: list[tuple[str, list[tuple[int, Any, ErrorCode]]]]) -> tuple[Any, ...]:
+def _fetch_topics(
+    topic_cls: type, partition_cls: type, topics: list[tuple[str, list[tuple[int, Any, ErrorCode]]]]
+) -> tuple[Any, ...]:
     out = []
     for name, parts in topics:
         out.append(
@@ -340,9 +402,15 @@ async def offset_delete(request: Any, ctx: RequestContext) -> Any:
     errors.update(unknown)
     topics: dict[str, list[Any]] = {}
     for name, index in order:
-        topics.setdefault(name, []).append(build(partition_cls, partition_index=index, error_code=errors.get((name, index), ErrorCode.none)))
-    return build(cls, error_code=ErrorCode.none, throttle_time=ZERO_THROTTLE,
-                 topics=tuple(build(topic_cls, name=n, partitions=tuple(ps)) for n, ps in topics.items()))
+        topics.setdefault(name, []).append(
+            build(partition_cls, partition_index=index, error_code=errors.get((name, index), ErrorCode.none))
+        )
+    return build(
+        cls,
+        error_code=ErrorCode.none,
+        throttle_time=ZERO_THROTTLE,
+        topics=tuple(build(topic_cls, name=n, partitions=tuple(ps)) for n, ps in topics.items()),
+    )
 
 
 # ---------------------------------------------------------------- listing, describing, deleting groups
@@ -359,7 +427,9 @@ async def list_groups(request: Any, ctx: RequestContext) -> Any:
     if types and "classic" not in types:
         listed = []
     error = ErrorCode.coordinator_load_in_progress if coordinator.loading else ErrorCode.none
-    groups = tuple(build(group_cls, group_id=g, protocol_type=pt, group_state=st, group_type="classic") for g, pt, st in listed)
+    groups = tuple(
+        build(group_cls, group_id=g, protocol_type=pt, group_state=st, group_type="classic") for g, pt, st in listed
+    )
     return build(cls, throttle_time=ZERO_THROTTLE, error_code=error, groups=groups)
 
 
@@ -368,7 +438,9 @@ async def describe_groups(request: Any, ctx: RequestContext) -> Any:
     cls = ctx.response_class
     group_cls = nested(cls, "DescribedGroup")
     member_cls = nested(cls, "DescribedGroupMember")
-    operations = GROUP_OPERATIONS if getattr(request, "include_authorized_operations", False) else NO_AUTHORIZED_OPERATIONS
+    operations = (
+        GROUP_OPERATIONS if getattr(request, "include_authorized_operations", False) else NO_AUTHORIZED_OPERATIONS
+    )
     out = []
     for group_id in request.groups:
         common = dict(group_id=group_id, authorized_operations=operations, error_message=None)
@@ -376,23 +448,68 @@ async def describe_groups(request: Any, ctx: RequestContext) -> Any:
         if error is None and not group_id:
             error = ErrorCode.invalid_group_id
         if error is not None:
-            out.append(build(group_cls, error_code=error, group_state="", protocol_type="", protocol_data="", members=(), **common))
+            out.append(
+                build(
+                    group_cls,
+                    error_code=error,
+                    group_state="",
+                    protocol_type="",
+                    protocol_data="",
+                    members=(),
+                    **common,
+                )
+            )
             continue
         summary = _coordinator(ctx).manager.describe(group_id)
         if summary is None:
             if ctx.api_version >= 6:
-                out.append(build(group_cls, **{**common, "error_message": f"Group {group_id} not found."}, error_code=ErrorCode.group_id_not_found,
-                                 group_state="Dead", protocol_type="", protocol_data="", members=()))
+                out.append(
+                    build(
+                        group_cls,
+                        **{**common, "error_message": f"Group {group_id} not found."},
+                        error_code=ErrorCode.group_id_not_found,
+                        group_state="Dead",
+                        protocol_type="",
+                        protocol_data="",
+                        members=(),
+                    )
+                )
             else:
-                out.append(build(group_cls, error_code=ErrorCode.none, group_state="Dead", protocol_type="", protocol_data="", members=(), **common))
+                out.append(
+                    build(
+                        group_cls,
+                        error_code=ErrorCode.none,
+                        group_state="Dead",
+                        protocol_type="",
+                        protocol_data="",
+                        members=(),
+                        **common,
+                    )
+                )
             continue
         members = tuple(
-            build(member_cls, member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
-                  client_host=m.client_host, member_metadata=m.metadata, member_assignment=m.assignment)
+            build(
+                member_cls,
+                member_id=m.member_id,
+                group_instance_id=m.group_instance_id,
+                client_id=m.client_id,
+                client_host=m.client_host,
+                member_metadata=m.metadata,
+                member_assignment=m.assignment,
+            )
             for m in summary.members
         )
-        out.append(build(group_cls, error_code=ErrorCode.none, group_state=summary.state, protocol_type=summary.protocol_type,
-                         protocol_data=summary.protocol_name, members=members, **common))
+        out.append(
+            build(
+                group_cls,
+                error_code=ErrorCode.none,
+                group_state=summary.state,
+                protocol_type=summary.protocol_type,
+                protocol_data=summary.protocol_name,
+                members=members,
+                **common,
+            )
+        )
     return build(cls, throttle_time=ZERO_THROTTLE, groups=tuple(out))
 
 

@@ -70,6 +70,15 @@ async def list_offsets(request, ctx: RequestContext):
                 error = ErrorCode.unknown_topic_or_partition
             if error != ErrorCode.none:
                 offset, timestamp = -1, -1
-            parts.append(codec.build(partition_cls, partition_index=req.partition_index, error_code=error, timestamp=timestamp, offset=offset, leader_epoch=epoch))
+            parts.append(
+                codec.build(
+                    partition_cls,
+                    partition_index=req.partition_index,
+                    error_code=error,
+                    timestamp=timestamp,
+                    offset=offset,
+                    leader_epoch=epoch,
+                )
+            )
         topics.append(codec.build(topic_cls, name=topic.name, partitions=tuple(parts)))
     return codec.build(cls, throttle_time=codec.ZERO_THROTTLE, topics=tuple(topics))

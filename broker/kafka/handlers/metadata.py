@@ -72,7 +72,13 @@ def _topic_response(cls, topic: TopicInfo, image: MetadataImage, live: set[int])
 def _error_topic(cls, name: str | None, error: ErrorCode, topic_id: uuid.UUID | None = None):
     topic_cls = codec.nested(cls, "MetadataResponseTopic")
     return codec.build(
-        topic_cls, error_code=error, name=name, topic_id=topic_id, is_internal=False, partitions=(), topic_authorized_operations=-2147483648
+        topic_cls,
+        error_code=error,
+        name=name,
+        topic_id=topic_id,
+        is_internal=False,
+        partitions=(),
+        topic_authorized_operations=-2147483648,
     )
 
 
@@ -136,7 +142,9 @@ async def metadata(request, ctx: RequestContext):
             if b.state == "fenced" or not b.endpoints:
                 continue
             endpoint = next((e for e in b.endpoints if e.listener == listener), b.endpoints[0])
-            brokers.append(codec.build(broker_cls, node_id=b.node_id, host=endpoint.host, port=endpoint.port, rack=b.rack))
+            brokers.append(
+                codec.build(broker_cls, node_id=b.node_id, host=endpoint.host, port=endpoint.port, rack=b.rack)
+            )
     return codec.build(
         cls,
         throttle_time=codec.ZERO_THROTTLE,

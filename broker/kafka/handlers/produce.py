@@ -73,13 +73,18 @@ async def produce(request, ctx: RequestContext):
                 continue
             if topic in INTERNAL_TOPICS:
                 # only the group coordinator writes there, and not through Produce (as in Kafka)
-                outcome.append((topic, index, (ErrorCode.invalid_topic_exception, f"cannot produce to internal topic {topic}"), 0))
+                outcome.append(
+                    (topic, index, (ErrorCode.invalid_topic_exception, f"cannot produce to internal topic {topic}"), 0)
+                )
                 continue
             try:
                 partition = partitions.get(topic, index)
                 header = records.validate_produce_records(pdata.records, partition.max_message_bytes(default_max))
                 if header.is_transactional or header.is_control:
-                    raise records.InvalidBatchError(ErrorCode.invalid_record, "transactional and control batches are not supported (no transaction coordinator)")
+                    raise records.InvalidBatchError(
+                        ErrorCode.invalid_record,
+                        "transactional and control batches are not supported (no transaction coordinator)",
+                    )
             except (NotLeaderError, UnknownPartitionError) as exc:
                 outcome.append((topic, index, (_error_of(exc)[0], None), 0))
                 continue
@@ -122,7 +127,7 @@ async def produce(request, ctx: RequestContext):
                 appended: AppendResult = result.result()
                 base_offset = appended.base_offset
                 if appended.log_append_time_ms >= 0:
-                    append_time = datetime.datetime.fromtimestamp(appended.log_append_time_ms / 1000, datetime.timezone.utc)
+                    append_time = datetime.datetime.fromtimestamp(appended.log_append_time_ms / 1000, datetime.UTC)
                 try:
                     log_start = partitions.get(topic, index).log_start_offset
                 except (NotLeaderError, UnknownPartitionError):
@@ -137,7 +142,9 @@ async def produce(request, ctx: RequestContext):
             # KIP-951: tell the client where the partition went, saving a metadata round trip
             hint = broker.leader_of(topic, index)
             if hint is not None and hint[0] != broker.node_id:
-                extra["current_leader"] = codec.nested(ctx.response_class, "LeaderIdAndEpoch")(leader_id=hint[0], leader_epoch=hint[1])
+                extra["current_leader"] = codec.nested(ctx.response_class, "LeaderIdAndEpoch")(
+                    leader_id=hint[0], leader_epoch=hint[1]
+                )
                 leaders.add(hint[0])
         by_topic.setdefault(topic, []).append(
             codec.build(
@@ -155,7 +162,12 @@ async def produce(request, ctx: RequestContext):
     if acks == 0:
         return codec.CLOSE_CONNECTION if failed else None
     responses = tuple(codec.build(topic_cls, name=t, partition_responses=tuple(ps)) for t, ps in by_topic.items())
-    return codec.build(ctx.response_class, responses=responses, throttle_time=codec.ZERO_THROTTLE, node_endpoints=node_endpoints(broker, ctx.response_class, leaders))
+    return codec.build(
+        ctx.response_class,
+        responses=responses,
+        throttle_time=codec.ZERO_THROTTLE,
+        node_endpoints=node_endpoints(broker, ctx.response_class, leaders),
+    )
 
 
 def node_endpoints(broker, response_class, leaders: set[int]) -> tuple:

@@ -50,4 +50,6 @@ async def init_producer_id(request: Any, ctx: RequestContext) -> Any:
         error, pid, epoch = ErrorCode.coordinator_not_available, -1, -1
     else:
         error, pid, epoch = init_producer_id_answer(request.transactional_id, allocator.next_id)
-    return build(ctx.response_class, throttle_time=ZERO_THROTTLE, error_code=error, producer_id=pid, producer_epoch=epoch)
+    return build(
+        ctx.response_class, throttle_time=ZERO_THROTTLE, error_code=error, producer_id=pid, producer_epoch=epoch
+    )

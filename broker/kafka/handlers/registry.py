@@ -32,13 +32,17 @@ class Registration:
 _HANDLERS: dict[int, Registration] = {}
 
 
-def handles(api_key: int, *, min_version: int | None = None, max_version: int | None = None) -> Callable[[Handler], Handler]:
+def handles(
+    api_key: int, *, min_version: int | None = None, max_version: int | None = None
+) -> Callable[[Handler], Handler]:
     """Register `handler` for `api_key`. A second registration for the same key is a bug."""
 
     def register(handler: Handler) -> Handler:
         existing = _HANDLERS.get(int(api_key))
         if existing is not None and existing.handler is not handler:
-            raise RuntimeError(f"api key {int(api_key)} already handled by {existing.handler.__module__}.{existing.handler.__qualname__}")
+            raise RuntimeError(
+                f"api key {int(api_key)} already handled by {existing.handler.__module__}.{existing.handler.__qualname__}"
+            )
         _HANDLERS[int(api_key)] = Registration(int(api_key), handler, min_version, max_version)
         return handler
 

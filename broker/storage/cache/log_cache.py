@@ -74,7 +74,9 @@ class LogCache:
     def unuploaded_bytes(self) -> int:
         return self._unuploaded
 
-    def put(self, stream_id: int, epoch: int, base_offset: int, record_count: int, payload: bytes | memoryview, wal_end: int) -> None:
+    def put(
+        self, stream_id: int, epoch: int, base_offset: int, record_count: int, payload: bytes | memoryview, wal_end: int
+    ) -> None:
         """Add a durable record. Called in WAL order."""
         block = self._open
         sl = block.streams.get(stream_id)

@@ -117,7 +117,14 @@ class ObjectWriter:
     def _cut_block(self) -> None:
         if self._block_stream >= 0 and self._block_size:
             self._index.append(
-                IndexEntry(self._block_stream, self._block_start, self._block_end, self._block_records, self._block_pos, self._block_size)
+                IndexEntry(
+                    self._block_stream,
+                    self._block_start,
+                    self._block_end,
+                    self._block_records,
+                    self._block_pos,
+                    self._block_size,
+                )
             )
         self._block_stream = -1
         self._block_size = 0
@@ -136,11 +143,15 @@ class ObjectWriter:
         if self._finished is None:
             self._cut_block()
             index = b"".join(
-                INDEX_ENTRY.pack(e.stream_id, e.start_offset, e.end_offset - e.start_offset, e.record_count, e.position, e.size)
+                INDEX_ENTRY.pack(
+                    e.stream_id, e.start_offset, e.end_offset - e.start_offset, e.record_count, e.position, e.size
+                )
                 for e in self._index
             )
-            footer = FOOTER.pack(self._position, len(index), crc32c.crc32c(index), FORMAT_VERSION, 0, b"\0" * 20, FOOTER_MAGIC)
-            self._finished = self._parts + [index, footer]
+            footer = FOOTER.pack(
+                self._position, len(index), crc32c.crc32c(index), FORMAT_VERSION, 0, b"\0" * 20, FOOTER_MAGIC
+            )
+            self._finished = [*self._parts, index, footer]
             self._position += len(index) + len(footer)
         return self._finished
 
@@ -190,13 +201,19 @@ def parse_tail(tail: bytes, object_size: int, *, key: str | None = None) -> tupl
     """Parse the footer from the last bytes of an object: (index position, index length, crc)."""
     if len(tail) < FOOTER.size:
         raise ObjectFormatError(f"object of {object_size} bytes is shorter than the {FOOTER.size}-byte footer", key=key)
-    index_pos, index_len, index_crc, version, _flags, _reserved, magic = FOOTER.unpack_from(tail, len(tail) - FOOTER.size)
+    index_pos, index_len, index_crc, version, _flags, _reserved, magic = FOOTER.unpack_from(
+        tail, len(tail) - FOOTER.size
+    )
     if magic != FOOTER_MAGIC:
         raise ObjectFormatError(f"bad footer magic {magic:#x}", key=key)
     if version != FORMAT_VERSION:
-        raise ObjectFormatError(f"unsupported object format version {version} (this reader knows {FORMAT_VERSION})", key=key)
+        raise ObjectFormatError(
+            f"unsupported object format version {version} (this reader knows {FORMAT_VERSION})", key=key
+        )
     if index_pos + index_len + FOOTER.size != object_size or index_len % INDEX_ENTRY.size:
-        raise ObjectFormatError(f"footer points to index [{index_pos}, +{index_len}) inconsistent with size {object_size}", key=key)
+        raise ObjectFormatError(
+            f"footer points to index [{index_pos}, +{index_len}) inconsistent with size {object_size}", key=key
+        )
     return index_pos, index_len, index_crc
 
 
@@ -229,7 +246,9 @@ def iter_block_batches(block: bytes | memoryview, *, key: str | None = None):
 def open_object(data: bytes | memoryview, *, key: str | None = None) -> ObjectIndex:
     """Parse the index of a whole object held in memory (compaction, lake ingestion)."""
     view = memoryview(data)
-    index_pos, index_len, crc = parse_tail(view[-FOOTER.size :] if len(view) >= FOOTER.size else view, len(view), key=key)
+    index_pos, index_len, crc = parse_tail(
+        view[-FOOTER.size :] if len(view) >= FOOTER.size else view, len(view), key=key
+    )
     return parse_index(view[index_pos : index_pos + index_len], crc, len(view), key=key)
 
 

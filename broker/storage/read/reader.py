@@ -24,9 +24,9 @@ from automq.broker.storage.cache.block_cache import BlockCache
 from automq.broker.storage.metadata import ObjectManager, ObjectMetadata
 from automq.broker.storage.objects.format import (
     FOOTER,
-    ObjectFormatError,
     TAIL_READ_BYTES,
     IndexEntry,
+    ObjectFormatError,
     ObjectIndex,
     iter_block_batches,
     parse_index,
@@ -138,7 +138,9 @@ class ObjectReader:
         self._cache.put(obj.object_id, INDEX_POSITION, index, index_len + 64 * len(index.entries))
         return index
 
-    async def _block(self, obj: ObjectMetadata, index: ObjectIndex, entry: IndexEntry) -> tuple[bytes | memoryview, bool]:
+    async def _block(
+        self, obj: ObjectMetadata, index: ObjectIndex, entry: IndexEntry
+    ) -> tuple[bytes | memoryview, bool]:
         data = self._cache.get(obj.object_id, entry.position)
         if data is not None:
             return data, True
@@ -193,7 +195,9 @@ class ObjectReader:
         task.add_done_callback(self._prefetching.discard)
         return futures[entry.position]
 
-    async def _read_group(self, obj: ObjectMetadata, group: list[IndexEntry], span: int, futures: dict[int, asyncio.Future]) -> None:
+    async def _read_group(
+        self, obj: ObjectMetadata, group: list[IndexEntry], span: int, futures: dict[int, asyncio.Future]
+    ) -> None:
         first = group[0].position
         try:
             raw = memoryview(await self._get(obj.key, first, first + span))

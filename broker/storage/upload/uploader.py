@@ -18,8 +18,8 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from automq.broker.objectstore import ObjectStore
 from automq.broker.storage.api import RecordBatchData
@@ -35,8 +35,8 @@ from automq.broker.storage.metadata import (
     StreamNotFoundError,
     StreamNotOpenError,
     StreamObject,
+    object_key,
 )
-from automq.broker.storage.metadata import object_key
 from automq.broker.storage.objects.format import ObjectWriter
 from automq.broker.storage.wal.base import WriteAheadLog
 
@@ -105,7 +105,7 @@ class Uploader:
     async def flush(self) -> None:
         """Upload and commit everything appended so far (durable records in the cache)."""
         self._cache.seal()
-        target = [b for b in self._cache.sealed_blocks()]
+        target = list(self._cache.sealed_blocks())
         self._wake.set()
         while True:
             progress = self._progress  # taken before the check, so no wake-up is lost
@@ -151,12 +151,14 @@ class Uploader:
             while not self._closing:
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=tick)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 self._wake.clear()
                 block = self._cache.open_block
                 if block.size and (
-                    self._force or block.size >= self._settings.upload_block_bytes or time.monotonic() - block.created >= interval
+                    self._force
+                    or block.size >= self._settings.upload_block_bytes
+                    or time.monotonic() - block.created >= interval
                 ):
                     self._cache.seal()
                 self._force = False
@@ -215,9 +217,13 @@ class Uploader:
             except NodeFencedError:
                 raise
             except (StreamFencedError, StreamNotOpenError, OffsetMismatchError, StreamNotFoundError) as exc:
-                log.warning("commit of cache block %d rejected (%s); reconciling with stream metadata", block.block_id, exc)
+                log.warning(
+                    "commit of cache block %d rejected (%s); reconciling with stream metadata", block.block_id, exc
+                )
             except Exception as exc:
-                log.warning("upload of cache block %d failed (%r); retrying in %.1fs", block.block_id, exc, delay, exc_info=True)
+                log.warning(
+                    "upload of cache block %d failed (%r); retrying in %.1fs", block.block_id, exc, delay, exc_info=True
+                )
             if self._metrics is not None:
                 self._metrics.upload_failures.inc()
             if self._closing:
@@ -235,7 +241,12 @@ class Uploader:
                 if m is not None and m.end_offset >= sl.end_offset:
                     cache.remove_slice(block, sid)  # already committed; nothing lost
                     continue
-                log.warning("stream %d was fenced or deleted with uncommitted data [%d, %d); dropping it", sid, sl.start_offset, sl.end_offset)
+                log.warning(
+                    "stream %d was fenced or deleted with uncommitted data [%d, %d); dropping it",
+                    sid,
+                    sl.start_offset,
+                    sl.end_offset,
+                )
                 cache.remove_slice(block, sid)
                 self._on_fenced(sid)
                 continue
@@ -247,7 +258,9 @@ class Uploader:
                     raise OffsetMismatchError(f"stream {sid}: committed end {m.end_offset} falls inside a batch")
                 cache.keep_from(block, sid, first)
             elif m.end_offset < sl.start_offset:
-                raise OffsetMismatchError(f"stream {sid}: committed end {m.end_offset} is below cached data at {sl.start_offset} (a gap)")
+                raise OffsetMismatchError(
+                    f"stream {sid}: committed end {m.end_offset} is below cached data at {sl.start_offset} (a gap)"
+                )
 
     async def upload_block(self, block: CacheBlock, *, reconcile: bool = True) -> None:
         """Upload, commit and finish one block, sequentially."""

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 
 class WalError(Exception):

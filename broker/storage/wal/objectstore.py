@@ -64,7 +64,9 @@ def fence_prefix(node_id: int) -> str:
 def encode_bulk(node_id: int, node_epoch: int, records: list[WalRecord]) -> bytes:
     parts: list[bytes | memoryview] = []
     for r in records:
-        head = REC_HEADER.pack(r.stream_id, r.stream_epoch, r.base_offset, r.record_count, len(r.payload), crc32c.crc32c(r.payload))
+        head = REC_HEADER.pack(
+            r.stream_id, r.stream_epoch, r.base_offset, r.record_count, len(r.payload), crc32c.crc32c(r.payload)
+        )
         parts.append(head + struct.pack(">I", crc32c.crc32c(head)))
         parts.append(r.payload)
     body = b"".join(parts)
@@ -103,7 +105,7 @@ def decode_bulk(data: bytes, key: str, start_position: int) -> list[WalRecord]:
 
 
 class _Bulk:
-    __slots__ = ("pending", "start", "end", "key", "done", "error")
+    __slots__ = ("done", "end", "error", "key", "pending", "start")
 
     def __init__(self, pending: list, start: int, end: int, key: str) -> None:
         self.pending = pending
@@ -166,7 +168,9 @@ class ObjectStoreWal(WriteAheadLog):
     async def recover(self) -> list[WalRecord]:
         newest = await self._newest_fence()
         if newest > self.node_epoch:
-            raise WalFencedError(f"S3 WAL of node {self.node_id} is fenced by epoch {newest} (this is epoch {self.node_epoch})")
+            raise WalFencedError(
+                f"S3 WAL of node {self.node_id} is fenced by epoch {newest} (this is epoch {self.node_epoch})"
+            )
         await self._store.put(f"{fence_prefix(self.node_id)}{self.node_epoch:010d}", b"")
         keys = []
         async for info in self._store.list(data_prefix(self.node_id)):
@@ -254,7 +258,7 @@ class ObjectStoreWal(WriteAheadLog):
                     self._kick.clear()
                     try:
                         await asyncio.wait_for(self._kick.wait(), timeout=wait)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                     continue
                 await self._slots.acquire()
@@ -313,7 +317,9 @@ class ObjectStoreWal(WriteAheadLog):
                     await self._store.delete(bulk.key)
                 except Exception:
                     log.warning("fenced S3 WAL writer could not delete its last object %s", bulk.key)
-                raise WalFencedError(f"S3 WAL of node {self.node_id} epoch {self.node_epoch} was fenced by epoch {newest}")
+                raise WalFencedError(
+                    f"S3 WAL of node {self.node_id} epoch {self.node_epoch} was fenced by epoch {newest}"
+                )
             if self._metrics is not None:
                 self._metrics.wal_sync_seconds.observe(time.perf_counter() - started)
                 self._metrics.wal_bytes_written.inc(len(data))
@@ -364,7 +370,7 @@ class ObjectStoreWal(WriteAheadLog):
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout=30)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._task.cancel()
             self._task = None
         if self._put_tasks:

@@ -77,11 +77,21 @@ class WalHeader:
     sequence: int
 
     def encode(self) -> bytes:
-        body = HEADER.pack(HEADER_MAGIC, HEADER_VERSION, 0, self.capacity, self.trim, self.node_id, self.node_epoch, self.generation, self.sequence)
+        body = HEADER.pack(
+            HEADER_MAGIC,
+            HEADER_VERSION,
+            0,
+            self.capacity,
+            self.trim,
+            self.node_id,
+            self.node_epoch,
+            self.generation,
+            self.sequence,
+        )
         return body + struct.pack(">I", crc32c.crc32c(body))
 
     @classmethod
-    def decode(cls, raw: bytes) -> "WalHeader | None":
+    def decode(cls, raw: bytes) -> WalHeader | None:
         body = raw[: HEADER.size]
         (crc,) = struct.unpack_from(">I", raw, HEADER.size)
         if crc32c.crc32c(body) != crc:
@@ -93,7 +103,7 @@ class WalHeader:
 
 
 class _Pending:
-    __slots__ = ("record", "future", "framed")
+    __slots__ = ("framed", "future", "record")
 
     def __init__(self, record: WalRecord, future: asyncio.Future[int]) -> None:
         self.record = record
@@ -106,7 +116,18 @@ def _record_header(kind: int, position: int, generation: int, rec: WalRecord | N
         body = RECORD_HEADER.pack(RECORD_MAGIC, kind, 0, 0, position, generation, 0, 0, 0, 0, 0, 0)
     else:
         body = RECORD_HEADER.pack(
-            RECORD_MAGIC, kind, 0, 0, position, generation, rec.stream_id, rec.stream_epoch, rec.base_offset, rec.record_count, len(rec.payload), payload_crc
+            RECORD_MAGIC,
+            kind,
+            0,
+            0,
+            position,
+            generation,
+            rec.stream_id,
+            rec.stream_epoch,
+            rec.base_offset,
+            rec.record_count,
+            len(rec.payload),
+            payload_crc,
         )
     return body + struct.pack(">I", crc32c.crc32c(body))
 
@@ -120,7 +141,7 @@ class VolumeWal(WriteAheadLog):
         node_epoch: int,
         *,
         group_commit_delay_ms: int = 0,
-        metrics: "object | None" = None,
+        metrics: object | None = None,
     ) -> None:
         self.path = Path(path)
         self._requested_capacity = capacity
@@ -178,9 +199,16 @@ class VolumeWal(WriteAheadLog):
             self._write_slot(header)
             os.fsync(self._fd)
         elif header.capacity + DATA_START > max(size, 0) and not is_device:
-            raise WalCorruptionError(f"WAL {self.path}: header says capacity {header.capacity} but the file has {size} bytes")
+            raise WalCorruptionError(
+                f"WAL {self.path}: header says capacity {header.capacity} but the file has {size} bytes"
+            )
         if header.capacity != self._requested_capacity and not is_device:
-            log.warning("WAL %s keeps its existing capacity %d (wal.capacity %d applies to new WALs only)", self.path, header.capacity, self._requested_capacity)
+            log.warning(
+                "WAL %s keeps its existing capacity %d (wal.capacity %d applies to new WALs only)",
+                self.path,
+                header.capacity,
+                self._requested_capacity,
+            )
         self._header = header
         self._capacity = header.capacity
 
@@ -257,7 +285,9 @@ class VolumeWal(WriteAheadLog):
                 if crc32c.crc32c(payload) != payload_crc:
                     report.stop_reason = "torn"
                     report.damaged_position = pos
-                    report.details.append(f"payload CRC mismatch for stream {stream_id} offset {base_offset} at WAL position {pos}")
+                    report.details.append(
+                        f"payload CRC mismatch for stream {stream_id} offset {base_offset} at WAL position {pos}"
+                    )
                     nxt = pos + RECORD_HEADER_SIZE + length
                     if self._valid_record_follows(mm, nxt, cap, header.generation):
                         raise WalCorruptionError(
@@ -303,7 +333,9 @@ class VolumeWal(WriteAheadLog):
             # Magic present but header damaged: stale bytes from an old lap look the same
             # only if their CRC matches, so this is a torn or corrupted header.
             return "torn"
-        _m, kind, _f, _r, position, gen, stream_id, stream_epoch, base_offset, count, length, payload_crc = RECORD_HEADER.unpack(body)
+        _m, kind, _f, _r, position, gen, stream_id, stream_epoch, base_offset, count, length, payload_crc = (
+            RECORD_HEADER.unpack(body)
+        )
         if position != expected_pos or gen != generation:
             return None  # a valid record of an earlier lap or incarnation: end of this log
         return kind, (stream_id, stream_epoch, base_offset, count, length), payload_crc
@@ -316,7 +348,9 @@ class VolumeWal(WriteAheadLog):
             await self.recover()
         assert self._header is not None
         h = self._header
-        new = WalHeader(h.capacity, max(trim_position, h.trim), self.node_id, self.node_epoch, h.generation + 1, h.sequence + 1)
+        new = WalHeader(
+            h.capacity, max(trim_position, h.trim), self.node_id, self.node_epoch, h.generation + 1, h.sequence + 1
+        )
 
         def write() -> None:
             self._write_slot(new)
@@ -345,7 +379,9 @@ class VolumeWal(WriteAheadLog):
         if self._failed is not None:
             raise WalClosedError(f"WAL {self.path} failed: {self._failed}") from self._failed
         if RECORD_HEADER_SIZE + len(record.payload) > self._capacity // 2:
-            raise WalRecordTooLargeError(f"a {len(record.payload)}-byte batch does not fit a WAL of {self._capacity} bytes (max half the ring)")
+            raise WalRecordTooLargeError(
+                f"a {len(record.payload)}-byte batch does not fit a WAL of {self._capacity} bytes (max half the ring)"
+            )
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(record, fut))
         self._wakeup.set()
@@ -489,7 +525,7 @@ class VolumeWal(WriteAheadLog):
         if self._writer is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._writer), timeout=30)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._writer.cancel()
             self._writer = None
         if self._fd >= 0:

@@ -36,7 +36,9 @@ async def _start(tmp_path, brokers: int, stack: list, kafka: dict | None = None)
 
     url = (tmp_path / "objects").as_uri()
     (tmp_path / "objects").mkdir()
-    controller = ControllerService(NodeConfig(node_id=0, object_store_url=url, http_host="127.0.0.1", http_port=0, listeners=[]))
+    controller = ControllerService(
+        NodeConfig(node_id=0, object_store_url=url, http_host="127.0.0.1", http_port=0, listeners=[])
+    )
     await controller.start()
     stack.append(controller.stop)
     cluster = InProcessCluster(asyncio.get_running_loop())
@@ -53,9 +55,16 @@ async def _start(tmp_path, brokers: int, stack: list, kafka: dict | None = None)
     stack.append(stop_brokers)
     for node_id in range(1, brokers + 1):
         config = NodeConfig(
-            node_id=node_id, object_store_url=url, controller_urls=[controller.url], data_dir=str(tmp_path / f"b{node_id}"),
-            listeners=[Listener(host="127.0.0.1", port=0)], http_host="127.0.0.1", http_port=0, heartbeat_interval_ms=500,
-            wal={"capacity": 16 << 20}, kafka=kafka or {},
+            node_id=node_id,
+            object_store_url=url,
+            controller_urls=[controller.url],
+            data_dir=str(tmp_path / f"b{node_id}"),
+            listeners=[Listener(host="127.0.0.1", port=0)],
+            http_host="127.0.0.1",
+            http_port=0,
+            heartbeat_interval_ms=500,
+            wal={"capacity": 16 << 20},
+            kafka=kafka or {},
         )
         service = BrokerService(config)
         services.append(service)
@@ -78,11 +87,12 @@ def inprocess_cluster(tmp_path, request) -> Iterator[InProcessCluster]:
         cluster = asyncio.run_coroutine_threadsafe(_start(tmp_path, brokers, stack, kafka), loop).result(60)
         yield cluster
     finally:
+
         async def teardown() -> None:
             for close in reversed(stack):
                 try:
                     await close()
-                except Exception:  # noqa: BLE001 - best effort teardown
+                except Exception:
                     pass
 
         asyncio.run_coroutine_threadsafe(teardown(), loop).result(60)

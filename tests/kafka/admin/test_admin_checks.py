@@ -28,11 +28,17 @@ def image(*topics: tuple[str, int], brokers=(1, 2), fenced=()):
         cluster_id="c",
         controller_id=0,
         brokers=tuple(
-            BrokerInfo(b, 1, (Endpoint("PLAINTEXT", "127.0.0.1", 9000 + b),), state="fenced" if b in fenced else "active")
+            BrokerInfo(
+                b, 1, (Endpoint("PLAINTEXT", "127.0.0.1", 9000 + b),), state="fenced" if b in fenced else "active"
+            )
             for b in (*brokers, *fenced)
         ),
         topics=tuple(
-            TopicInfo(name, "6ba7b810-9dad-11d1-80b4-00c04fd430c8", tuple(PartitionInfo(name, i, 10 + i, 1, 0) for i in range(n)))
+            TopicInfo(
+                name,
+                "6ba7b810-9dad-11d1-80b4-00c04fd430c8",
+                tuple(PartitionInfo(name, i, 10 + i, 1, 0) for i in range(n)),
+            )
             for name, n in topics
         ),
     )
@@ -46,7 +52,9 @@ def topic(name="t", partitions=-1, rf=-1, assignments=(), configs=()):
         name=name,
         num_partitions=partitions,
         replication_factor=rf,
-        assignments=tuple(ct.CreatableReplicaAssignment(partition_index=i, broker_ids=tuple(b)) for i, b in assignments),
+        assignments=tuple(
+            ct.CreatableReplicaAssignment(partition_index=i, broker_ids=tuple(b)) for i, b in assignments
+        ),
         configs=tuple(ct.CreatableTopicConfig(name=k, value=v) for k, v in configs),
     )
 
@@ -110,7 +118,10 @@ def test_plan_existing_colliding_and_bad_config():
     assert err.value.error_code == ErrorCode.topic_already_exists
     with pytest.raises(AdminError) as err:
         admin.plan_create_topic(topic("a.b"), image(("a_b", 1)), KAFKA)
-    assert err.value.error_code == ErrorCode.invalid_topic_exception and "collides with existing topic: a_b" in err.value.message
+    assert (
+        err.value.error_code == ErrorCode.invalid_topic_exception
+        and "collides with existing topic: a_b" in err.value.message
+    )
     with pytest.raises(TopicConfigError, match="retention.ms"):
         admin.plan_create_topic(topic(configs=[("retention.ms", "soon")]), image(), KAFKA)
 
@@ -122,7 +133,11 @@ def test_plan_manual_assignment_leaders_are_first_replicas():
 
 def cp_topic(name, count, assignments=None):
     return cp.CreatePartitionsTopic(
-        name=name, count=count, assignments=None if assignments is None else tuple(cp.CreatePartitionsAssignment(broker_ids=tuple(a)) for a in assignments)
+        name=name,
+        count=count,
+        assignments=None
+        if assignments is None
+        else tuple(cp.CreatePartitionsAssignment(broker_ids=tuple(a)) for a in assignments),
     )
 
 
@@ -134,9 +149,17 @@ def test_plan_create_partitions():
     assert leaders == (2, 1)
     cases = [
         (cp_topic("nope", 3), ErrorCode.unknown_topic_or_partition, "does not exist"),
-        (cp_topic("t", 1), ErrorCode.invalid_partitions, "Topic currently has 2 partitions, which is higher than the requested 1."),
+        (
+            cp_topic("t", 1),
+            ErrorCode.invalid_partitions,
+            "Topic currently has 2 partitions, which is higher than the requested 1.",
+        ),
         (cp_topic("t", 2), ErrorCode.invalid_partitions, "Topic already has 2 partitions."),
-        (cp_topic("t", 4, [[1]]), ErrorCode.invalid_replica_assignment, "Increasing the number of partitions by 2 but 1 assignments"),
+        (
+            cp_topic("t", 4, [[1]]),
+            ErrorCode.invalid_replica_assignment,
+            "Increasing the number of partitions by 2 but 1 assignments",
+        ),
         (cp_topic("t", 3, [[9]]), ErrorCode.invalid_replica_assignment, "not alive"),
     ]
     for t, code, message in cases:
@@ -152,7 +175,10 @@ def test_error_mapping():
     assert admin.error_of(NotLeaderError("x"))[0] == ErrorCode.not_leader_or_follower
     assert admin.error_of(TimeoutError())[0] == ErrorCode.request_timed_out
     assert admin.error_of(ConnectionRefusedError("no"))[0] == ErrorCode.request_timed_out
-    assert admin.error_of(TopicConfigError("Unknown topic config name: q")) == (ErrorCode.invalid_config, "Unknown topic config name: q")
+    assert admin.error_of(TopicConfigError("Unknown topic config name: q")) == (
+        ErrorCode.invalid_config,
+        "Unknown topic config name: q",
+    )
     assert admin.error_of(RuntimeError("boom"))[0] == ErrorCode.unknown_server_error
 
 

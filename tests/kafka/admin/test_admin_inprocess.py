@@ -4,14 +4,28 @@ import time
 
 import pytest
 from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, NewPartitions, NewTopic, ResourceType
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
 
 
 def _wait_leaders(admin, name, n, timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         t = admin.list_topics(name, timeout=10).topics.get(name)
-        if t is not None and t.error is None and len(t.partitions) == n and all(p.leader >= 0 for p in t.partitions.values()):
+        if (
+            t is not None
+            and t.error is None
+            and len(t.partitions) == n
+            and all(p.leader >= 0 for p in t.partitions.values())
+        ):
             return {p.id: p.leader for p in t.partitions.values()}
         time.sleep(0.1)
     raise AssertionError(f"no leaders for {name}")
@@ -32,8 +46,13 @@ def test_topics_and_configs(inprocess_cluster):
     assert all(p.replicas == [p.leader] for p in md.partitions.values())
 
     assert _error(admin.create_topics([NewTopic("t1", 1, 1)])["t1"]).name() == "TOPIC_ALREADY_EXISTS"
-    assert _error(admin.create_topics([NewTopic("a b", 1, 1)])["a b"]).name() == "TOPIC_EXCEPTION"  # librdkafka's name for INVALID_TOPIC_EXCEPTION (17)
-    assert _error(admin.create_topics([NewTopic("t2", 1, 1, config={"retention.ms": "x"})])["t2"]).name() == "INVALID_CONFIG"
+    assert (
+        _error(admin.create_topics([NewTopic("a b", 1, 1)])["a b"]).name() == "TOPIC_EXCEPTION"
+    )  # librdkafka's name for INVALID_TOPIC_EXCEPTION (17)
+    assert (
+        _error(admin.create_topics([NewTopic("t2", 1, 1, config={"retention.ms": "x"})])["t2"]).name()
+        == "INVALID_CONFIG"
+    )
     assert _error(admin.create_topics([NewTopic("t2", 0, 1)])["t2"]).name() == "INVALID_PARTITIONS"
     admin.create_topics([NewTopic("t2", 2, 1)], validate_only=True)["t2"].result(30)
     assert "t2" not in admin.list_topics(timeout=10).topics
@@ -48,19 +67,27 @@ def test_topics_and_configs(inprocess_cluster):
     assert synonyms[0] == ("retention.ms", "3600000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
     assert ("log.retention.ms", "604800000", ConfigSource.DEFAULT_CONFIG.value) in synonyms
 
-    res = ConfigResource(ResourceType.TOPIC, "t1", incremental_configs=[
-        ConfigEntry("retention.bytes", "1048576", incremental_operation=AlterConfigOpType.SET),
-        ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
-        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND),
-    ])
+    res = ConfigResource(
+        ResourceType.TOPIC,
+        "t1",
+        incremental_configs=[
+            ConfigEntry("retention.bytes", "1048576", incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
+            ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND),
+        ],
+    )
     admin.incremental_alter_configs([res])[res].result(30)
     configs = admin.describe_configs([ConfigResource(ResourceType.TOPIC, "t1")])
-    configs = list(configs.values())[0].result(30)
+    configs = next(iter(configs.values())).result(30)
     assert configs["retention.bytes"].value == "1048576"
     assert configs["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
     assert configs["cleanup.policy"].value == "delete,compact"
 
-    bad = ConfigResource(ResourceType.TOPIC, "t1", incremental_configs=[ConfigEntry("segment.bytes", "12", incremental_operation=AlterConfigOpType.SET)])
+    bad = ConfigResource(
+        ResourceType.TOPIC,
+        "t1",
+        incremental_configs=[ConfigEntry("segment.bytes", "12", incremental_operation=AlterConfigOpType.SET)],
+    )
     err = _error(admin.incremental_alter_configs([bad])[bad])
     assert err.name() == "INVALID_CONFIG" and "segment.bytes" in err.str()
 
@@ -88,11 +115,11 @@ def test_delete_records_cluster_and_log_dirs(inprocess_cluster):
     for i in range(30):
         producer.produce("d", b"v%d" % i)
         producer.flush(10)
-    low = list(admin.delete_records([TopicPartition("d", 0, 10)]).values())[0].result(30)
+    low = next(iter(admin.delete_records([TopicPartition("d", 0, 10)]).values())).result(30)
     assert low.low_watermark == 10
-    low = list(admin.delete_records([TopicPartition("d", 0, -1)]).values())[0].result(30)
+    low = next(iter(admin.delete_records([TopicPartition("d", 0, -1)]).values())).result(30)
     assert low.low_watermark == 30
-    err = _error(list(admin.delete_records([TopicPartition("d", 0, 99)]).values())[0])
+    err = _error(next(iter(admin.delete_records([TopicPartition("d", 0, 99)]).values())))
     assert err.name() == "OFFSET_OUT_OF_RANGE"
 
     description = admin.describe_cluster().result(30)
@@ -100,11 +127,17 @@ def test_delete_records_cluster_and_log_dirs(inprocess_cluster):
 
     kadmin = KafkaAdminClient(bootstrap_servers=inprocess_cluster.bootstrap)
     try:
+
         def sizes():
             dirs = kadmin.describe_log_dirs()
             assert "file://" in str(dirs)
-            return {(t["name"], p["partition_index"]): p["partition_size"]
-                    for b in dirs for d in b["log_dirs"] for t in d["topics"] for p in t["partitions"]}
+            return {
+                (t["name"], p["partition_index"]): p["partition_size"]
+                for b in dirs
+                for d in b["log_dirs"]
+                for t in d["topics"]
+                for p in t["partitions"]
+            }
 
         assert sizes()[("d", 0)] == 0  # every record was deleted
         for i in range(5):
@@ -143,7 +176,9 @@ def test_reassignment_moves_leader_and_data_follows(inprocess_cluster):
     for i in range(50):
         producer.produce("m", b"b%d" % i)
     producer.flush(30)
-    consumer = Consumer({"bootstrap.servers": inprocess_cluster.bootstrap, "group.id": "g", "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {"bootstrap.servers": inprocess_cluster.bootstrap, "group.id": "g", "auto.offset.reset": "earliest"}
+    )
     consumer.subscribe(["m"])
     got = []
     deadline = time.monotonic() + 30
@@ -162,19 +197,21 @@ def test_delete_by_topic_id_and_full_alter_configs(inprocess_cluster):
     from kafka.admin import KafkaAdminClient
 
     admin = AdminClient({"bootstrap.servers": inprocess_cluster.bootstrap})
-    admin.create_topics([NewTopic("byid", 1, 1, config={"retention.ms": "1000", "retention.bytes": "2048"})])["byid"].result(30)
+    admin.create_topics([NewTopic("byid", 1, 1, config={"retention.ms": "1000", "retention.bytes": "2048"})])[
+        "byid"
+    ].result(30)
     _wait_leaders(admin, "byid", 1)
 
     # AlterConfigs (not incremental) replaces the whole set: keys left out go back to defaults
     res = ConfigResource(ResourceType.TOPIC, "byid", set_config={"retention.ms": "5000"})
     admin.alter_configs([res])[res].result(30)
-    configs = list(admin.describe_configs([ConfigResource(ResourceType.TOPIC, "byid")]).values())[0].result(30)
+    configs = next(iter(admin.describe_configs([ConfigResource(ResourceType.TOPIC, "byid")]).values())).result(30)
     assert configs["retention.ms"].value == "5000"
     assert configs["retention.bytes"].source == ConfigSource.DEFAULT_CONFIG.value
     # validate_only changes nothing
     res = ConfigResource(ResourceType.TOPIC, "byid", set_config={"retention.ms": "7"})
     admin.alter_configs([res], validate_only=True)[res].result(30)
-    configs = list(admin.describe_configs([ConfigResource(ResourceType.TOPIC, "byid")]).values())[0].result(30)
+    configs = next(iter(admin.describe_configs([ConfigResource(ResourceType.TOPIC, "byid")]).values())).result(30)
     assert configs["retention.ms"].value == "5000"
     # broker configs are static
     broker_res = ConfigResource(ResourceType.BROKER, "1", set_config={"num.partitions": "3"})
@@ -222,8 +259,12 @@ def test_topic_configs_take_effect_on_produce(inprocess_cluster):
 
     bootstrap = inprocess_cluster.bootstrap
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic("small", 1, 1, config={"max.message.bytes": "1000"}),
-                         NewTopic("stamped", 1, 1, config={"message.timestamp.type": "LogAppendTime"})])["stamped"].result(30)
+    admin.create_topics(
+        [
+            NewTopic("small", 1, 1, config={"max.message.bytes": "1000"}),
+            NewTopic("stamped", 1, 1, config={"message.timestamp.type": "LogAppendTime"}),
+        ]
+    )["stamped"].result(30)
     _wait_leaders(admin, "small", 1)
     _wait_leaders(admin, "stamped", 1)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "retries": 0})

@@ -3,7 +3,6 @@
 import time
 
 import pytest
-
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -19,7 +18,7 @@ def _leader_broker(cluster, admin, topic):
             broker = next(b for b in cluster.brokers if b.node_id == leader)
             try:
                 return broker, broker.partitions.get(topic, 0)
-            except Exception:  # noqa: BLE001 - opening; retry
+            except Exception:
                 pass
         time.sleep(0.05)
     raise AssertionError("no leader")
@@ -60,7 +59,9 @@ def test_time_retention_trims_expired_batches_only(inprocess_cluster):
 def test_size_retention_keeps_at_least_retention_bytes(inprocess_cluster):
     bootstrap = inprocess_cluster.bootstrap
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic("rb", 1, 1, config={"retention.bytes": str(64 * 1024), "retention.ms": "-1"})])["rb"].result(30)
+    admin.create_topics([NewTopic("rb", 1, 1, config={"retention.bytes": str(64 * 1024), "retention.ms": "-1"})])[
+        "rb"
+    ].result(30)
     broker, partition = _leader_broker(inprocess_cluster, admin, "rb")
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 8})
     for i in range(400):
@@ -82,7 +83,9 @@ def test_size_retention_keeps_at_least_retention_bytes(inprocess_cluster):
 def test_compact_only_topics_are_not_trimmed(inprocess_cluster):
     bootstrap = inprocess_cluster.bootstrap
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic("cp", 1, 1, config={"cleanup.policy": "compact", "retention.ms": "1"})])["cp"].result(30)
+    admin.create_topics([NewTopic("cp", 1, 1, config={"cleanup.policy": "compact", "retention.ms": "1"})])["cp"].result(
+        30
+    )
     broker, partition = _leader_broker(inprocess_cluster, admin, "cp")
     producer = Producer({"bootstrap.servers": bootstrap})
     producer.produce("cp", b"v", key=b"k", timestamp=int(time.time() * 1000) - 3_600_000)
@@ -91,7 +94,9 @@ def test_compact_only_topics_are_not_trimmed(inprocess_cluster):
     assert partition.log_start_offset == 0
 
 
-@pytest.mark.parametrize("inprocess_cluster", [{"brokers": 1, "kafka": {"log_retention_check_interval_ms": 100}}], indirect=True)
+@pytest.mark.parametrize(
+    "inprocess_cluster", [{"brokers": 1, "kafka": {"log_retention_check_interval_ms": 100}}], indirect=True
+)
 def test_broker_process_runs_retention_on_its_own(inprocess_cluster):
     """The broker process (BrokerService) starts the retention task with the configured
     check interval; nobody calls it by hand here."""

@@ -24,7 +24,11 @@ def node(**kafka):
         ("cleanup.policy", "shred", "configuration cleanup.policy: Invalid value shred for a list of: compact, delete"),
         ("cleanup.policy", "", "configuration cleanup.policy: Value must not be empty"),
         ("cleanup.policy", "delete,delete", "configuration cleanup.policy: Values must not contain duplicates"),
-        ("message.timestamp.type", "createtime", "configuration message.timestamp.type: String must be one of: CreateTime, LogAppendTime"),
+        (
+            "message.timestamp.type",
+            "createtime",
+            "configuration message.timestamp.type: String must be one of: CreateTime, LogAppendTime",
+        ),
         ("compression.type", "brotli", "configuration compression.type: String must be one of"),
         ("preallocate", "yes", "configuration preallocate: Expected value to be either true or false"),
         ("min.cleanable.dirty.ratio", "1.5", "configuration min.cleanable.dirty.ratio: Value must be between"),
@@ -55,9 +59,19 @@ def test_duplicate_key_is_invalid_request():
 
 def test_good_values_are_canonicalised():
     out = tc.validate_topic_configs(
-        [("retention.ms", " 60000 "), ("cleanup.policy", "delete, compact"), ("preallocate", "TRUE"), ("compression.type", "zstd")]
+        [
+            ("retention.ms", " 60000 "),
+            ("cleanup.policy", "delete, compact"),
+            ("preallocate", "TRUE"),
+            ("compression.type", "zstd"),
+        ]
     )
-    assert out == {"retention.ms": "60000", "cleanup.policy": "delete,compact", "preallocate": "true", "compression.type": "zstd"}
+    assert out == {
+        "retention.ms": "60000",
+        "cleanup.policy": "delete,compact",
+        "preallocate": "true",
+        "compression.type": "zstd",
+    }
 
 
 def test_compact_is_accepted():
@@ -101,7 +115,12 @@ def test_describe_topic_sources_and_synonyms():
         ("log.retention.ms", str(7 * 24 * 3600 * 1000), ConfigSource.DEFAULT_CONFIG),
     ]
     cp = described["cleanup.policy"]
-    assert (cp.value, cp.source, cp.type, cp.read_only) == ("delete", ConfigSource.DEFAULT_CONFIG, ConfigType.LIST, False)
+    assert (cp.value, cp.source, cp.type, cp.read_only) == (
+        "delete",
+        ConfigSource.DEFAULT_CONFIG,
+        ConfigType.LIST,
+        False,
+    )
 
 
 def test_describe_topic_key_filter_and_docs():
@@ -129,13 +148,21 @@ def test_incremental_set_delete_append_subtract():
     current = {"retention.ms": "1000", "cleanup.policy": "delete"}
     changes = tc.apply_incremental(
         current,
-        [("retention.ms", AlterConfigOp.DELETE, None), ("cleanup.policy", AlterConfigOp.APPEND, "compact"), ("retention.bytes", AlterConfigOp.SET, "5")],
+        [
+            ("retention.ms", AlterConfigOp.DELETE, None),
+            ("cleanup.policy", AlterConfigOp.APPEND, "compact"),
+            ("retention.bytes", AlterConfigOp.SET, "5"),
+        ],
     )
     assert changes == {"retention.ms": None, "cleanup.policy": "delete,compact", "retention.bytes": "5"}
-    changes = tc.apply_incremental({"cleanup.policy": "delete,compact"}, [("cleanup.policy", AlterConfigOp.SUBTRACT, "compact")])
+    changes = tc.apply_incremental(
+        {"cleanup.policy": "delete,compact"}, [("cleanup.policy", AlterConfigOp.SUBTRACT, "compact")]
+    )
     assert changes == {"cleanup.policy": "delete"}
     # APPEND to an unset list starts from the default ("delete")
-    assert tc.apply_incremental({}, [("cleanup.policy", AlterConfigOp.APPEND, "compact")]) == {"cleanup.policy": "delete,compact"}
+    assert tc.apply_incremental({}, [("cleanup.policy", AlterConfigOp.APPEND, "compact")]) == {
+        "cleanup.policy": "delete,compact"
+    }
     # deleting an unset key changes nothing
     assert tc.apply_incremental({}, [("retention.ms", AlterConfigOp.DELETE, None)]) == {}
 
@@ -156,7 +183,10 @@ def test_incremental_errors():
 
 
 def test_replace_all_drops_keys_left_out():
-    assert tc.replace_all({"retention.ms": "1", "retention.bytes": "2"}, [("retention.bytes", "3")]) == {"retention.bytes": "3", "retention.ms": None}
+    assert tc.replace_all({"retention.ms": "1", "retention.bytes": "2"}, [("retention.bytes", "3")]) == {
+        "retention.bytes": "3",
+        "retention.ms": None,
+    }
 
 
 def test_doc_table_lists_every_key():

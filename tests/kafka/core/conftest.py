@@ -6,16 +6,31 @@ from __future__ import annotations
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 
-def make_batch(count: int = 3, *, value: bytes = b"v", producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1, timestamp_ms: int = 1_700_000_000_000, compression: int = 0) -> bytes:
+def make_batch(
+    count: int = 3,
+    *,
+    value: bytes = b"v",
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    timestamp_ms: int = 1_700_000_000_000,
+    compression: int = 0,
+) -> bytes:
     builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=compression, is_transactional=False, producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence, batch_size=1 << 30
+        magic=2,
+        compression_type=compression,
+        is_transactional=False,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        batch_size=1 << 30,
     )
     for i in range(count):
         builder.append(i, timestamp=timestamp_ms + i, key=None, value=value, headers=[])
     return bytes(builder.build())
 
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(name="make_batch")

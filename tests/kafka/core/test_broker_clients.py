@@ -21,7 +21,15 @@ from automq.broker.kafka.process import BrokerService
 
 def _configs(tmp_path, **kafka):
     objects = f"file://{tmp_path}/objects"
-    controller = parse_config({"node_id": 0, "data_dir": str(tmp_path / "c"), "object_store_url": objects, "http_host": "127.0.0.1", "http_port": 0})
+    controller = parse_config(
+        {
+            "node_id": 0,
+            "data_dir": str(tmp_path / "c"),
+            "object_store_url": objects,
+            "http_host": "127.0.0.1",
+            "http_port": 0,
+        }
+    )
     return controller, objects, kafka
 
 
@@ -62,7 +70,13 @@ def _produce_and_consume(bootstrap: str, topic: str, n: int):
     producer.flush(30)
     offsets = sorted(f.get(timeout=30).offset for f in futures)
     producer.close()
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=10_000, fetch_max_wait_ms=200)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=10_000,
+        fetch_max_wait_ms=200,
+    )
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     values = []
@@ -108,7 +122,15 @@ async def test_produce_errors_wrong_crc_old_magic_and_too_large(cluster, make_ba
     from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 
     port = cluster.kafka_ports["PLAINTEXT"]
-    meta = await asyncio.to_thread(_raw_request, port, MetadataRequest(topics=(MetadataRequestTopic(topic_id=None, name="hostile"),), allow_auto_topic_creation=True, include_topic_authorized_operations=False))
+    meta = await asyncio.to_thread(
+        _raw_request,
+        port,
+        MetadataRequest(
+            topics=(MetadataRequestTopic(topic_id=None, name="hostile"),),
+            allow_auto_topic_creation=True,
+            include_topic_authorized_operations=False,
+        ),
+    )
     assert meta.topics[0].error_code == ErrorCode.none
 
     good = make_batch(3)
@@ -119,7 +141,16 @@ async def test_produce_errors_wrong_crc_old_magic_and_too_large(cluster, make_ba
     too_big = make_batch(300, value=b"x" * 1000)
 
     def produce(records):
-        request = ProduceRequest(transactional_id=None, acks=-1, timeout=codec.ZERO_THROTTLE.__class__(seconds=10), topic_data=(TopicProduceData(name="hostile", partition_data=(PartitionProduceData(index=0, records=bytes(records)),)),))
+        request = ProduceRequest(
+            transactional_id=None,
+            acks=-1,
+            timeout=codec.ZERO_THROTTLE.__class__(seconds=10),
+            topic_data=(
+                TopicProduceData(
+                    name="hostile", partition_data=(PartitionProduceData(index=0, records=bytes(records)),)
+                ),
+            ),
+        )
         return _raw_request(port, request).responses[0].partition_responses[0]
 
     # the new topic's partition opens on this broker shortly after creation (clients retry
@@ -137,13 +168,24 @@ async def test_produce_errors_wrong_crc_old_magic_and_too_large(cluster, make_ba
     assert ok.base_offset == 3  # offsets assigned by the broker, not the client's baseOffset
 
     def unknown_partition():
-        request = ProduceRequest(transactional_id=None, acks=1, timeout=codec.ZERO_THROTTLE.__class__(seconds=10), topic_data=(TopicProduceData(name="hostile", partition_data=(PartitionProduceData(index=7, records=bytes(good)),)),))
+        request = ProduceRequest(
+            transactional_id=None,
+            acks=1,
+            timeout=codec.ZERO_THROTTLE.__class__(seconds=10),
+            topic_data=(
+                TopicProduceData(name="hostile", partition_data=(PartitionProduceData(index=7, records=bytes(good)),)),
+            ),
+        )
         return _raw_request(port, request).responses[0].partition_responses[0]
 
     assert (await asyncio.to_thread(unknown_partition)).error_code == ErrorCode.unknown_topic_or_partition
 
     def internal():
-        return _raw_request(port, _produce_request(9, "__consumer_offsets", 0, bytes(good))).responses[0].partition_responses[0]
+        return (
+            _raw_request(port, _produce_request(9, "__consumer_offsets", 0, bytes(good)))
+            .responses[0]
+            .partition_responses[0]
+        )
 
     assert (await asyncio.to_thread(internal)).error_code == ErrorCode.invalid_topic_exception
 
@@ -189,20 +231,61 @@ def _produce_request(version: int, topic: str, partition: int, records: bytes, a
     m = __import__(f"kio.schema.produce.v{version}.request", fromlist=["x"])
     import datetime
 
-    return m.ProduceRequest(transactional_id=None, acks=acks, timeout=datetime.timedelta(seconds=10), topic_data=(m.TopicProduceData(name=topic, partition_data=(m.PartitionProduceData(index=partition, records=records),)),))
+    return m.ProduceRequest(
+        transactional_id=None,
+        acks=acks,
+        timeout=datetime.timedelta(seconds=10),
+        topic_data=(
+            m.TopicProduceData(name=topic, partition_data=(m.PartitionProduceData(index=partition, records=records),)),
+        ),
+    )
 
 
-def _fetch_request(version: int, topic, offset: int, *, session_id=0, epoch=-1, max_wait_ms=0, min_bytes=0, partitions=(0,), forgotten=(), leader_epoch=-1):
+def _fetch_request(
+    version: int,
+    topic,
+    offset: int,
+    *,
+    session_id=0,
+    epoch=-1,
+    max_wait_ms=0,
+    min_bytes=0,
+    partitions=(0,),
+    forgotten=(),
+    leader_epoch=-1,
+):
     import datetime
 
     m = __import__(f"kio.schema.fetch.v{version}.request", fromlist=["x"])
-    parts = tuple(codec.build(m.FetchPartition, partition=p, current_leader_epoch=leader_epoch, fetch_offset=offset[p] if isinstance(offset, dict) else offset, last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20) for p in partitions)
+    parts = tuple(
+        codec.build(
+            m.FetchPartition,
+            partition=p,
+            current_leader_epoch=leader_epoch,
+            fetch_offset=offset[p] if isinstance(offset, dict) else offset,
+            last_fetched_epoch=-1,
+            log_start_offset=-1,
+            partition_max_bytes=1 << 20,
+        )
+        for p in partitions
+    )
     topic_key = {"topic_id": topic} if version >= 13 else {"topic": topic}
     topics = (codec.build(m.FetchTopic, partitions=parts, **topic_key),) if partitions else ()
-    forgotten_topics = tuple(codec.build(m.ForgottenTopic, partitions=tuple(forgotten), **topic_key) for _ in [0] if forgotten)
+    forgotten_topics = tuple(
+        codec.build(m.ForgottenTopic, partitions=tuple(forgotten), **topic_key) for _ in [0] if forgotten
+    )
     return codec.build(
-        m.FetchRequest, replica_id=-1, max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=min_bytes, max_bytes=50 << 20,
-        isolation_level=1, session_id=session_id, session_epoch=epoch, topics=topics, forgotten_topics_data=forgotten_topics, rack_id="",
+        m.FetchRequest,
+        replica_id=-1,
+        max_wait=datetime.timedelta(milliseconds=max_wait_ms),
+        min_bytes=min_bytes,
+        max_bytes=50 << 20,
+        isolation_level=1,
+        session_id=session_id,
+        session_epoch=epoch,
+        topics=topics,
+        forgotten_topics_data=forgotten_topics,
+        rack_id="",
     )
 
 
@@ -262,7 +345,10 @@ async def test_incremental_fetch_session(cluster, make_batch):
 
     full, quiet, moved, stale, unknown, closed = await asyncio.to_thread(scenario)
     assert full.session_id != 0
-    assert sorted((p.partition_index, p.high_watermark) for t in full.responses for p in t.partitions) == [(0, 2), (1, 3)]
+    assert sorted((p.partition_index, p.high_watermark) for t in full.responses for p in t.partitions) == [
+        (0, 2),
+        (1, 3),
+    ]
     assert all(t.topic_id == topic_id for t in full.responses)
     assert quiet.error_code == ErrorCode.none and quiet.responses == ()
     assert [(p.partition_index, p.high_watermark) for t in moved.responses for p in t.partitions] == [(1, 4)]
@@ -282,11 +368,24 @@ async def test_list_offsets_earliest_latest_timestamp(cluster, make_batch):
     def scenario():
         c = RawClient(port)
         try:
-            for i, ts in enumerate((1000, 2000, 3000)):
+            for _i, ts in enumerate((1000, 2000, 3000)):
                 c.call(_produce_request(9, "times", 0, make_batch(2, timestamp_ms=ts)))
             answers = {}
             for ts in (-2, -1, -3, 1500, 2001, 9999):
-                r = c.call(ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=(ListOffsetsTopic(name="times", partitions=(ListOffsetsPartition(partition_index=0, current_leader_epoch=-1, timestamp=ts),)),)))
+                r = c.call(
+                    ListOffsetsRequest(
+                        replica_id=-1,
+                        isolation_level=0,
+                        topics=(
+                            ListOffsetsTopic(
+                                name="times",
+                                partitions=(
+                                    ListOffsetsPartition(partition_index=0, current_leader_epoch=-1, timestamp=ts),
+                                ),
+                            ),
+                        ),
+                    )
+                )
                 p = r.topics[0].partitions[0]
                 answers[ts] = (p.error_code, p.offset, p.timestamp)
             return answers
@@ -328,7 +427,9 @@ async def test_acks_zero_gets_no_response_and_log_append_time(cluster, make_batc
     from kafka.record.default_records import DefaultRecordBatch
 
     data = fetched.responses[0].partitions[0].records
-    first = DefaultRecordBatch(data[: 12 + struct.unpack_from(">i", data, 8)[0]])  # its CRC check reads to the buffer end
+    first = DefaultRecordBatch(
+        data[: 12 + struct.unpack_from(">i", data, 8)[0]]
+    )  # its CRC check reads to the buffer end
     assert first.timestamp_type == 1 and first.max_timestamp != 5 and first.validate_crc()
 
 
@@ -338,9 +439,18 @@ def _confluent_roundtrip(bootstrap: str, topic: str, n: int):
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "enable.idempotence": True})
     errors = []
     for i in range(n):
-        producer.produce(topic, value=b"%d" % i, partition=i % 2, on_delivery=lambda err, msg: err and errors.append(err))
+        producer.produce(
+            topic, value=b"%d" % i, partition=i % 2, on_delivery=lambda err, msg: err and errors.append(err)
+        )
     producer.flush(30)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "core-test", "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "core-test",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.assign([TopicPartition(topic, 0, 0), TopicPartition(topic, 1, 0)])
     seen = []
     deadline = time.time() + 30
@@ -402,7 +512,10 @@ async def test_reassignment_moves_leadership_without_copying_and_redirects_clien
     def produce_to(p, n):
         c = RawClient(p)
         try:
-            return [c.call(_produce_request(10, "moving", 0, make_batch(2))).responses[0].partition_responses[0] for _ in range(n)]
+            return [
+                c.call(_produce_request(10, "moving", 0, make_batch(2))).responses[0].partition_responses[0]
+                for _ in range(n)
+            ]
         finally:
             c.close()
 
@@ -419,14 +532,22 @@ async def test_reassignment_moves_leadership_without_copying_and_redirects_clien
     stale = await asyncio.to_thread(produce_to, port, 1)
     assert stale[0].error_code == ErrorCode.not_leader_or_follower
     # KIP-951: the answer names the new leader (and its endpoint, at the response's top level)
-    assert (stale[0].current_leader.leader_id, stale[0].current_leader.leader_epoch) == (target.broker.node_id, moved.leader_epoch)
+    assert (stale[0].current_leader.leader_id, stale[0].current_leader.leader_epoch) == (
+        target.broker.node_id,
+        moved.leader_epoch,
+    )
     after = await asyncio.to_thread(produce_to, target.kafka_ports["PLAINTEXT"], 1)
     assert after[0].error_code == ErrorCode.none and after[0].base_offset == 10
 
     def consume_all():
         from kafka import KafkaConsumer, TopicPartition
 
-        consumer = KafkaConsumer(bootstrap_servers=source.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=10_000)
+        consumer = KafkaConsumer(
+            bootstrap_servers=source.bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            consumer_timeout_ms=10_000,
+        )
         consumer.assign([TopicPartition("moving", 0)])
         offsets = []
         for m in consumer:
@@ -449,7 +570,10 @@ async def test_fetch_checks_the_clients_leader_epoch(cluster, make_batch):
         c = RawClient(port)
         try:
             c.call(_produce_request(9, "epochs", 0, make_batch(1)))
-            return [c.call(_fetch_request(12, "epochs", 0, leader_epoch=e)).responses[0].partitions[0].error_code for e in (epoch, epoch + 1, -1)]
+            return [
+                c.call(_fetch_request(12, "epochs", 0, leader_epoch=e)).responses[0].partitions[0].error_code
+                for e in (epoch, epoch + 1, -1)
+            ]
         finally:
             c.close()
 

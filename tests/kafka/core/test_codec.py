@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import Records
 
@@ -60,13 +61,19 @@ def test_api_versions_response_always_uses_header_v0():
     assert not ApiVersionsResponse.__header_schema__.__flexible__
     assert MetadataResponse.__header_schema__.__flexible__
     payload = codec.encode_response(5, codec.error_response(ApiVersionsResponse, ErrorCode.none))
-    assert payload[:4] == b"\x00\x00\x00\x05" and payload[4:6] == b"\x00\x00"  # error code right after the correlation id
+    assert (
+        payload[:4] == b"\x00\x00\x00\x05" and payload[4:6] == b"\x00\x00"
+    )  # error code right after the correlation id
 
 
 def test_unknown_tagged_fields_are_skipped():
     from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 
-    request = MetadataRequest(topics=(MetadataRequestTopic(topic_id=None, name="t"),), allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    request = MetadataRequest(
+        topics=(MetadataRequestTopic(topic_id=None, name="t"),),
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
     frame = codec.encode_request(1, request)
     assert frame.endswith(b"\x00")
     # body's tagged-field section: 2 unknown tags (7 and 300), the second one 3 bytes long
@@ -86,7 +93,9 @@ def test_unknown_tagged_fields_are_skipped():
 def test_unknown_key_unsupported_version_and_garbage():
     from kio.schema.metadata.v12.request import MetadataRequest
 
-    frame = codec.encode_request(9, MetadataRequest(topics=None, allow_auto_topic_creation=True, include_topic_authorized_operations=False))
+    frame = codec.encode_request(
+        9, MetadataRequest(topics=None, allow_auto_topic_creation=True, include_topic_authorized_operations=False)
+    )
     with pytest.raises(codec.UnknownApiKeyError):
         codec.decode_request(b"\x03\xe7" + frame[2:], SERVED)
     with pytest.raises(codec.UnsupportedVersionError) as err:
@@ -167,10 +176,15 @@ def test_in_place_produce_decoding_matches_kio(version, data):
     via_kio = codec.decode_request(frame, SERVED).request  # bytes frames go through kio
     in_place = codec.decode_request(bytearray(frame), SERVED).request  # large frames arrive as bytearrays
     assert isinstance(in_place, codec.ProduceRequestView)
-    assert (in_place.transactional_id, in_place.acks, in_place.timeout) == (via_kio.transactional_id, via_kio.acks, via_kio.timeout)
-    assert [(t.name, [(p.index, None if p.records is None else bytes(p.records)) for p in t.partition_data]) for t in in_place.topic_data] == [
-        (t.name, [(p.index, p.records) for p in t.partition_data]) for t in via_kio.topic_data
-    ]
+    assert (in_place.transactional_id, in_place.acks, in_place.timeout) == (
+        via_kio.transactional_id,
+        via_kio.acks,
+        via_kio.timeout,
+    )
+    assert [
+        (t.name, [(p.index, None if p.records is None else bytes(p.records)) for p in t.partition_data])
+        for t in in_place.topic_data
+    ] == [(t.name, [(p.index, p.records) for p in t.partition_data]) for t in via_kio.topic_data]
     for t in in_place.topic_data:
         for p in t.partition_data:
             assert p.records is None or not p.records.readonly

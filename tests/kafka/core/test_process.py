@@ -37,7 +37,16 @@ def _free_port() -> int:
 async def controller(tmp_path):
     from automq.broker.controller.process import ControllerService
 
-    cfg = parse_config({"node_id": 0, "data_dir": str(tmp_path / "c"), "object_store_url": f"file://{tmp_path}/objects", "http_host": "127.0.0.1", "http_port": 0, "session_timeout_ms": 1500})
+    cfg = parse_config(
+        {
+            "node_id": 0,
+            "data_dir": str(tmp_path / "c"),
+            "object_store_url": f"file://{tmp_path}/objects",
+            "http_host": "127.0.0.1",
+            "http_port": 0,
+            "session_timeout_ms": 1500,
+        }
+    )
     service = ControllerService(cfg)
     await service.start()
     yield service
@@ -61,7 +70,11 @@ def _start_broker(tmp_path, controller_url: str) -> tuple[subprocess.Popen, int,
     path = tmp_path / "broker.yaml"
     path.write_text(yaml.safe_dump(config))
     log = open(tmp_path / "broker.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "automq.broker.cli", "broker", "--config", str(path)], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "automq.broker.cli", "broker", "--config", str(path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     return proc, kafka_port, http_port
 
 

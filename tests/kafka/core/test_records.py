@@ -6,12 +6,12 @@ import struct
 
 import crc32c
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch
 from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka import records
-
 
 
 def test_valid_batch_header_is_parsed(make_batch):
@@ -119,7 +119,9 @@ def test_first_record_at_or_after_a_timestamp(make_batch):
     assert records.first_record_at_or_after(batch, 0) == (50, 1000)
     assert records.first_record_at_or_after(batch, 1003) == (53, 1003)
     assert records.first_record_at_or_after(batch, 1005) is None
-    compressed = bytearray(make_batch(5, timestamp_ms=1000, value=b"v" * 1000, compression=1))  # gzip: batch granularity
+    compressed = bytearray(
+        make_batch(5, timestamp_ms=1000, value=b"v" * 1000, compression=1)
+    )  # gzip: batch granularity
     assert compressed[21 + 1] & 0x07 == 1
     records.assign_offsets(compressed, 50, 0)
     assert records.first_record_at_or_after(compressed, 1003) == (50, 1004)

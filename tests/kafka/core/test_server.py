@@ -11,7 +11,8 @@ import asyncio
 import struct
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsV0
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.errors import ErrorCode
@@ -30,7 +31,7 @@ class Client:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def connect(cls, port: int) -> "Client":
+    async def connect(cls, port: int) -> Client:
         return cls(*await asyncio.open_connection("127.0.0.1", port))
 
     def send_raw(self, data: bytes) -> None:
@@ -97,7 +98,9 @@ async def test_api_versions_lists_only_served_apis(server):
 
 async def test_unsupported_api_versions_version_gets_v0_error_with_ranges(server):
     client = await Client.connect(port_of(server))
-    frame = bytearray(codec.encode_request(9, ApiVersionsRequest(client_software_name="t", client_software_version="1")))
+    frame = bytearray(
+        codec.encode_request(9, ApiVersionsRequest(client_software_name="t", client_software_version="1"))
+    )
     frame[2:4] = struct.pack(">h", 99)  # a future ApiVersions version
     client.send_raw(struct.pack(">i", len(frame)) + frame)
     correlation_id, response = await client.receive(ApiVersionsV0)
@@ -113,7 +116,11 @@ async def test_unsupported_api_versions_version_gets_v0_error_with_ranges(server
 
 async def test_unsupported_version_of_other_api_closes(server):
     client = await Client.connect(port_of(server))
-    frame = bytearray(codec.encode_request(3, MetadataRequest(topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False)))
+    frame = bytearray(
+        codec.encode_request(
+            3, MetadataRequest(topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+        )
+    )
     frame[2:4] = struct.pack(">h", 77)
     client.send_raw(struct.pack(">i", len(frame)) + frame)
     assert await client.closed_by_server()
@@ -164,7 +171,10 @@ async def test_pipelined_requests_are_answered_in_order(server):
     client = await Client.connect(port_of(server))
     batch = b""
     for cid in range(50):
-        frame = codec.encode_request(cid, ApiVersionsV0() if cid % 2 else ApiVersionsRequest(client_software_name="p", client_software_version="1"))
+        frame = codec.encode_request(
+            cid,
+            ApiVersionsV0() if cid % 2 else ApiVersionsRequest(client_software_name="p", client_software_version="1"),
+        )
         batch += struct.pack(">i", len(frame)) + frame
     client.send_raw(batch)  # one write: all frames arrive together
     for cid in range(50):
@@ -201,7 +211,12 @@ async def test_random_bytes_never_take_the_server_down(server, garbage):
 
 async def test_large_frames_grow_with_the_bytes_that_arrive(tmp_path):
     config = parse_config(
-        {"node_id": 1, "data_dir": str(tmp_path), "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 0}], "kafka": {"socket_request_max_bytes": "16MiB"}}
+        {
+            "node_id": 1,
+            "data_dir": str(tmp_path),
+            "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 0}],
+            "kafka": {"socket_request_max_bytes": "16MiB"},
+        }
     )
     srv = KafkaServer(Broker(config, node_epoch=1, cluster=None, storage=None))
     await srv.start()

@@ -35,7 +35,12 @@ def node_config(data_dir: Path, store_url: str, node_id: int, controller_url: st
         listeners=[{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 9092 + node_id}],
         session_timeout_ms=60_000,
         wal={"kind": "volume", "path": "wal", "capacity": 4 << 20},
-        storage={"log_cache_bytes": 8 << 20, "block_cache_bytes": 4 << 20, "upload_block_bytes": 1 << 20, "upload_interval_ms": 500},
+        storage={
+            "log_cache_bytes": 8 << 20,
+            "block_cache_bytes": 4 << 20,
+            "upload_block_bytes": 1 << 20,
+            "upload_interval_ms": 500,
+        },
         kafka=settings,
         controller={"lease_timeout_ms": 1_000, "renew_interval_ms": 200, "poll_interval_ms": 50},
     )
@@ -87,7 +92,9 @@ class Node:
         """Build a request of (api_key, version) with codec.build and run its handler."""
         assert self.broker is not None
         request = codec.build(codec.request_class(api_key, version), **fields)
-        ctx = RequestContext(api_key, version, 1, client_id, "127.0.0.1:5555", codec.response_class(api_key, version), self.broker)
+        ctx = RequestContext(
+            api_key, version, 1, client_id, "127.0.0.1:5555", codec.response_class(api_key, version), self.broker
+        )
         registration = handlers.lookup(api_key)
         assert registration is not None, f"no handler for api key {api_key}"
         return await registration.handler(request, ctx)
@@ -115,7 +122,9 @@ class Cluster:
 
     async def start_node(self, node_id: int, **kafka: Any) -> Node:
         assert self.controller is not None
-        node = Node(node_config(self.tmp_path / f"node{node_id}", self.store_url, node_id, self.controller.url, **kafka))
+        node = Node(
+            node_config(self.tmp_path / f"node{node_id}", self.store_url, node_id, self.controller.url, **kafka)
+        )
         await node.start()
         self.nodes[node_id] = node
         return node
@@ -142,7 +151,14 @@ async def cluster(tmp_path: Path, file_url: str):
 # ---------------------------------------------------------------- a real broker with sockets
 
 
-def broker_config(tmp_path: Path, objects: str, controller_url: str, node_id: int = 1, advertised_port: int | None = None, **kafka: Any) -> NodeConfig:
+def broker_config(
+    tmp_path: Path,
+    objects: str,
+    controller_url: str,
+    node_id: int = 1,
+    advertised_port: int | None = None,
+    **kafka: Any,
+) -> NodeConfig:
     from automq.broker.config import parse_config
 
     settings = {"offsets_topic_num_partitions": 4, "group_min_session_timeout_ms": 1_000}
@@ -180,7 +196,15 @@ class RealCluster:
     async def start(self) -> None:
         from automq.broker.config import parse_config
 
-        cfg = parse_config({"node_id": 0, "data_dir": str(self.tmp_path / "c"), "object_store_url": self.objects, "http_host": "127.0.0.1", "http_port": 0})
+        cfg = parse_config(
+            {
+                "node_id": 0,
+                "data_dir": str(self.tmp_path / "c"),
+                "object_store_url": self.objects,
+                "http_host": "127.0.0.1",
+                "http_port": 0,
+            }
+        )
         self.controller = ControllerService(cfg)
         await self.controller.start()
 

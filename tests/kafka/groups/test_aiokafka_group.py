@@ -37,8 +37,16 @@ async def test_aiokafka_group_rebalance_commit_resume(real_cluster) -> None:
     await producer.flush()
 
     def member(name: str) -> AIOKafkaConsumer:
-        return AIOKafkaConsumer(TOPIC, bootstrap_servers=bootstrap, group_id="aio-grp", client_id=name, enable_auto_commit=False,
-                                auto_offset_reset="earliest", session_timeout_ms=6_000, heartbeat_interval_ms=500)
+        return AIOKafkaConsumer(
+            TOPIC,
+            bootstrap_servers=bootstrap,
+            group_id="aio-grp",
+            client_id=name,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=6_000,
+            heartbeat_interval_ms=500,
+        )
 
     a, b = member("aio-a"), member("aio-b")
     seen_a: list[int] = []

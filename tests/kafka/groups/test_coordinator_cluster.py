@@ -13,6 +13,7 @@ from automq.broker.kafka.groups.state import Effects, partition_for
 
 FIND_COORDINATOR, JOIN, HEARTBEAT, SYNC, COMMIT, FETCH, LIST, DESCRIBE, DELETE = 10, 11, 12, 14, 8, 9, 16, 15, 42
 
+
 async def eventually(probe, timeout: float = 20.0, interval: float = 0.05):
     """Await probe() until it returns a truthy value (returned) or time runs out (AssertionError)."""
     deadline = asyncio.get_running_loop().time() + timeout
@@ -55,14 +56,27 @@ def _commit_topic(partitions: list[tuple[int, int, str]]):
 
     topic_cls = codec.nested(codec.request_class(COMMIT, 8), "OffsetCommitRequestTopic")
     part_cls = codec.nested(codec.request_class(COMMIT, 8), "OffsetCommitRequestPartition")
-    return codec.build(topic_cls, name="t", partitions=tuple(
-        codec.build(part_cls, partition_index=p, committed_offset=o, committed_leader_epoch=-1, committed_metadata=m) for p, o, m in partitions))
+    return codec.build(
+        topic_cls,
+        name="t",
+        partitions=tuple(
+            codec.build(
+                part_cls, partition_index=p, committed_offset=o, committed_leader_epoch=-1, committed_metadata=m
+            )
+            for p, o, m in partitions
+        ),
+    )
 
 
 async def fetched(node, group: str) -> dict[int, tuple[int, str]]:
     r = await node.call(FETCH, 8, groups=(_fetch_group(node, group, None),), require_stable=False)
     assert r.groups[0].error_code == ErrorCode.none
-    return {p.partition_index: (p.committed_offset, p.metadata) for t in r.groups[0].topics for p in t.partitions if t.name == "t"}
+    return {
+        p.partition_index: (p.committed_offset, p.metadata)
+        for t in r.groups[0].topics
+        for p in t.partitions
+        if t.name == "t"
+    }
 
 
 async def join_and_sync(node, group: str) -> tuple[str, int]:
@@ -70,15 +84,28 @@ async def join_and_sync(node, group: str) -> tuple[str, int]:
 
     proto_cls = codec.nested(codec.request_class(JOIN, 5), "JoinGroupRequestProtocol")
     protocols = (codec.build(proto_cls, name="range", metadata=b"\x00\x00\x00\x00\x00\x01\x00\x01t\xff\xff\xff\xff"),)
-    common = dict(group_id=group, session_timeout=_td(30_000), rebalance_timeout=_td(30_000), group_instance_id=None,
-                  protocol_type="consumer", protocols=protocols)
+    common = dict(
+        group_id=group,
+        session_timeout=_td(30_000),
+        rebalance_timeout=_td(30_000),
+        group_instance_id=None,
+        protocol_type="consumer",
+        protocols=protocols,
+    )
     first = await node.call(JOIN, 5, member_id="", **common)
     assert first.error_code == ErrorCode.member_id_required
     joined = await node.call(JOIN, 5, member_id=first.member_id, **common)
     assert joined.error_code == ErrorCode.none and joined.leader == joined.member_id
     assign_cls = codec.nested(codec.request_class(SYNC, 3), "SyncGroupRequestAssignment")
-    synced = await node.call(SYNC, 3, group_id=group, generation_id=joined.generation_id, member_id=joined.member_id,
-                             group_instance_id=None, assignments=(codec.build(assign_cls, member_id=joined.member_id, assignment=b"A"),))
+    synced = await node.call(
+        SYNC,
+        3,
+        group_id=group,
+        generation_id=joined.generation_id,
+        member_id=joined.member_id,
+        group_instance_id=None,
+        assignments=(codec.build(assign_cls, member_id=joined.member_id, assignment=b"A"),),
+    )
     assert synced.error_code == ErrorCode.none and synced.assignment == b"A"
     return joined.member_id, joined.generation_id
 
@@ -95,17 +122,38 @@ async def test_offsets_and_groups_survive_coordinator_move_and_restart(cluster) 
     assert await coordinator_of(n1, "g") == 1
     await ready(n1, "g")
     member, generation = await join_and_sync(n1, "g")
-    r = await n1.call(COMMIT, 8, group_id="g", generation_id_or_member_epoch=generation, member_id=member, group_instance_id=None,
-                      topics=(_commit_topic([(0, 42, "m0"), (1, 7, "")]),))
+    r = await n1.call(
+        COMMIT,
+        8,
+        group_id="g",
+        generation_id_or_member_epoch=generation,
+        member_id=member,
+        group_instance_id=None,
+        topics=(_commit_topic([(0, 42, "m0"), (1, 7, "")]),),
+    )
     assert [p.error_code for p in r.topics[0].partitions] == [ErrorCode.none, ErrorCode.none]
     # a standalone consumer (generation -1) in another group, maybe another partition
     await ready(n1, "solo")
-    r = await n1.call(COMMIT, 8, group_id="solo", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
-                      topics=(_commit_topic([(0, 5, "s")]),))
+    r = await n1.call(
+        COMMIT,
+        8,
+        group_id="solo",
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        group_instance_id=None,
+        topics=(_commit_topic([(0, 5, "s")]),),
+    )
     assert r.topics[0].partitions[0].error_code == ErrorCode.none
     # unknown topic partitions are refused per partition
-    r = await n1.call(COMMIT, 8, group_id="solo", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
-                      topics=(_commit_topic([(9, 5, "")]),))
+    r = await n1.call(
+        COMMIT,
+        8,
+        group_id="solo",
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        group_instance_id=None,
+        topics=(_commit_topic([(9, 5, "")]),),
+    )
     assert r.topics[0].partitions[0].error_code == ErrorCode.unknown_topic_or_partition
     assert await fetched(n1, "g") == {0: (42, "m0"), 1: (7, "")}
 
@@ -123,8 +171,15 @@ async def test_offsets_and_groups_survive_coordinator_move_and_restart(cluster) 
     d = await n2.call(DESCRIBE, 5, groups=("g",), include_authorized_operations=False)
     assert d.groups[0].group_state == "Stable" and d.groups[0].members[0].member_assignment == b"A"
     # more commits on the new coordinator
-    r = await n2.call(COMMIT, 8, group_id="g", generation_id_or_member_epoch=generation, member_id=member, group_instance_id=None,
-                      topics=(_commit_topic([(0, 43, "m1")]),))
+    r = await n2.call(
+        COMMIT,
+        8,
+        group_id="g",
+        generation_id_or_member_epoch=generation,
+        member_id=member,
+        group_instance_id=None,
+        topics=(_commit_topic([(0, 43, "m1")]),),
+    )
     assert r.topics[0].partitions[0].error_code == ErrorCode.none
 
     # restart: node 2 stops, node 1 comes back on its old data dir (new engine, new coordinator)
@@ -136,7 +191,11 @@ async def test_offsets_and_groups_survive_coordinator_move_and_restart(cluster) 
     assert await fetched(n1, "solo") == {0: (5, "s")}
     # deleting the standalone group removes its offsets durably
     r = await n1.call(DELETE, 2, groups_names=("solo", "g", "nope"))
-    assert [x.error_code for x in r.results] == [ErrorCode.none, ErrorCode.non_empty_group, ErrorCode.group_id_not_found]
+    assert [x.error_code for x in r.results] == [
+        ErrorCode.none,
+        ErrorCode.non_empty_group,
+        ErrorCode.group_id_not_found,
+    ]
     assert await fetched(n1, "solo") == {}
     await cluster.stop_node(1)
     n2 = await cluster.start_node(2)
@@ -185,12 +244,26 @@ async def test_checkpoint_trims_the_log_and_keeps_every_offset(cluster, monkeypa
     await ready(n1, "g")
     member, generation = await join_and_sync(n1, "g")
     for i in range(120):  # many commits of the same two partitions: mostly obsolete records
-        r = await n1.call(COMMIT, 8, group_id="g", generation_id_or_member_epoch=generation, member_id=member, group_instance_id=None,
-                          topics=(_commit_topic([(0, i, f"m{i}"), (1, 1000 + i, "")]),))
+        r = await n1.call(
+            COMMIT,
+            8,
+            group_id="g",
+            generation_id_or_member_epoch=generation,
+            member_id=member,
+            group_instance_id=None,
+            topics=(_commit_topic([(0, i, f"m{i}"), (1, 1000 + i, "")]),),
+        )
         assert {p.error_code for p in r.topics[0].partitions} == {ErrorCode.none}
     await ready(n1, "solo")
-    r = await n1.call(COMMIT, 8, group_id="solo", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
-                      topics=(_commit_topic([(1, 3, "s")]),))
+    r = await n1.call(
+        COMMIT,
+        8,
+        group_id="solo",
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        group_instance_id=None,
+        topics=(_commit_topic([(1, 3, "s")]),),
+    )
     assert r.topics[0].partitions[0].error_code == ErrorCode.none
 
     partition = n1.broker.partitions.get(OFFSETS_TOPIC, 0)
@@ -237,8 +310,15 @@ async def test_coordinator_metrics_are_exported(cluster) -> None:
     assert await coordinator_of(n1, "g") == 1
     await ready(n1, "g")
     member, generation = await join_and_sync(n1, "g")
-    await n1.call(COMMIT, 8, group_id="g", generation_id_or_member_epoch=generation, member_id=member, group_instance_id=None,
-                  topics=(_commit_topic([(0, 1, ""), (1, 2, "")]),))
+    await n1.call(
+        COMMIT,
+        8,
+        group_id="g",
+        generation_id_or_member_epoch=generation,
+        member_id=member,
+        group_instance_id=None,
+        topics=(_commit_topic([(0, 1, ""), (1, 2, "")]),),
+    )
     text = generate_latest(n1.broker.registry).decode()
     assert 'kafka_coordinator_groups{state="Stable"} 1.0' in text
     assert "kafka_coordinator_members 1.0" in text

@@ -29,7 +29,14 @@ def test_keys_and_values_round_trip() -> None:
     assert decode_key(GroupKey("g\u00e9").encode()) == GroupKey("g\u00e9")
     for v in (OffsetValue(5, 2, "m", 100), OffsetValue(5, -1, "", 100, 200)):
         assert OffsetValue.decode(v.encode()) == v
-    g = GroupValue("consumer", 7, "range", "m1", 123, (MemberValue("m1", None, "c", "/h", 1, 2, b"s", b"a"), MemberValue("m2", "i", "c", "/h", 3, 4, b"", b"")))
+    g = GroupValue(
+        "consumer",
+        7,
+        "range",
+        "m1",
+        123,
+        (MemberValue("m1", None, "c", "/h", 1, 2, b"s", b"a"), MemberValue("m2", "i", "c", "/h", 3, 4, b"", b"")),
+    )
     assert GroupValue.decode(g.encode()) == g
     assert GroupValue.decode(GroupValue("", 1, None, None, 0, ()).encode()).protocol_name is None
 

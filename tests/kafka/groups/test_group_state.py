@@ -53,13 +53,35 @@ class Clients:
         self._n += 1
         return f"{name}#{self._n}"
 
-    def join(self, member_id="", group="g", protocols=(("range", b"r"),), instance=None, v4=True, session=SESSION,
-             client="c", protocol_type="consumer", rebalance=REBALANCE):
+    def join(
+        self,
+        member_id="",
+        group="g",
+        protocols=(("range", b"r"),),
+        instance=None,
+        v4=True,
+        session=SESSION,
+        client="c",
+        protocol_type="consumer",
+        rebalance=REBALANCE,
+    ):
         tok = self.token("join")
-        self._apply(self.m.join(
-            self.now, group_id=group, member_id=member_id, group_instance_id=instance, client_id=client,
-            client_host="/127.0.0.1", session_timeout_ms=session, rebalance_timeout_ms=rebalance,
-            protocol_type=protocol_type, protocols=list(protocols), require_known_member_id=v4, token=tok))
+        self._apply(
+            self.m.join(
+                self.now,
+                group_id=group,
+                member_id=member_id,
+                group_instance_id=instance,
+                client_id=client,
+                client_host="/127.0.0.1",
+                session_timeout_ms=session,
+                rebalance_timeout_ms=rebalance,
+                protocol_type=protocol_type,
+                protocols=list(protocols),
+                require_known_member_id=v4,
+                token=tok,
+            )
+        )
         return tok
 
     def full_join(self, group="g", **kw) -> str:
@@ -69,11 +91,23 @@ class Clients:
         assert r.error == ErrorCode.member_id_required and r.member_id
         return self.join(member_id=r.member_id, group=group, **kw)
 
-    def sync(self, member_id, generation, assignments=None, group="g", protocol_type=None, protocol_name=None, instance=None):
+    def sync(
+        self, member_id, generation, assignments=None, group="g", protocol_type=None, protocol_name=None, instance=None
+    ):
         tok = self.token("sync")
-        self._apply(self.m.sync(self.now, group_id=group, generation_id=generation, member_id=member_id,
-                                group_instance_id=instance, protocol_type=protocol_type, protocol_name=protocol_name,
-                                assignments=assignments or {}, token=tok))
+        self._apply(
+            self.m.sync(
+                self.now,
+                group_id=group,
+                generation_id=generation,
+                member_id=member_id,
+                group_instance_id=instance,
+                protocol_type=protocol_type,
+                protocol_name=protocol_name,
+                assignments=assignments or {},
+                token=tok,
+            )
+        )
         return tok
 
     def advance(self, ms: int):
@@ -310,7 +344,7 @@ def test_static_member_rejoin_keeps_generation_and_fences_old_id() -> None:
     assert c.state() is GroupState.STABLE
     assert c.m.heartbeat(c.now, "g", a.member_id, "i-1", 1) == ErrorCode.fenced_instance_id
     assert c.replies[c.sync(r.member_id, 1, instance="i-1")].assignment == b"A"
-    top, errs, fx = c.m.leave(c.now, "g", [("", "i-1")])
+    _top, errs, fx = c.m.leave(c.now, "g", [("", "i-1")])
     assert errs == [ErrorCode.none]
     c._apply(fx)
     assert c.state() is GroupState.EMPTY
@@ -319,8 +353,14 @@ def test_static_member_rejoin_keeps_generation_and_fences_old_id() -> None:
 def test_offsets_commit_fetch_and_member_checks() -> None:
     c = Clients()
     # standalone consumer: generation -1, no member id, creates the group
-    plan = c.m.prepare_commit(c.now, group_id="solo", generation_id=-1, member_id="", group_instance_id=None,
-                              offsets=[("t", 0, 42, 3, "meta"), ("t", 1, 7, -1, None)])
+    plan = c.m.prepare_commit(
+        c.now,
+        group_id="solo",
+        generation_id=-1,
+        member_id="",
+        group_instance_id=None,
+        offsets=[("t", 0, 42, 3, "meta"), ("t", 1, 7, -1, None)],
+    )
     assert set(plan.errors.values()) == {ErrorCode.none} and len(plan.writes) == 2
     assert c.m.fetch_offsets("solo", [("t", 0)])[0][2] is None  # not visible before durable
     c.m.complete_commit(plan, c.now)
@@ -330,31 +370,55 @@ def test_offsets_commit_fetch_and_member_checks() -> None:
     assert decode_key(plan.writes[0].key) == OffsetKey("solo", "t", 0)
     assert OffsetValue.decode(plan.writes[0].value).offset == 42
     # unknown group with a generation: ILLEGAL_GENERATION
-    bad = c.m.prepare_commit(c.now, group_id="nope", generation_id=3, member_id="m", group_instance_id=None, offsets=[("t", 0, 1, -1, "")])
+    bad = c.m.prepare_commit(
+        c.now, group_id="nope", generation_id=3, member_id="m", group_instance_id=None, offsets=[("t", 0, 1, -1, "")]
+    )
     assert bad.errors == {("t", 0): ErrorCode.illegal_generation}
     # a real group: members only, matching generation, not during CompletingRebalance
     a = c.replies[c.full_join()]
-    commit = lambda gen, mid: c.m.prepare_commit(c.now, group_id="g", generation_id=gen, member_id=mid, group_instance_id=None,  # noqa: E731
-                                                 offsets=[("t", 0, 5, -1, "")]).errors[("t", 0)]
+    commit = lambda gen, mid: c.m.prepare_commit(
+        c.now,
+        group_id="g",
+        generation_id=gen,
+        member_id=mid,
+        group_instance_id=None,
+        offsets=[("t", 0, 5, -1, "")],
+    ).errors[("t", 0)]
     assert commit(1, a.member_id) == ErrorCode.rebalance_in_progress
     c.sync(a.member_id, 1)
     assert commit(1, a.member_id) == ErrorCode.none
     assert commit(0, a.member_id) == ErrorCode.illegal_generation
     assert commit(1, "ghost") == ErrorCode.unknown_member_id
     assert commit(-1, "") == ErrorCode.unknown_member_id  # group has members
-    too_big = c.m.prepare_commit(c.now, group_id="g", generation_id=1, member_id=a.member_id, group_instance_id=None,
-                                 offsets=[("t", 0, 5, -1, "x" * 5000), ("t", 1, 5, -1, "")])
+    too_big = c.m.prepare_commit(
+        c.now,
+        group_id="g",
+        generation_id=1,
+        member_id=a.member_id,
+        group_instance_id=None,
+        offsets=[("t", 0, 5, -1, "x" * 5000), ("t", 1, 5, -1, "")],
+    )
     assert too_big.errors == {("t", 0): ErrorCode.offset_metadata_too_large, ("t", 1): ErrorCode.none}
-    assert c.m.prepare_commit(c.now, group_id="", generation_id=-1, member_id="", group_instance_id=None,
-                              offsets=[("t", 0, 1, -1, "")]).errors[("t", 0)] == ErrorCode.invalid_group_id
+    assert (
+        c.m.prepare_commit(
+            c.now, group_id="", generation_id=-1, member_id="", group_instance_id=None, offsets=[("t", 0, 1, -1, "")]
+        ).errors[("t", 0)]
+        == ErrorCode.invalid_group_id
+    )
 
 
 def test_delete_groups_and_offsets() -> None:
     c = Clients()
     a = c.replies[c.full_join(protocols=(("range", subscription("t1")),))]
     c.sync(a.member_id, 1)
-    plan = c.m.prepare_commit(c.now, group_id="g", generation_id=1, member_id=a.member_id, group_instance_id=None,
-                              offsets=[("t1", 0, 1, -1, ""), ("t2", 0, 2, -1, "")])
+    plan = c.m.prepare_commit(
+        c.now,
+        group_id="g",
+        generation_id=1,
+        member_id=a.member_id,
+        group_instance_id=None,
+        offsets=[("t1", 0, 1, -1, ""), ("t2", 0, 2, -1, "")],
+    )
     c.m.complete_commit(plan, c.now)
     assert c.m.delete_group("g", c.now)[0] == ErrorCode.non_empty_group
     assert c.m.delete_group("nope", c.now)[0] == ErrorCode.group_id_not_found
@@ -373,17 +437,29 @@ def test_delete_groups_and_offsets() -> None:
 
 def test_offset_retention() -> None:
     c = Clients(GroupConfig(offsets_retention_ms=60_000))
-    plan = c.m.prepare_commit(c.now, group_id="solo", generation_id=-1, member_id="", group_instance_id=None, offsets=[("t", 0, 1, -1, "")])
+    plan = c.m.prepare_commit(
+        c.now, group_id="solo", generation_id=-1, member_id="", group_instance_id=None, offsets=[("t", 0, 1, -1, "")]
+    )
     c.m.complete_commit(plan, c.now)
-    short = c.m.prepare_commit(c.now, group_id="solo", generation_id=-1, member_id="", group_instance_id=None,
-                               offsets=[("t", 1, 1, -1, "")], retention_ms=1_000)
+    short = c.m.prepare_commit(
+        c.now,
+        group_id="solo",
+        generation_id=-1,
+        member_id="",
+        group_instance_id=None,
+        offsets=[("t", 1, 1, -1, "")],
+        retention_ms=1_000,
+    )
     c.m.complete_commit(short, c.now)
     c.now += 1_000
     fx = c.m.expire_offsets(c.now)
     assert [decode_key(w.key) for w in fx.writes] == [OffsetKey("solo", "t", 1)]
     c.now += 59_000
     fx = c.m.expire_offsets(c.now)
-    assert "solo" not in c.m.groups and {decode_key(w.key) for w in fx.writes} == {OffsetKey("solo", "t", 0), GroupKey("solo")}
+    assert "solo" not in c.m.groups and {decode_key(w.key) for w in fx.writes} == {
+        OffsetKey("solo", "t", 0),
+        GroupKey("solo"),
+    }
 
 
 def test_list_describe() -> None:
@@ -394,7 +470,11 @@ def test_list_describe() -> None:
     c.sync(a.member_id, 1, {a.member_id: b"as"})
     d = c.m.describe("g")
     assert d.state == "Stable" and d.protocol_type == "consumer" and d.protocol_name == "range"
-    assert d.members[0].metadata == b"meta" and d.members[0].assignment == b"as" and d.members[0].client_host == "/127.0.0.1"
+    assert (
+        d.members[0].metadata == b"meta"
+        and d.members[0].assignment == b"as"
+        and d.members[0].client_host == "/127.0.0.1"
+    )
     assert c.m.describe("nope") is None
     assert c.m.list_groups() == [("g", "consumer", "Stable")]
     assert c.m.list_groups(["empty"]) == []
@@ -405,11 +485,20 @@ def test_load_rebuilds_groups_from_records_and_unload_answers_waiters() -> None:
     c = Clients()
     a = c.replies[c.full_join(protocols=(("range", subscription("t")),))]
     c.sync(a.member_id, 1, {a.member_id: b"A"})
-    plan = c.m.prepare_commit(c.now, group_id="g", generation_id=1, member_id=a.member_id, group_instance_id=None,
-                              offsets=[("t", 0, 10, 1, "m")])
+    plan = c.m.prepare_commit(
+        c.now,
+        group_id="g",
+        generation_id=1,
+        member_id=a.member_id,
+        group_instance_id=None,
+        offsets=[("t", 0, 10, 1, "m")],
+    )
     c.m.complete_commit(plan, c.now)
     records = [(decode_key(w.key), w.value) for w in c.writes + plan.writes]
-    decoded = [(k, None if v is None else (GroupValue.decode(v) if isinstance(k, GroupKey) else OffsetValue.decode(v))) for k, v in records]
+    decoded = [
+        (k, None if v is None else (GroupValue.decode(v) if isinstance(k, GroupKey) else OffsetValue.decode(v)))
+        for k, v in records
+    ]
     other = GroupManager(GroupConfig(), num_partitions=4)
     other.load(c.m.partition_for("g"), decoded, c.now)
     g = other.groups["g"]
@@ -419,9 +508,20 @@ def test_load_rebuilds_groups_from_records_and_unload_answers_waiters() -> None:
     assert other.fetch_offsets("g", [("t", 0)])[0][2].offset == 10
     # a waiting join is answered NOT_COORDINATOR when the partition goes away
     tok = "late-join"
-    other.join(c.now, group_id="g", member_id="", group_instance_id=None, client_id="x", client_host="h",
-               session_timeout_ms=SESSION, rebalance_timeout_ms=REBALANCE, protocol_type="consumer",
-               protocols=[("range", subscription("t"))], require_known_member_id=False, token=tok)
+    other.join(
+        c.now,
+        group_id="g",
+        member_id="",
+        group_instance_id=None,
+        client_id="x",
+        client_host="h",
+        session_timeout_ms=SESSION,
+        rebalance_timeout_ms=REBALANCE,
+        protocol_type="consumer",
+        protocols=[("range", subscription("t"))],
+        require_known_member_id=False,
+        token=tok,
+    )
     fx = other.unload(g.partition)
     assert fx.replies == [(tok, JoinResult(ErrorCode.not_coordinator, fx.replies[0][1].member_id))]
     assert "g" not in other.groups
@@ -436,7 +536,13 @@ def test_subscription_parser_is_hostile_input_safe() -> None:
 
 @pytest.mark.parametrize(
     "value, expected",
-    [("", 0), ("a", 97), ("hello", 99162322), ("my-group", java_string_hashcode("my-group")), ("polygenelubricants", -2147483648)],
+    [
+        ("", 0),
+        ("a", 97),
+        ("hello", 99162322),
+        ("my-group", java_string_hashcode("my-group")),
+        ("polygenelubricants", -2147483648),
+    ],
 )
 def test_java_hashcode_and_partition(value: str, expected: int) -> None:
     assert java_string_hashcode(value) == expected
@@ -469,7 +575,9 @@ def test_hostile_join_and_sync_values() -> None:
     c.join(member_id=rb.member_id, protocols=(("range", b"new"),))
     t1 = c.join(member_id=rb.member_id, protocols=(("range", b"newer"),))
     assert c.state() is GroupState.PREPARING_REBALANCE and t1 not in c.replies
-    superseded = [r for t, r in c.replies.items() if isinstance(r, JoinResult) and r.error == ErrorCode.rebalance_in_progress]
+    superseded = [
+        r for t, r in c.replies.items() if isinstance(r, JoinResult) and r.error == ErrorCode.rebalance_in_progress
+    ]
     assert len(superseded) == 1
 
 
@@ -498,14 +606,25 @@ def test_static_member_edge_cases() -> None:
     # a restart with different protocols cannot keep the old assignment: rebalance
     t = c.join(instance="i-1", client="a", protocols=(("range", b"other"),))
     new_id = c.m.groups["g"].static_members["i-1"]
-    assert c.replies[t] == JoinResult(ErrorCode.none, new_id, 2, "consumer", "range", new_id, ((new_id, "i-1", b"other"),))
+    assert c.replies[t] == JoinResult(
+        ErrorCode.none, new_id, 2, "consumer", "range", new_id, ((new_id, "i-1", b"other"),)
+    )
     assert new_id != a.member_id and c.m.groups["g"].generation_id == 2
     c.sync(new_id, 2, {new_id: b"A2"}, instance="i-1")
     # leaving with the instance id but someone else's member id is fenced; the real one leaves
     _, errs, fx = c.m.leave(c.now, "g", [(a.member_id, "i-1"), ("", "unknown-instance")])
     assert errs == [ErrorCode.fenced_instance_id, ErrorCode.unknown_member_id]
-    assert c.m.prepare_commit(c.now, group_id="g", generation_id=2, member_id=a.member_id, group_instance_id="i-1",
-                              offsets=[("t", 0, 1, -1, "")]).errors[("t", 0)] == ErrorCode.fenced_instance_id
+    assert (
+        c.m.prepare_commit(
+            c.now,
+            group_id="g",
+            generation_id=2,
+            member_id=a.member_id,
+            group_instance_id="i-1",
+            offsets=[("t", 0, 1, -1, "")],
+        ).errors[("t", 0)]
+        == ErrorCode.fenced_instance_id
+    )
     assert c.replies[c.sync(a.member_id, 2, instance="i-1")].error == ErrorCode.fenced_instance_id
     _, errs, fx = c.m.leave(c.now, "g", [(new_id, "i-1")])
     c._apply(fx)

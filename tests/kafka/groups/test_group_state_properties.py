@@ -31,7 +31,9 @@ class Client:
 class GroupMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.m = GroupManager(GroupConfig(min_session_timeout_ms=1_000, initial_rebalance_delay_ms=500), num_partitions=1)
+        self.m = GroupManager(
+            GroupConfig(min_session_timeout_ms=1_000, initial_rebalance_delay_ms=500), num_partitions=1
+        )
         self.now = 0
         self.clients = [Client(f"c{i}") for i in range(CLIENTS)]
         self.outstanding: dict[int, tuple[str, Client]] = {}  # token -> (kind, client)
@@ -62,31 +64,71 @@ class GroupMachine(RuleBasedStateMachine):
             else:
                 assert isinstance(result, SyncResult)
 
-    @rule(i=st.integers(0, CLIENTS - 1), v4=st.booleans(), protocols=st.sampled_from(PROTOCOLS), session=st.sampled_from([1_000, 5_000, 30_000]))
+    @rule(
+        i=st.integers(0, CLIENTS - 1),
+        v4=st.booleans(),
+        protocols=st.sampled_from(PROTOCOLS),
+        session=st.sampled_from([1_000, 5_000, 30_000]),
+    )
     def join(self, i: int, v4: bool, protocols, session: int) -> None:
         c = self.clients[i]
-        self._apply(self.m.join(self.now, group_id="g", member_id=c.member_id, group_instance_id=None, client_id=c.name,
-                                client_host="/h", session_timeout_ms=session, rebalance_timeout_ms=session * 2,
-                                protocol_type="consumer", protocols=protocols, require_known_member_id=v4, token=self._token("join", c)))
+        self._apply(
+            self.m.join(
+                self.now,
+                group_id="g",
+                member_id=c.member_id,
+                group_instance_id=None,
+                client_id=c.name,
+                client_host="/h",
+                session_timeout_ms=session,
+                rebalance_timeout_ms=session * 2,
+                protocol_type="consumer",
+                protocols=protocols,
+                require_known_member_id=v4,
+                token=self._token("join", c),
+            )
+        )
 
     @rule(i=st.integers(0, CLIENTS - 1))
     def sync(self, i: int) -> None:
         c = self.clients[i]
         assignments = {m: m.encode() for m in c.members} if c.leader else {}
-        self._apply(self.m.sync(self.now, group_id="g", generation_id=c.generation, member_id=c.member_id, group_instance_id=None,
-                                protocol_type=None, protocol_name=None, assignments=assignments, token=self._token("sync", c)))
+        self._apply(
+            self.m.sync(
+                self.now,
+                group_id="g",
+                generation_id=c.generation,
+                member_id=c.member_id,
+                group_instance_id=None,
+                protocol_type=None,
+                protocol_name=None,
+                assignments=assignments,
+                token=self._token("sync", c),
+            )
+        )
 
     @rule(i=st.integers(0, CLIENTS - 1))
     def heartbeat(self, i: int) -> None:
         c = self.clients[i]
         error = self.m.heartbeat(self.now, "g", c.member_id, None, c.generation)
-        assert error in (ErrorCode.none, ErrorCode.rebalance_in_progress, ErrorCode.illegal_generation, ErrorCode.unknown_member_id)
+        assert error in (
+            ErrorCode.none,
+            ErrorCode.rebalance_in_progress,
+            ErrorCode.illegal_generation,
+            ErrorCode.unknown_member_id,
+        )
 
     @rule(i=st.integers(0, CLIENTS - 1))
     def commit(self, i: int) -> None:
         c = self.clients[i]
-        plan = self.m.prepare_commit(self.now, group_id="g", generation_id=c.generation, member_id=c.member_id,
-                                     group_instance_id=None, offsets=[("t", 0, self.now, -1, "")])
+        plan = self.m.prepare_commit(
+            self.now,
+            group_id="g",
+            generation_id=c.generation,
+            member_id=c.member_id,
+            group_instance_id=None,
+            offsets=[("t", 0, self.now, -1, "")],
+        )
         if plan.errors[("t", 0)] == ErrorCode.none:
             group = self.m.groups["g"]
             assert c.member_id in group.members or (c.generation < 0 and not group.members)
@@ -95,7 +137,7 @@ class GroupMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, CLIENTS - 1))
     def leave(self, i: int) -> None:
         c = self.clients[i]
-        _, errors, fx = self.m.leave(self.now, "g", [(c.member_id, None)])
+        _, _errors, fx = self.m.leave(self.now, "g", [(c.member_id, None)])
         self._apply(fx)
         c.member_id, c.generation = "", -1
 
@@ -121,7 +163,7 @@ class GroupMachine(RuleBasedStateMachine):
             assert all(m.sync_token is None for m in group.members.values()), "a sync waits outside CompletingRebalance"
         if group.members:
             assert group.leader_id in group.members
-        for token, (kind, client) in self.outstanding.items():
+        for token, (kind, _client) in self.outstanding.items():
             holder = [m for m in group.members.values() if token in (m.join_token, m.sync_token)]
             assert len(holder) == 1, f"waiting {kind} request {token} is not held by exactly one member"
 

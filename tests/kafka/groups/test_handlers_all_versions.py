@@ -43,9 +43,19 @@ async def call(node, api_key: int, version: int, **fields):
 
 def join_fields(version: int, group: str, member_id: str = "", instance: str | None = None) -> dict:
     req = codec.request_class(JOIN, version)
-    proto = nest(req, "JoinGroupRequestProtocol", name="range", metadata=b"\x00\x00\x00\x00\x00\x01\x00\x01t\xff\xff\xff\xff")
-    return dict(group_id=group, session_timeout=td(10_000), rebalance_timeout=td(10_000), member_id=member_id,
-                group_instance_id=instance, protocol_type="consumer", protocols=(proto,), reason=None)
+    proto = nest(
+        req, "JoinGroupRequestProtocol", name="range", metadata=b"\x00\x00\x00\x00\x00\x01\x00\x01t\xff\xff\xff\xff"
+    )
+    return dict(
+        group_id=group,
+        session_timeout=td(10_000),
+        rebalance_timeout=td(10_000),
+        member_id=member_id,
+        group_instance_id=instance,
+        protocol_type="consumer",
+        protocols=(proto,),
+        reason=None,
+    )
 
 
 async def joined_member(node, group: str) -> tuple[str, int]:
@@ -53,9 +63,19 @@ async def joined_member(node, group: str) -> tuple[str, int]:
     first = await call(node, JOIN, 5, **join_fields(5, group))
     second = await call(node, JOIN, 5, **join_fields(5, group, first.member_id))
     assert second.error_code == ErrorCode.none
-    assign = nest(codec.request_class(SYNC, 3), "SyncGroupRequestAssignment", member_id=second.member_id, assignment=b"x")
-    synced = await call(node, SYNC, 3, group_id=group, generation_id=second.generation_id, member_id=second.member_id,
-                        group_instance_id=None, assignments=(assign,))
+    assign = nest(
+        codec.request_class(SYNC, 3), "SyncGroupRequestAssignment", member_id=second.member_id, assignment=b"x"
+    )
+    synced = await call(
+        node,
+        SYNC,
+        3,
+        group_id=group,
+        generation_id=second.generation_id,
+        member_id=second.member_id,
+        group_instance_id=None,
+        assignments=(assign,),
+    )
     assert synced.error_code == ErrorCode.none
     return second.member_id, second.generation_id
 
@@ -80,7 +100,10 @@ async def test_find_coordinator_every_version(node) -> None:
     for v in versions(FIND_COORDINATOR):
         r = await call(node, FIND_COORDINATOR, v, key="g", key_type=0, coordinator_keys=("g", "h"))
         if v >= 4:
-            assert [(c.key, c.node_id, c.error_code) for c in r.coordinators] == [("g", 1, ErrorCode.none), ("h", 1, ErrorCode.none)]
+            assert [(c.key, c.node_id, c.error_code) for c in r.coordinators] == [
+                ("g", 1, ErrorCode.none),
+                ("h", 1, ErrorCode.none),
+            ]
             assert r.coordinators[0].port == 9093
         else:
             assert (r.error_code, r.node_id, r.host, r.port) == (ErrorCode.none, 1, "127.0.0.1", 9093)
@@ -107,18 +130,50 @@ async def test_sync_heartbeat_leave_every_version(node) -> None:
         group = f"sync-v{v}"
         first = await call(node, JOIN, 5, **join_fields(5, group))
         joined = await call(node, JOIN, 5, **join_fields(5, group, first.member_id))
-        assign = nest(codec.request_class(SYNC, v), "SyncGroupRequestAssignment", member_id=joined.member_id, assignment=b"A")
-        r = await call(node, SYNC, v, group_id=group, generation_id=joined.generation_id, member_id=joined.member_id,
-                       group_instance_id=None, protocol_type="consumer", protocol_name="range", assignments=(assign,))
+        assign = nest(
+            codec.request_class(SYNC, v), "SyncGroupRequestAssignment", member_id=joined.member_id, assignment=b"A"
+        )
+        r = await call(
+            node,
+            SYNC,
+            v,
+            group_id=group,
+            generation_id=joined.generation_id,
+            member_id=joined.member_id,
+            group_instance_id=None,
+            protocol_type="consumer",
+            protocol_name="range",
+            assignments=(assign,),
+        )
         assert r.error_code == ErrorCode.none and r.assignment == b"A"
-        wrong = await call(node, SYNC, v, group_id=group, generation_id=99, member_id=joined.member_id, group_instance_id=None,
-                           protocol_type=None, protocol_name=None, assignments=())
+        wrong = await call(
+            node,
+            SYNC,
+            v,
+            group_id=group,
+            generation_id=99,
+            member_id=joined.member_id,
+            group_instance_id=None,
+            protocol_type=None,
+            protocol_name=None,
+            assignments=(),
+        )
         assert wrong.error_code == ErrorCode.illegal_generation
     for v in versions(HEARTBEAT):
         member, generation = await joined_member(node, f"hb-v{v}")
-        ok = await call(node, HEARTBEAT, v, group_id=f"hb-v{v}", generation_id=generation, member_id=member, group_instance_id=None)
+        ok = await call(
+            node, HEARTBEAT, v, group_id=f"hb-v{v}", generation_id=generation, member_id=member, group_instance_id=None
+        )
         assert ok.error_code == ErrorCode.none
-        stale = await call(node, HEARTBEAT, v, group_id=f"hb-v{v}", generation_id=generation - 1, member_id=member, group_instance_id=None)
+        stale = await call(
+            node,
+            HEARTBEAT,
+            v,
+            group_id=f"hb-v{v}",
+            generation_id=generation - 1,
+            member_id=member,
+            group_instance_id=None,
+        )
         assert stale.error_code == ErrorCode.illegal_generation
         empty = await call(node, HEARTBEAT, v, group_id="", generation_id=1, member_id="m", group_instance_id=None)
         assert empty.error_code == ErrorCode.invalid_group_id
@@ -136,25 +191,60 @@ async def test_sync_heartbeat_leave_every_version(node) -> None:
         assert r.error_code == ErrorCode.none
         if v >= 3:
             assert [m.error_code for m in r.members] == [ErrorCode.none, ErrorCode.unknown_member_id]
-        again = await call(node, LEAVE, v, group_id=group, member_id=member,
-                           members=(nest(req, "MemberIdentity", member_id=member, group_instance_id=None, reason=None),) if v >= 3 else ())
+        again = await call(
+            node,
+            LEAVE,
+            v,
+            group_id=group,
+            member_id=member,
+            members=(nest(req, "MemberIdentity", member_id=member, group_instance_id=None, reason=None),)
+            if v >= 3
+            else (),
+        )
         assert (again.members[0].error_code if v >= 3 else again.error_code) == ErrorCode.unknown_member_id
 
 
 def commit_fields(version: int, group: str, generation: int, member: str, offset: int) -> dict:
     req = codec.request_class(OFFSET_COMMIT, version)
-    part = nest(req, "OffsetCommitRequestPartition", partition_index=0, committed_offset=offset, committed_leader_epoch=-1,
-                committed_metadata=f"v{version}", commit_timestamp=-1)
-    unknown = nest(req, "OffsetCommitRequestPartition", partition_index=5, committed_offset=1, committed_leader_epoch=-1,
-                   committed_metadata=None, commit_timestamp=-1)
+    part = nest(
+        req,
+        "OffsetCommitRequestPartition",
+        partition_index=0,
+        committed_offset=offset,
+        committed_leader_epoch=-1,
+        committed_metadata=f"v{version}",
+        commit_timestamp=-1,
+    )
+    unknown = nest(
+        req,
+        "OffsetCommitRequestPartition",
+        partition_index=5,
+        committed_offset=1,
+        committed_leader_epoch=-1,
+        committed_metadata=None,
+        commit_timestamp=-1,
+    )
     topic = nest(req, "OffsetCommitRequestTopic", name="t", partitions=(part, unknown))
-    return dict(group_id=group, generation_id_or_member_epoch=generation, member_id=member, group_instance_id=None,
-                retention_time=td(-1), topics=(topic,))
+    return dict(
+        group_id=group,
+        generation_id_or_member_epoch=generation,
+        member_id=member,
+        group_instance_id=None,
+        retention_time=td(-1),
+        topics=(topic,),
+    )
 
 
 def fetch_fields(version: int, group: str, topics: list[str] | None) -> dict:
     req = codec.request_class(OFFSET_FETCH, version)
-    ts = None if topics is None else tuple(nest(req, "OffsetFetchRequestTopic", "OffsetFetchRequestTopics", name=t, partition_indexes=(0, 3)) for t in topics)
+    ts = (
+        None
+        if topics is None
+        else tuple(
+            nest(req, "OffsetFetchRequestTopic", "OffsetFetchRequestTopics", name=t, partition_indexes=(0, 3))
+            for t in topics
+        )
+    )
     if version >= 8:
         g = nest(req, "OffsetFetchRequestGroup", group_id=group, member_id=None, member_epoch=-1, topics=ts)
         return dict(groups=(g,), require_stable=True)
@@ -165,7 +255,10 @@ async def test_offset_commit_and_fetch_every_version(node) -> None:
     member, generation = await joined_member(node, "offsets")
     for v in versions(OFFSET_COMMIT):
         r = await call(node, OFFSET_COMMIT, v, **commit_fields(v, "offsets", generation, member, 100 + v))
-        assert [(p.partition_index, p.error_code) for p in r.topics[0].partitions] == [(0, ErrorCode.none), (5, ErrorCode.unknown_topic_or_partition)]
+        assert [(p.partition_index, p.error_code) for p in r.topics[0].partitions] == [
+            (0, ErrorCode.none),
+            (5, ErrorCode.unknown_topic_or_partition),
+        ]
         simple = await call(node, OFFSET_COMMIT, v, **commit_fields(v, f"simple-v{v}", -1, "", v))
         assert simple.topics[0].partitions[0].error_code == ErrorCode.none
         stale = await call(node, OFFSET_COMMIT, v, **commit_fields(v, "offsets", generation + 1, member, 1))
@@ -188,7 +281,9 @@ async def test_offset_commit_and_fetch_every_version(node) -> None:
 async def test_list_describe_delete_every_version(node) -> None:
     member, _ = await joined_member(node, "busy")
     for v in versions(LIST):
-        r = await call(node, LIST, v, states_filter=("Stable",) if v >= 4 else (), types_filter=("classic",) if v >= 5 else ())
+        r = await call(
+            node, LIST, v, states_filter=("Stable",) if v >= 4 else (), types_filter=("classic",) if v >= 5 else ()
+        )
         assert r.error_code == ErrorCode.none
         assert ("busy", "consumer") in [(g.group_id, g.protocol_type) for g in r.groups]
         if v >= 4:
@@ -206,10 +301,19 @@ async def test_list_describe_delete_every_version(node) -> None:
     for v in versions(DELETE):
         await call(node, OFFSET_COMMIT, 8, **commit_fields(8, f"del-v{v}", -1, "", 1))
         r = await call(node, DELETE, v, groups_names=(f"del-v{v}", "busy", "nope"))
-        assert [x.error_code for x in r.results] == [ErrorCode.none, ErrorCode.non_empty_group, ErrorCode.group_id_not_found]
+        assert [x.error_code for x in r.results] == [
+            ErrorCode.none,
+            ErrorCode.non_empty_group,
+            ErrorCode.group_id_not_found,
+        ]
     for v in versions(OFFSET_DELETE):
         req = codec.request_class(OFFSET_DELETE, v)
-        topic = nest(req, "OffsetDeleteRequestTopic", name="t", partitions=(nest(req, "OffsetDeleteRequestPartition", partition_index=0),))
+        topic = nest(
+            req,
+            "OffsetDeleteRequestTopic",
+            name="t",
+            partitions=(nest(req, "OffsetDeleteRequestPartition", partition_index=0),),
+        )
         await call(node, OFFSET_COMMIT, 8, **commit_fields(8, "od", -1, "", 1))
         r = await call(node, OFFSET_DELETE, v, group_id="od", topics=(topic,))
         assert r.error_code == ErrorCode.none and r.topics[0].partitions[0].error_code == ErrorCode.none
@@ -222,14 +326,46 @@ async def test_list_describe_delete_every_version(node) -> None:
 async def test_init_producer_id_every_version(node) -> None:
     seen = set()
     for v in versions(INIT_PRODUCER_ID):
-        r = await call(node, INIT_PRODUCER_ID, v, transactional_id=None, transaction_timeout=td(60_000), producer_id=-1, producer_epoch=-1)
+        r = await call(
+            node,
+            INIT_PRODUCER_ID,
+            v,
+            transactional_id=None,
+            transaction_timeout=td(60_000),
+            producer_id=-1,
+            producer_epoch=-1,
+        )
         assert r.error_code == ErrorCode.none and r.producer_epoch == 0 and r.producer_id >= 0
         seen.add(r.producer_id)
         # a producer asking to bump its epoch (KIP-360) gets a fresh id instead
-        again = await call(node, INIT_PRODUCER_ID, v, transactional_id=None, transaction_timeout=td(60_000), producer_id=r.producer_id, producer_epoch=0)
+        again = await call(
+            node,
+            INIT_PRODUCER_ID,
+            v,
+            transactional_id=None,
+            transaction_timeout=td(60_000),
+            producer_id=r.producer_id,
+            producer_epoch=0,
+        )
         assert again.error_code == ErrorCode.none and again.producer_id not in seen
         seen.add(again.producer_id)
-        tx = await call(node, INIT_PRODUCER_ID, v, transactional_id="tx-1", transaction_timeout=td(60_000), producer_id=-1, producer_epoch=-1)
+        tx = await call(
+            node,
+            INIT_PRODUCER_ID,
+            v,
+            transactional_id="tx-1",
+            transaction_timeout=td(60_000),
+            producer_id=-1,
+            producer_epoch=-1,
+        )
         assert tx.error_code == ErrorCode.not_coordinator and tx.producer_id == -1
-        empty = await call(node, INIT_PRODUCER_ID, v, transactional_id="", transaction_timeout=td(60_000), producer_id=-1, producer_epoch=-1)
+        empty = await call(
+            node,
+            INIT_PRODUCER_ID,
+            v,
+            transactional_id="",
+            transaction_timeout=td(60_000),
+            producer_id=-1,
+            producer_epoch=-1,
+        )
         assert empty.error_code == ErrorCode.invalid_request

@@ -93,7 +93,9 @@ async def committed(bootstrap: str) -> dict[int, int]:
         try:
             for _ in range(100):
                 try:
-                    return {tp.partition: meta.offset for tp, meta in admin.list_group_offsets({"grp": None})["grp"].items()}
+                    return {
+                        tp.partition: meta.offset for tp, meta in admin.list_group_offsets({"grp": None})["grp"].items()
+                    }
                 except (CoordinatorLoadInProgressError, NotCoordinatorError):
                     time.sleep(0.1)
             raise AssertionError("the coordinator never finished loading")
@@ -111,13 +113,21 @@ async def test_two_members_rebalance_commit_and_resume_after_restart(real_cluste
 
     a = Member(bootstrap, "member-a")
     a.start()
-    await wait_for(lambda: a.error is not None or (len(set(a.seen)) == 200 and a.current == frozenset(range(PARTITIONS))))
+    await wait_for(
+        lambda: a.error is not None or (len(set(a.seen)) == 200 and a.current == frozenset(range(PARTITIONS)))
+    )
     assert a.error is None
 
     b = Member(bootstrap, "member-b")
     b.start()
     # the group rebalances: each member ends up with a disjoint half
-    await wait_for(lambda: a.error or b.error or (b.assignments and b.current and a.current and len(a.current) + len(b.current) == PARTITIONS))
+    await wait_for(
+        lambda: (
+            a.error
+            or b.error
+            or (b.assignments and b.current and a.current and len(a.current) + len(b.current) == PARTITIONS)
+        )
+    )
     assert a.error is None and b.error is None
     assert a.assignments[-1].isdisjoint(b.assignments[-1])
     assert a.assignments[-1] | b.assignments[-1] == frozenset(range(PARTITIONS))
@@ -133,13 +143,13 @@ async def test_two_members_rebalance_commit_and_resume_after_restart(real_cluste
     b.stop_flag.set()
     await asyncio.to_thread(a.join, 30)
     await asyncio.to_thread(b.join, 30)
-    assert await committed(bootstrap) == {p: 75 for p in range(PARTITIONS)}
+    assert await committed(bootstrap) == dict.fromkeys(range(PARTITIONS), 75)
 
     # restart the broker (new storage engine, new coordinator, same object store + WAL dir)
     await real_cluster.stop_broker(1)
     broker = await real_cluster.start_broker(1)
     bootstrap = broker.bootstrap
-    assert await committed(bootstrap) == {p: 75 for p in range(PARTITIONS)}
+    assert await committed(bootstrap) == dict.fromkeys(range(PARTITIONS), 75)
     await asyncio.to_thread(produce, bootstrap, 300, 20)
     c = Member(bootstrap, "member-c")
     c.start()
@@ -162,6 +172,7 @@ async def test_admin_describe_list_and_delete_groups(real_cluster) -> None:
 
     def admin_calls():
         from kafka import KafkaAdminClient, TopicPartition
+
         admin = KafkaAdminClient(bootstrap_servers=bootstrap)
         try:
             out = {}
@@ -174,7 +185,9 @@ async def test_admin_describe_list_and_delete_groups(real_cluster) -> None:
             admin.close()
 
     out = await asyncio.to_thread(admin_calls)
-    assert out["listed"] == [{"group_id": "grp", "group_state": "Stable", "group_type": "classic", "protocol_type": "consumer"}]
+    assert out["listed"] == [
+        {"group_id": "grp", "group_state": "Stable", "group_type": "classic", "protocol_type": "consumer"}
+    ]
     described = out["described"]["grp"]
     assert described["group_state"] == "Stable" and described["protocol_data"] == "range"
     (member,) = described["members"]
@@ -233,7 +246,7 @@ async def test_killed_member_expires_and_its_partitions_move(real_cluster, tmp_p
     bootstrap = broker.bootstrap
     a = Member(bootstrap, "member-a")
     a.start()
-    await wait_for(lambda: a.error or a.assignments and a.current == frozenset(range(PARTITIONS)))
+    await wait_for(lambda: a.error or (a.assignments and a.current == frozenset(range(PARTITIONS))))
     script = tmp_path / "doomed.py"
     script.write_text(CRASHING_MEMBER)
     doomed = subprocess.Popen([sys.executable, str(script), bootstrap, TOPIC], stdout=subprocess.PIPE, text=True)
@@ -278,7 +291,11 @@ async def test_coordinator_moves_between_brokers_under_a_live_group(real_cluster
 
     def moved() -> bool:
         info = services[new].broker.partitions.topic(OFFSETS_TOPIC).partitions[index]
-        return info.leader == new and info.state == "online" and services[new].broker.groups.coordinator_error("grp") is None
+        return (
+            info.leader == new
+            and info.state == "online"
+            and services[new].broker.groups.coordinator_error("grp") is None
+        )
 
     await wait_for(moved)
     # the member finds the new coordinator (NOT_COORDINATOR -> FindCoordinator) and keeps committing
@@ -288,7 +305,7 @@ async def test_coordinator_moves_between_brokers_under_a_live_group(real_cluster
     await asyncio.to_thread(a.join, 30)
     assert a.error is None
     assert sorted(set(a.seen)) == list(range(200))
-    assert await committed(bootstrap) == {p: 50 for p in range(PARTITIONS)}
+    assert await committed(bootstrap) == dict.fromkeys(range(PARTITIONS), 50)
     group = services[new].broker.groups.manager.groups["grp"]
     assert group.offsets[(TOPIC, 0)].offset == 50
     assert "grp" not in services[old].broker.groups.manager.groups

@@ -98,7 +98,17 @@ class DroppingProxy:
 async def proxied_broker(tmp_path: Path, file_url: str):
     from automq.broker.kafka.process import BrokerService
 
-    controller = ControllerService(parse_config({"node_id": 0, "data_dir": str(tmp_path / "c"), "object_store_url": file_url, "http_host": "127.0.0.1", "http_port": 0}))
+    controller = ControllerService(
+        parse_config(
+            {
+                "node_id": 0,
+                "data_dir": str(tmp_path / "c"),
+                "object_store_url": file_url,
+                "http_host": "127.0.0.1",
+                "http_port": 0,
+            }
+        )
+    )
     await controller.start()
     proxy = DroppingProxy()
     port = await proxy.listen()
@@ -109,7 +119,15 @@ async def proxied_broker(tmp_path: Path, file_url: str):
             "object_store_url": file_url,
             "controller_urls": [controller.url],
             # clients are told to connect to the proxy
-            "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 0, "advertised_host": "127.0.0.1", "advertised_port": port}],
+            "listeners": [
+                {
+                    "name": "PLAINTEXT",
+                    "host": "127.0.0.1",
+                    "port": 0,
+                    "advertised_host": "127.0.0.1",
+                    "advertised_port": port,
+                }
+            ],
             "http_host": "127.0.0.1",
             "http_port": 0,
             "heartbeat_interval_ms": 200,
@@ -131,7 +149,9 @@ def consume_all(bootstrap: str, expected: int) -> dict[int, list[int]]:
     """Every record of the topic, per partition, in log order (read_committed not needed)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", consumer_timeout_ms=3_000)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", consumer_timeout_ms=3_000
+    )
     consumer.assign([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
     out: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
     count = 0
@@ -150,25 +170,31 @@ def check_exactly_once(per_partition: dict[int, list[int]], total: int) -> None:
 
 
 async def test_confluent_idempotent_producer_retries_without_duplicates(proxied_broker) -> None:
-    service, proxy, bootstrap = proxied_broker
+    _service, proxy, bootstrap = proxied_broker
     total = 3_000
 
     def produce() -> list[Any]:
         from confluent_kafka import Producer
 
         errors: list[Any] = []
-        producer = Producer({
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 2,
-            "batch.num.messages": 100,
-            "retry.backoff.ms": 20,
-            "message.timeout.ms": 60_000,
-        })
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 2,
+                "batch.num.messages": 100,
+                "retry.backoff.ms": 20,
+                "message.timeout.ms": 60_000,
+            }
+        )
         for i in range(total):
-            producer.produce(TOPIC, value=str(i).encode(), partition=i % PARTITIONS,
-                             on_delivery=lambda err, msg: errors.append(err) if err is not None else None)
+            producer.produce(
+                TOPIC,
+                value=str(i).encode(),
+                partition=i % PARTITIONS,
+                on_delivery=lambda err, msg: errors.append(err) if err is not None else None,
+            )
             producer.poll(0)
         remaining = producer.flush(60)
         assert remaining == 0
@@ -181,14 +207,22 @@ async def test_confluent_idempotent_producer_retries_without_duplicates(proxied_
 
 
 async def test_kafka_python_idempotent_producer_retries_without_duplicates(proxied_broker) -> None:
-    service, proxy, bootstrap = proxied_broker
+    _service, proxy, bootstrap = proxied_broker
     total = 1_000
 
     def produce() -> None:
         from kafka import KafkaProducer
 
-        producer = KafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=2,
-                                 batch_size=2_000, retries=50, retry_backoff_ms=20, request_timeout_ms=5_000)
+        producer = KafkaProducer(
+            bootstrap_servers=bootstrap,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=2,
+            batch_size=2_000,
+            retries=50,
+            retry_backoff_ms=20,
+            request_timeout_ms=5_000,
+        )
         futures = [producer.send(TOPIC, value=str(i).encode(), partition=i % PARTITIONS) for i in range(total)]
         producer.flush(60)
         for f in futures:
@@ -204,7 +238,17 @@ async def test_kafka_python_idempotent_producer_retries_without_duplicates(proxi
 async def two_proxied_brokers(tmp_path: Path, file_url: str):
     from automq.broker.kafka.process import BrokerService
 
-    controller = ControllerService(parse_config({"node_id": 0, "data_dir": str(tmp_path / "c"), "object_store_url": file_url, "http_host": "127.0.0.1", "http_port": 0}))
+    controller = ControllerService(
+        parse_config(
+            {
+                "node_id": 0,
+                "data_dir": str(tmp_path / "c"),
+                "object_store_url": file_url,
+                "http_host": "127.0.0.1",
+                "http_port": 0,
+            }
+        )
+    )
     await controller.start()
     services, proxies = {}, {}
     for node_id in (1, 2):
@@ -216,7 +260,15 @@ async def two_proxied_brokers(tmp_path: Path, file_url: str):
                 "data_dir": str(tmp_path / f"b{node_id}"),
                 "object_store_url": file_url,
                 "controller_urls": [controller.url],
-                "listeners": [{"name": "PLAINTEXT", "host": "127.0.0.1", "port": 0, "advertised_host": "127.0.0.1", "advertised_port": port}],
+                "listeners": [
+                    {
+                        "name": "PLAINTEXT",
+                        "host": "127.0.0.1",
+                        "port": 0,
+                        "advertised_host": "127.0.0.1",
+                        "advertised_port": port,
+                    }
+                ],
                 "http_host": "127.0.0.1",
                 "http_port": 0,
                 "heartbeat_interval_ms": 200,
@@ -253,13 +305,26 @@ async def test_idempotent_retries_across_a_partition_move(two_proxied_brokers) -
     from confluent_kafka import Producer
 
     errors: list[Any] = []
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
-                         "batch.num.messages": 50, "retry.backoff.ms": 50, "message.timeout.ms": 60_000})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "batch.num.messages": 50,
+            "retry.backoff.ms": 50,
+            "message.timeout.ms": 60_000,
+        }
+    )
 
     def send(start: int, count: int) -> None:
         for i in range(start, start + count):
-            producer.produce(topic, value=str(i).encode(), partition=0,
-                             on_delivery=lambda err, msg: errors.append(err) if err is not None else None)
+            producer.produce(
+                topic,
+                value=str(i).encode(),
+                partition=0,
+                on_delivery=lambda err, msg: errors.append(err) if err is not None else None,
+            )
             producer.poll(0)
 
     await asyncio.to_thread(send, 0, first)
@@ -280,7 +345,12 @@ async def test_idempotent_retries_across_a_partition_move(two_proxied_brokers) -
     assert services[new].broker.partitions.get(topic, 0).leader_epoch > 0
 
     def consume() -> list[int]:
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=3_000)
+        consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            consumer_timeout_ms=3_000,
+        )
         consumer.assign([TopicPartition(topic, 0)])
         values = [int(r.value) for r in consumer]
         consumer.close()

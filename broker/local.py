@@ -258,7 +258,7 @@ def _die_with_launcher() -> None:
 
 
 def spawn(node: Node) -> None:
-    log = open(node.log_path, "ab", buffering=0)
+    log = open(node.log_path, "ab", buffering=0)  # noqa: SIM115 - handed to the child, closed below
     try:
         log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {' '.join(node.command)}\n".encode())
         # its own process group: a terminal's Ctrl-C reaches only us, and we stop the
@@ -351,7 +351,7 @@ class _Signals:
 @contextlib.contextmanager
 def _data_dir_lock(data_dir: Path):
     lock_path = data_dir / ".lock"
-    handle = open(lock_path, "a+")
+    handle = open(lock_path, "a+")  # noqa: SIM115 - held for the life of the cluster
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

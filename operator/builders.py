@@ -202,8 +202,8 @@ def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeCon
     }
     if role == "broker":
         raw["listeners"] = [
-            Listener(name=l.name, host="0.0.0.0", port=l.port, advertised_port=l.port).model_dump()
-            for l in spec.listeners
+            Listener(name=listener.name, host="0.0.0.0", port=listener.port, advertised_port=listener.port).model_dump()
+            for listener in spec.listeners
         ]
         wal = spec.broker.wal
         raw["wal"] = {"kind": wal.kind}
@@ -244,8 +244,13 @@ def bootstrap_service(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any
             "type": "ClusterIP",
             "selector": selector_labels(ref, "broker"),
             "ports": [
-                {"name": _port_name(l.name), "port": l.port, "targetPort": l.port, "protocol": "TCP"}
-                for l in spec.listeners
+                {
+                    "name": _port_name(listener.name),
+                    "port": listener.port,
+                    "targetPort": listener.port,
+                    "protocol": "TCP",
+                }
+                for listener in spec.listeners
             ],
         },
     }
@@ -254,8 +259,8 @@ def bootstrap_service(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any
 def headless_service(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[str, Any]:
     if role == "broker":
         ports = [
-            {"name": _port_name(l.name), "port": l.port, "targetPort": l.port, "protocol": "TCP"}
-            for l in spec.listeners
+            {"name": _port_name(listener.name), "port": listener.port, "targetPort": listener.port, "protocol": "TCP"}
+            for listener in spec.listeners
         ]
         ports.append({"name": "http", "port": BROKER_HTTP_PORT, "targetPort": BROKER_HTTP_PORT, "protocol": "TCP"})
     else:
@@ -419,7 +424,8 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
     ports = [{"name": "http", "containerPort": http_port, "protocol": "TCP"}]
     if role == "broker":
         ports = [
-            {"name": _port_name(l.name), "containerPort": l.port, "protocol": "TCP"} for l in spec.listeners
+            {"name": _port_name(listener.name), "containerPort": listener.port, "protocol": "TCP"}
+            for listener in spec.listeners
         ] + ports
 
     init = {

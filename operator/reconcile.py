@@ -425,7 +425,7 @@ async def pods_ready(c: Cluster) -> None:
             note = stuck_reason(pod)
             if note is not None:
                 c.problems.append(note)
-        if ready < desired[role] or len(pods) != desired[role] or updated < len(pods):
+        if ready < desired[role] or len(pods) != desired[role] or updated < len(pods):  # noqa: SIM102
             if not any(n.reason in ("RollingUpdate", "ScalingIn") for n in c.progress):
                 c.progress.append(
                     Note(

@@ -11,6 +11,7 @@ states what must always hold (property tests call it after every step).
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,6 @@ from automq.broker.controller.protocol import (
     WalRecoveryJob,
 )
 from automq.broker.storage.metadata import ObjectMetadata, ObjectType, StreamMetadata, StreamOffsetRange
-import itertools
 
 PREPARED = "prepared"
 COMMITTED = "committed"
@@ -241,7 +241,7 @@ class MetadataState:
             # advance end offsets in order; a stream may appear in both lists
             pieces = [(sid, start, end) for sid, start, end in rec.ranges]
             pieces += [(sid, start, end) for _, _, sid, start, end in rec.stream_objects]
-            for sid, start, end in sorted(pieces, key=lambda x: (x[0], x[1])):
+            for sid, _start, end in sorted(pieces, key=lambda x: (x[0], x[1])):
                 self._advance(sid, end)
         if rec.object_id >= 0:
             self._commit_object(

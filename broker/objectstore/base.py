@@ -185,7 +185,7 @@ class ObjectStore(abc.ABC):
             return False
         return True
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook: stores without connections need nothing
         """Release connections. Safe to call twice."""
 
     async def __aenter__(self) -> ObjectStore:

@@ -9,6 +9,7 @@ same state; the garbage collector only ever destroys objects that nobody can rea
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from hypothesis import HealthCheck, settings
@@ -27,7 +28,6 @@ from automq.broker.storage.metadata import (
     ObjectType,
     StreamObject,
 )
-import itertools
 
 NODES = [1, 2, 3]
 TOPICS = ["a", "b"]
@@ -328,7 +328,7 @@ class ControllerMachine(RuleBasedStateMachine):
                 assert covered and covered[0][0] <= live_from and covered[-1][1] == end
                 for (_, b), (a2, _) in itertools.pairwise(covered):
                     assert b == a2
-            for _a, b, oid in self.state.stream_index[sid]:
+            for _a, _b, oid in self.state.stream_index[sid]:
                 obj = self.state.objects[oid]
                 assert obj.object_type in (ObjectType.STREAM, ObjectType.STREAM_SET)
 

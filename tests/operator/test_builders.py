@@ -104,7 +104,10 @@ def test_config_map_holds_a_valid_node_config_per_role() -> None:
         == [f"http://demo-controller-{i}.demo-controllers.streaming.svc:9093" for i in range(3)]
     )
     assert broker.cluster_id == "streaming-demo"
-    assert [(l.name, l.port) for l in broker.listeners] == [("PLAINTEXT", 9092), ("REPLICATION_X", 9095)]
+    assert [(listener.name, listener.port) for listener in broker.listeners] == [
+        ("PLAINTEXT", 9092),
+        ("REPLICATION_X", 9095),
+    ]
     assert broker.http_port == 9094 and controller.http_port == 9093
     assert broker.wal.kind == "volume" and broker.wal.path.startswith(builders.WAL_DIR)
     assert broker.wal.capacity == 18 * 1024**3  # 90 % of 20Gi, whole MiB
@@ -284,7 +287,7 @@ def test_pod_config_for_a_broker() -> None:
     }
     config = render_pod_config(_template("broker"), env)
     assert config.node_id == 4 and config.rack == "eu-west-1b"
-    assert {l.advertised_host for l in config.listeners} == {"demo-broker-4.demo-brokers.streaming.svc"}
+    assert {listener.advertised_host for listener in config.listeners} == {"demo-broker-4.demo-brokers.streaming.svc"}
 
 
 def test_pod_config_for_a_controller() -> None:

@@ -86,10 +86,9 @@ def structural_problems(node: Any, path: str = "") -> list[str]:
         problems.append(f"{path or '/'}: no type")
     if "type" in node and node["type"] not in TYPES:
         problems.append(f"{path}: unknown type {node['type']!r}")
-    if "anyOf" in node:
-        # The only junctor use we allow: exactly the int-or-string pattern (rule 3's exception).
-        if not (int_or_string and node["anyOf"] == INT_OR_STRING_ANYOF):
-            problems.append(f"{path}: anyOf other than the int-or-string pattern")
+    # The only junctor use we allow: exactly the int-or-string pattern (rule 3's exception).
+    if "anyOf" in node and not (int_or_string and node["anyOf"] == INT_OR_STRING_ANYOF):
+        problems.append(f"{path}: anyOf other than the int-or-string pattern")
     if int_or_string and "type" in node:
         problems.append(f"{path}: int-or-string node must not set type")
     if "properties" in node and "additionalProperties" in node:

@@ -134,7 +134,7 @@ class PodSimulator:
                             }
                         },
                     )
-            for pod_name, pod in pods.items():
+            for pod_name in pods:
                 if int(pod_name.rsplit("-", 1)[1]) >= replicas:
                     await self.api.delete("Pod", NS, pod_name)
                     self.replicas.pop(("seen", pod_name), None)  # type: ignore[arg-type]

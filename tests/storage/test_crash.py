@@ -17,7 +17,7 @@ import pytest
 
 CHILD = Path(__file__).with_name("crash_child.py")
 sys.path.insert(0, str(CHILD.parent))
-from crash_child import check_payload, open_engine
+from crash_child import check_payload, open_engine  # noqa: E402 - after the sys.path entry above
 
 STREAMS = 3
 

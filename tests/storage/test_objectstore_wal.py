@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from automq.broker.objectstore import open_object_store
-from automq.broker.storage.wal.base import WalCorruptionError, WalFencedError, WalRecord
+from automq.broker.storage.wal.base import WalClosedError, WalCorruptionError, WalFencedError, WalRecord
 from automq.broker.storage.wal.objectstore import ObjectStoreWal, data_prefix
 
 
@@ -82,7 +82,7 @@ async def test_newer_epoch_fences_the_old_writer(store):
     with pytest.raises(WalFencedError):
         await old.append(rec(3))
     # the zombie's later write is never acknowledged; a further append is refused outright
-    with pytest.raises(Exception):
+    with pytest.raises(WalClosedError, match="fenced by epoch 2"):
         await old.append(rec(4))
     await old.close()
     # an older epoch cannot even start any more

@@ -880,8 +880,10 @@ class GroupManager:
         for group in list(self.groups.values()):
             if group.state is GroupState.EMPTY:
                 candidates = list(group.offsets.items())
+                # a group with a protocol type counts from when it became Empty; a standalone one
+                # from each offset's commit (bound now: `group` changes with the loop)
                 base_of = (
-                    (lambda o: group.state_timestamp_ms) if group.protocol_type else (lambda o: o.commit_timestamp_ms)
+                    (lambda o, since=group.state_timestamp_ms: since) if group.protocol_type else _commit_timestamp
                 )
             elif (
                 group.state is GroupState.STABLE
@@ -890,7 +892,7 @@ class GroupManager:
             ):
                 subscribed = group.subscribed_topics
                 candidates = [(k, o) for k, o in group.offsets.items() if k[0] not in subscribed]
-                base_of = lambda o: o.commit_timestamp_ms
+                base_of = _commit_timestamp
             else:
                 continue
             for (t, p), o in candidates:
@@ -1018,6 +1020,10 @@ class GroupManager:
                 m.join_token = m.sync_token = None
             del self.groups[group.group_id]
         return fx
+
+
+def _commit_timestamp(offset: CommittedOffset) -> int:
+    return offset.commit_timestamp_ms
 
 
 def java_string_hashcode(value: str) -> int:

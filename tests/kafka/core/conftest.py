@@ -3,6 +3,7 @@ encoder), so validation is tested against what producers actually send."""
 
 from __future__ import annotations
 
+import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 
@@ -28,9 +29,6 @@ def make_batch(
     for i in range(count):
         builder.append(i, timestamp=timestamp_ms + i, key=None, value=value, headers=[])
     return bytes(builder.build())
-
-
-import pytest
 
 
 @pytest.fixture(name="make_batch")

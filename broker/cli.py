@@ -41,9 +41,16 @@ def broker(
     config: Path = typer.Option(..., "--config", "-c", help="YAML config file (see docs/configuration.md)"),
 ) -> None:
     """Run a Kafka-protocol broker."""
+    from automq.broker.config import ConfigError, check_broker_config
     from automq.broker.kafka.process import run_broker
 
-    run_broker(_load(config))
+    node = _load(config)
+    try:
+        check_broker_config(node)
+    except ConfigError as exc:
+        typer.echo(f"invalid configuration in {config}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    run_broker(node)
 
 
 @app.command()

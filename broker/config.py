@@ -174,6 +174,24 @@ class ConfigError(Exception):
     """Bad configuration. The message names the file, the key and the reason."""
 
 
+WAL_RECORD_HEADER_BYTES = 64  # what the volume WAL adds to each batch (storage/wal/volume.py)
+
+
+def check_broker_config(config: NodeConfig) -> None:
+    """Rules across keys that only a broker needs; ConfigError naming the keys."""
+    if config.wal.kind == "volume":
+        # the ring takes a record only if it fits in half of it (so the writer never waits on
+        # a trim that cannot come); a largest allowed batch must always fit
+        needed = 2 * (config.kafka.message_max_bytes + WAL_RECORD_HEADER_BYTES)
+        if config.wal.capacity < needed:
+            raise ConfigError(
+                f"wal.capacity ({config.wal.capacity} bytes) is too small for kafka.message_max_bytes "
+                f"({config.kafka.message_max_bytes} bytes): a volume WAL must hold two batches of "
+                f"message_max_bytes plus their {WAL_RECORD_HEADER_BYTES}-byte headers, at least {needed} bytes; "
+                "raise wal.capacity or lower kafka.message_max_bytes"
+            )
+
+
 def _format_errors(source: str, exc: ValidationError) -> str:
     lines = [f"invalid configuration in {source}:"]
     for err in exc.errors():

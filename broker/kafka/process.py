@@ -28,7 +28,7 @@ import time
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from automq.broker.config import NodeConfig
+from automq.broker.config import NodeConfig, check_broker_config
 from automq.broker.kafka.broker import Broker, advertised_endpoints
 from automq.broker.kafka.server import KafkaServer
 from automq.broker.node import run_node
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 class BrokerService:
     def __init__(self, config: NodeConfig) -> None:
+        check_broker_config(config)
         self.config = config
         self.registry = CollectorRegistry()
         self.server = KafkaServer(config=config)

@@ -20,6 +20,10 @@ class StreamError(Exception):
     pass
 
 
+class RecordTooLargeError(StreamError):
+    """The payload can never be appended (larger than the WAL can hold); retrying cannot help."""
+
+
 class StreamClosedError(StreamError):
     """The stream was closed (or fenced by a newer owner); reopen it to continue."""
 

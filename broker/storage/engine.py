@@ -21,7 +21,13 @@ from prometheus_client import CollectorRegistry
 
 from automq.broker.config import NodeConfig
 from automq.broker.objectstore import ObjectNotFound, ObjectStore
-from automq.broker.storage.api import FetchResult, OffsetOutOfRangeError, StreamClosedError, StreamError
+from automq.broker.storage.api import (
+    FetchResult,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    StreamClosedError,
+    StreamError,
+)
 from automq.broker.storage.cache.block_cache import BlockCache
 from automq.broker.storage.cache.log_cache import LogCache
 from automq.broker.storage.metadata import ObjectManager, StreamManager, StreamMetadata
@@ -107,7 +113,7 @@ class EngineStream:
             fut = engine.wal.append(WalRecord(self.stream_id, self.epoch, base, record_count, payload))
         except WalRecordTooLargeError as exc:
             self._end = base  # refused before any await: nothing else reserved offsets since
-            raise StreamError(f"stream {self.stream_id}: {exc}") from exc
+            raise RecordTooLargeError(f"stream {self.stream_id}: {exc}") from exc
         except WalError as exc:
             self._end = base
             self._closed = f"failed: {exc}"

@@ -25,6 +25,7 @@ from automq.broker.kafka.broker import INTERNAL_TOPICS
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.registry import handles
 from automq.broker.kafka.partitions import AppendResult, NotLeaderError, UnknownPartitionError
+from automq.broker.storage.api import RecordTooLargeError
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,10 @@ def _error_of(exc: BaseException) -> tuple[ErrorCode, str | None]:
         return ErrorCode.unknown_topic_or_partition, None
     if _ProducerStateError and isinstance(exc, _ProducerStateError):
         return exc.error_code, str(exc)
+    if isinstance(exc, RecordTooLargeError):
+        # never retriable: clients split the batch (Java) or fail it at once instead of
+        # retrying until delivery.timeout.ms
+        return ErrorCode.message_too_large, str(exc)
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return ErrorCode.request_timed_out, None
     return ErrorCode.kafka_storage_error, str(exc) or type(exc).__name__

@@ -380,7 +380,8 @@ class VolumeWal(WriteAheadLog):
             raise WalClosedError(f"WAL {self.path} failed: {self._failed}") from self._failed
         if RECORD_HEADER_SIZE + len(record.payload) > self._capacity // 2:
             raise WalRecordTooLargeError(
-                f"a {len(record.payload)}-byte batch does not fit a WAL of {self._capacity} bytes (max half the ring)"
+                f"a {len(record.payload)}-byte batch does not fit a WAL of {self._capacity} bytes"
+                f" (wal.capacity; a batch may take at most half the ring less a {RECORD_HEADER_SIZE}-byte header)"
             )
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(record, fut))

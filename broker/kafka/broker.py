@@ -5,41 +5,30 @@ Handlers reach the rest of the system through `ctx.broker`:
 - `config`, `node_id`, `node_epoch`
 - `cluster`: the controller (ClusterClient), `storage`: the stream storage engine (StreamClient)
 - `metadata`: latest MetadataImage, `partitions`: PartitionManager (led partitions)
-- `groups`: GroupCoordinator (K2; constructed as `GroupCoordinator(broker)`, `await start()` /
-  `await close()`), `producer_ids`: ProducerIdAllocator (K2; `ProducerIdAllocator(node_id=,
-  node_epoch=)`), both None if that part is not installed
+- `groups`: GroupCoordinator (`await start()` / `await close()`), `producer_ids`:
+  ProducerIdAllocator
 - `registry`: the prometheus CollectorRegistry, `metrics`: KafkaMetrics
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from automq.broker.config import NodeConfig
 from automq.broker.controller.protocol import ClusterClient, Endpoint, MetadataImage, TopicExistsError, TopicInfo
+from automq.broker.kafka.groups import GroupCoordinator
 from automq.broker.kafka.metrics import KafkaMetrics
 from automq.broker.kafka.partitions import PartitionManager
+from automq.broker.kafka.producers import ProducerIdAllocator
 from automq.broker.storage.api import StreamClient
 
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
-
-
-def _optional(module: str, name: str) -> Any:
-    """K2's classes when their module exists (the broker runs without them)."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        return None
 
 
 def advertised_endpoints(config: NodeConfig, bound_ports: dict[str, int] | None = None) -> list[Endpoint]:
@@ -73,10 +62,8 @@ class Broker:
         self.metrics = KafkaMetrics(self.registry)
         self.metadata: MetadataImage | None = None
         self.partitions = PartitionManager(self)
-        allocator = _optional("automq.broker.kafka.producers", "ProducerIdAllocator")
-        self.producer_ids = allocator(node_id=self.node_id, node_epoch=node_epoch) if allocator else None
-        coordinator = _optional("automq.broker.kafka.groups", "GroupCoordinator")
-        self.groups = coordinator(self) if coordinator else None
+        self.producer_ids = ProducerIdAllocator(node_id=self.node_id, node_epoch=node_epoch)
+        self.groups = GroupCoordinator(self)
         from automq.broker.kafka.fetch_sessions import FetchSessionCache
 
         self.fetch_sessions = FetchSessionCache(config.kafka.fetch_session_cache_slots, self.metrics)
@@ -90,15 +77,13 @@ class Broker:
         image = await self.partitions.wait_for_image(lambda _: True, metadata_timeout)
         if image is None:
             raise RuntimeError(f"no metadata from the controller within {metadata_timeout:.0f}s")
-        if self.groups is not None and hasattr(self.groups, "start"):
-            await self.groups.start()
+        await self.groups.start()
 
     async def close(self) -> None:
-        if self.groups is not None and hasattr(self.groups, "close"):
-            try:
-                await self.groups.close()
-            except Exception:
-                log.exception("closing the group coordinator failed")
+        try:
+            await self.groups.close()
+        except Exception:
+            log.exception("closing the group coordinator failed")
         await self.partitions.close()
 
     def _on_metadata(self, image: MetadataImage) -> None:

@@ -7,7 +7,7 @@ deleted are closed (flush + upload); for a `moving` partition the controller is 
 `partition_closed` so it can hand the partition to its target.
 
 A `Partition` is the one place appends and reads of a partition's log go through. It owns the
-idempotent-producer state (K2's ProducerStateManager) and wakes long-polling fetches when an
+idempotent-producer state (the ProducerStateManager) and wakes long-polling fetches when an
 append becomes durable. A stream fenced under us (StreamClosedError) means another broker
 leads now: the partition is dropped and callers get NotLeaderError (→ NOT_LEADER_OR_FOLLOWER,
 clients refresh metadata).
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from automq.broker.controller.protocol import MetadataImage, PartitionInfo, TopicInfo
 from automq.broker.kafka import records
+from automq.broker.kafka.producers import ProducerStateManager
 from automq.broker.storage.api import FetchResult, Stream, StreamClosedError
 from automq.broker.storage.metadata import StreamFencedError, StreamNotFoundError
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 # How far back (in offsets) a newly opened partition scans batch headers to rebuild the
 # idempotent-producer state. Kafka snapshots this state; we rebuild it from the log tail, so a
 # producer idle for longer than this window is treated as new (its next batch must start a
-# fresh sequence or it gets OUT_OF_ORDER_SEQUENCE_NUMBER / UNKNOWN_PRODUCER_ID from K2's checks).
+# fresh sequence or it gets OUT_OF_ORDER_SEQUENCE_NUMBER / UNKNOWN_PRODUCER_ID from the producer-state checks).
 # The window is small so that opening a moved partition (a cold read from the object store)
 # stays fast: reassignment time must not grow with the partition's size.
 PRODUCER_STATE_REBUILD_OFFSETS = 10_000
@@ -67,13 +68,7 @@ class AppendResult:
     duplicate: bool = False  # an idempotent retry answered with its original offset
 
 
-def _new_producer_state(expiration_ms: int) -> Any:
-    try:
-        from automq.broker.kafka.producers import ProducerStateManager
-    except ModuleNotFoundError as exc:
-        if exc.name != "automq.broker.kafka.producers":
-            raise
-        return None
+def _new_producer_state(expiration_ms: int) -> ProducerStateManager:
     return ProducerStateManager(producer_id_expiration_ms=expiration_ms)
 
 
@@ -249,7 +244,7 @@ class Partition:
         return answer
 
     async def rebuild_producer_state(self) -> None:
-        """Feed K2's ProducerStateManager the producer fields of the log tail's batches
+        """Feed the ProducerStateManager the producer fields of the log tail's batches
         (and note the tail's largest timestamp for ListOffsets MAX_TIMESTAMP)."""
         state = self.producer_state
         end = self.stream.confirm_offset

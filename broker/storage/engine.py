@@ -33,6 +33,7 @@ from automq.broker.storage.cache.log_cache import LogCache
 from automq.broker.storage.metadata import ObjectManager, StreamManager, StreamMetadata
 from automq.broker.storage.metrics import StorageMetrics
 from automq.broker.storage.read.reader import ObjectReader
+from automq.broker.storage.recovery import upload_recovered
 from automq.broker.storage.upload.uploader import Uploader, UploadSettings
 from automq.broker.storage.wal.base import WalError, WalRecord, WalRecordTooLargeError, WriteAheadLog
 
@@ -64,11 +65,6 @@ def build_wal(
         bulk_bytes=wal.s3_bulk_bytes,
         metrics=metrics,
     )
-
-
-def upload_settings(config: NodeConfig) -> UploadSettings:
-    s = config.storage
-    return UploadSettings(s.upload_block_bytes, s.upload_interval_ms, s.stream_split_bytes, s.object_block_bytes)
 
 
 class EngineStream:
@@ -233,7 +229,7 @@ class StorageEngine:
             object_store,
             streams,
             objects,
-            upload_settings(config),
+            UploadSettings.of(config.storage),
             node_id,
             node_epoch,
             metrics=self.metrics,
@@ -250,8 +246,6 @@ class StorageEngine:
 
     async def start(self) -> None:
         """Recover the WAL (replay, upload, commit), then accept appends."""
-        from automq.broker.storage.recovery import upload_recovered
-
         try:
             records = await self.wal.recover()
             report = self.wal.report
@@ -268,7 +262,7 @@ class StorageEngine:
                     self.object_store,
                     self.streams,
                     self.objects,
-                    upload_settings(self.config),
+                    UploadSettings.of(self.config.storage),
                     self.node_id,
                     self.node_epoch,
                 )

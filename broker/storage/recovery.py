@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from automq.broker.config import NodeConfig, StorageConfig
+from automq.broker.config import StorageConfig
 from automq.broker.objectstore import ObjectStore
 from automq.broker.storage.cache.log_cache import LogCache
 from automq.broker.storage.metadata import ObjectManager, StreamManager
@@ -60,9 +60,7 @@ async def recover_wal(
     newer than any epoch it used (the caller obtained it from the controller, fencing the
     dead node). kind="s3": its bulk objects in `object_store`; kind="volume": the WAL file or
     device at `volume_path` (e.g. its volume attached here). Returns what replay found."""
-    from automq.broker.storage.engine import upload_settings
-
-    settings = upload_settings(NodeConfig(node_id=node_id, storage=storage or StorageConfig()))
+    settings = UploadSettings.of(storage or StorageConfig())
     if kind == "volume":
         if volume_path is None:
             raise ValueError("recover_wal(kind='volume') needs volume_path")

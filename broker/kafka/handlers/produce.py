@@ -25,6 +25,7 @@ from automq.broker.kafka.broker import INTERNAL_TOPICS
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.registry import handles
 from automq.broker.kafka.partitions import AppendResult, NotLeaderError, UnknownPartitionError
+from automq.broker.kafka.producers import ProducerStateError
 from automq.broker.storage.api import RecordTooLargeError
 
 log = logging.getLogger(__name__)
@@ -32,23 +33,12 @@ log = logging.getLogger(__name__)
 API_KEY = 0
 
 
-def _producer_state_error():
-    try:
-        from automq.broker.kafka.producers import ProducerStateError
-    except ModuleNotFoundError:  # pragma: no cover - K2's module is part of the product
-        return ()
-    return ProducerStateError
-
-
-_ProducerStateError = _producer_state_error()
-
-
 def _error_of(exc: BaseException) -> tuple[ErrorCode, str | None]:
     if isinstance(exc, NotLeaderError):
         return ErrorCode.not_leader_or_follower, None
     if isinstance(exc, UnknownPartitionError):
         return ErrorCode.unknown_topic_or_partition, None
-    if _ProducerStateError and isinstance(exc, _ProducerStateError):
+    if isinstance(exc, ProducerStateError):
         return exc.error_code, str(exc)
     if isinstance(exc, RecordTooLargeError):
         # never retriable: clients split the batch (Java) or fail it at once instead of

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from automq.broker.config import StorageConfig
 from automq.broker.objectstore import ObjectStore
 from automq.broker.storage.api import RecordBatchData
 from automq.broker.storage.cache.log_cache import CacheBlock, LogCache, StreamSlice
@@ -58,6 +59,15 @@ class UploadSettings:
     upload_interval_ms: int
     stream_split_bytes: int
     object_block_bytes: int
+
+    @classmethod
+    def of(cls, storage: StorageConfig) -> UploadSettings:
+        return cls(
+            storage.upload_block_bytes,
+            storage.upload_interval_ms,
+            storage.stream_split_bytes,
+            storage.object_block_bytes,
+        )
 
 
 class Uploader:

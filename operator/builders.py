@@ -333,12 +333,33 @@ def pod_disruption_budget(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) 
 # StatefulSets
 
 
-def _resources(resources: Resources) -> dict[str, Any]:
+# Used for a resource the spec names neither a request nor a limit for. Brokers: the log cache
+# (256 MiB) and block cache (128 MiB) plus the interpreter and in-flight batches fit in 1 GiB;
+# controllers hold only metadata. Memory limit = request (no overcommit, no surprise OOM kills
+# from neighbours); no CPU limit (throttling a broker adds latency, it never saves memory).
+DEFAULT_RESOURCES: dict[Role, dict[str, dict[str, str]]] = {
+    "broker": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+    "controller": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}},
+}
+
+
+def _resources(resources: Resources, role: Role) -> dict[str, Any]:
+    """The spec's requests and limits, with the role's defaults for resources it does not mention
+    at all (a request given alone must not meet a smaller default limit, or the other way)."""
+    requests, limits = dict(resources.requests), dict(resources.limits)
+    defaults = DEFAULT_RESOURCES[role]
+    for name in {*defaults["requests"], *defaults["limits"]}:
+        if name in requests or name in limits:
+            continue
+        if name in defaults["requests"]:
+            requests[name] = defaults["requests"][name]
+        if name in defaults["limits"]:
+            limits[name] = defaults["limits"][name]
     out: dict[str, Any] = {}
-    if resources.requests:
-        out["requests"] = dict(resources.requests)
-    if resources.limits:
-        out["limits"] = dict(resources.limits)
+    if requests:
+        out["requests"] = dict(sorted(requests.items()))
+    if limits:
+        out["limits"] = dict(sorted(limits.items()))
     return out
 
 
@@ -456,7 +477,7 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
         "startupProbe": _probe("/healthz", http_port, 5, 120),
         "securityContext": _container_security(),
     }
-    resources = _resources(role_spec.resources)
+    resources = _resources(role_spec.resources, role)
     if resources:
         main["resources"] = resources
 

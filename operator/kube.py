@@ -25,6 +25,7 @@ from typing import Any, Literal
 import aiohttp
 
 from automq.operator.builders import LAST_APPLIED
+from automq.operator.quantity import QUANTITY_MAPS, same_quantity
 from automq.operator.spec import GROUP, PLURAL, VERSION
 
 
@@ -203,16 +204,23 @@ class KubeApi:
 # Apply
 
 
-def contains(live: Any, desired: Any) -> bool:
-    """Whether `live` already says everything `desired` says (the server may add defaults)."""
+def contains(live: Any, desired: Any, *, quantities: bool = False) -> bool:
+    """Whether `live` already says everything `desired` says (the server may add defaults).
+
+    Values of resource maps (`requests`, `limits`, ...) are compared as quantities: the server
+    stores them canonicalised (`1024Mi` reads back as `1Gi`)."""
     if isinstance(desired, dict):
-        return isinstance(live, dict) and all(k in live and contains(live[k], v) for k, v in desired.items())
+        return isinstance(live, dict) and all(
+            k in live and contains(live[k], v, quantities=quantities or k in QUANTITY_MAPS) for k, v in desired.items()
+        )
     if isinstance(desired, list):
         return (
             isinstance(live, list)
             and len(live) == len(desired)
             and all(contains(a, b) for a, b in zip(live, desired, strict=False))
         )
+    if quantities:
+        return same_quantity(live, desired)
     return live == desired
 
 

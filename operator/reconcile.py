@@ -34,6 +34,7 @@ from automq.operator import builders
 from automq.operator.builders import ClusterRef, Role
 from automq.operator.controller_api import ControllerApi, ControllerApiError, ControllerApiFactory
 from automq.operator.kube import KubeApi, apply, wait_until
+from automq.operator.quantity import same_quantity
 from automq.operator.spec import AutoMQClusterSpec, AutoMQClusterStatus, Condition, RoleStatus
 
 log = logging.getLogger(__name__)
@@ -211,9 +212,16 @@ def _claims(sts: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     ]
 
 
+def _same_claims(live: list[tuple[str, Any, Any]], desired: list[tuple[str, Any, Any]]) -> bool:
+    """Claim templates equal up to how the size is written (the server stores `10240Mi` as `10Gi`)."""
+    return len(live) == len(desired) and all(
+        a[0] == b[0] and a[2] == b[2] and same_quantity(a[1], b[1]) for a, b in zip(live, desired, strict=True)
+    )
+
+
 async def _apply_statefulset(c: Cluster, role: Role, desired: dict[str, Any]) -> None:
     live = await c.api.get("StatefulSet", c.ref.namespace, desired["metadata"]["name"])
-    if live is not None and _claims(live) != _claims(desired):
+    if live is not None and not _same_claims(_claims(live), _claims(desired)):
         # volumeClaimTemplates are immutable: changing the WAL kind, size or class would need the
         # StatefulSet recreated and every WAL moved. Keep the running shape, change replicas only.
         c.problems.append(

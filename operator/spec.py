@@ -41,6 +41,7 @@ DEFAULT_IMAGE = "ghcr.io/automq-py/automq:0.1.0"  # placeholder registry until i
 KAFKA_PORT = 9092
 CONTROLLER_PORT = 9093
 BROKER_HTTP_PORT = 9094
+DEFAULT_WAL_SIZE = "10Gi"  # each broker's WAL volume when spec.broker.wal is not given
 
 # Kubernetes' own resource.Quantity grammar, without a sign: a negative size is never meant.
 QUANTITY_PATTERN = (
@@ -245,7 +246,7 @@ class BrokerSpec(_Model):
     scheduling: Scheduling = Field(default_factory=Scheduling, description="Placement of broker pods.")
     rack: RackAwareness = Field(default_factory=RackAwareness, description="Zone awareness.")
     wal: WalSpec = Field(
-        default_factory=lambda: WalSpec(kind="volume", size="10Gi"),
+        default_factory=lambda: WalSpec(kind="volume", size=DEFAULT_WAL_SIZE),
         description="Where each broker's write-ahead log lives.",
     )
     config: ConfigOverrides
@@ -428,8 +429,58 @@ def check_overrides(overrides: dict[str, str], where: str) -> None:
         raise ValueError(f"{where}[{key!r}]: {msg}") from None
 
 
+def _immutable_rules() -> list[dict[str, str]]:
+    """CEL transition rules (`oldSelf` is the stored spec) for fields a running cluster cannot
+    change: the API server refuses such an update with the message, instead of the operator
+    finding out later and reporting the cluster Degraded. Evaluated on the whole spec so that
+    adding or removing an optional section, which changes the effective value, is caught too."""
+
+    def wal(s: str, field: str, default: str) -> str:
+        return f"(has({s}.broker) && has({s}.broker.wal) ? (has({s}.broker.wal.{field}) ? string({s}.broker.wal.{field}) : '') : '{default}')"
+
+    def cluster_id(s: str) -> str:
+        return f"(has({s}.clusterId) ? {s}.clusterId : '')"
+
+    new_size, old_size = wal("self", "size", DEFAULT_WAL_SIZE), wal("oldSelf", "size", DEFAULT_WAL_SIZE)
+    kind = WalSpec.model_fields["kind"].default
+    # Size and class only matter while the kind stays (a kind change is refused on its own).
+    kind_changed = f"{wal('self', 'kind', kind)} != {wal('oldSelf', 'kind', kind)} || "
+    fixed = "it is fixed when the cluster is created; create a new cluster to change it"
+    return [
+        {
+            "rule": f"{cluster_id('self')} == {cluster_id('oldSelf')}",
+            "message": f"spec.clusterId cannot change: Kafka clients and the stored metadata know the cluster by it ({fixed})",
+            "reason": "FieldValueForbidden",
+        },
+        {
+            "rule": "self.objectStore.bucket == oldSelf.objectStore.bucket",
+            "message": f"spec.objectStore.bucket cannot change: every partition's data and the metadata log are in it ({fixed})",
+            "reason": "FieldValueForbidden",
+        },
+        {
+            "rule": f"{wal('self', 'kind', kind)} == {wal('oldSelf', 'kind', kind)}",
+            "message": f"spec.broker.wal.kind cannot change: brokers' unuploaded writes are in the current WAL ({fixed})",
+            "reason": "FieldValueForbidden",
+        },
+        {
+            # By value: 10240Mi and 10Gi are the same size (the API server may store either).
+            "rule": f"{kind_changed}{new_size} == {old_size} || ({new_size} != '' && {old_size} != '' && "
+            f"quantity({new_size}).compareTo(quantity({old_size})) == 0)",
+            "message": f"spec.broker.wal.size cannot change: each broker's WAL volume was created with it ({fixed})",
+            "reason": "FieldValueForbidden",
+        },
+        {
+            "rule": f"{kind_changed}{wal('self', 'storageClassName', '')} == {wal('oldSelf', 'storageClassName', '')}",
+            "message": f"spec.broker.wal.storageClassName cannot change: each broker's WAL volume was created with it ({fixed})",
+            "reason": "FieldValueForbidden",
+        },
+    ]
+
+
 class AutoMQClusterSpec(_Model):
     """Desired state of an AutoMQ cluster: controllers, brokers and the bucket they share."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _immutable_rules()})
 
     image: str = Field(DEFAULT_IMAGE, min_length=1, description="Container image of controllers and brokers.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(

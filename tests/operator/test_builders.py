@@ -323,3 +323,21 @@ def test_podconfig_command(tmp_path, monkeypatch, capsys) -> None:
     template.write_text("wal: {kind: tape}\n")
     assert podconfig_main(["--template", str(template), "--out", str(out)]) == 2
     assert "wal.kind" in capsys.readouterr().err
+
+
+def test_default_resources_fill_only_what_the_spec_leaves_out() -> None:
+    from automq.operator.builders import DEFAULT_RESOURCES, _resources
+    from automq.operator.spec import Resources
+
+    assert _resources(Resources(), "broker") == DEFAULT_RESOURCES["broker"]
+    assert _resources(Resources(), "controller") == DEFAULT_RESOURCES["controller"]
+    # A memory request alone is not capped by the default memory limit (request > limit is invalid).
+    mine = _resources(Resources(requests={"memory": "4Gi"}), "broker")
+    assert mine == {"requests": {"cpu": "500m", "memory": "4Gi"}}
+    # A memory limit alone: no default request that could exceed it.
+    assert _resources(Resources(limits={"memory": "512Mi"}), "broker") == {
+        "requests": {"cpu": "500m"},
+        "limits": {"memory": "512Mi"},
+    }
+    everything = Resources(requests={"cpu": "2", "memory": "8Gi"}, limits={"memory": "8Gi"})
+    assert _resources(everything, "broker") == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}

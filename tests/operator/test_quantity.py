@@ -1,0 +1,110 @@
+"""Quantities are compared by value wherever the operator compares them (issue 11, section 5)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kmock
+import pytest
+
+from automq.operator import builders
+from automq.operator.builders import ClusterRef
+from automq.operator.kube import KubeApi, apply, contains
+from automq.operator.quantity import same_quantity
+from automq.operator.reconcile import Cluster, broker_statefulset
+from automq.operator.spec import parse_spec
+
+
+def test_same_quantity_by_value() -> None:
+    assert same_quantity("10240Mi", "10Gi")
+    assert same_quantity("1000m", "1")
+    assert same_quantity(1, "1")
+    assert same_quantity("1Gi", str(1 << 30))
+    assert not same_quantity("10Gi", "10G")  # binary vs decimal suffix: different sizes
+    assert not same_quantity("10Gi", "20Gi")
+    assert not same_quantity("not-a-quantity", "10Gi")
+    assert not same_quantity(None, "10Gi")
+    assert same_quantity("same-garbage", "same-garbage")  # equal strings stay equal
+
+
+def test_contains_compares_resource_maps_by_value_only() -> None:
+    desired = {"resources": {"requests": {"memory": "1024Mi", "cpu": "500m"}, "limits": {"memory": "1024Mi"}}}
+    live = {"resources": {"requests": {"memory": "1Gi", "cpu": "0.5"}, "limits": {"memory": "1Gi"}}}
+    assert contains(live, desired)
+    assert not contains(
+        {"resources": {"requests": {"memory": "2Gi", "cpu": "500m"}, "limits": {"memory": "1Gi"}}}, desired
+    )
+    # Outside resource maps a string is a string: a label "1000m" is not the label "1".
+    assert not contains({"labels": {"size": "1"}}, {"labels": {"size": "1000m"}})
+
+
+@pytest.fixture
+async def api(emulator_class: type) -> AsyncIterator[KubeApi]:
+    emulator = emulator_class()
+    emulator.resources.load_bundled()
+    async with kmock.Server(emulator) as server:
+        client = KubeApi(str(server.url))
+        yield client
+        await client.close()
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def info(self, reason: str, message: str) -> None:
+        self.seen.append((reason, message))
+
+    def warn(self, reason: str, message: str) -> None:
+        self.seen.append((reason, message))
+
+
+def _canonical(obj: Any) -> Any:
+    """What an API server stores: quantities in their canonical form."""
+    text = json.dumps(obj)
+    return json.loads(text.replace('"10240Mi"', '"10Gi"').replace('"1024Mi"', '"1Gi"'))
+
+
+async def test_non_canonical_wal_size_is_not_a_wal_change(api: KubeApi) -> None:
+    ref = ClusterRef("demo", "streaming", str(uuid.uuid4()))
+    raw = {
+        "objectStore": {"bucket": "demo-bucket"},
+        "broker": {
+            "replicas": 1,
+            "wal": {"kind": "volume", "size": "10240Mi"},
+            "resources": {"requests": {"memory": "1024Mi"}, "limits": {"memory": "1024Mi"}},
+        },
+    }
+    spec = parse_spec(raw)
+    desired = builders.statefulset(spec, ref, "broker")
+    # The live object as the API server keeps it: created from the spec, quantities canonicalised.
+    result, live = await apply(api, desired)
+    assert result == "created"
+    stored = _canonical(copy.deepcopy(live))
+    assert stored["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    await api.patch("StatefulSet", ref.namespace, desired["metadata"]["name"], {"spec": stored["spec"]})
+
+    events = _Events()
+    cluster = Cluster(
+        api=api,
+        ref=ref,
+        spec=spec,
+        raw_spec=raw,
+        generation=1,
+        previous_status={},
+        reporter=events,
+        controller_api_factory=lambda urls: None,  # type: ignore[arg-type,return-value]
+    )
+    await broker_statefulset(cluster)
+    assert not cluster.problems, cluster.problems
+    # The canonical template reads as unchanged: no patch on every pass.
+    assert (await apply(api, desired))[0] == "unchanged"
+    # A real size change still is one.
+    bigger = parse_spec({**raw, "broker": {**raw["broker"], "wal": {"kind": "volume", "size": "20Gi"}}})
+    cluster.spec = bigger
+    await broker_statefulset(cluster)
+    assert [p.reason for p in cluster.problems] == ["WalChangeNotSupported"]

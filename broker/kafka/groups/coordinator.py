@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka.groups import log as grouplog
-from automq.broker.kafka.groups.state import (
+from automq.broker.kafka.groups.model import (
     CommitPlan,
     Effects,
     GroupConfig,
-    GroupManager,
     GroupState,
     JoinResult,
     SyncResult,
     Write,
 )
+from automq.broker.kafka.groups.state import GroupManager
 
 if TYPE_CHECKING:
     from automq.broker.kafka.broker import Broker

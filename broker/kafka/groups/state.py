@@ -16,301 +16,48 @@ rebalance; simple (generation -1) offset commits for standalone consumers.
 
 from __future__ import annotations
 
-import enum
-import struct
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from automq.broker.kafka.groups.log import GroupKey, GroupValue, MemberValue, OffsetKey, OffsetValue
+from automq.broker.kafka.groups.log import GroupKey, GroupValue, OffsetKey, OffsetValue
+from automq.broker.kafka.groups.model import (
+    CommittedOffset,
+    Effects,
+    Group,
+    GroupConfig,
+    GroupState,
+    GroupSummary,
+    JoinResult,
+    Member,
+    MemberSummary,
+    SyncResult,
+    Write,
+    consumer_subscription_topics,
+    java_string_hashcode,
+    partition_for,
+)
+from automq.broker.kafka.groups.offsets import OffsetBook
 
-NEW_MEMBER_JOIN_TIMEOUT_MS = 5 * 60_000  # Kafka's GroupCoordinator.NewMemberJoinTimeoutMs
-OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes default
-
-
-class GroupState(str, enum.Enum):
-    EMPTY = "Empty"
-    PREPARING_REBALANCE = "PreparingRebalance"
-    COMPLETING_REBALANCE = "CompletingRebalance"
-    STABLE = "Stable"
-    DEAD = "Dead"
-
-
-@dataclass(frozen=True, slots=True)
-class GroupConfig:
-    min_session_timeout_ms: int = 6_000
-    max_session_timeout_ms: int = 1_800_000
-    initial_rebalance_delay_ms: int = 0
-    offsets_retention_ms: int = 7 * 24 * 3_600_000
-    new_member_join_timeout_ms: int = NEW_MEMBER_JOIN_TIMEOUT_MS
-
-
-# ---------------------------------------------------------------- results and effects
-
-
-@dataclass(frozen=True, slots=True)
-class JoinResult:
-    error: ErrorCode
-    member_id: str = ""
-    generation_id: int = -1
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    leader_id: str = ""
-    members: tuple[tuple[str, str | None, bytes], ...] = ()  # (member_id, instance_id, metadata), leader only
-    skip_assignment: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class SyncResult:
-    error: ErrorCode
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    assignment: bytes = b""
-
-
-@dataclass(frozen=True, slots=True)
-class Write:
-    """One record for the `__consumer_offsets` partition `partition`; value None = tombstone."""
-
-    partition: int
-    key: bytes
-    value: bytes | None
-
-
-@dataclass(slots=True)
-class Effects:
-    replies: list[tuple[Any, JoinResult | SyncResult]] = field(default_factory=list)
-    writes: list[Write] = field(default_factory=list)
-
-    def reply(self, token: Any, result: JoinResult | SyncResult) -> None:
-        if token is not None:
-            self.replies.append((token, result))
-
-
-@dataclass(frozen=True, slots=True)
-class CommittedOffset:
-    offset: int
-    leader_epoch: int
-    metadata: str
-    commit_timestamp_ms: int
-    expire_timestamp_ms: int | None = None
-
-
-@dataclass(slots=True)
-class CommitPlan:
-    """An accepted OffsetCommit: `writes` must be durable before `GroupManager.complete_commit`."""
-
-    group_id: str
-    errors: dict[tuple[str, int], ErrorCode]
-    accepted: dict[tuple[str, int], CommittedOffset]
-    writes: list[Write]
-
-
-@dataclass(frozen=True, slots=True)
-class MemberSummary:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    metadata: bytes
-    assignment: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSummary:
-    group_id: str
-    state: str
-    protocol_type: str
-    protocol_name: str
-    members: tuple[MemberSummary, ...]
-
-
-# ---------------------------------------------------------------- members and groups
-
-
-@dataclass(slots=True)
-class Member:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    rebalance_timeout_ms: int
-    session_timeout_ms: int
-    protocol_type: str
-    protocols: list[tuple[str, bytes]]
-    last_heartbeat_ms: int
-    joined_at_ms: int = 0
-    assignment: bytes = b""
-    join_token: Any = None  # set while a JoinGroup waits for the rebalance to complete
-    sync_token: Any = None  # set while a SyncGroup waits for the leader's assignment
-    is_new: bool = False
-
-    @property
-    def awaiting_join(self) -> bool:
-        return self.join_token is not None
-
-    def metadata(self, protocol: str | None) -> bytes:
-        for name, meta in self.protocols:
-            if name == protocol:
-                return meta
-        return b""
-
-    def protocol_names(self) -> list[str]:
-        return [name for name, _ in self.protocols]
-
-    def vote(self, candidates: set[str]) -> str:
-        return next(name for name in self.protocol_names() if name in candidates)
-
-    def matches(self, protocols: list[tuple[str, bytes]]) -> bool:
-        return list(protocols) == list(self.protocols)
-
-    def session_deadline(self, config: GroupConfig) -> int | None:
-        """When this member expires, or None while it cannot (it waits in a join or sync)."""
-        if self.join_token is not None:
-            return self.joined_at_ms + config.new_member_join_timeout_ms if self.is_new else None
-        if self.sync_token is not None:
-            return None
-        return self.last_heartbeat_ms + self.session_timeout_ms
-
-
-@dataclass(slots=True)
-class Group:
-    group_id: str
-    partition: int
-    state: GroupState = GroupState.EMPTY
-    state_timestamp_ms: int = 0
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    generation_id: int = 0
-    leader_id: str | None = None
-    members: dict[str, Member] = field(default_factory=dict)  # insertion order = join order
-    pending_members: dict[str, int] = field(default_factory=dict)  # MEMBER_ID_REQUIRED ids -> expiry
-    static_members: dict[str, str] = field(default_factory=dict)  # group.instance.id -> member id
-    offsets: dict[tuple[str, int], CommittedOffset] = field(default_factory=dict)
-    join_deadline_ms: int | None = None
-    initial_delay_remaining_ms: int = 0
-    in_initial_delay: bool = False
-    new_member_added: bool = False
-    pending_sync: set[str] = field(default_factory=set)
-    sync_deadline_ms: int | None = None
-    subscribed_topics: set[str] | None = None
-
-    def transition(self, state: GroupState, now_ms: int) -> None:
-        self.state = state
-        self.state_timestamp_ms = now_ms
-
-    def is_leader(self, member_id: str) -> bool:
-        return self.leader_id == member_id
-
-    def add(self, member: Member) -> None:
-        if not self.members:
-            self.protocol_type = member.protocol_type
-        self.members[member.member_id] = member
-        if member.group_instance_id is not None:
-            self.static_members[member.group_instance_id] = member.member_id
-        if self.leader_id is None:
-            self.leader_id = member.member_id
-
-    def remove(self, member_id: str) -> Member | None:
-        member = self.members.pop(member_id, None)
-        if member is None:
-            return None
-        if member.group_instance_id is not None and self.static_members.get(member.group_instance_id) == member_id:
-            del self.static_members[member.group_instance_id]
-        self.pending_sync.discard(member_id)
-        if self.leader_id == member_id:
-            # prefer a member that has already rejoined this rebalance
-            rejoined = [m.member_id for m in self.members.values() if m.awaiting_join]
-            self.leader_id = (rejoined or list(self.members) or [None])[0]
-        return member
-
-    def candidate_protocols(self) -> set[str]:
-        sets = [set(m.protocol_names()) for m in self.members.values()]
-        return set.intersection(*sets) if sets else set()
-
-    def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
-        if not protocol_type or not protocols:
-            return False
-        if self.state is GroupState.EMPTY and not self.members:
-            return True
-        return protocol_type == self.protocol_type and bool({n for n, _ in protocols} & self.candidate_protocols())
-
-    def select_protocol(self) -> str:
-        candidates = self.candidate_protocols()
-        votes: dict[str, int] = {}
-        for m in self.members.values():
-            choice = m.vote(candidates)
-            votes[choice] = votes.get(choice, 0) + 1
-        # most votes; ties go to the earliest member's preference order (deterministic)
-        first = next(iter(self.members.values())).protocol_names()
-        return max(votes, key=lambda name: (votes[name], -first.index(name) if name in first else -len(first)))
-
-    def all_joined(self) -> bool:
-        return not self.pending_members and all(m.awaiting_join for m in self.members.values())
-
-    def rebalance_timeout_ms(self) -> int:
-        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
-
-    def is_static_fenced(self, member_id: str, instance_id: str | None) -> bool:
-        if instance_id is None:
-            return False
-        known = self.static_members.get(instance_id)
-        return known is not None and known != member_id
-
-    def record(self) -> Write:
-        members = tuple(
-            MemberValue(
-                m.member_id,
-                m.group_instance_id,
-                m.client_id,
-                m.client_host,
-                m.rebalance_timeout_ms,
-                m.session_timeout_ms,
-                m.metadata(self.protocol_name),
-                m.assignment,
-            )
-            for m in self.members.values()
-        )
-        value = GroupValue(
-            self.protocol_type or "",
-            self.generation_id,
-            self.protocol_name,
-            self.leader_id,
-            self.state_timestamp_ms,
-            members,
-        )
-        return Write(self.partition, GroupKey(self.group_id).encode(), value.encode())
-
-
-def consumer_subscription_topics(metadata: bytes) -> set[str] | None:
-    """Topics of a ConsumerProtocolSubscription (any version: they all start with
-    int16 version, array of string topics), or None if it does not parse."""
-    try:
-        pos = 2
-        (count,) = struct.unpack_from(">i", metadata, pos)
-        pos += 4
-        if count < 0 or count > len(metadata):
-            return None
-        topics = set()
-        for _ in range(count):
-            (n,) = struct.unpack_from(">h", metadata, pos)
-            pos += 2
-            if n < 0 or pos + n > len(metadata):
-                return None
-            topics.add(metadata[pos : pos + n].decode())
-            pos += n
-        return topics
-    except (struct.error, UnicodeDecodeError):
-        return None
-
+__all__ = (
+    "Effects",
+    "GroupConfig",
+    "GroupManager",
+    "GroupState",
+    "JoinResult",
+    "SyncResult",
+    "Write",
+    "consumer_subscription_topics",
+    "java_string_hashcode",
+    "partition_for",
+)
 
 # ---------------------------------------------------------------- the manager
 
 
-class GroupManager:
+class GroupManager(OffsetBook):
     """All groups of the loaded `__consumer_offsets` partitions of one broker."""
 
     def __init__(self, config: GroupConfig, num_partitions: int) -> None:
@@ -749,164 +496,6 @@ class GroupManager:
             self._check_join_complete(group, now_ms, fx)
         return fx
 
-    # ----- offsets
-
-    def prepare_commit(
-        self,
-        now_ms: int,
-        *,
-        group_id: str,
-        generation_id: int,
-        member_id: str,
-        group_instance_id: str | None,
-        offsets: list[tuple[str, int, int, int, str | None]],
-        retention_ms: int = -1,
-    ) -> CommitPlan:
-        """Validate an OffsetCommit of (topic, partition, offset, leader_epoch, metadata)."""
-        keys = [(t, p) for t, p, *_ in offsets]
-
-        def fail(error: ErrorCode) -> CommitPlan:
-            return CommitPlan(group_id, dict.fromkeys(keys, error), {}, [])
-
-        if not group_id:
-            return fail(ErrorCode.invalid_group_id)
-        group = self.groups.get(group_id)
-        if group is None:
-            if generation_id >= 0:
-                return fail(ErrorCode.illegal_generation)  # a member of a generation we never saw
-            group = self._new_group(group_id, now_ms)  # offsets-only (standalone) group
-        if group.state is GroupState.DEAD:
-            return fail(ErrorCode.coordinator_not_available)
-        if generation_id >= 0 or member_id or group_instance_id is not None:
-            if group.is_static_fenced(member_id, group_instance_id):
-                return fail(ErrorCode.fenced_instance_id)
-            if member_id not in group.members:
-                return fail(ErrorCode.unknown_member_id)
-            if generation_id != group.generation_id:
-                return fail(ErrorCode.illegal_generation)
-        elif group.state is not GroupState.EMPTY:
-            return fail(ErrorCode.unknown_member_id)  # only members commit for a group with members
-        if group.state is GroupState.COMPLETING_REBALANCE:
-            return fail(ErrorCode.rebalance_in_progress)
-        member = group.members.get(member_id)
-        if member is not None:
-            member.last_heartbeat_ms = now_ms
-        errors: dict[tuple[str, int], ErrorCode] = {}
-        accepted: dict[tuple[str, int], CommittedOffset] = {}
-        writes = []
-        expire = now_ms + retention_ms if retention_ms >= 0 else None
-        for topic, partition, offset, leader_epoch, metadata in offsets:
-            meta = metadata or ""
-            if len(meta.encode()) > OFFSET_METADATA_MAX_BYTES:
-                errors[(topic, partition)] = ErrorCode.offset_metadata_too_large
-                continue
-            committed = CommittedOffset(offset, leader_epoch, meta, now_ms, expire)
-            accepted[(topic, partition)] = committed
-            errors[(topic, partition)] = ErrorCode.none
-            writes.append(
-                Write(
-                    group.partition,
-                    OffsetKey(group_id, topic, partition).encode(),
-                    OffsetValue(offset, leader_epoch, meta, now_ms, expire).encode(),
-                )
-            )
-        return CommitPlan(group_id, errors, accepted, writes)
-
-    def complete_commit(self, plan: CommitPlan, now_ms: int) -> None:
-        """The plan's writes are durable: make the offsets visible."""
-        group = self.groups.get(plan.group_id)
-        if group is None:
-            group = self._new_group(plan.group_id, now_ms)
-        group.offsets.update(plan.accepted)
-
-    def fetch_offsets(
-        self, group_id: str, partitions: list[tuple[str, int]] | None
-    ) -> list[tuple[str, int, CommittedOffset | None]]:
-        """Committed offsets of `partitions` (None: every partition the group has)."""
-        group = self.groups.get(group_id)
-        offsets = group.offsets if group is not None else {}
-        if partitions is None:
-            return [(t, p, o) for (t, p), o in sorted(offsets.items())]
-        return [(t, p, offsets.get((t, p))) for t, p in partitions]
-
-    def delete_offsets(
-        self, group_id: str, partitions: list[tuple[str, int]]
-    ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode], Effects]:
-        fx = Effects()
-        group = self.groups.get(group_id)
-        if group is None or group.state is GroupState.DEAD:
-            return ErrorCode.group_id_not_found, {}, fx
-        errors: dict[tuple[str, int], ErrorCode] = {}
-        if group.state is not GroupState.EMPTY:
-            if group.protocol_type != "consumer":
-                return ErrorCode.non_empty_group, {}, fx
-            for t, p in partitions:
-                if group.subscribed_topics is not None and t in group.subscribed_topics:
-                    errors[(t, p)] = ErrorCode.group_subscribed_to_topic
-        for t, p in partitions:
-            if (t, p) in errors:
-                continue
-            errors[(t, p)] = ErrorCode.none
-            if group.offsets.pop((t, p), None) is not None:
-                fx.writes.append(Write(group.partition, OffsetKey(group_id, t, p).encode(), None))
-        return ErrorCode.none, errors, fx
-
-    def delete_group(self, group_id: str, now_ms: int) -> tuple[ErrorCode, Effects]:
-        fx = Effects()
-        group = self.groups.get(group_id)
-        if group is None or group.state is GroupState.DEAD:
-            return ErrorCode.group_id_not_found, fx
-        if group.state is not GroupState.EMPTY or group.members:
-            return ErrorCode.non_empty_group, fx
-        self._drop_group(group, now_ms, fx)
-        return ErrorCode.none, fx
-
-    def _drop_group(self, group: Group, now_ms: int, fx: Effects) -> None:
-        for t, p in list(group.offsets):
-            fx.writes.append(Write(group.partition, OffsetKey(group.group_id, t, p).encode(), None))
-        fx.writes.append(Write(group.partition, GroupKey(group.group_id).encode(), None))
-        group.offsets.clear()
-        group.transition(GroupState.DEAD, now_ms)
-        del self.groups[group.group_id]
-
-    def expire_offsets(self, now_ms: int) -> Effects:
-        """Kafka's offset retention (offsets.retention.ms): in an Empty group, an offset expires
-        that long after the group became empty (consumer groups) or after its commit
-        (standalone groups, no protocol type); in a Stable consumer group, offsets of topics no
-        member subscribes to expire that long after their commit; an explicit expiry from
-        OffsetCommit v2-v4 wins. An Empty group left without offsets is deleted."""
-        fx = Effects()
-        retention = self.config.offsets_retention_ms
-        for group in list(self.groups.values()):
-            if group.state is GroupState.EMPTY:
-                candidates = list(group.offsets.items())
-                # a group with a protocol type counts from when it became Empty; a standalone one
-                # from each offset's commit (bound now: `group` changes with the loop)
-                base_of = (
-                    (lambda o, since=group.state_timestamp_ms: since) if group.protocol_type else _commit_timestamp
-                )
-            elif (
-                group.state is GroupState.STABLE
-                and group.protocol_type == "consumer"
-                and group.subscribed_topics is not None
-            ):
-                subscribed = group.subscribed_topics
-                candidates = [(k, o) for k, o in group.offsets.items() if k[0] not in subscribed]
-                base_of = _commit_timestamp
-            else:
-                continue
-            for (t, p), o in candidates:
-                if o.expire_timestamp_ms is not None:
-                    expired = now_ms >= o.expire_timestamp_ms
-                else:
-                    expired = retention >= 0 and now_ms - base_of(o) >= retention
-                if expired:
-                    del group.offsets[(t, p)]
-                    fx.writes.append(Write(group.partition, OffsetKey(group.group_id, t, p).encode(), None))
-            if group.state is GroupState.EMPTY and not group.offsets and not group.members:
-                self._drop_group(group, now_ms, fx)
-        return fx
-
     # ----- listing
 
     def list_groups(self, states: Iterable[str] | None = None) -> list[tuple[str, str, str]]:
@@ -1020,22 +609,3 @@ class GroupManager:
                 m.join_token = m.sync_token = None
             del self.groups[group.group_id]
         return fx
-
-
-def _commit_timestamp(offset: CommittedOffset) -> int:
-    return offset.commit_timestamp_ms
-
-
-def java_string_hashcode(value: str) -> int:
-    """Java's String.hashCode: s[0]*31^(n-1) + ... over UTF-16 code units, as int32."""
-    h = 0
-    raw = value.encode("utf-16-be")
-    for i in range(0, len(raw), 2):
-        h = (31 * h + ((raw[i] << 8) | raw[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def partition_for(group_id: str, num_partitions: int) -> int:
-    """Kafka's rule: Utils.abs(groupId.hashCode) % partitions (Utils.abs(MIN_VALUE) = 0)."""
-    h = java_string_hashcode(group_id)
-    return (0 if h == -(1 << 31) else abs(h)) % num_partitions

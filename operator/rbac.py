@@ -24,38 +24,39 @@ CLUSTER_RULES: list[dict[str, Any]] = [
 ]
 
 OPERATOR_RULES: list[dict[str, Any]] = [
-    # The custom resource: watch it, add/remove kopf's finalizer and progress annotations.
-    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch", "update"]},
-    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch", "update"]},
+    # The custom resource: watch it, add/remove kopf's finalizer and progress annotations
+    # (kopf and the reconciler only ever PATCH, never PUT).
+    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]},
     # kopf rescans resources when CRDs appear and, for namespace patterns, follows namespaces.
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
     # What a person should see: kopf posts core/v1 Events.
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-    # Objects the operator owns (idempotent apply = get, then create or merge-patch).
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # Objects the operator owns: idempotent apply is get, then create or merge-patch; they go
+    # with the AutoMQCluster through owner references (garbage collection), never deleted here.
     {
         "apiGroups": [""],
         "resources": ["configmaps", "services", "serviceaccounts"],
-        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        "verbs": ["get", "create", "patch"],
     },
-    {
-        "apiGroups": ["apps"],
-        "resources": ["statefulsets"],
-        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-    },
-    {
-        "apiGroups": ["policy"],
-        "resources": ["poddisruptionbudgets"],
-        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-    },
+    {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "create", "patch"]},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch"]},
     {
         "apiGroups": ["rbac.authorization.k8s.io"],
         "resources": ["roles", "rolebindings"],
-        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        "verbs": ["get", "create", "patch"],
     },
-    # Rolling restarts delete pods one at a time; status reads their readiness and crash loops.
+    # Rolling restarts delete pods one at a time; status reads their readiness and crash loops;
+    # node loss watches broker pods and force-deletes (grace 0) the one stuck on a lost node.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
-    # deletionPolicy: Delete removes the WAL volume claims; scale-in keeps them otherwise.
+    # deletionPolicy: Delete removes the WAL volume claims; node loss reads the lost broker's.
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "delete"]},
+    # Node loss: notice NotReady nodes, taint a lost one node.kubernetes.io/out-of-service
+    # (forceDetach), or release its volume by deleting the VolumeAttachment.
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["storage.k8s.io"], "resources": ["volumeattachments"], "verbs": ["get", "list", "delete"]},
+    # Node loss with multiAttach: the WAL-recovery Job that replays the lost broker's volume.
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "create", "delete"]},
     *CLUSTER_RULES,
 ]

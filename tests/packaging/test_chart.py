@@ -127,9 +127,10 @@ def test_namespaced_grants_exactly_operator_rules_per_namespace(render):
     for namespace, role in roles.items():
         granted = Counter(map(rule_key, role["rules"] + cluster_role["rules"]))
         assert granted == Counter(map(rule_key, OPERATOR_RULES)), namespace
-    # Nothing namespaced is granted cluster-wide in namespaced mode.
+    # Nothing namespaced is granted cluster-wide in namespaced mode; node loss needs the
+    # cluster-scoped nodes and volume attachments whatever namespaces are watched.
     cluster_resources = {r for rule in cluster_role["rules"] for r in rule["resources"]}
-    assert cluster_resources == {"customresourcedefinitions", "namespaces"}
+    assert cluster_resources == {"customresourcedefinitions", "namespaces", "nodes", "volumeattachments"}
     bindings = {b["metadata"]["namespace"]: b for b in only(docs, "RoleBinding")}
     assert set(bindings) == {"team-a", "team-b"}
     for binding in bindings.values():

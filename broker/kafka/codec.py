@@ -206,22 +206,9 @@ def parse_header(frame: bytes | memoryview, flexible: bool) -> RequestHeader:
     if flexible:
         try:
             position = _skip_tagged_fields(frame, position)
-        except (DecodeError, ValueError) as exc:
-            raise FrameError(f"request header tagged fields malformed: {exc}") from None
+        except (_LengthError, IndexError) as exc:
+            raise FrameError(f"request header tagged fields malformed: {exc or 'truncated'}") from None
     return RequestHeader(api_key, api_version, correlation_id, client_id, position)
-
-
-def _skip_tagged_fields(buf: bytes | memoryview, position: int) -> int:
-    count, n = read_unsigned_varint(buf, position)
-    position += n
-    for _ in range(count):
-        _tag, n = read_unsigned_varint(buf, position)
-        position += n
-        size, n = read_unsigned_varint(buf, position)
-        position += n + size
-        if position > len(buf):
-            raise DecodeError("tagged field runs past the frame")
-    return position
 
 
 @functools.cache
@@ -322,7 +309,8 @@ _SKIP, _STRING, _BYTES, _PRIM_ARRAY, _ENTITY_ARRAY, _ENTITY, _NULLABLE_ENTITY = 
 
 @functools.cache
 def _plan(cls: type) -> tuple[tuple, bool]:
-    """Steps to walk one entity: runs of fixed-size fields merged into one skip."""
+    """Steps (op, arg, nullable, name) to walk one entity: runs of fixed-size fields merged
+    into one skip."""
     steps: list[tuple] = []
     pending = 0
     for f in fields(cls):
@@ -334,22 +322,25 @@ def _plan(cls: type) -> tuple[tuple, bool]:
             pending += _FIXED_SIZES[kafka_type]
             continue
         if pending:
-            steps.append((_SKIP, pending))
+            steps.append((_SKIP, pending, False, None))
             pending = 0
+        nullable = is_optional(f)
+        name = f"{cls.__name__}.{f.name}"
         if isinstance(kind, PrimitiveField):
-            steps.append((_STRING if kafka_type == "string" else _BYTES, None))
+            steps.append((_STRING if kafka_type == "string" else _BYTES, None, nullable, name))
         elif isinstance(kind, PrimitiveTupleField):
-            steps.append((_PRIM_ARRAY, _FIXED_SIZES.get(kafka_type)))  # None: array of strings
+            steps.append((_PRIM_ARRAY, _FIXED_SIZES.get(kafka_type), nullable, name))  # None: array of strings
         elif isinstance(kind, EntityTupleField):
-            steps.append((_ENTITY_ARRAY, kind.type_))
+            steps.append((_ENTITY_ARRAY, kind.type_, nullable, name))
         elif isinstance(kind, EntityField):
-            steps.append((_NULLABLE_ENTITY if is_optional(f) else _ENTITY, kind.type_))
+            steps.append((_NULLABLE_ENTITY if nullable else _ENTITY, kind.type_, nullable, name))
     if pending:
-        steps.append((_SKIP, pending))
+        steps.append((_SKIP, pending, False, None))
     return tuple(steps), bool(cls.__flexible__)
 
 
 def _uvarint(buf, position: int) -> tuple[int, int]:
+    """(value, next position) of an unsigned varint; at most 5 bytes, as Kafka's reader."""
     value = shift = 0
     while True:
         byte = buf[position]
@@ -362,21 +353,34 @@ def _uvarint(buf, position: int) -> tuple[int, int]:
             raise _LengthError("varint too long")
 
 
+def _skip_tagged_fields(buf, position: int) -> int:
+    """Past a tagged-field section (header, body or nested struct) without reading it."""
+    count, position = _uvarint(buf, position)
+    for _ in range(count):
+        _tag, position = _uvarint(buf, position)
+        size, position = _uvarint(buf, position)
+        position += size
+        if position > len(buf):
+            raise _LengthError("tagged field runs past the frame")
+    return position
+
+
 @functools.cache
-def _tag_plan(cls: type) -> dict[int, tuple[int, Any]]:
+def _tag_plan(cls: type) -> dict[int, tuple[int, Any, bool, str]]:
     """Known tagged fields that hold arrays or structs (checked inside their size)."""
-    plan: dict[int, tuple[int, Any]] = {}
+    plan: dict[int, tuple[int, Any, bool, str]] = {}
     for f in fields(cls):
         tag = get_field_tag(f)
         if tag is None:
             continue
         kind = classify_field(f)
+        name = f"{cls.__name__}.{f.name}"
         if isinstance(kind, EntityField):
-            plan[tag] = (_ENTITY, kind.type_)
+            plan[tag] = (_ENTITY, kind.type_, False, name)
         elif isinstance(kind, EntityTupleField):
-            plan[tag] = (_ENTITY_ARRAY, kind.type_)
+            plan[tag] = (_ENTITY_ARRAY, kind.type_, is_optional(f), name)
         elif isinstance(kind, PrimitiveTupleField):
-            plan[tag] = (_PRIM_ARRAY, _FIXED_SIZES.get(f.metadata.get("kafka_type")))
+            plan[tag] = (_PRIM_ARRAY, _FIXED_SIZES.get(f.metadata.get("kafka_type")), is_optional(f), name)
     return plan
 
 
@@ -385,8 +389,8 @@ def _check_lengths(cls: type, buf, position: int) -> int:
     struct.error when truncated) if any declared length cannot fit in the frame."""
     steps, flexible = _plan(cls)
     end = len(buf)
-    for op, arg in steps:
-        position = _check_step(op, arg, flexible, buf, position, end)
+    for op, arg, nullable, name in steps:
+        position = _check_step(op, arg, nullable, name, flexible, buf, position, end)
     if flexible:
         count, position = _uvarint(buf, position)
         if count > end - position:
@@ -400,12 +404,20 @@ def _check_lengths(cls: type, buf, position: int) -> int:
             known = tags.get(tag)
             if known is not None:
                 inner = memoryview(buf)[position : position + size]
-                _check_step(known[0], known[1], True, inner, 0, size)
+                _check_step(*known, True, inner, 0, size)
             position += size
     return position
 
 
-def _check_step(op: int, arg: Any, flexible: bool, buf, position: int, end: int) -> int:
+def _null(name: str, n: int) -> _LengthError:
+    # Kafka's generated readers refuse these ("non-nullable field ... was serialized as null");
+    # the request is unparseable and the Java broker closes the connection
+    if n == -1:
+        return _LengthError(f"non-nullable field {name} was serialized as null")
+    return _LengthError(f"field {name} has negative length {n}")
+
+
+def _check_step(op: int, arg: Any, nullable: bool, name: str, flexible: bool, buf, position: int, end: int) -> int:
     if op == _SKIP:
         position += arg
     elif op in (_STRING, _BYTES):
@@ -420,6 +432,8 @@ def _check_step(op: int, arg: Any, flexible: bool, buf, position: int, end: int)
             position += 4
         if n > 0:
             position += n
+        elif n < 0 and (n != -1 or not nullable):
+            raise _null(name, n)
     elif op in (_ENTITY, _NULLABLE_ENTITY):
         if op == _NULLABLE_ENTITY:
             marker = buf[position]
@@ -434,6 +448,8 @@ def _check_step(op: int, arg: Any, flexible: bool, buf, position: int, end: int)
         else:
             (n,) = _INT32.unpack_from(buf, position)
             position += 4
+        if n < 0 and (n != -1 or not nullable):
+            raise _null(name, n)
         if n <= 0:
             return position
         if n > end - position:
@@ -451,6 +467,8 @@ def _check_step(op: int, arg: Any, flexible: bool, buf, position: int, end: int)
                         position += 2
                     if m > 0:
                         position += m
+                    elif m < 0:
+                        raise _null(f"{name}[]", m)
         else:
             for _ in range(n):
                 position = _check_lengths(arg, buf, position)
@@ -482,15 +500,6 @@ class ProduceRequestView:
     acks: int
     timeout: datetime.timedelta
     topic_data: list[ProduceTopicView]
-
-
-def _skip_tags(buf, position: int) -> int:
-    count, position = _uvarint(buf, position)
-    for _ in range(count):
-        _tag, position = _uvarint(buf, position)
-        size, position = _uvarint(buf, position)
-        position += size
-    return position
 
 
 def decode_produce_in_place(buf: bytearray, position: int, flexible: bool) -> ProduceRequestView:
@@ -542,10 +551,10 @@ def decode_produce_in_place(buf: bytearray, position: int, flexible: bool) -> Pr
                 records = view[position : position + size]
                 position += size
             if flexible:
-                position = _skip_tags(buf, position)
+                position = _skip_tagged_fields(buf, position)
             partitions.append(ProducePartitionView(index, records))
         if flexible:
-            position = _skip_tags(buf, position)
+            position = _skip_tagged_fields(buf, position)
         topics.append(ProduceTopicView(name, partitions))  # type: ignore[arg-type]
     return ProduceRequestView(transactional_id, acks, datetime.timedelta(milliseconds=timeout_ms), topics)
 
@@ -725,6 +734,12 @@ def build(cls: type, **values: Any) -> Any:
 
 def has_field(cls: type, name: str) -> bool:
     return name in _field_names(cls)
+
+
+@functools.cache
+def is_nullable(cls: type, name: str) -> bool:
+    """Whether this version of the message may carry null in field `name`."""
+    return any(f.name == name and is_optional(f) for f in fields(cls))
 
 
 def nested(cls: type, name: str) -> type:

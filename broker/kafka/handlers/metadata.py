@@ -71,6 +71,8 @@ def _topic_response(cls, topic: TopicInfo, image: MetadataImage, live: set[int])
 
 def _error_topic(cls, name: str | None, error: ErrorCode, topic_id: uuid.UUID | None = None):
     topic_cls = codec.nested(cls, "MetadataResponseTopic")
+    if name is None and not codec.is_nullable(topic_cls, "name"):
+        name = ""  # v10-v11 requests may name a topic null, their responses cannot
     return codec.build(
         topic_cls,
         error_code=error,

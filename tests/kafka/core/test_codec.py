@@ -188,3 +188,42 @@ def test_in_place_produce_decoding_matches_kio(version, data):
     for t in in_place.topic_data:
         for p in t.partition_data:
             assert p.records is None or not p.records.readonly
+
+
+def test_tagged_field_varints_longer_than_five_bytes_are_refused():
+    # Kafka reads an unsigned varint of at most 5 bytes; a longer one is a malformed request.
+    from kio.schema.metadata.v12.request import MetadataRequest
+
+    request = MetadataRequest(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    frame = codec.encode_request(1, request)
+    header_end = codec.parse_header(frame, True).size
+    zero_in_5 = b"\x80\x80\x80\x80\x00"  # 0, padded to the longest legal encoding
+    zero_in_6 = b"\x80\x80\x80\x80\x80\x00"
+    for tags, ok in ((zero_in_5, True), (zero_in_6, False)):
+        in_header = frame[: header_end - 1] + tags + frame[header_end:]
+        in_body = frame[:-1] + tags
+        for hostile in (in_header, in_body):
+            if ok:
+                assert codec.decode_request(hostile, SERVED).request == request
+            else:
+                with pytest.raises(codec.FrameError):
+                    codec.decode_request(hostile, SERVED)
+    # the in-place Produce path skips nested tag sections with the same reader
+    from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    produce = ProduceRequest(
+        transactional_id=None,
+        acks=1,
+        timeout=__import__("datetime").timedelta(seconds=1),
+        topic_data=(TopicProduceData(name="t", partition_data=(PartitionProduceData(index=0, records=None),)),),
+    )
+    frame = codec.encode_request(1, produce)
+    assert frame.endswith(b"\x00\x00\x00")  # partition tags, topic tags, body tags
+    for tags, ok in ((zero_in_5, True), (zero_in_6, False)):
+        hostile = bytearray(frame[:-3] + tags + b"\x00\x00")
+        if ok:
+            view = codec.decode_request(hostile, SERVED).request
+            assert view.topic_data[0].partition_data[0].index == 0
+        else:
+            with pytest.raises(codec.FrameError):
+                codec.decode_request(hostile, SERVED)

@@ -10,8 +10,9 @@ written to the log exactly as `record_to_json` returns it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 RECORD_TYPES: dict[str, type[Record]] = {}
 
@@ -24,8 +25,11 @@ class Record:
     VISIBLE: ClassVar[bool] = False
 
 
-def _record(name: str, visible: bool = False):
-    def wrap(cls):
+_R = TypeVar("_R", bound=type[Record])
+
+
+def _record(name: str, visible: bool = False) -> Callable[[_R], _R]:
+    def wrap(cls: _R) -> _R:
         cls.TYPE = name
         cls.VISIBLE = visible
         RECORD_TYPES[name] = cls
@@ -99,7 +103,7 @@ class ClusterInitialized(Record):
 class BrokerRegistered(Record):
     node_id: int
     node_epoch: int
-    endpoints: list  # [[listener, host, port], ...]
+    endpoints: list[list[Any]]  # [[listener, host, port], ...]
     rack: str | None
     at_ms: int
 
@@ -119,7 +123,7 @@ class BrokerStateChanged(Record):
 class TopicCreated(Record):
     name: str
     topic_id: str
-    configs: dict
+    configs: dict[str, str]
 
 
 @_record("topic_deleted", visible=True)
@@ -132,7 +136,7 @@ class TopicDeleted(Record):
 @dataclass(frozen=True, slots=True)
 class TopicConfigsAltered(Record):
     name: str
-    configs: dict  # key -> value, or None to remove
+    configs: dict[str, str | None]  # key -> value, or None to remove
 
 
 @_record("partition_created", visible=True)
@@ -164,7 +168,7 @@ class PartitionChanged(Record):
 @dataclass(frozen=True, slots=True)
 class StreamCreated(Record):
     stream_id: int
-    tags: dict = field(default_factory=dict)
+    tags: dict[str, Any] = field(default_factory=dict)
 
 
 @_record("stream_opened")
@@ -216,9 +220,9 @@ class StreamSetObjectCommitted(Record):
     object_id: int  # -1: no stream-set object, only stream objects
     object_size: int
     node_id: int
-    ranges: list  # [[stream_id, start, end], ...]
-    stream_objects: list  # [[object_id, size, stream_id, start, end], ...]
-    compacted_object_ids: list
+    ranges: list[list[int]]  # [[stream_id, start, end], ...]
+    stream_objects: list[list[int]]  # [[object_id, size, stream_id, start, end], ...]
+    compacted_object_ids: list[int]
     at_ms: int
 
 
@@ -232,7 +236,7 @@ class StreamObjectCommitted(Record):
     stream_id: int
     start_offset: int
     end_offset: int
-    source_object_ids: list
+    source_object_ids: list[int]
     node_id: int
     at_ms: int
 
@@ -242,7 +246,7 @@ class StreamObjectCommitted(Record):
 class ObjectsMarkedForDeletion(Record):
     """Expired prepared ids (and anything else dead) become garbage."""
 
-    object_ids: list
+    object_ids: list[int]
     at_ms: int
 
 
@@ -251,7 +255,7 @@ class ObjectsMarkedForDeletion(Record):
 class ObjectsDestroyed(Record):
     """The garbage collector deleted these keys from the object store."""
 
-    object_ids: list
+    object_ids: list[int]
 
 
 # --------------------------------------------------------------------------- WAL recovery
@@ -263,7 +267,7 @@ class WalRecoveryJobCreated(Record):
     job_id: int
     node_id: int
     node_epoch: int
-    stream_ids: list
+    stream_ids: list[int]
     at_ms: int
 
 

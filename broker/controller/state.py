@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ MARKED = "marked"  # for deletion; the garbage collector deletes it after the re
 class BrokerState:
     node_id: int
     node_epoch: int
-    endpoints: list  # [[listener, host, port], ...]
+    endpoints: list[list[Any]]  # [[listener, host, port], ...]
     rack: str | None
     state: str = "active"
     registered_at_ms: int = 0
@@ -56,8 +57,8 @@ class PartitionState:
 class TopicState:
     name: str
     topic_id: str
-    configs: dict
-    partitions: list  # [PartitionState], index == partition number
+    configs: dict[str, str]
+    partitions: list[PartitionState]  # [PartitionState], index == partition number
 
 
 @dataclass(slots=True)
@@ -78,8 +79,8 @@ class StreamState:
     end_offset: int = 0
     owner: int = -1
     state: str = "closed"
-    tags: dict = field(default_factory=dict)
-    ranges: list = field(default_factory=list)  # [StreamRange]
+    tags: dict[str, Any] = field(default_factory=dict)
+    ranges: list[StreamRange] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -91,7 +92,7 @@ class ObjectState:
     node_id: int = -1
     # live ranges [[stream_id, start, end], ...]; a range leaves when its stream is deleted or
     # trimmed past it, and an object with none left is garbage
-    ranges: list = field(default_factory=list)
+    ranges: list[list[int]] = field(default_factory=list)
     committed_at_ms: int = 0
     expires_at_ms: int = 0  # prepared ids only
     marked_at_ms: int = 0
@@ -102,7 +103,7 @@ class JobState:
     job_id: int
     node_id: int
     node_epoch: int
-    stream_ids: list
+    stream_ids: list[int]
     state: str = "pending"
     claimed_by: int = -1
     created_at_ms: int = 0
@@ -314,7 +315,9 @@ class MetadataState:
         if s.ranges:
             s.ranges[-1].end_offset = end
 
-    def _commit_object(self, oid: int, otype: int, size: int, node_id: int, ranges: list, at_ms: int) -> None:
+    def _commit_object(
+        self, oid: int, otype: int, size: int, node_id: int, ranges: list[list[int]], at_ms: int
+    ) -> None:
         obj = self.objects[oid]
         self.prepared_ids.discard(oid)
         obj.state, obj.object_type, obj.object_size, obj.node_id = COMMITTED, int(otype), size, node_id
@@ -583,7 +586,7 @@ class MetadataState:
                 assert p.stream_id in self.streams, f"partition {t.name}-{p.partition} lost its stream"
 
 
-_HANDLERS = {
+_HANDLERS: dict[type[r.Record], Callable[[MetadataState, Any], None]] = {
     r.ControllerElected: MetadataState._controller_elected,
     r.ControllerResigned: MetadataState._controller_resigned,
     r.LeaderHeartbeat: MetadataState._leader_heartbeat,

@@ -11,6 +11,7 @@ All methods are coroutines and must never block the event loop.
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
@@ -111,11 +112,11 @@ async def iterate_parts(
     parts: AsyncIterator[bytes | memoryview] | Iterable[bytes | memoryview],
 ) -> AsyncIterator[bytes | memoryview]:
     """The parts given to `put_multipart`, whether a list or an async iterator."""
-    if hasattr(parts, "__aiter__"):
-        async for part in parts:  # type: ignore[union-attr]
+    if isinstance(parts, AsyncIterator):
+        async for part in parts:
             yield part
     else:
-        for part in parts:  # type: ignore[union-attr]
+        for part in parts:
             yield part
 
 
@@ -173,7 +174,7 @@ class ObjectStore(abc.ABC):
         """All objects whose key starts with prefix, in lexicographic key order."""
 
     @abc.abstractmethod
-    async def delete_many(self, keys: list[str]) -> None: ...
+    async def delete_many(self, keys: builtins.list[str]) -> None: ...
 
     async def delete(self, key: str) -> None:
         await self.delete_many([key])

@@ -25,6 +25,7 @@ Blocking file I/O runs in threads (`asyncio.to_thread`), at most `max_concurrenc
 from __future__ import annotations
 
 import asyncio
+import builtins
 import errno
 import fcntl
 import hashlib
@@ -496,7 +497,7 @@ class LocalObjectStore(ObjectStore):
 
     # -- deleting ---------------------------------------------------------------------------
 
-    def _delete_sync(self, keys: list[str]) -> None:
+    def _delete_sync(self, keys: builtins.list[str]) -> None:
         self._check_root()
         by_directory: dict[Path, list[str]] = {}
         for key in keys:
@@ -516,7 +517,7 @@ class LocalObjectStore(ObjectStore):
             if removed:
                 self._fsync_dir(directory)
 
-    async def delete_many(self, keys: list[str]) -> None:
+    async def delete_many(self, keys: builtins.list[str]) -> None:
         if isinstance(keys, str):
             raise ValueError("delete_many takes a list of keys, not a str")
         keys = list(keys)

@@ -26,6 +26,7 @@ A store's client belongs to the event loop that first used it; use one store per
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import hashlib
 import random
@@ -540,7 +541,11 @@ class S3ObjectStore(ObjectStore):
             params: dict[str, Any] = {"Bucket": self.settings.bucket, "Prefix": prefix, "MaxKeys": 1000}
             if token:
                 params["ContinuationToken"] = token
-            page = await self._call("list", prefix or None, lambda c, p=params: c.list_objects_v2(**p))
+            page = await self._call(
+                "list",
+                prefix or None,
+                lambda c, p=params: c.list_objects_v2(**p),  # type: ignore[misc]
+            )
             for item in page.get("Contents", []):
                 items.append(
                     ObjectInfo(
@@ -559,7 +564,7 @@ class S3ObjectStore(ObjectStore):
 
     # -- deleting -----------------------------------------------------------------------------
 
-    async def delete_many(self, keys: list[str]) -> None:
+    async def delete_many(self, keys: builtins.list[str]) -> None:
         if isinstance(keys, str):
             raise ValueError("delete_many takes a list of keys, not a str")
         keys = list(dict.fromkeys(keys))
@@ -570,7 +575,9 @@ class S3ObjectStore(ObjectStore):
             batch = keys[index : index + MAX_DELETE_BATCH]
             request = {"Objects": [{"Key": k} for k in batch], "Quiet": True}
             response = await self._call(
-                "delete_many", batch[0], lambda c, r=request: c.delete_objects(Bucket=self.settings.bucket, Delete=r)
+                "delete_many",
+                batch[0],
+                lambda c, r=request: c.delete_objects(Bucket=self.settings.bucket, Delete=r),  # type: ignore[misc]
             )
             for error in response.get("Errors", []):
                 if error.get("Code") != "NoSuchKey":

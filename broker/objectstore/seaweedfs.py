@@ -178,7 +178,7 @@ class SeaweedFS:
         for name, port in self.ports.items():
             args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + _GRPC_OFFSET}"]
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - the server's log, closed in stop()
-        self._log_offset = self._log_file.tell()  # type: ignore[attr-defined]
+        self._log_offset = self._log_file.tell()
         # weed also turns AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY from its environment into
         # an identity; inherited ones (another server's, exported by a fixture) would clash.
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}

@@ -60,6 +60,7 @@ class Broker:
         self.storage = storage
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = KafkaMetrics(self.registry)
+        self.metrics_url: str | None = None  # http://host:port/metrics once the process knows it
         self.metadata: MetadataImage | None = None
         self.partitions = PartitionManager(self)
         self.producer_ids = ProducerIdAllocator(node_id=self.node_id, node_epoch=node_epoch)

@@ -482,6 +482,7 @@ class PartitionManager:
         self._partitions[key] = partition
         self._opened.set()
         self._broker.metrics.partitions.set(len(self._partitions))
+        self._broker.metrics.partition_opened(*key)
         log.info(
             "leading %s-%d (stream %d, epoch %d, offsets %d..%d)",
             info.topic,
@@ -517,6 +518,7 @@ class PartitionManager:
         if self._partitions.get(key) is partition:
             del self._partitions[key]
             self._broker.metrics.partitions.set(len(self._partitions))
+            self._broker.metrics.partition_closed(*key)
         for listener in list(self._listeners):
             try:
                 await listener.on_resigned(partition.topic, partition.partition)

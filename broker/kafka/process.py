@@ -26,7 +26,7 @@ import signal
 import time
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 
 from automq.broker.config import NodeConfig, check_broker_config
 from automq.broker.kafka.broker import Broker, advertised_endpoints
@@ -42,6 +42,8 @@ class BrokerService:
         check_broker_config(config)
         self.config = config
         self.registry = CollectorRegistry()
+        # process_cpu_seconds_total & co.: the balancer and autoscaler read CPU from here
+        ProcessCollector(registry=self.registry)
         self.server = KafkaServer(config=config)
         self.cluster = None
         self.object_store = None
@@ -66,6 +68,20 @@ class BrokerService:
     def bootstrap(self) -> str:
         endpoint = advertised_endpoints(self.config, self.server.bound_ports)[0]
         return f"{endpoint.host}:{endpoint.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Where this broker's /metrics is reachable from other hosts (the balancer scrapes it)."""
+        host = self.config.http_host
+        if host in ("0.0.0.0", "::", ""):
+            host = (
+                advertised_endpoints(self.config, self.server.bound_ports)[0].host
+                if self.config.listeners
+                else "127.0.0.1"
+            )
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.http_port}/metrics"
 
     @property
     def ready(self) -> bool:
@@ -99,6 +115,7 @@ class BrokerService:
         self.broker = Broker(
             config, node_epoch=node_epoch, cluster=self.cluster, storage=self.storage, registry=self.registry
         )
+        self.broker.metrics_url = self.metrics_url
         self.server.broker = self.broker
         self._heartbeat = asyncio.get_running_loop().create_task(
             self._heartbeat_loop(node_epoch), name="broker-heartbeat"

@@ -137,6 +137,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self._closing:
             return
         self._last_activity = time.monotonic()
+        self.broker.metrics.network_in.inc(nbytes)
         if self._frame is not None:
             self._frame_filled += nbytes
             if self._frame_filled == self._frame_size:
@@ -293,7 +294,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         while self._slots and self._slots[0].done:
             slot = self._slots.popleft()
             if slot.payload is not None:
-                _write_frame(transport, slot.payload)
+                self.broker.metrics.network_out.inc(_write_frame(transport, slot.payload))
                 self._last_activity = time.monotonic()
             if slot.close_after:
                 transport.close()
@@ -344,7 +345,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         while self._slots and self._slots[0].done and transport is not None:
             slot = self._slots.popleft()
             if slot.payload is not None:
-                _write_frame(transport, slot.payload)
+                self.broker.metrics.network_out.inc(_write_frame(transport, slot.payload))
 
     async def drain_and_close(self, timeout: float) -> None:
         """Graceful shutdown: read nothing more, answer what is in flight, then close."""
@@ -357,7 +358,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.transport.close()
 
 
-def _write_frame(transport: asyncio.Transport, chunks: list) -> None:
+def _write_frame(transport: asyncio.Transport, chunks: list) -> int:
+    """Writes one size-prefixed frame; returns the bytes handed to the transport."""
     size = 0
     for chunk in chunks:
         size += len(chunk)
@@ -365,6 +367,7 @@ def _write_frame(transport: asyncio.Transport, chunks: list) -> None:
         transport.write(_SIZE.pack(size) + chunks[0])
     else:
         transport.writelines([_SIZE.pack(size), *chunks])
+    return size + 4
 
 
 class KafkaServer:

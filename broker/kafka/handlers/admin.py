@@ -544,6 +544,7 @@ async def describe_configs(request: Any, ctx: RequestContext) -> Any:
                     []
                     if resource.resource_name == ""
                     else tc.describe_broker(node_config, keys, include_synonyms, include_docs)
+                    + _metrics_url_entry(ctx.broker, keys, include_docs)
                 )
             else:
                 raise AdminError(
@@ -572,6 +573,29 @@ async def describe_configs(request: Any, ctx: RequestContext) -> Any:
                 )
             )
     return build(cls, throttle_time=ZERO_THROTTLE, results=tuple(results))
+
+
+METRICS_URL_CONFIG = "automq.metrics.url"
+
+
+def _metrics_url_entry(broker: Any, keys: list[str] | None, include_docs: bool) -> list[tc.DescribedConfig]:
+    """Where this broker's Prometheus metrics are (the load balancer finds brokers' metrics
+    from a Kafka bootstrap alone this way)."""
+    url = getattr(broker, "metrics_url", None)
+    if url is None or (keys is not None and METRICS_URL_CONFIG not in keys):
+        return []
+    return [
+        tc.DescribedConfig(
+            name=METRICS_URL_CONFIG,
+            value=url,
+            source=tc.ConfigSource.STATIC_BROKER_CONFIG,
+            type=tc.ConfigType.STRING,
+            read_only=True,
+            documentation="Prometheus metrics of this broker (http_host/http_port); read-only."
+            if include_docs
+            else None,
+        )
+    ]
 
 
 async def _alter_configs(

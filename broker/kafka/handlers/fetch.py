@@ -246,7 +246,7 @@ async def fetch(request, ctx: RequestContext):
         payloads = read.payloads
         data = codec.RecordSet(payloads) if len(payloads) > 1 else (payloads[0] if payloads else b"")
         if read.size:
-            metrics.record_fetch(sp.topic, read.size)
+            metrics.record_fetch(sp.topic, sp.partition, read.size)
         extra = {}
         if read.error == ErrorCode.not_leader_or_follower and codec.has_field(partition_cls, "current_leader"):
             hint = broker.leader_of(sp.topic, sp.partition)

@@ -128,7 +128,7 @@ async def produce(request, ctx: RequestContext):
                 except (NotLeaderError, UnknownPartitionError):
                     log_start = -1
                 if not appended.duplicate:
-                    metrics.record_produce(topic, header.size, header.record_count)
+                    metrics.record_produce(topic, index, header.size, header.record_count)
         else:
             error, message = result  # type: ignore[misc]
         failed = failed or error != ErrorCode.none

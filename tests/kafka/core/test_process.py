@@ -117,6 +117,24 @@ async def test_probes_metrics_and_graceful_sigterm(tmp_path, controller):
         assert 'kafka_requests_total{api="Produce"}' in text
         assert "kafka_request_latency_seconds_bucket" in text
         assert "kafka_partitions_led" in text
+        # per-partition series (Kafka's BrokerTopicMetrics names), process CPU, socket bytes
+        assert 'kafka_server_brokertopicmetrics_messagesin_total{partition="0",topic="probe-topic"} 1.0' in text
+        assert 'kafka_server_brokertopicmetrics_bytesin_total{partition="0",topic="probe-topic"}' in text
+        assert "process_cpu_seconds_total" in text
+        assert "kafka_server_socket_server_metrics_incoming_byte_total" in text
+
+        def metrics_url_config():
+            from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+            admin = KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{kafka_port}")
+            try:
+                return admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, "1")], config_filter="all")
+            finally:
+                admin.close()
+
+        configs = await asyncio.to_thread(metrics_url_config)
+        assert "automq.metrics.url" in repr(configs), configs
+        assert f"http://127.0.0.1:{http_port}/metrics" in repr(configs), configs
         proc.send_signal(signal.SIGTERM)
         assert await _wait_exit(proc) == 0
         # unregistered: the controller no longer lists it as an active broker

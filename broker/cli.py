@@ -4,6 +4,7 @@
     automq broker         a Kafka-protocol broker
     automq controller     the metadata controller
     automq operator       the Kubernetes operator
+    automq wal recover    replay a lost broker's volume WAL into the object store (node loss)
 
 Each subcommand imports its implementation lazily so that `automq --help` is instant and a
 broker image does not import the operator's dependencies.
@@ -24,6 +25,8 @@ app = typer.Typer(
 )
 local_app = typer.Typer(help="Run a whole cluster on this machine.", no_args_is_help=True)
 app.add_typer(local_app, name="local")
+wal_app = typer.Typer(help="Write-ahead log tools.", no_args_is_help=True)
+app.add_typer(wal_app, name="wal")
 
 
 def _load(config: Path):
@@ -92,6 +95,46 @@ def local_up(
     from automq.broker.local import run_local_cluster
 
     sys.exit(run_local_cluster(brokers=brokers, data_dir=data_dir, port=port, object_store_url=object_store))
+
+
+@wal_app.command("recover")
+def wal_recover(
+    wal: Path = typer.Option(..., "--wal", help="The lost broker's WAL file or block device."),
+    controller: list[str] = typer.Option(..., "--controller", help="Controller URL (repeatable)."),
+    node_id: int = typer.Option(..., "--node-id", min=0, help="The lost broker's node id."),
+    object_store: str = typer.Option(
+        ..., "--object-store", help="The cluster's object store URL (s3://bucket?endpoint=... or file://)."
+    ),
+    timeout: float = typer.Option(
+        30.0, "--controller-timeout", min=1.0, help="Seconds to keep retrying the controller."
+    ),
+) -> None:
+    """Recover a fenced broker's volume WAL: claim its recovery job at the controller, replay the
+    WAL from its trim point, upload and commit, complete the job, exit. Safe to rerun."""
+    import asyncio
+    import logging
+
+    from automq.broker.controller.client import ControllerClient
+    from automq.broker.controller.wal_recover import WalRecoverError, recover_lost_wal
+    from automq.broker.objectstore import open_object_store
+    from automq.broker.storage.metadata import MetadataError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def run() -> str:
+        client = ControllerClient(controller, retry_deadline_s=timeout)
+        store = open_object_store(object_store)
+        try:
+            return (await recover_lost_wal(client, store, node_id, wal)).summary()
+        finally:
+            await client.close()
+            await store.close()
+
+    try:
+        typer.echo(asyncio.run(run()))
+    except (WalRecoverError, MetadataError, ValueError, OSError) as exc:
+        typer.echo(f"automq wal recover: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def main() -> None:

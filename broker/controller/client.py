@@ -217,6 +217,11 @@ class ControllerClient:
         """Stop trusting a broker now (the operator saw its node die)."""
         await self.call("fence_broker", {"node_id": node_id})
 
+    async def broker_sessions(self) -> dict[str, Any]:
+        """{"brokers": [{node_id, node_epoch, state, heartbeat_age_ms}], "session_timeout_ms"}:
+        what the active controller knows of each broker's heartbeats (None: no session yet)."""
+        return await self.call("broker_sessions", {})
+
     async def list_wal_recovery_jobs(self) -> list[WalRecoveryJob]:
         data = await self.call("list_wal_recovery_jobs", {})
         return [wire.wal_recovery_job(j) for j in data["jobs"]]

@@ -514,6 +514,22 @@ class Controller:
             return fn(self.state)
         return await self.execute(lambda tx: fn(tx.state))
 
+    async def broker_sessions(self) -> list[dict]:
+        """Each registered broker's state and how long ago this leader last heard from it.
+
+        The operator asks this before fencing a broker whose Kubernetes node looks lost: one
+        signal alone (the node's status, which an API-server partition can fake) must not fence
+        a broker that still heartbeats. A new leader gives every broker a full session, so its
+        ages start at 0: it never vouches for a silence it did not observe."""
+        brokers = await self.read(lambda st: list(st.brokers.values()))
+        now = time.monotonic()
+        out = []
+        for b in brokers:
+            deadline = self._sessions.get(b.node_id)
+            age_ms = None if deadline is None else max(0, int(self.session_timeout_ms - (deadline - now) * 1000))
+            out.append({"node_id": b.node_id, "node_epoch": b.node_epoch, "state": b.state, "heartbeat_age_ms": age_ms})
+        return out
+
     def touch_session(self, node_id: int) -> None:
         self._sessions[node_id] = time.monotonic() + self.session_timeout_ms / 1000
 

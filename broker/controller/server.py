@@ -309,6 +309,11 @@ async def _fence_broker(c: Controller, q: NodeOnly) -> dict:
     return {}
 
 
+@method("broker_sessions", Empty)
+async def _broker_sessions(c: Controller, q: Empty) -> dict:
+    return {"brokers": await c.broker_sessions(), "session_timeout_ms": c.session_timeout_ms}
+
+
 @method("list_wal_recovery_jobs", Empty)
 async def _list_wal_recovery_jobs(c: Controller, q: Empty) -> dict:
     image = await c.read(lambda st: st.image())

@@ -255,3 +255,183 @@ def first_record_at_or_after(batch: bytes | bytearray | memoryview, timestamp_ms
     except (IndexError, ValueError):
         pass
     return header.base_offset, header.max_timestamp
+
+
+# --------------------------------------------------------------------------- record level
+# Readers outside the broker (the Spark jobs, key compaction) need the records themselves:
+# decompress a batch's records section and walk it. The broker's own hot paths never do.
+
+CODEC_MASK = 0x07
+CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_BLOCK = struct.Struct(">i")
+
+
+def _snappy(data: bytes | memoryview) -> bytes:
+    """Kafka's Java client frames snappy as snappy-java's stream ("xerial": magic, version,
+    then length-prefixed blocks); librdkafka and others send one raw snappy block. Both occur."""
+    import snappy
+
+    data = bytes(data)
+    if not data.startswith(_XERIAL_MAGIC):
+        return snappy.uncompress(data)
+    out = []
+    position = 16  # magic (8) + version (4) + compatible version (4)
+    while position + 4 <= len(data):
+        (length,) = _XERIAL_BLOCK.unpack_from(data, position)
+        position += 4
+        if length < 0 or position + length > len(data):
+            raise ValueError("truncated snappy-java block")
+        out.append(snappy.uncompress(data[position : position + length]))
+        position += length
+    return b"".join(out)
+
+
+def decompress_records(codec: int, data: bytes | memoryview) -> bytes | memoryview:
+    """The uncompressed records section of a batch whose attributes name `codec`.
+    ValueError for an unknown codec or bytes the codec cannot decode."""
+    if codec == 0:
+        return data
+    try:
+        if codec == 1:
+            import zlib
+
+            return zlib.decompress(bytes(data), wbits=47)  # gzip or zlib header, as Kafka writes
+        if codec == 2:
+            return _snappy(data)
+        if codec == 3:
+            import lz4.frame
+
+            return lz4.frame.decompress(bytes(data))
+        if codec == 4:
+            import zstandard
+
+            # streaming: producers may omit the frame's content size
+            return zstandard.ZstdDecompressor().decompressobj().decompress(bytes(data))
+    except ValueError:
+        raise
+    except Exception as exc:  # each library has its own error class
+        raise ValueError(f"{CODEC_NAMES[codec]}: cannot decompress records: {exc}") from exc
+    raise ValueError(f"unknown compression codec {codec} in batch attributes")
+
+
+# Record = (offset, timestamp, key, value, headers); key/value None for null, headers a list
+# of (key str, value bytes | None).
+Record = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]
+
+
+def decode_records(batch: bytes | bytearray | memoryview, header: BatchHeader | None = None) -> list[Record]:
+    """Every record of one stored batch, decompressed. LogAppendTime batches report maxTimestamp
+    for every record, as consumers see them. ValueError when the batch is malformed."""
+    h = header or parse_header(batch)
+    view = memoryview(batch)[: h.size]
+    body = decompress_records(h.attributes & CODEC_MASK, view[BATCH_HEADER_SIZE:])
+    buf = bytes(body)
+    log_append = bool(h.attributes & TIMESTAMP_TYPE_BIT)
+    base_offset, base_ts = h.base_offset, h.base_timestamp
+    out: list[Record] = []
+    pos = 0
+    end = len(buf)
+    try:
+        for _ in range(h.record_count):
+            length, pos = read_varint(buf, pos)
+            record_end = pos + length
+            if record_end > end:
+                raise ValueError("record overruns its batch")
+            pos += 1  # attributes (unused in v2)
+            ts_delta, pos = read_varint(buf, pos)
+            off_delta, pos = read_varint(buf, pos)
+            klen, pos = read_varint(buf, pos)
+            if klen < 0:
+                key = None
+            else:
+                key = buf[pos : pos + klen]
+                pos += klen
+            vlen, pos = read_varint(buf, pos)
+            if vlen < 0:
+                value = None
+            else:
+                value = buf[pos : pos + vlen]
+                pos += vlen
+            count, pos = read_varint(buf, pos)
+            headers: list[tuple[str, bytes | None]] = []
+            for _h in range(count):
+                hklen, pos = read_varint(buf, pos)
+                hkey = buf[pos : pos + hklen].decode("utf-8", "replace")
+                pos += hklen
+                hvlen, pos = read_varint(buf, pos)
+                if hvlen < 0:
+                    hvalue = None
+                else:
+                    hvalue = buf[pos : pos + hvlen]
+                    pos += hvlen
+                headers.append((hkey, hvalue))
+            if pos != record_end:
+                raise ValueError("record length does not match its fields")
+            out.append(
+                (base_offset + off_delta, h.max_timestamp if log_append else base_ts + ts_delta, key, value, headers)
+            )
+    except IndexError:
+        raise ValueError("truncated record") from None
+    return out
+
+
+def encode_record(
+    offset_delta: int,
+    timestamp_delta: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes | None]] = (),  # type: ignore[assignment]
+) -> bytes:
+    """One v2 record (length-prefixed), the inverse of what decode_records reads."""
+    body = bytearray(b"\x00")
+    body += write_varint(timestamp_delta)
+    body += write_varint(offset_delta)
+    for part in (key, value):
+        if part is None:
+            body += write_varint(-1)
+        else:
+            body += write_varint(len(part)) + part
+    body += write_varint(len(headers))
+    for hkey, hvalue in headers:
+        raw = hkey.encode()
+        body += write_varint(len(raw)) + raw
+        body += write_varint(-1) if hvalue is None else write_varint(len(hvalue)) + hvalue
+    return write_varint(len(body)) + bytes(body)
+
+
+def build_batch(
+    base_offset: int,
+    records: list[bytes],
+    *,
+    last_offset_delta: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    attributes: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    partition_leader_epoch: int = 0,
+) -> bytes:
+    """An uncompressed v2 batch from encoded records (key compaction writes these: offset
+    gaps are allowed, lastOffsetDelta keeps the batch's original offset span)."""
+    body = b"".join(records)
+    attributes &= ~CODEC_MASK
+    head = HEADER.pack(
+        base_offset,
+        BATCH_HEADER_SIZE - LOG_OVERHEAD + len(body),
+        partition_leader_epoch,
+        2,
+        0,
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        len(records),
+    )
+    batch = bytearray(head + body)
+    _CRC.pack_into(batch, CRC_OFFSET, crc32c.crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
+    return bytes(batch)

@@ -1,0 +1,191 @@
+"""Reading one stream's offset range out of one object, straight from the object store, and
+turning its Kafka batches into Arrow record batches. Runs on Spark executors (and in the
+single-process baseline of the benchmark): no Spark imports here.
+
+Requests per object: one ranged GET of the tail (footer + index, usually), then one ranged
+GET per run of adjacent blocks the range needs (a stream's blocks are contiguous in an
+object, so usually exactly one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from automq.broker.kafka import records
+from automq.broker.objectstore import ObjectStore
+from automq.broker.storage.metadata import object_key
+from automq.broker.storage.objects.format import (
+    FOOTER,
+    TAIL_READ_BYTES,
+    IndexEntry,
+    iter_block_batches,
+    parse_index,
+    parse_tail,
+)
+
+# Exactly the Arrow schema Spark derives from ROW_DDL (it checks batches against it): every
+# field nullable, list items named "element", timestamps in UTC.
+HEADER_TYPE = pa.list_(pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])))
+ROW_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestamp_type", pa.int32()),  # 0 CreateTime, 1 LogAppendTime
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("headers", HEADER_TYPE),
+    ]
+)
+# The same, as a Spark DDL string (the data source's schema)
+ROW_DDL = (
+    "topic string, partition int, offset long, timestamp timestamp, timestamp_type int, "
+    "key binary, value binary, headers array<struct<key:string,value:binary>>"
+)
+MAX_ROWS_PER_BATCH = 65_536
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectSlice:
+    """What one read task does: offsets [start, end) of one stream held by one object."""
+
+    object_id: int
+    object_size: int
+    stream_id: int
+    start_offset: int
+    end_offset: int
+    topic: str = ""
+    partition: int = -1
+
+    @property
+    def key(self) -> str:
+        return object_key(self.object_id)
+
+
+@dataclass(slots=True)
+class ReadStats:
+    gets: int = 0
+    bytes: int = 0
+    records: int = 0
+
+
+async def read_slice_batches(store: ObjectStore, sl: ObjectSlice, stats: ReadStats | None = None):
+    """Yield (base_offset, record_count, batch bytes) of the stored batches that overlap the
+    slice, in offset order (whole batches: a batch may start before or end after it)."""
+    stats = stats if stats is not None else ReadStats()
+    tail_start = max(0, sl.object_size - TAIL_READ_BYTES)
+    tail = await store.get(sl.key, tail_start, sl.object_size)
+    stats.gets += 1
+    stats.bytes += len(tail)
+    index_pos, index_len, crc = parse_tail(tail[-FOOTER.size :], sl.object_size, key=sl.key)
+    if index_pos >= tail_start:
+        raw_index = tail[index_pos - tail_start : index_pos - tail_start + index_len]
+    else:
+        raw_index = await store.get(sl.key, index_pos, index_pos + index_len)
+        stats.gets += 1
+        stats.bytes += len(raw_index)
+    blocks = parse_index(raw_index, crc, sl.object_size, key=sl.key).blocks(
+        sl.stream_id, sl.start_offset, sl.end_offset
+    )
+    for run in _adjacent_runs(blocks):
+        first, last = run[0], run[-1]
+        data = await store.get(sl.key, first.position, last.position + last.size)
+        stats.gets += 1
+        stats.bytes += len(data)
+        view = memoryview(data)
+        for e in run:
+            block = view[e.position - first.position : e.position - first.position + e.size]
+            for base, count, payload in iter_block_batches(block, key=sl.key):
+                if base + count <= sl.start_offset:
+                    continue
+                if base >= sl.end_offset:
+                    return
+                yield base, count, payload
+
+
+def _adjacent_runs(blocks: list[IndexEntry]) -> list[list[IndexEntry]]:
+    runs: list[list[IndexEntry]] = []
+    for b in blocks:
+        if runs and runs[-1][-1].position + runs[-1][-1].size == b.position:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return runs
+
+
+class ArrowBuilder:
+    """Columns of decoded records, flushed as Arrow record batches."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._reset()
+
+    def _reset(self) -> None:
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.types: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.headers: list[list[dict] | None] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add_batch(self, batch: bytes | memoryview, start: int, end: int) -> int:
+        """Decode one stored batch, keeping records with offsets in [start, end). Control
+        batches (transaction markers) hold no user records and are skipped."""
+        header = records.parse_header(batch)
+        if header.is_control:
+            return 0
+        decoded = records.decode_records(batch, header)
+        if decoded[0][0] < start or decoded[-1][0] >= end:
+            decoded = [r for r in decoded if start <= r[0] < end]
+        ts_type = 1 if header.attributes & records.TIMESTAMP_TYPE_BIT else 0
+        for offset, ts, key, value, hdrs in decoded:
+            self.offsets.append(offset)
+            self.timestamps.append(ts * 1000)
+            self.keys.append(key)
+            self.values.append(value)
+            self.headers.append([{"key": k, "value": v} for k, v in hdrs] if hdrs else [])
+        self.types.extend([ts_type] * len(decoded))
+        return len(decoded)
+
+    def flush(self) -> pa.RecordBatch | None:
+        n = len(self.offsets)
+        if not n:
+            return None
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array([self.topic] * n, pa.string()),
+                pa.array([self.partition] * n, pa.int32()),
+                pa.array(self.offsets, pa.int64()),
+                pa.array(self.timestamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                pa.array(self.types, pa.int32()),
+                pa.array(self.keys, pa.binary()),
+                pa.array(self.values, pa.binary()),
+                pa.array(self.headers, HEADER_TYPE),
+            ],
+            schema=ROW_SCHEMA,
+        )
+        self._reset()
+        return batch
+
+
+async def read_slice_arrow(store: ObjectStore, sl: ObjectSlice, stats: ReadStats | None = None):
+    """Yield Arrow record batches (ROW_SCHEMA) of the records in the slice."""
+    builder = ArrowBuilder(sl.topic, sl.partition)
+    async for _base, _count, payload in read_slice_batches(store, sl, stats):
+        n = builder.add_batch(payload, sl.start_offset, sl.end_offset)
+        if stats is not None:
+            stats.records += n
+        if len(builder) >= MAX_ROWS_PER_BATCH:
+            out = builder.flush()
+            if out is not None:
+                yield out
+    out = builder.flush()
+    if out is not None:
+        yield out

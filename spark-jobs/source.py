@@ -1,0 +1,181 @@
+"""The `automq` PySpark data source: topics read straight from the object store.
+
+    spark.dataSource.register(AutoMQDataSource)        # automq.spark.session does this
+    df = (spark.read.format("automq")
+          .option("topic", "orders")                    # or "topics": "a,b"
+          .option("controller", "http://127.0.0.1:9093")  # or "dataDir", or only "objectStore"
+          .option("objectStore", "s3://bucket?endpoint=...")
+          .option("startingOffsets", '{"orders": {"0": 100}}')  # default: earliest
+          .load())
+
+Columns: topic, partition, offset, timestamp, timestamp_type, key, value, headers.
+
+The driver plans from the controller's metadata (or the metadata log in the store when no
+controller is given): one input partition per group of object slices, each slice an offset
+range of one stream in one object. Executors fetch them with ranged GETs through
+`automq.broker.objectstore` and decode batches into Arrow record batches.
+
+Only data committed to objects is visible: what brokers hold only in their WAL (at most one
+upload interval of recent records) appears on a later read. Offsets below a partition's log
+start (retention) are not returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from automq.broker.objectstore import open_object_store
+from automq.spark.cluster import ClusterLocation, ClusterView, PartitionView
+from automq.spark.reader import ROW_DDL, ObjectSlice, read_slice_arrow
+
+DEFAULT_MAX_BYTES_PER_PARTITION = 64 << 20
+
+
+class SourceOptionError(ValueError):
+    """A bad option of the automq data source; the message names it."""
+
+
+@dataclass(frozen=True)
+class SliceGroup(InputPartition):
+    object_store_url: str
+    slices: tuple[ObjectSlice, ...]
+
+
+def parse_offsets(text: str | None, name: str) -> dict[str, dict[int, int]] | str:
+    """Kafka-source style offsets: "earliest" | "latest" | {"topic": {"0": 12, "1": -2}}
+    (-2 = earliest, -1 = latest)."""
+    if text is None:
+        return "earliest" if name == "startingOffsets" else "latest"
+    text = text.strip()
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        raw = json.loads(text)
+        return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
+    except (ValueError, AttributeError, TypeError):
+        raise SourceOptionError(
+            f'option {name}: expected "earliest", "latest" or JSON like {{"topic": {{"0": 42}}}}, got {text!r}'
+        ) from None
+
+
+def _bound(spec: dict[str, dict[int, int]] | str, p: PartitionView, default: str) -> int:
+    value: int | str = spec if isinstance(spec, str) else spec.get(p.topic, {}).get(p.partition, default)
+    if value in ("earliest", -2):
+        return p.start_offset
+    if value in ("latest", -1):
+        return p.end_offset
+    return min(max(int(value), p.start_offset), p.end_offset)
+
+
+def plan_slices(
+    view: ClusterView,
+    topics: list[str],
+    starting: dict[str, dict[int, int]] | str = "earliest",
+    ending: dict[str, dict[int, int]] | str = "latest",
+) -> list[ObjectSlice]:
+    """Object slices covering each partition's [start, end) in offset order."""
+    out = []
+    for name in topics:
+        for p in view.topic(name).partitions:
+            lo, hi = _bound(starting, p, "earliest"), _bound(ending, p, "latest")
+            for obj, start, end in p.ranges():
+                start, end = max(start, lo), min(end, hi)
+                if start < end:
+                    out.append(
+                        ObjectSlice(obj.object_id, obj.object_size, p.stream_id, start, end, p.topic, p.partition)
+                    )
+    return out
+
+
+def group_slices(slices: list[ObjectSlice], max_bytes: int) -> list[list[ObjectSlice]]:
+    """Consecutive slices packed into tasks of about `max_bytes` (object size is the cost
+    estimate: the index does not say how much of a stream-set object one stream holds)."""
+    groups: list[list[ObjectSlice]] = []
+    size = 0
+    for sl in slices:
+        if not groups or size + sl.object_size > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(sl)
+        size += sl.object_size
+    return groups
+
+
+def read_group(object_store_url: str, slices: tuple[ObjectSlice, ...]) -> Iterator:
+    """Arrow record batches of the slices, in order (drives the async store from sync code)."""
+    loop = asyncio.new_event_loop()
+    store = open_object_store(object_store_url)
+    try:
+        for sl in slices:
+            gen = read_slice_arrow(store, sl)
+            while True:
+                try:
+                    batch = loop.run_until_complete(gen.__anext__())
+                except StopAsyncIteration:
+                    break
+                yield batch
+    finally:
+        loop.run_until_complete(store.close())
+        loop.close()
+
+
+class AutoMQReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = {k.lower(): v for k, v in options.items()}  # Spark options are case-insensitive
+
+    def _location(self) -> ClusterLocation:
+        o = self.options
+        return ClusterLocation.resolve(
+            data_dir=o.get("datadir"), controller=o.get("controller"), object_store=o.get("objectstore")
+        )
+
+    def _topics(self) -> list[str]:
+        raw = self.options.get("topic") or self.options.get("topics") or ""
+        topics = [t.strip() for t in raw.split(",") if t.strip()]
+        if not topics:
+            raise SourceOptionError('the automq data source needs option "topic" (or "topics": "a,b")')
+        return topics
+
+    def partitions(self) -> list[InputPartition]:
+        o = self.options
+        location = self._location()
+        topics = self._topics()
+        starting = parse_offsets(o.get("startingoffsets"), "startingOffsets")
+        ending = parse_offsets(o.get("endingoffsets"), "endingOffsets")
+        try:
+            max_bytes = int(o.get("maxbytesperpartition") or DEFAULT_MAX_BYTES_PER_PARTITION)
+        except ValueError:
+            raise SourceOptionError("option maxBytesPerPartition must be a number of bytes") from None
+        view = ClusterView.load(location, topics)
+        missing = [t for t in topics if t not in view.topics]
+        if missing:
+            raise SourceOptionError(f"topic(s) {', '.join(missing)} do not exist")
+        slices = plan_slices(view, topics, starting, ending)
+        groups = group_slices(slices, max_bytes)
+        # Spark needs at least one partition; an empty one reads nothing
+        return [SliceGroup(location.object_store_url, tuple(g)) for g in groups] or [
+            SliceGroup(location.object_store_url, ())
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator:
+        assert isinstance(partition, SliceGroup)
+        yield from read_group(partition.object_store_url, partition.slices)
+
+
+class AutoMQDataSource(DataSource):
+    """`spark.read.format("automq")`: see the module docstring for options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "automq"
+
+    def schema(self) -> str:
+        return ROW_DDL
+
+    def reader(self, schema) -> DataSourceReader:
+        return AutoMQReader(dict(self.options))

@@ -12,11 +12,16 @@ object-store directory per test.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from automq.broker.objectstore.seaweedfs import SeaweedFS, SeaweedFSStartError
+
+# Test-only helpers shared across folders (kmock emulator, kubelet harness): `import kubelet_harness`.
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,149 @@
+"""The real operator, real controller/broker processes and real clients, on the kubelet harness.
+
+The AutoMQCluster is applied to kmock; the operator writes the StatefulSets and the ConfigMap;
+`tests/support/kubelet_harness.py` runs a process per pod with the config the operator rendered
+(object store: the shared SeaweedFS, through the S3 URL the operator rendered, unchanged).
+confluent-kafka and kafka-python produce acks=all idempotent records with sequence numbers;
+everything acknowledged is read back exactly once, in order, at the end.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from kubelet_harness import KubeletHarness
+from sequenced_load import SequencedProducer, check_exactly_once, read_partitions
+
+pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.timeout(300)]
+
+
+def cluster_spec(s3_url: str, brokers: int = 1, **extra: object) -> dict:
+    """An AutoMQCluster spec on the test's SeaweedFS bucket."""
+    parts = urlsplit(s3_url)
+    query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    return {
+        "controller": {"replicas": 1},
+        "broker": {"replicas": brokers, "wal": {"kind": "volume", "size": "64Mi"}},
+        "objectStore": {"bucket": parts.netloc, "endpoint": query["endpoint"], "pathStyle": True},
+        "deletionPolicy": "Delete",
+        **extra,
+    }
+
+
+@pytest.fixture
+def k8s(tmp_path, s3_url) -> Iterator[KubeletHarness]:
+    with KubeletHarness(tmp_path) as harness:
+        harness.s3_url = s3_url  # type: ignore[attr-defined]
+        yield harness
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    futures[topic].result(30)
+
+
+def leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
+    return {p.id: p.leader for p in md.topics[topic].partitions.values()}
+
+
+def test_apply_scale_out_and_serve_with_real_clients(k8s: KubeletHarness) -> None:
+    k8s.create_cluster("demo", cluster_spec(k8s.s3_url))  # type: ignore[attr-defined]
+    k8s.wait_ready("demo", brokers=1)
+    pods = {p["metadata"]["name"]: p for p in k8s.list("Pod")}
+    assert set(pods) == {"demo-controller-0", "demo-broker-0"}
+    broker0 = pods["demo-broker-0"]
+    assert broker0["status"]["podIP"] == k8s.pod_process("demo-broker-0").ip
+    assert k8s.get("Node", broker0["spec"]["nodeName"])["status"]["conditions"][0]["status"] == "True"
+
+    bootstrap = k8s.bootstrap("demo")
+    create_topic(bootstrap, "orders", 4)
+    loads = [
+        SequencedProducer(bootstrap, "orders", 4, client="confluent", rate=150, name="c").start(),
+        SequencedProducer(bootstrap, "orders", 4, client="kafka-python", rate=50, name="k").start(),
+    ]
+    k8s.wait_for("records acknowledged on one broker", lambda: all(load.acked_count() > 50 for load in loads))
+
+    k8s.scale("demo", 2)  # the /scale subresource, as kubectl scale or an HPA does
+    cluster = k8s.wait_ready("demo", brokers=2)
+    assert cluster["status"]["brokers"]["ready"] == 2
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
+    new = k8s.pod_process("demo-broker-1")
+    assert {b.id: (b.host, b.port) for b in md.brokers.values()} == {
+        0: (k8s.pod_process("demo-broker-0").ip, k8s.pod_process("demo-broker-0").ports[9092]),
+        1: (new.ip, new.ports[9092]),
+    }
+    # The new broker serves: a topic created now has leaders on it, and a client that knows
+    # only the new broker's address produces to and reads from them.
+    create_topic(bootstrap, "after-scale", 8)
+    placed = leaders(bootstrap, "after-scale")
+    assert 1 in placed.values(), placed
+    only_new = f"{new.ip}:{new.ports[9092]}"
+    fresh = SequencedProducer(only_new, "after-scale", 8, rate=200, name="n").start()
+    k8s.wait_for("records on the new broker", lambda: fresh.acked_count() > 200)
+    fresh.stop()
+    assert {a.partition for a in fresh.acked} >= {p for p, leader in placed.items() if leader == 1}
+    assert check_exactly_once(only_new, "after-scale", [fresh]) == fresh.acked_count()
+
+    for load in loads:
+        load.stop()
+    checked = check_exactly_once(bootstrap, "orders", loads)
+    assert checked == sum(load.acked_count() for load in loads) > 100
+
+
+def test_kill_delete_and_scale_in_keep_every_acknowledged_record(k8s: KubeletHarness) -> None:
+    k8s.create_cluster("demo", cluster_spec(k8s.s3_url, brokers=2))  # type: ignore[attr-defined]
+    k8s.wait_ready("demo", brokers=2)
+    bootstrap = k8s.bootstrap("demo")
+    create_topic(bootstrap, "events", 6)
+    load = SequencedProducer(bootstrap, "events", 6, rate=200, name="c").start()
+    k8s.wait_for("records acknowledged", lambda: load.acked_count() > 100)
+
+    # kill -9: the kubelet restarts the container in the same pod (restartCount 1); the broker
+    # replays its WAL and serves again.
+    pid = k8s.kill_pod("demo-broker-1", signal.SIGKILL)
+    uid = k8s.get("Pod", "demo-broker-1")["metadata"]["uid"]
+    k8s.wait_for(
+        "demo-broker-1 restarted in place",
+        lambda: (
+            (p := k8s.get("Pod", "demo-broker-1"))
+            and p["metadata"]["uid"] == uid
+            and p["status"]["containerStatuses"][0]["restartCount"] == 1
+            and "demo-broker-1" in k8s.ready_pods("demo")
+        ),
+    )
+    assert k8s.pod_process("demo-broker-1").pid != pid
+
+    # Graceful delete: Terminating (deletionTimestamp) until the process stopped, then a new pod.
+    uid = k8s.get("Pod", "demo-broker-0")["metadata"]["uid"]
+    k8s.delete_pod("demo-broker-0")
+    k8s.wait_for(
+        "demo-broker-0 re-created and Ready",
+        lambda: (
+            (p := k8s.get("Pod", "demo-broker-0"))
+            and p["metadata"]["uid"] != uid
+            and "demo-broker-0" in k8s.ready_pods("demo")
+        ),
+    )
+    before = load.acked_count()
+    k8s.wait_for("records acknowledged after the restarts", lambda: load.acked_count() > before + 100)
+
+    # Scale in through /scale: the operator drains broker 1 (real controller), then the
+    # StatefulSet shrinks and the harness stops the process with SIGTERM.
+    proc = k8s.pod_process("demo-broker-1").process
+    k8s.scale("demo", 1)
+    k8s.wait_ready("demo", brokers=1)
+    k8s.wait_for("demo-broker-1 gone", lambda: k8s.get("Pod", "demo-broker-1") is None)
+    assert proc.poll() is not None
+    assert proc.returncode == 0, k8s.log_tail("demo-broker-1")  # it stopped on SIGTERM, not killed
+    time.sleep(1.0)
+    load.stop()
+    assert set(leaders(bootstrap, "events").values()) == {0}
+    assert check_exactly_once(bootstrap, "events", [load]) == load.acked_count()
+    assert sum(len(rows) for rows in read_partitions(bootstrap, "events", 6).values()) >= load.acked_count()

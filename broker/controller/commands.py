@@ -263,9 +263,11 @@ def fence_broker(tx: Tx, node_id: int) -> None:
         for p in t.partitions:
             if p.leader == node_id:
                 if p.stream_id in held:
-                    # its WAL may hold acknowledged data: nobody leads until it is recovered
+                    # its WAL may hold acknowledged data: nobody leads until it is recovered. A
+                    # move in progress keeps its target, where the partition goes once it is.
                     tx.placement.release(t.name, counted_node(p))
-                    tx.emit(r.PartitionChanged(t.name, p.partition, -1, p.leader_epoch, "offline", -1))
+                    target = p.target if p.state == "moving" else -1
+                    tx.emit(r.PartitionChanged(t.name, p.partition, -1, p.leader_epoch, "offline", target))
                 else:
                     _move_now(tx, p, prefer=p.target if p.state == "moving" else -1)
             elif p.state == "moving" and p.target == node_id:
@@ -294,7 +296,18 @@ def place_offline_partitions(tx: Tx) -> None:
             s = state.streams.get(p.stream_id)
             if s is not None and _recovery_blocks(state, s):
                 continue
-            prefer = s.owner if s is not None and s.state == "open" else -1
+            target = p.target if p.target in tx.placement.candidates() else -1
+            if s is not None and s.state == "open":
+                # Its owner is back and replays its WAL into the stream: only it may hold the
+                # stream until it closes it. An interrupted move resumes from that owner.
+                owner = state.brokers.get(s.owner)
+                if owner is not None and owner.state != "fenced" and 0 <= target != s.owner:
+                    tx.emit(r.PartitionChanged(t.name, p.partition, s.owner, p.leader_epoch, "moving", target))
+                    tx.placement.choose(t.name, prefer=target)  # the move counts against its target
+                    continue
+                prefer = s.owner
+            else:
+                prefer = target
             leader = tx.placement.choose(t.name, prefer=prefer)
             tx.emit(r.PartitionChanged(t.name, p.partition, leader, p.leader_epoch + 1, "online", -1))
 
@@ -366,12 +379,17 @@ def partition_closed(tx: Tx, topic: str, partition: int, node_id: int, node_epoc
     s = state.streams[p.stream_id]
     if s.state == "open" and s.owner == node_id:
         raise InvalidRequestError(f"{topic}-{partition}: close stream {s.stream_id} before partition_closed")
-    target = p.target
-    tb = state.brokers.get(target)
+    _finish_move(tx, p)
+
+
+def _finish_move(tx: Tx, p: PartitionState) -> None:
+    """The old leader no longer holds the stream: the target leads under the next epoch (or,
+    if the target went away meanwhile, whichever broker placement picks)."""
+    tb = tx.state.brokers.get(p.target)
     if tb is None or tb.state != "active":
         _move_now(tx, p)
     else:
-        tx.emit(r.PartitionChanged(topic, partition, target, p.leader_epoch + 1, "online", -1))
+        tx.emit(r.PartitionChanged(p.topic, p.partition, p.target, p.leader_epoch + 1, "online", -1))
 
 
 # --------------------------------------------------------------------------- topics
@@ -513,10 +531,18 @@ def close_stream(tx: Tx, stream_id: int, epoch: int, node_id: int, node_epoch: i
     s = _stream(state, stream_id)
     if epoch < s.epoch:
         raise StreamFencedError(f"stream {stream_id} epoch {epoch} is stale (current {s.epoch})")
-    if epoch > s.epoch or s.owner != node_id:
+    if s.owner != node_id:
         raise StreamNotOpenError(f"stream {stream_id} is not owned by node {node_id} under epoch {epoch}")
+    # An epoch above the stream's is the owner releasing a stream it was given again under a
+    # newer leader epoch without opening it yet (it restarted meanwhile): still its own.
     if s.state == "open":
         tx.emit(r.StreamClosed(stream_id))
+        # Closing the stream of a moving partition is the handover itself: the move completes
+        # in the same log entry, so a lost partition_closed answer cannot strand it.
+        where = state.partition_of_stream.get(stream_id)
+        p = state.partition(*where) if where is not None else None
+        if p is not None and p.state == "moving" and p.leader == node_id:
+            _finish_move(tx, p)
 
 
 def trim_stream(tx: Tx, stream_id: int, epoch: int, new_start_offset: int, node_id: int, node_epoch: int) -> None:

@@ -26,7 +26,7 @@ from automq.broker.controller.protocol import MetadataImage, PartitionInfo, Topi
 from automq.broker.kafka import records
 from automq.broker.kafka.producers import ProducerStateManager
 from automq.broker.storage.api import FetchResult, Stream, StreamClosedError
-from automq.broker.storage.metadata import StreamFencedError, StreamNotFoundError
+from automq.broker.storage.metadata import NodeFencedError, StreamFencedError, StreamNotFoundError
 
 if TYPE_CHECKING:
     from automq.broker.kafka.broker import Broker
@@ -537,20 +537,37 @@ class PartitionManager:
             await self._ack_closed(moving)
 
     async def _ack_closed(self, info: PartitionInfo) -> None:
-        """Tell the controller the stream of a moving partition is closed (retried: the move
-        waits for this)."""
+        """Hand a moving partition over: release its stream (upload what is left, close it at
+        the controller, which completes the move in the same step) and confirm with
+        partition_closed. Retried until it goes through or the metadata moved on: a move must
+        never wait for a controller or object-store blip to be noticed again."""
         b = self._broker
         backoff = 0.1
-        for attempt in range(8):
+        while not self._closing and self._still_moving_from_here(info):
             try:
+                await b.storage.release_stream(info.stream_id, info.leader_epoch)
                 await b.cluster.partition_closed(info.topic, info.partition, b.node_id, b.node_epoch, info.leader_epoch)
                 return
+            except (NodeFencedError, StreamClosedError) as exc:
+                # this node was fenced: the controller moves its partitions without it
+                log.warning("cannot hand over %s-%d: %s", info.topic, info.partition, exc)
+                return
             except Exception as exc:
-                if attempt == 7:
-                    raise
-                log.warning("partition_closed for %s-%d failed (%s); retrying", info.topic, info.partition, exc)
+                log.warning(
+                    "handing over %s-%d failed (%s); retrying in %.1fs", info.topic, info.partition, exc, backoff
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+    def _still_moving_from_here(self, info: PartitionInfo) -> bool:
+        latest = self._topics.get(info.topic)
+        p = next((p for p in latest.partitions if p.partition == info.partition), None) if latest else None
+        return (
+            p is not None
+            and p.state == "moving"
+            and p.leader == self._broker.node_id
+            and p.leader_epoch == info.leader_epoch
+        )
 
     def _drop_fenced(self, partition: Partition) -> None:
         key = (partition.topic, partition.partition)

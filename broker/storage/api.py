@@ -111,4 +111,8 @@ class StreamClient(Protocol):
         """Take ownership under epoch (fencing older owners), recover what the previous
         owner left in its WAL, and return a stream ready for appends and fetches."""
 
+    async def release_stream(self, stream_id: int, epoch: int) -> None:
+        """Upload what this node holds of the stream and release it under `epoch`, even if
+        it is not open here (e.g. after a restart replayed the WAL into it)."""
+
     async def delete_stream(self, stream_id: int, epoch: int) -> None: ...

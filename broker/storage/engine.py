@@ -30,7 +30,13 @@ from automq.broker.storage.api import (
 )
 from automq.broker.storage.cache.block_cache import BlockCache
 from automq.broker.storage.cache.log_cache import LogCache
-from automq.broker.storage.metadata import ObjectManager, StreamManager, StreamMetadata
+from automq.broker.storage.metadata import (
+    ObjectManager,
+    StreamFencedError,
+    StreamManager,
+    StreamMetadata,
+    StreamNotOpenError,
+)
 from automq.broker.storage.metrics import StorageMetrics
 from automq.broker.storage.read.reader import ObjectReader
 from automq.broker.storage.recovery import upload_recovered
@@ -311,6 +317,25 @@ class StorageEngine:
             self._open[stream_id] = stream
             self.metrics.open_streams.set(len(self._open))
             return stream
+
+    async def release_stream(self, stream_id: int, epoch: int) -> None:
+        """Give up ownership of a stream under `epoch`, whether or not it is open here: the
+        open stream is closed as usual; otherwise (this process restarted and replayed its
+        WAL into the stream, or an earlier close failed half way) everything the cache holds
+        is uploaded and committed first, then the controller closes it. A stream a newer
+        owner took over is already released."""
+        self._check_usable()
+        lock = self._stream_locks.setdefault(stream_id, asyncio.Lock())
+        async with lock:
+            old = self._open.get(stream_id)
+            if old is not None:
+                await old.close()
+                return
+            await self.uploader.flush()
+            try:
+                await self.streams.close_stream(stream_id, epoch, self.node_id, self.node_epoch)
+            except (StreamFencedError, StreamNotOpenError):
+                pass  # another node owns it now: nothing of ours is left to release
 
     async def delete_stream(self, stream_id: int, epoch: int) -> None:
         stream = self._open.pop(stream_id, None)

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from automq.broker.config import NodeConfig
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def run_node(config: NodeConfig, serve: Callable[[NodeConfig], Awaitable[int]]) -> None:
+def run_node(config: NodeConfig, serve: Callable[[NodeConfig], Coroutine[Any, Any, int]]) -> None:
     """Block until `serve` returns; a non-zero result becomes the process exit code."""
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from automq.broker.controller import records as r
 from automq.broker.controller.placement import Placement, counted_node
@@ -37,6 +37,7 @@ from automq.broker.controller.state import (
     MARKED,
     PREPARED,
     BrokerState,
+    JobState,
     MetadataState,
     PartitionState,
     StreamState,
@@ -395,7 +396,7 @@ def _finish_move(tx: Tx, p: PartitionState) -> None:
 # --------------------------------------------------------------------------- topics
 
 
-def _validate_configs(configs: dict[str, str | None], allow_none: bool) -> None:
+def _validate_configs(configs: Mapping[str, str | None], allow_none: bool) -> None:
     for key, value in configs.items():
         kind = _TOPIC_CONFIGS.get(key)
         if kind is None:
@@ -510,6 +511,7 @@ def open_stream(tx: Tx, stream_id: int, epoch: int, node_id: int, node_epoch: in
     where = state.partition_of_stream.get(stream_id)
     if where is not None:
         p = state.partition(*where)
+        assert p is not None, "partition_of_stream names only existing partitions"
         if p.leader != node_id or p.leader_epoch != epoch:
             raise StreamFencedError(
                 f"stream {stream_id} belongs to {where[0]}-{where[1]}, led by node {p.leader} "
@@ -794,7 +796,7 @@ def objects_destroyed(tx: Tx, object_ids: list[int]) -> None:
 # --------------------------------------------------------------------------- WAL recovery
 
 
-def _job(state: MetadataState, job_id: int):
+def _job(state: MetadataState, job_id: int) -> JobState:
     job = state.jobs.get(job_id)
     if job is None:
         raise WalRecoveryJobError(f"WAL recovery job {job_id} does not exist (completed or never created)")

@@ -20,6 +20,7 @@ recomputed (one native CRC-32C over the batch body, no decompression).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import crc32c
@@ -156,7 +157,7 @@ def assign_offsets(
         _CRC.pack_into(batch, CRC_OFFSET, crc32c.crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
 
 
-def iter_headers(buf: bytes | bytearray | memoryview):
+def iter_headers(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, BatchHeader]]:
     """Headers of the complete batches in a concatenation (as stored), with their positions."""
     position = 0
     total = len(buf)

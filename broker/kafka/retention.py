@@ -152,9 +152,9 @@ class RetentionTask:
         if new_start <= start:
             return None
         await partition.stream.trim(new_start)
-        index = self._indexes.get((partition.topic, partition.partition))
-        if index is not None:
-            index.drop_below(new_start)
+        cached = self._indexes.get((partition.topic, partition.partition))
+        if cached is not None:
+            cached.drop_below(new_start)
         log.info(
             "retention trimmed %s-%d: offsets below %d deleted (was %d)",
             partition.topic,

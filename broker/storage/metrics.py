@@ -14,6 +14,7 @@ class StorageMetrics:
     process) shares the collectors instead of failing on duplicate names."""
 
     _by_registry: weakref.WeakKeyDictionary[CollectorRegistry, StorageMetrics] = weakref.WeakKeyDictionary()
+    _initialized: bool
 
     def __new__(cls, registry: CollectorRegistry | None = None) -> StorageMetrics:
         if registry is not None and registry in cls._by_registry:

@@ -21,7 +21,7 @@ from automq.broker.objectstore import ObjectStore
 from automq.broker.storage.cache.log_cache import LogCache
 from automq.broker.storage.metadata import ObjectManager, StreamManager
 from automq.broker.storage.upload.uploader import Uploader, UploadSettings
-from automq.broker.storage.wal.base import RecoveryReport, WalRecord
+from automq.broker.storage.wal.base import RecoveryReport, WalRecord, WriteAheadLog
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ async def recover_wal(
             raise FileNotFoundError(f"recover_wal: no WAL at {volume_path}")
         from automq.broker.storage.wal.volume import VolumeWal
 
-        wal = VolumeWal(volume_path, 1 << 16, node_id, node_epoch)
+        wal: WriteAheadLog = VolumeWal(volume_path, 1 << 16, node_id, node_epoch)
     elif kind == "s3":
         from automq.broker.storage.wal.objectstore import ObjectStoreWal
 

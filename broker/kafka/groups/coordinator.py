@@ -41,6 +41,7 @@ from automq.broker.kafka.groups.state import GroupManager
 
 if TYPE_CHECKING:
     from automq.broker.kafka.broker import Broker
+    from automq.broker.kafka.partitions import Partition
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class GroupCoordinator:
         )
         self.num_partitions = kafka.offsets_topic_num_partitions
         self.manager = GroupManager(self.config, self.num_partitions)
-        self._partitions: dict[int, Any] = {}  # loaded partition index -> Partition
+        self._partitions: dict[int, Partition] = {}  # loaded partition index
         self._loading: set[int] = set()
         self._loads: dict[int, asyncio.Task[None]] = {}
         self._fixing_config = False

@@ -213,7 +213,7 @@ class Group:
         if self.leader_id == member_id:
             # prefer a member that has already rejoined this rebalance
             rejoined = [m.member_id for m in self.members.values() if m.awaiting_join]
-            self.leader_id = (rejoined or list(self.members) or [None])[0]
+            self.leader_id = next(iter(rejoined or list(self.members)), None)
         return member
 
     def candidate_protocols(self) -> set[str]:

@@ -30,9 +30,6 @@ class OffsetBook:
     def _new_group(self, group_id: str, now_ms: int) -> Group:
         raise NotImplementedError
 
-    def _drop_group(self, group: Group, now_ms: int, fx: Effects) -> None:
-        raise NotImplementedError
-
     def prepare_commit(
         self,
         now_ms: int,

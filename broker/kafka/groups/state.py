@@ -161,7 +161,7 @@ class GroupManager(OffsetBook):
     def _join_result(
         self, group: Group, member: Member, include_members: bool, skip_assignment: bool = False
     ) -> JoinResult:
-        members = ()
+        members: tuple[tuple[str, str | None, bytes], ...] = ()
         if include_members:
             members = tuple(
                 (m.member_id, m.group_instance_id, m.metadata(group.protocol_name)) for m in group.members.values()
@@ -300,14 +300,15 @@ class GroupManager(OffsetBook):
         if group.leader_id not in group.members:
             group.leader_id = next(iter(group.members))
         if group.protocol_type == "consumer":
-            topics: set[str] | None = set()
+            topics: set[str] = set()
             for m in group.members.values():
                 t = consumer_subscription_topics(m.metadata(group.protocol_name))
-                if t is None:
-                    topics = None
+                if t is None:  # a subscription we cannot read: expire no offsets by topic
+                    group.subscribed_topics = None
                     break
                 topics |= t
-            group.subscribed_topics = topics
+            else:
+                group.subscribed_topics = topics
         else:
             group.subscribed_topics = None
         group.transition(GroupState.COMPLETING_REBALANCE, now_ms)
@@ -489,9 +490,9 @@ class GroupManager(OffsetBook):
             ):
                 # members that never sent SyncGroup after the rebalance are gone
                 for member_id in list(group.pending_sync):
-                    member = group.members.get(member_id)
-                    if member is not None:
-                        self._remove_member_and_update_group(group, member, now_ms, fx)
+                    pending = group.members.get(member_id)
+                    if pending is not None:
+                        self._remove_member_and_update_group(group, pending, now_ms, fx)
                 group.pending_sync.clear()
             self._check_join_complete(group, now_ms, fx)
         return fx

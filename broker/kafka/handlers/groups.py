@@ -231,7 +231,7 @@ async def heartbeat(request: Any, ctx: RequestContext) -> Any:
 async def leave_group(request: Any, ctx: RequestContext) -> Any:
     cls = ctx.response_class
     batched = has_field(type(request), "members")
-    identities = (
+    identities: list[tuple[str, str | None]] = (
         [(m.member_id, m.group_instance_id) for m in request.members] if batched else [(request.member_id, None)]
     )
     error = _group_error(ctx, request.group_id)

@@ -132,6 +132,7 @@ async def metadata(request, ctx: RequestContext):
                     # the client a NOT_LEADER_OR_FOLLOWER round trip on its first produce
                     await broker.partitions.wait_opened(name, 2.0)
             image = broker.metadata
+            assert image is not None, "requests are served only after the first metadata image"
             live = {b.node_id for b in image.brokers if b.state != "fenced"}
             topics.append(_topic_response(cls, info, image, live))
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import crc32c
@@ -197,7 +198,7 @@ class ObjectIndex:
         return out
 
 
-def parse_tail(tail: bytes, object_size: int, *, key: str | None = None) -> tuple[int, int, int]:
+def parse_tail(tail: bytes | memoryview, object_size: int, *, key: str | None = None) -> tuple[int, int, int]:
     """Parse the footer from the last bytes of an object: (index position, index length, crc)."""
     if len(tail) < FOOTER.size:
         raise ObjectFormatError(f"object of {object_size} bytes is shorter than the {FOOTER.size}-byte footer", key=key)
@@ -226,7 +227,7 @@ def parse_index(index: bytes | memoryview, crc: int, object_size: int, *, key: s
     return ObjectIndex(entries, object_size)
 
 
-def iter_block_batches(block: bytes | memoryview, *, key: str | None = None):
+def iter_block_batches(block: bytes | memoryview, *, key: str | None = None) -> Iterator[tuple[int, int, memoryview]]:
     """Yield (base_offset, record_count, payload memoryview) for each batch in a data block,
     without copying payloads."""
     view = memoryview(block)
@@ -252,7 +253,9 @@ def open_object(data: bytes | memoryview, *, key: str | None = None) -> ObjectIn
     return parse_index(view[index_pos : index_pos + index_len], crc, len(view), key=key)
 
 
-def iter_object_batches(data: bytes | memoryview, stream_id: int | None = None, *, key: str | None = None):
+def iter_object_batches(
+    data: bytes | memoryview, stream_id: int | None = None, *, key: str | None = None
+) -> Iterator[tuple[int, int, int, memoryview]]:
     """Yield (stream_id, base_offset, record_count, payload) for every batch of a whole
     object (optionally one stream's), in index order, without copying payloads."""
     view = memoryview(data)

@@ -132,8 +132,8 @@ class ObjectReader:
         if index_pos >= tail_start:
             raw = memoryview(tail)[index_pos - tail_start : index_pos - tail_start + index_len]
         else:  # a big index: one more GET for the part the tail read did not cover
-            raw = await self._get(obj.key, index_pos, tail_start) + tail[: len(tail) - FOOTER.size]
-            raw = memoryview(raw)[:index_len]
+            joined = await self._get(obj.key, index_pos, tail_start) + tail[: len(tail) - FOOTER.size]
+            raw = memoryview(joined)[:index_len]
         index = parse_index(raw, crc, size, key=obj.key)
         self._cache.put(obj.object_id, INDEX_POSITION, index, index_len + 64 * len(index.entries))
         return index

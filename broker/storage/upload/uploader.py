@@ -366,8 +366,8 @@ class Uploader:
         await self._store.put_multipart(key, await asyncio.to_thread(self._chunks, parts))
 
     @staticmethod
-    def _chunks(parts: list[bytes | memoryview]) -> list[bytes]:
-        chunks: list[bytes] = []
+    def _chunks(parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
+        chunks: list[bytes | memoryview] = []
         current: list[bytes | memoryview] = []
         n = 0
         for p in parts:

@@ -5,6 +5,7 @@
     automq controller     the metadata controller
     automq operator       the Kubernetes operator
     automq wal recover    replay a lost broker's volume WAL into the object store (node loss)
+    automq rebalance      measure load and move partitions to balance it (any cluster, by bootstrap)
 
 Each subcommand imports its implementation lazily so that `automq --help` is instant and a
 broker image does not import the operator's dependencies.
@@ -78,6 +79,51 @@ def operator(
     from automq.operator.main import run_operator
 
     run_operator(namespaces=namespace or [], clusterwide=all_namespaces or not namespace, liveness=liveness or None)
+
+
+@app.command()
+def rebalance(
+    bootstrap: str = typer.Option(..., "--bootstrap", "-b", help="Kafka bootstrap HOST:PORT of the cluster."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the proposal, move nothing."),
+    tolerance: float = typer.Option(
+        10.0, "--tolerance", help="Per-broker bytes in/out may differ this many percent from the mean."
+    ),
+    max_moves: int = typer.Option(10, "--max-moves", min=0, help="At most this many moves (not for --drain)."),
+    drain: int | None = typer.Option(None, "--drain", help="Move every partition off this broker id instead."),
+    exclude: list[int] | None = typer.Option(None, "--exclude", help="Broker id to empty and never fill (repeatable)."),
+    output: str = typer.Option("table", "--output", "-o", help="table or json."),
+    interval: float = typer.Option(5.0, "--interval", min=0.5, help="Seconds between the two metric scrapes."),
+    metrics_url: list[str] | None = typer.Option(
+        None, "--metrics-url", help="BROKER_ID=URL of a broker's /metrics (default: what brokers report)."
+    ),
+    max_concurrent: int = typer.Option(4, "--max-concurrent", min=1, help="Moves running at once."),
+    move_timeout: float = typer.Option(60.0, "--move-timeout", min=1.0, help="Seconds one move may take."),
+) -> None:
+    """Balance partitions by measured load (exit 0 ok, 1 a move failed, 2 no decision)."""
+    from automq.broker.balancer.cli import RebalanceOptions, parse_metrics_urls, run_rebalance
+
+    if output not in ("table", "json"):
+        typer.echo(f"--output must be table or json, got {output!r}", err=True)
+        raise typer.Exit(2)
+    try:
+        urls = parse_metrics_urls(metrics_url or [])
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    options = RebalanceOptions(
+        bootstrap=bootstrap,
+        dry_run=dry_run,
+        tolerance=tolerance,
+        max_moves=max_moves,
+        drain=drain,
+        exclude=tuple(exclude or ()),
+        output=output,
+        interval_s=interval,
+        metrics_urls=urls,
+        max_concurrent=max_concurrent,
+        move_timeout_s=move_timeout,
+    )
+    sys.exit(run_rebalance(options))
 
 
 @local_app.command("up")

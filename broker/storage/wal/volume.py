@@ -164,6 +164,7 @@ class VolumeWal(WriteAheadLog):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-sync")
         self._header_lock = asyncio.Lock()
         self._pressure_handler = None
+        self._pressure_task: asyncio.Future[object] | None = None
         self.report = RecoveryReport()
 
     # ------------------------------------------------------------------ opening / replay
@@ -410,7 +411,8 @@ class VolumeWal(WriteAheadLog):
                     if handler is not None:
                         r = handler()
                         if asyncio.iscoroutine(r):
-                            asyncio.ensure_future(r)
+                            # keep a reference: a task only weakly held by the loop may be collected
+                            self._pressure_task = asyncio.ensure_future(r)
                     await self._trimmed.wait()
                     continue
                 started = time.perf_counter()

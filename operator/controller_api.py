@@ -1,4 +1,5 @@
-"""The operator's one door to the AutoMQ controller: drain and undrain brokers.
+"""The operator's one door to the AutoMQ controller: drain and undrain brokers; on node loss,
+ask whether a broker is silent, fence it and follow its WAL recovery.
 
 It wraps `automq.broker.controller.client.ControllerClient` (which follows the active
 controller) and narrows it to what the reconciler needs, so tests inject a recording
@@ -27,6 +28,21 @@ class ControllerApi(Protocol):
 
     async def broker_drained(self, node_id: int) -> bool:
         """True once no partition is led by (or still moving off) the broker."""
+
+    # Node loss (automq.operator.nodeloss).
+
+    async def broker_silent(self, node_id: int) -> tuple[bool, str]:
+        """Whether the controller agrees the broker stopped: fenced already, or no heartbeat for
+        at least half its session timeout. The string says what the controller sees."""
+
+    async def fence_broker(self, node_id: int) -> None:
+        """Fence the broker now (idempotent): its epoch is refused, its WAL gets a recovery job."""
+
+    async def wal_recovery_pending(self, node_id: int) -> bool:
+        """True while the controller holds a WAL recovery job for the broker."""
+
+    async def offline_partitions(self) -> int:
+        """How many partitions have no leader now."""
 
     async def close(self) -> None: ...
 
@@ -64,6 +80,43 @@ class ControllerClientApi:
                 if partition.leader == node_id:
                     return False
         return True
+
+    async def broker_silent(self, node_id: int) -> tuple[bool, str]:
+        try:
+            sessions = await self._client.broker_sessions()
+        except Exception as exc:
+            raise ControllerApiError(f"cannot read broker sessions: {exc}") from exc
+        broker = next((b for b in sessions["brokers"] if b["node_id"] == node_id), None)
+        if broker is None:
+            return True, f"broker {node_id} is not registered"
+        if broker["state"] == "fenced":
+            return True, f"broker {node_id} is already fenced"
+        age, timeout = broker["heartbeat_age_ms"], sessions["session_timeout_ms"]
+        if age is None:
+            return False, f"the controller has no session of broker {node_id} yet"
+        # Half the session: well past a missed heartbeat or two, before the controller's own fencing.
+        silent = age * 2 >= timeout
+        return silent, f"the controller last heard broker {node_id} {age} ms ago (session timeout {timeout} ms)"
+
+    async def fence_broker(self, node_id: int) -> None:
+        try:
+            await self._client.fence_broker(node_id)
+        except Exception as exc:
+            raise ControllerApiError(f"fencing broker {node_id} failed: {exc}") from exc
+
+    async def wal_recovery_pending(self, node_id: int) -> bool:
+        try:
+            jobs = await self._client.list_wal_recovery_jobs()
+        except Exception as exc:
+            raise ControllerApiError(f"cannot list WAL recovery jobs: {exc}") from exc
+        return any(job.node_id == node_id for job in jobs)
+
+    async def offline_partitions(self) -> int:
+        try:
+            image = await self._client.watch_metadata(since_version=-1, timeout_ms=0)
+        except Exception as exc:
+            raise ControllerApiError(f"cannot read cluster metadata: {exc}") from exc
+        return sum(1 for t in image.topics for p in t.partitions if p.leader < 0)
 
     async def close(self) -> None:
         await self._client.close()

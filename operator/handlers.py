@@ -31,10 +31,12 @@ import kopf
 from automq.operator.builders import ClusterRef
 from automq.operator.controller_api import ControllerApiFactory, connect
 from automq.operator.kube import KubeApi
+from automq.operator.nodeloss import NodeLossPass, NodeLossSettings, degraded_notes, read_records
 from automq.operator.reconcile import (
     STATUS_STEPS,
     STEPS,
     Cluster,
+    Note,
     Outcome,
     ReconcileSettings,
     delete_cluster_data,
@@ -59,6 +61,8 @@ class OperatorContext:
     api: KubeApi | None = None
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     kicks: dict[str, asyncio.Event] = field(default_factory=dict)
+    node_loss: NodeLossSettings = field(default_factory=NodeLossSettings)
+    node_loss_kicks: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)  # (namespace, name)
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -119,7 +123,16 @@ async def _pass(
         controller_api_factory=ctx.controller_api_factory,
         settings=ctx.settings,
     )
-    return await reconcile(cluster, STEPS if full else STATUS_STEPS)
+    return await reconcile(cluster, (STEPS if full else STATUS_STEPS) + (("nodeLoss", _node_loss_notes(live)),))
+
+
+def _node_loss_notes(live: dict[str, Any]) -> Any:
+    """A last reconcile step: brokers being recovered from a lost node make the cluster Degraded."""
+
+    async def step(c: Cluster) -> None:
+        c.problems[:0] = [Note(reason, message) for reason, message in degraded_notes(live)]
+
+    return step
 
 
 async def run_cluster(
@@ -170,6 +183,59 @@ async def _sleep(kick: asyncio.Event, stopped: Any, delay: float) -> bool:
     return kick.is_set()
 
 
+async def run_node_loss(
+    stopped: Any, body: Any, name: str, namespace: str, uid: str, memo: Any, logger: Any, **_: Any
+) -> None:
+    """The node-loss watch of one AutoMQCluster (see automq.operator.nodeloss): a pass when a
+    Node or a broker pod changes, and every few seconds anyway (grace periods end silently)."""
+    ctx: OperatorContext = memo.automq
+    kick = ctx.node_loss_kicks.setdefault((namespace, name), asyncio.Event())
+    ref = ClusterRef(name=name, namespace=namespace, uid=uid)
+    missing_since: dict[str, Any] = {}
+    warned: set[str] = set()
+    while not stopped:
+        kick.clear()
+        active = False
+        try:
+            live = await ctx.kube().get("AutoMQCluster", namespace, name)
+            spec = parse_spec(dict((live or {}).get("spec") or {})) if live is not None else None
+            if spec is not None:
+                recovery = NodeLossPass(
+                    api=ctx.kube(),
+                    ref=ref,
+                    spec=spec,
+                    reporter=KopfReporter(body),
+                    controller_api_factory=ctx.controller_api_factory,
+                    missing_since=missing_since,
+                    warned=warned,
+                )
+                before = read_records(live)
+                active = await recovery.run()
+                if active or before != recovery.records:
+                    ctx.kick_for(uid).set()  # the status shows the new step now, not at the next refresh
+        except InvalidSpec:
+            pass  # reported by the reconcile loop
+        except Exception as exc:  # an API hiccup must not end the watch
+            logger.exception("node-loss pass failed")
+            KopfReporter(body).warn("NodeLossCheckFailed", f"{type(exc).__name__}: {exc}")
+        await _sleep(kick, stopped, min(ctx.node_loss.interval_s, 1.0) if active else ctx.node_loss.interval_s)
+    ctx.node_loss_kicks.pop((namespace, name), None)
+
+
+async def node_changed(memo: Any, **_: Any) -> None:
+    """Any Node changed (readiness, deletion): every cluster's node-loss watch looks again."""
+    ctx: OperatorContext = memo.automq
+    for kick in ctx.node_loss_kicks.values():
+        kick.set()
+
+
+async def broker_pod_changed(labels: Any, namespace: str, memo: Any, **_: Any) -> None:
+    ctx: OperatorContext = memo.automq
+    kick = ctx.node_loss_kicks.get((namespace, (labels or {}).get("app.kubernetes.io/instance", "")))
+    if kick is not None:
+        kick.set()
+
+
 async def spec_changed(uid: str, memo: Any, **_: Any) -> None:
     """Wake the cluster's loop: the spec changed."""
     ctx: OperatorContext = memo.automq
@@ -216,6 +282,15 @@ def register(registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
     kopf.on.cleanup(registry=registry)(cleanup)
     # The loop stops when deletion starts (before the delete handler) or the operator exits.
     kopf.daemon(**resource, cancellation_timeout=10.0)(run_cluster)
+    kopf.daemon(**resource, id="node-loss", cancellation_timeout=10.0)(run_node_loss)
+    # Watch-only handlers (kopf.on.event): nothing is written to Nodes or pods to track them.
+    kopf.on.event("v1", "nodes", registry=registry)(node_changed)
+    kopf.on.event(
+        "v1",
+        "pods",
+        registry=registry,
+        labels={"app.kubernetes.io/name": "automq", "app.kubernetes.io/component": "broker"},
+    )(broker_pod_changed)
     kopf.on.update(**resource, field="spec")(spec_changed)
     kopf.on.delete(**resource)(delete_cluster)
     return registry

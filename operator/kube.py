@@ -33,10 +33,12 @@ from automq.operator.spec import GROUP, PLURAL, VERSION
 class Kind:
     api_version: str
     plural: str
+    namespaced: bool = True
 
     def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
         base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        path = f"{base}/namespaces/{namespace}/{self.plural}"
+        # Cluster-scoped kinds (Node, VolumeAttachment) ignore the namespace.
+        path = f"{base}/namespaces/{namespace}/{self.plural}" if self.namespaced else f"{base}/{self.plural}"
         if name is not None:
             path += f"/{name}"
         if subresource is not None:
@@ -56,6 +58,10 @@ KINDS: dict[str, Kind] = {
     "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
     "AutoMQCluster": Kind(f"{GROUP}/{VERSION}", PLURAL),
+    # Node loss (automq.operator.nodeloss).
+    "Job": Kind("batch/v1", "jobs"),
+    "Node": Kind("v1", "nodes", namespaced=False),
+    "VolumeAttachment": Kind("storage.k8s.io/v1", "volumeattachments", namespaced=False),
 }
 
 
@@ -176,7 +182,7 @@ class KubeApi:
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
-        return await self._request("POST", KINDS[obj["kind"]].path(meta["namespace"]), obj)
+        return await self._request("POST", KINDS[obj["kind"]].path(meta.get("namespace", "")), obj)
 
     async def patch(
         self, kind: str, namespace: str, name: str, patch: dict[str, Any], subresource: str | None = None
@@ -185,14 +191,14 @@ class KubeApi:
             "PATCH", KINDS[kind].path(namespace, name, subresource), patch, "application/merge-patch+json"
         )
 
-    async def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete; False when it was already gone."""
+    async def delete(self, kind: str, namespace: str, name: str, *, grace_period_s: int | None = None) -> bool:
+        """Delete; False when it was already gone. `grace_period_s=0` force-deletes a pod (its
+        kubelet is unreachable and would never confirm a graceful stop)."""
+        options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if grace_period_s is not None:
+            options["gracePeriodSeconds"] = grace_period_s
         try:
-            await self._request(
-                "DELETE",
-                KINDS[kind].path(namespace, name),
-                {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
-            )
+            await self._request("DELETE", KINDS[kind].path(namespace, name), options)
             return True
         except KubeError as exc:
             if exc.status == 404:

@@ -189,6 +189,18 @@ class WalSpec(_Model):
     storage_class_name: str | None = Field(
         None, description="StorageClass of the WAL volume; the cluster's default class when empty."
     )
+    failover: Literal["forceDetach", "multiAttach"] = Field(
+        "forceDetach",
+        description="Volume WAL, when a broker's node is lost (after fencing the broker). forceDetach (any storage): "
+        "force-delete the stuck pod and release the volume from the lost node, so the broker restarts elsewhere "
+        "and recovers its own WAL. multiAttach (storage classes whose volumes can attach to a second node, e.g. "
+        "io2 Multi-Attach): a recovery Job on another node mounts the volume and replays the WAL at once.",
+    )
+    out_of_service_taint: bool = Field(
+        True,
+        description="forceDetach: taint the lost node node.kubernetes.io/out-of-service (Kubernetes then detaches "
+        "its volumes); false: delete the volume's VolumeAttachment instead.",
+    )
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -245,6 +257,13 @@ class BrokerSpec(_Model):
     resources: Resources = Field(default_factory=Resources, description="Compute resources of each broker.")
     scheduling: Scheduling = Field(default_factory=Scheduling, description="Placement of broker pods.")
     rack: RackAwareness = Field(default_factory=RackAwareness, description="Zone awareness.")
+    node_loss_grace_period: int = Field(
+        20,
+        ge=0,
+        le=3600,
+        description="Seconds a broker's node must be NotReady, Unknown or gone (and the controller must have "
+        "stopped hearing the broker) before the operator fences the broker and recovers its WAL elsewhere.",
+    )
     wal: WalSpec = Field(
         default_factory=lambda: WalSpec(kind="volume", size=DEFAULT_WAL_SIZE),
         description="Where each broker's write-ahead log lives.",

@@ -1,0 +1,462 @@
+"""Node loss: a broker whose Kubernetes node died is fenced, freed and its WAL recovered elsewhere.
+
+When a node stops (power, kernel, network), its pods stay "Terminating" forever (the kubelet
+that would confirm the stop is gone) and a ReadWriteOnce WAL volume stays attached to it, so
+the StatefulSet never replaces the broker and its partitions stay offline. Per broker, one
+`recover_step` at a time, in this order:
+
+    lost      the pod's node is NotReady/Unknown (since its Ready condition's
+              lastTransitionTime) or gone, for longer than spec.broker.nodeLossGracePeriod,
+              AND the controller agrees the broker is silent (fenced, or no heartbeat for half
+              its session). One signal alone never fences a live broker.
+    fenced    the controller fences the broker (its epoch is refused from now on, a zombie
+              can append nothing more; the controller opens a WAL recovery job) BEFORE
+              anything releases its volume.
+    podReleased   the stuck pod is force-deleted (grace 0): the StatefulSet makes a new one.
+    volumeReleased / jobCreated / (S3 WAL: nothing to release)
+              forceDetach: the node gets the `node.kubernetes.io/out-of-service` taint
+              (Kubernetes detaches its volumes) or, with outOfServiceTaint false or the Node
+              gone, the WAL volume's VolumeAttachment is deleted; the new pod attaches the
+              volume on a healthy node and recovers its own WAL on start.
+              multiAttach: a Job pinned away from the lost node mounts the broker's WAL claim
+              and runs `automq wal recover`, which hands the partitions to live brokers
+              without waiting for the new pod.
+    recovered the controller holds no recovery job for the broker any more.
+    served    no partition is without a leader.
+    (cleared) the replacement pod is Ready: the record goes, Degraded clears.
+
+Progress is the `automq.io/node-loss` annotation on the AutoMQCluster (JSON, per broker
+ordinal), written after every step, so an operator restart resumes where it stopped. Every
+step is idempotent (fencing twice, deleting what is gone, a Job with a fixed name), so even
+two operators acting at once do each thing once. A node that comes back within the grace
+triggers nothing: nothing is written before the grace is over.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+
+from automq.operator import builders
+from automq.operator.builders import ClusterRef
+from automq.operator.controller_api import ControllerApi, ControllerApiError
+from automq.operator.kube import KubeApi, KubeError
+from automq.operator.spec import GROUP, AutoMQClusterSpec
+
+log = logging.getLogger(__name__)
+
+ANNOTATION = f"{GROUP}/node-loss"
+OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+STEPS = ("fenced", "podReleased", "volumeReleased", "recovered", "served")
+
+RECOVERIES = Counter(
+    "automq_operator_node_loss_recoveries_total",
+    "Brokers recovered after their node was lost, by WAL failover strategy",
+    ["strategy"],
+)
+RECOVERY_SECONDS = Histogram(
+    "automq_operator_node_loss_recovery_seconds",
+    "Seconds from a lost node's NotReady transition to every partition served again (grace included)",
+    ["strategy"],
+    buckets=(5, 10, 20, 30, 45, 60, 90, 120, 300, 600),
+)
+
+
+class Reporter:  # the shape of reconcile.Reporter (not imported: reconcile imports nothing from here)
+    def info(self, reason: str, message: str) -> None: ...
+
+    def warn(self, reason: str, message: str) -> None: ...
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _iso(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def node_lost_since(node: dict[str, Any] | None) -> dt.datetime | None:
+    """When the node stopped being Ready (None while it is Ready). A Node without a Ready
+    condition yet has just registered: not lost."""
+    if node is None:
+        return None
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            if condition.get("status") == "True":
+                return None
+            return _parse(condition.get("lastTransitionTime")) or _now()
+    return None
+
+
+def strategy(spec: AutoMQClusterSpec) -> str:
+    return "s3" if spec.broker.wal.kind == "s3" else spec.broker.wal.failover
+
+
+def wal_claim_name(ref: ClusterRef, ordinal: int) -> str:
+    return builders.wal_claim_names(ref, range(ordinal, ordinal + 1))[0]
+
+
+def recovery_job_name(ref: ClusterRef, ordinal: int) -> str:
+    return f"{builders.statefulset_name(ref, 'broker')}-{ordinal}-wal-recovery"
+
+
+def recovery_job(spec: AutoMQClusterSpec, ref: ClusterRef, ordinal: int, lost_node: str) -> dict[str, Any]:
+    """The multiAttach WAL-recovery Job: `automq wal recover` on the lost broker's WAL claim,
+    never scheduled on the lost node."""
+    template = builders.pod_template(spec, ref, "broker")["spec"]
+    broker = template["containers"][0]
+    labels = {**builders.common_labels(ref), "app.kubernetes.io/component": "wal-recovery"}
+    args = ["wal", "recover", "--wal", f"{builders.WAL_DIR}/wal", "--node-id", str(builders.broker_node_id(ordinal))]
+    args += ["--object-store", spec.object_store.url()]
+    for url in builders.controller_urls(spec, ref):
+        args += ["--controller", url]
+    away = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [lost_node]}]}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": template["serviceAccountName"],
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": template["securityContext"],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [away]}}},
+        "containers": [
+            {
+                "name": "wal-recovery",
+                "image": broker["image"],
+                "imagePullPolicy": broker["imagePullPolicy"],
+                "args": args,
+                "env": [e for e in broker["env"] if e["name"].startswith("AWS_")],
+                "volumeMounts": [{"name": "wal", "mountPath": builders.WAL_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+                "securityContext": broker["securityContext"],
+                "resources": broker.get("resources", {}),
+            }
+        ],
+        "volumes": [
+            {"name": "wal", "persistentVolumeClaim": {"claimName": wal_claim_name(ref, ordinal)}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    for key in ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets"):
+        if key in template:
+            pod_spec[key] = template[key]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": recovery_job_name(ref, ordinal),
+            "namespace": ref.namespace,
+            "labels": labels,
+            "ownerReferences": [ref.owner_reference()],
+        },
+        "spec": {
+            "backoffLimit": 6,
+            "ttlSecondsAfterFinished": 3600,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+@dataclass
+class NodeLossSettings:
+    interval_s: float = 2.0  # between checks when nothing wakes the loop
+
+
+@dataclass
+class NodeLossPass:
+    """One look at one cluster's brokers, acting on what is lost; what one pass shares."""
+
+    api: KubeApi
+    ref: ClusterRef
+    spec: AutoMQClusterSpec
+    reporter: Reporter
+    controller_api_factory: Callable[[list[str]], ControllerApi]
+    # In-memory only, kept across passes by the caller: when a vanished Node was first missed
+    # (a deleted Node has no Ready transition time) and which warnings were already posted.
+    missing_since: dict[str, dt.datetime] = field(default_factory=dict)
+    warned: set[str] = field(default_factory=set)
+    now: Callable[[], dt.datetime] = _now
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _controller: ControllerApi | None = None
+
+    def controller(self) -> ControllerApi:
+        if self._controller is None:
+            self._controller = self.controller_api_factory(builders.controller_urls(self.spec, self.ref))
+        return self._controller
+
+    async def close(self) -> None:
+        if self._controller is not None:
+            await self._controller.close()
+            self._controller = None
+
+    async def _save(self) -> None:
+        value = json.dumps(self.records, sort_keys=True) if self.records else None
+        await self.api.patch(
+            "AutoMQCluster", self.ref.namespace, self.ref.name, {"metadata": {"annotations": {ANNOTATION: value}}}
+        )
+
+    async def run(self) -> bool:
+        """One pass; True while a recovery is in progress (the caller checks again soon)."""
+        live = await self.api.get("AutoMQCluster", self.ref.namespace, self.ref.name)
+        if live is None or live.get("metadata", {}).get("deletionTimestamp"):
+            return False
+        self.records = read_records(live)
+        prefix = builders.statefulset_name(self.ref, "broker") + "-"
+        pods = {
+            int(p["metadata"]["name"][len(prefix) :]): p
+            for p in await self.api.list("Pod", self.ref.namespace, builders.selector_labels(self.ref, "broker"))
+            if p["metadata"]["name"].startswith(prefix) and p["metadata"]["name"][len(prefix) :].isdigit()
+        }
+        try:
+            for ordinal, pod in sorted(pods.items()):
+                if str(ordinal) not in self.records:
+                    await self._detect(ordinal, pod)
+            for key in sorted(self.records, key=int):
+                await self._advance(int(key), pods.get(int(key)))
+        finally:
+            await self.close()
+        return bool(self.records)
+
+    # -- detection -------------------------------------------------------------------------
+
+    async def _detect(self, ordinal: int, pod: dict[str, Any]) -> None:
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if not node_name:
+            return  # not scheduled: nothing is stuck anywhere
+        node = await self.api.get("Node", "", node_name)
+        if node is None:
+            since = self.missing_since.setdefault(node_name, self.now())
+        else:
+            self.missing_since.pop(node_name, None)
+            since = node_lost_since(node)
+        if since is None:
+            self.warned.discard(f"blocked/{ordinal}/{node_name}")
+            return
+        grace = self.spec.broker.node_loss_grace_period
+        if (self.now() - since).total_seconds() < grace:
+            return  # may come back (a flapping node, a kubelet restart): nothing happens yet
+        node_id = builders.broker_node_id(ordinal)
+        try:
+            silent, why = await self.controller().broker_silent(node_id)
+        except ControllerApiError as exc:
+            self._warn_once(f"controller/{ordinal}", "NodeLossWaiting", f"node {node_name} looks lost but {exc}")
+            return
+        if not silent:
+            # The API server says the node is gone, the controller still hears the broker: a
+            # partition between the node and the API server, not a dead broker. Never fence it.
+            self._warn_once(
+                f"blocked/{ordinal}/{node_name}",
+                "FencingBlocked",
+                f"node {node_name} of broker {node_id} is {'gone' if node is None else 'not Ready'}, but {why}: not fencing it",
+            )
+            return
+        self.records[str(ordinal)] = {
+            "node": node_name,
+            "nodeGone": node is None,
+            "pod": pod["metadata"]["name"],
+            "podUid": pod["metadata"].get("uid"),
+            "since": _iso(since),
+            "strategy": strategy(self.spec),
+            "step": "lost",
+        }
+        await self._save()
+        self.reporter.warn(
+            "NodeLost",
+            f"node {node_name} {'is gone' if node is None else 'is not Ready'} since {_iso(since)} and {why}: "
+            f"recovering broker {node_id} ({strategy(self.spec)})",
+        )
+
+    def _warn_once(self, key: str, reason: str, message: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            self.reporter.warn(reason, message)
+
+    # -- recovery --------------------------------------------------------------------------
+
+    async def _step(self, ordinal: int, step: str, reason: str, message: str, **extra: Any) -> None:
+        self.records[str(ordinal)].update(step=step, **extra)
+        await self._save()
+        self.reporter.info(reason, message)
+
+    async def _advance(self, ordinal: int, pod: dict[str, Any] | None) -> None:
+        record = self.records[str(ordinal)]
+        node_id = builders.broker_node_id(ordinal)
+        node_name = record["node"]
+        try:
+            if record["step"] == "lost":
+                await self.controller().fence_broker(node_id)
+                await self._step(ordinal, "fenced", "BrokerFenced", f"broker {node_id} fenced at the controller")
+            if record["step"] == "fenced":
+                if pod is not None and pod["metadata"].get("uid") == record["podUid"]:
+                    await self.api.delete("Pod", self.ref.namespace, record["pod"], grace_period_s=0)
+                await self._step(
+                    ordinal,
+                    "podReleased",
+                    "PodReleased",
+                    f"pod {record['pod']} on lost node {node_name} force-deleted; the StatefulSet replaces it",
+                )
+            if record["step"] == "podReleased":
+                await self._release_volume(ordinal, record)
+            if record["step"] == "volumeReleased":
+                if await self.controller().wal_recovery_pending(node_id):
+                    await self._watch_job(ordinal, record)
+                    return
+                await self._step(
+                    ordinal,
+                    "recovered",
+                    "WalRecovered",
+                    f"the WAL of broker {node_id} is recovered",
+                    recoveredAt=_iso(self.now()),
+                )
+            if record["step"] == "recovered":
+                if await self.controller().offline_partitions() > 0:
+                    return
+                since = _parse(record["since"]) or self.now()
+                seconds = (self.now() - since).total_seconds()
+                RECOVERIES.labels(record["strategy"]).inc()
+                RECOVERY_SECONDS.labels(record["strategy"]).observe(seconds)
+                await self._step(
+                    ordinal,
+                    "served",
+                    "PartitionsServed",
+                    f"every partition of lost broker {node_id} is served again, {seconds:.0f} s after node {node_name} was lost",
+                    servedAt=_iso(self.now()),
+                )
+            if record["step"] == "served":
+                await self._clear(ordinal, record, pod)
+        except ControllerApiError as exc:
+            self._warn_once(f"controller/{ordinal}", "NodeLossWaiting", f"recovery of broker {node_id} waits: {exc}")
+
+    async def _release_volume(self, ordinal: int, record: dict[str, Any]) -> None:
+        kind = record["strategy"]
+        node_name = record["node"]
+        if kind == "s3":
+            message = "S3 WAL: no volume to release; a live broker recovers the WAL"
+        elif kind == "multiAttach":
+            job = recovery_job(self.spec, self.ref, ordinal, node_name)
+            try:
+                await self.api.create(job)
+            except KubeError as exc:
+                if exc.status != 409:  # 409: created before a restart, or by another operator
+                    raise
+            message = (
+                f"WAL-recovery Job {job['metadata']['name']} created (claim {wal_claim_name(self.ref, ordinal)}, "
+                f"not on node {node_name})"
+            )
+        else:
+            node = await self.api.get("Node", "", node_name)
+            if node is not None and self.spec.broker.wal.out_of_service_taint:
+                taints = list((node.get("spec") or {}).get("taints") or [])
+                if not any(t.get("key") == OUT_OF_SERVICE["key"] for t in taints):
+                    await self.api.patch("Node", "", node_name, {"spec": {"taints": [*taints, OUT_OF_SERVICE]}})
+                record["tainted"] = True
+                message = f"node {node_name} tainted {OUT_OF_SERVICE['key']}: Kubernetes detaches its volumes"
+            else:
+                released = await self._delete_attachments(ordinal, node_name)
+                message = f"VolumeAttachments {released or '(none left)'} of node {node_name} deleted"
+        await self._step(ordinal, "volumeReleased", "VolumeReleased", message)
+
+    async def _delete_attachments(self, ordinal: int, node_name: str) -> list[str]:
+        claim = await self.api.get("PersistentVolumeClaim", self.ref.namespace, wal_claim_name(self.ref, ordinal))
+        volume = ((claim or {}).get("spec") or {}).get("volumeName")
+        deleted = []
+        for attachment in await self.api.list("VolumeAttachment", ""):
+            spec = attachment.get("spec") or {}
+            if spec.get("nodeName") != node_name:
+                continue
+            if volume is not None and (spec.get("source") or {}).get("persistentVolumeName") != volume:
+                continue
+            if await self.api.delete("VolumeAttachment", "", attachment["metadata"]["name"]):
+                deleted.append(attachment["metadata"]["name"])
+        return deleted
+
+    async def _watch_job(self, ordinal: int, record: dict[str, Any]) -> None:
+        if record["strategy"] != "multiAttach":
+            return
+        job = await self.api.get("Job", self.ref.namespace, recovery_job_name(self.ref, ordinal))
+        failed = any(
+            c.get("type") == "Failed" and c.get("status") == "True"
+            for c in ((job or {}).get("status") or {}).get("conditions") or []
+        )
+        if failed:
+            self._warn_once(
+                f"job/{ordinal}",
+                "WalRecoveryFailed",
+                f"WAL-recovery Job {recovery_job_name(self.ref, ordinal)} failed: see its pod's log; the replacement "
+                "broker recovers its own WAL once its volume attaches",
+            )
+
+    async def _clear(self, ordinal: int, record: dict[str, Any], pod: dict[str, Any] | None) -> None:
+        if pod is None or pod["metadata"].get("uid") == record["podUid"] or not _pod_ready(pod):
+            return
+        node_name = record["node"]
+        if record.get("tainted"):
+            node = await self.api.get("Node", "", node_name)
+            if node is not None and node_lost_since(node) is None:
+                taints = [
+                    t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != OUT_OF_SERVICE["key"]
+                ]
+                await self.api.patch("Node", "", node_name, {"spec": {"taints": taints}})
+            elif node is not None:
+                self.reporter.warn(
+                    "OutOfServiceTaintLeft",
+                    f"node {node_name} is still not Ready: remove the taint once it is repaired "
+                    f"(kubectl taint nodes {node_name} {OUT_OF_SERVICE['key']}-)",
+                )
+        if record["strategy"] == "multiAttach":
+            await self.api.delete("Job", self.ref.namespace, recovery_job_name(self.ref, ordinal))
+        del self.records[str(ordinal)]
+        await self._save()
+        self.reporter.info(
+            "NodeLossResolved", f"broker {builders.broker_node_id(ordinal)} is Ready again on a new pod {record['pod']}"
+        )
+
+
+def read_records(cluster: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    raw = ((cluster.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION)
+    if not raw:
+        return {}
+    try:
+        records = json.loads(raw)
+    except ValueError:
+        log.warning("ignoring unreadable %s annotation: %r", ANNOTATION, raw[:200])
+        return {}
+    return records if isinstance(records, dict) else {}
+
+
+def degraded_notes(cluster: dict[str, Any]) -> list[tuple[str, str]]:
+    """(reason, message) per broker still being recovered, for the Degraded condition."""
+    notes = []
+    for key, record in sorted(read_records(cluster).items(), key=lambda kv: int(kv[0])):
+        node_id = builders.broker_node_id(int(key))
+        notes.append(
+            (
+                "NodeLost",
+                f"node {record.get('node')} lost since {record.get('since')}: broker {node_id} "
+                f"({record.get('strategy')}) at step {record.get('step')}",
+            )
+        )
+    return notes

@@ -12,27 +12,13 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
-from kubelet_harness import KubeletHarness
-from sequenced_load import SequencedProducer, check_exactly_once, read_partitions
+from confluent_kafka.admin import AdminClient
+from kubelet_harness import KubeletHarness, s3_cluster_spec
+from sequenced_load import SequencedProducer, check_exactly_once, create_topic, read_partitions
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.timeout(300)]
-
-
-def cluster_spec(s3_url: str, brokers: int = 1, **extra: object) -> dict:
-    """An AutoMQCluster spec on the test's SeaweedFS bucket."""
-    parts = urlsplit(s3_url)
-    query = {k: v[0] for k, v in parse_qs(parts.query).items()}
-    return {
-        "controller": {"replicas": 1},
-        "broker": {"replicas": brokers, "wal": {"kind": "volume", "size": "64Mi"}},
-        "objectStore": {"bucket": parts.netloc, "endpoint": query["endpoint"], "pathStyle": True},
-        "deletionPolicy": "Delete",
-        **extra,
-    }
 
 
 @pytest.fixture
@@ -42,19 +28,13 @@ def k8s(tmp_path, s3_url) -> Iterator[KubeletHarness]:
         yield harness
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
-    futures[topic].result(30)
-
-
 def leaders(bootstrap: str, topic: str) -> dict[int, int]:
     md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
     return {p.id: p.leader for p in md.topics[topic].partitions.values()}
 
 
 def test_apply_scale_out_and_serve_with_real_clients(k8s: KubeletHarness) -> None:
-    k8s.create_cluster("demo", cluster_spec(k8s.s3_url))  # type: ignore[attr-defined]
+    k8s.create_cluster("demo", s3_cluster_spec(k8s.s3_url))  # type: ignore[attr-defined]
     k8s.wait_ready("demo", brokers=1)
     pods = {p["metadata"]["name"]: p for p in k8s.list("Pod")}
     assert set(pods) == {"demo-controller-0", "demo-broker-0"}
@@ -98,7 +78,7 @@ def test_apply_scale_out_and_serve_with_real_clients(k8s: KubeletHarness) -> Non
 
 
 def test_kill_delete_and_scale_in_keep_every_acknowledged_record(k8s: KubeletHarness) -> None:
-    k8s.create_cluster("demo", cluster_spec(k8s.s3_url, brokers=2))  # type: ignore[attr-defined]
+    k8s.create_cluster("demo", s3_cluster_spec(k8s.s3_url, brokers=2))  # type: ignore[attr-defined]
     k8s.wait_ready("demo", brokers=2)
     bootstrap = k8s.bootstrap("demo")
     create_topic(bootstrap, "events", 6)

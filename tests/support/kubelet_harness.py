@@ -52,6 +52,8 @@ API (sync, for tests; one harness per process at a time: it points KUBECONFIG at
         k8s.pod_process(pod) -> PodProcess | None     # pid, config path, log path, mapped ports
         k8s.map_url(url); k8s.map_address(host, port); k8s.controller_urls("demo")
         k8s.wait_for(what, check, timeout)            # poll until truthy, else fail with context
+    s3_cluster_spec(s3_url, brokers=1, **extra)       # a small spec on the s3_url fixture's bucket
+        k8s.history(pod=None, what=None)              # [(monotonic, created|ready|unready|terminating|deleted, pod)]
         k8s.log_tail(pod)
 
 `context` is a function of the harness returning the OperatorContext the operator runs with (for
@@ -79,7 +81,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import aiohttp
 import kmock
@@ -171,6 +173,7 @@ class _Shared:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     zombies: list[subprocess.Popen[bytes]] = field(default_factory=list)  # processes of force-deleted pods
+    history: list[tuple[float, str, str]] = field(default_factory=list)  # (monotonic, what, pod)
 
 
 class KubeletHarness:
@@ -179,7 +182,7 @@ class KubeletHarness:
         root: Path,
         *,
         namespace: str = NS,
-        object_store_url: str | None = None,
+        object_store_url: str | dict[str, str] | None = None,
         port_base: int | None = None,
         zones: tuple[str, ...] = ("zone-a", "zone-b", "zone-c"),
         grace_override_s: float | None = None,
@@ -187,6 +190,7 @@ class KubeletHarness:
     ) -> None:
         self.root = Path(root)
         self.namespace = namespace
+        # one URL for every cluster, or per cluster name (two clusters must not share a store)
         self.object_store_url = object_store_url
         self.zones = zones
         self.grace_override_s = grace_override_s
@@ -420,6 +424,16 @@ class KubeletHarness:
         for sts in await self.api.list("StatefulSet", ns):
             await self._reconcile_statefulset(sts, live_pods)
 
+    def _record(self, what: str, pod: str) -> None:
+        with self.state.lock:
+            self.state.history.append((time.monotonic(), what, pod))
+
+    def history(self, pod: str | None = None, what: str | None = None) -> list[tuple[float, str, str]]:
+        """What happened to pods, in order: (time.monotonic(), "created" | "ready" | "unready" |
+        "terminating" | "deleted", pod name)."""
+        with self.state.lock:
+            return [h for h in self.state.history if (pod is None or h[2] == pod) and (what is None or h[1] == what)]
+
     def _background(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
@@ -502,6 +516,7 @@ class KubeletHarness:
         }
         await self.api.create(body)
         state.uid, state.node, state.restarts, state.ready = uid, node, 0, False
+        self._record("created", pod_name)
         state.terminating = False
         state.status_sent = None
         grace = template["spec"].get("terminationGracePeriodSeconds", 30)
@@ -586,6 +601,7 @@ class KubeletHarness:
                 if ready != state.ready or state.status_sent is None:
                     state.ready = ready
                     await self._write_status(state)
+                    self._record("ready" if ready else "unready", state.name)
                 await asyncio.sleep(PROBE_S)
         except asyncio.CancelledError:
             raise
@@ -602,7 +618,8 @@ class KubeletHarness:
         role = env.get("AUTOMQ_ROLE", "broker")
         template = yaml.safe_load(cm["data"][f"{role}.yaml"]) or {}
         config = render_pod_config(template, env)  # what the init container does
-        config = self._localize(config, state, pod_dir)
+        cluster = (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/instance", "")
+        config = self._localize(config, state, pod_dir, cluster)
         pod_dir.mkdir(parents=True, exist_ok=True)
         state.config_path = pod_dir / "node.yaml"
         state.config_path.write_text(dump_config(config))
@@ -620,7 +637,7 @@ class KubeletHarness:
                 preexec_fn=_die_with_harness if sys.platform == "linux" else None,
             )
 
-    def _localize(self, config: Any, state: PodProcess, pod_dir: Path) -> Any:
+    def _localize(self, config: Any, state: PodProcess, pod_dir: Path, cluster: str) -> Any:
         """The rendered config with this host's addresses and directories (see module doc)."""
         raw = config.model_dump(mode="json")
         raw["listeners"] = [
@@ -644,8 +661,11 @@ class KubeletHarness:
             volume = self.root / "volumes" / f"wal-{state.name}"
             volume.mkdir(parents=True, exist_ok=True)
             wal["path"] = str(volume / Path(wal["path"]).relative_to(builders.WAL_DIR))
-        if self.object_store_url:
-            raw["object_store_url"] = self.object_store_url
+        store = self.object_store_url
+        if isinstance(store, dict):
+            store = store.get(cluster)
+        if store:
+            raw["object_store_url"] = store
         return type(config).model_validate(raw)
 
     async def _container_env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
@@ -714,6 +734,7 @@ class KubeletHarness:
         """Graceful termination: not Ready, SIGTERM, SIGKILL after the grace period, Pod gone."""
         uid = state.uid
         state.ready = False
+        self._record("terminating", state.name)
         await self._write_status(state)
         grace_s = state.grace_s if grace in (None, "") else min(state.grace_s, float(grace))
         await self._terminate(state, grace_s)
@@ -722,6 +743,7 @@ class KubeletHarness:
                 await self.api.patch("Pod", self.namespace, state.name, {"metadata": {"finalizers": None}})
             state.uid = ""
             state.terminating = False
+            self._record("deleted", state.name)
 
     async def _terminate(self, state: PodProcess, grace_s: float) -> None:
         state.terminating = True
@@ -965,6 +987,20 @@ def _field(pod: dict[str, Any], path: str) -> str:
         "status.podIP": (pod.get("status") or {}).get("podIP"),
     }
     return str(simple.get(path) or "")
+
+
+def s3_cluster_spec(s3_url: str, brokers: int = 1, **extra: Any) -> dict[str, Any]:
+    """An AutoMQCluster spec (1 controller, `brokers` brokers, 64 MiB volume WAL) on the bucket of
+    an `s3://bucket?endpoint=...` URL (the `s3_url` fixture); `extra` adds top-level spec keys."""
+    parts = urlsplit(s3_url)
+    query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    return {
+        "controller": {"replicas": 1},
+        "broker": {"replicas": brokers, "wal": {"kind": "volume", "size": "64Mi"}},
+        "objectStore": {"bucket": parts.netloc, "endpoint": query["endpoint"], "pathStyle": True},
+        "deletionPolicy": "Delete",
+        **extra,
+    }
 
 
 def default_context(harness: KubeletHarness) -> OperatorContext:

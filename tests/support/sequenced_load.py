@@ -3,6 +3,7 @@
     load = SequencedProducer(bootstrap, "orders", partitions=8, client="confluent", rate=300)
     load.start(); ...; load.set_rate(50); load.set_weights({0: 10}); ...; load.stop()
     check_exactly_once(bootstrap, "orders", [load, other_load])
+    create_topic(bootstrap, "orders", 8)
 
 Each producer is idempotent with acks=all (confluent-kafka / librdkafka, or kafka-python) and
 writes values `<name>:<partition>:<seq>` (padded to `value_size`), seq counting up per partition.
@@ -15,7 +16,6 @@ acknowledgement was lost may be present (at most once), as Kafka allows.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections import defaultdict
@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaProducer
 
 
@@ -53,7 +54,7 @@ class SequencedProducer:
         self._seq: dict[int, int] = defaultdict(int)
         self._thread = threading.Thread(target=self._run, name=f"load-{self.name}", daemon=True)
         self._latencies: list[tuple[float, float]] = []  # (sent at, seconds to ack)
-        self._rng = random.Random(self.name)
+        self._credit: dict[int, float] = {}
 
     # ---------------------------------------------------------------- control
 
@@ -90,8 +91,16 @@ class SequencedProducer:
         return head + b"x" * max(0, self.value_size - len(head)), seq
 
     def _pick(self) -> int:
-        weights = [self.weights.get(p, 1.0) for p in range(self.partitions)]
-        return self._rng.choices(range(self.partitions), weights)[0]
+        """Smooth weighted round-robin: each partition gets exactly its share, evenly spread
+        (random picks would make per-broker rates noisy, and balance checks flaky)."""
+        total = 0.0
+        for p in range(self.partitions):
+            w = self.weights.get(p, 1.0)
+            total += w
+            self._credit[p] = self._credit.get(p, 0.0) + w
+        best = max(range(self.partitions), key=self._credit.__getitem__)
+        self._credit[best] -= total
+        return best
 
     def _on_ack(self, partition: int, seq: int, sent_at: float, offset: int | None, error: object) -> None:
         with self._lock:
@@ -178,6 +187,11 @@ class SequencedProducer:
             producer.flush(120)
         finally:
             producer.close(10)
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float = 60.0) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(timeout_s)
 
 
 def read_partitions(bootstrap: str, topic: str, partitions: int, timeout_s: float = 60.0) -> dict[int, list]:

@@ -127,3 +127,41 @@ def test_kill_delete_and_scale_in_keep_every_acknowledged_record(k8s: KubeletHar
     assert set(leaders(bootstrap, "events").values()) == {0}
     assert check_exactly_once(bootstrap, "events", [load]) == load.acked_count()
     assert sum(len(rows) for rows in read_partitions(bootstrap, "events", 6).values()) >= load.acked_count()
+
+
+def test_node_loss_primitives_for_the_node_loss_tests(k8s: KubeletHarness) -> None:
+    """What issue 11's tests build on: a NotReady node, a pod stuck Terminating on it, a force
+    delete, the replacement on another node while the old process lives on as a zombie."""
+    k8s.create_cluster("demo", s3_cluster_spec(k8s.s3_url))  # type: ignore[attr-defined]
+    k8s.wait_ready("demo", brokers=1)
+    node = k8s.node_of("demo-broker-0")
+    zombie = k8s.pod_process("demo-broker-0").process
+    k8s.node_down(node, kill=False)
+    assert k8s.get("Node", node)["status"]["conditions"][0]["status"] == "Unknown"
+    k8s.wait_for("pod unready on the lost node", lambda: "demo-broker-0" not in k8s.ready_pods("demo"))
+
+    k8s.delete_pod("demo-broker-0")  # graceful: nobody on the lost node confirms it
+    time.sleep(1.5)
+    stuck = k8s.get("Pod", "demo-broker-0")
+    assert stuck["metadata"]["deletionTimestamp"] and stuck["spec"]["nodeName"] == node
+    assert zombie.poll() is None
+
+    k8s.delete_pod("demo-broker-0", grace_s=0)  # force: gone at once, the StatefulSet replaces it
+    k8s.wait_for(
+        "replacement Ready on another node",
+        lambda: (
+            (p := k8s.get("Pod", "demo-broker-0"))
+            and p["spec"]["nodeName"] != node
+            and "demo-broker-0" in k8s.ready_pods("demo")
+        ),
+    )
+    assert zombie.poll() is None  # the lost node's process was never told anything
+    assert k8s.pod_process("demo-broker-0").process is not zombie
+    bootstrap = k8s.bootstrap("demo")
+    create_topic(bootstrap, "after-loss", 2)
+    load = SequencedProducer(bootstrap, "after-loss", 2, rate=100, name="z").start()
+    k8s.wait_for("records acknowledged by the replacement", lambda: load.acked_count() > 50)
+    load.stop()
+    assert check_exactly_once(bootstrap, "after-loss", [load]) == load.acked_count()
+    k8s.node_up(node)
+    assert k8s.get("Node", node)["status"]["conditions"][0]["status"] == "True"

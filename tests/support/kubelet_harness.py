@@ -24,6 +24,10 @@ tests/operator/test_operator_kmock.py does), and a loop that plays the missing p
   node controller         `node_down(node)` marks the Node NotReady (Ready=Unknown) and its Pods
                           Ready=False; its kubelet stops acting (processes are SIGKILLed, or left
                           running as zombies with `kill=False`); `node_up(node)` brings it back.
+                          A force-deleted pod's replacement goes to a new Node and a new podIP and
+                          mounts the same WAL directory (the claim follows the pod, as after a
+                          forced detach): a zombie still running has that file open too, exactly
+                          the hazard fencing must make harmless.
 
 Addresses. Every pod is a process on this host, so it cannot keep the ports the operator rendered
 (9092, 9093, 9094 for every pod): each pod gets a stable loopback IP (its podIP, 127.x.y.z,

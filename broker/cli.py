@@ -74,11 +74,19 @@ def operator(
     ),
     all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="Watch every namespace."),
     liveness: str | None = typer.Option("http://0.0.0.0:8080/healthz", help="Liveness endpoint URL, or '' to disable."),
+    metrics_port: int = typer.Option(
+        8081, "--metrics-port", min=0, max=65535, help="Prometheus /metrics port; 0: off."
+    ),
 ) -> None:
     """Run the Kubernetes operator (kube config: in-cluster, then KUBECONFIG)."""
     from automq.operator.main import run_operator
 
-    run_operator(namespaces=namespace or [], clusterwide=all_namespaces or not namespace, liveness=liveness or None)
+    run_operator(
+        namespaces=namespace or [],
+        clusterwide=all_namespaces or not namespace,
+        liveness=liveness or None,
+        metrics_port=metrics_port or None,
+    )
 
 
 @app.command()

@@ -50,8 +50,14 @@ def run_operator(
     *,
     controller_api_factory: ControllerApiFactory = connect,
     settings: ReconcileSettings | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """Block running the operator until SIGINT/SIGTERM (called by `automq operator`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        # The operator's own metrics (node-loss recoveries and their duration) at /metrics.
+        start_http_server(metrics_port)
     context = OperatorContext(controller_api_factory=controller_api_factory, settings=settings or ReconcileSettings())
     asyncio.run(operate(namespaces, clusterwide, liveness, context=context))

@@ -172,7 +172,10 @@ def test_operator_pod_is_locked_down_and_probed(render, values_file):
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
     port = values.get("health", {}).get("port", 8080)
-    assert container["ports"] == [{"name": "health", "containerPort": port, "protocol": "TCP"}]
+    assert container["ports"] == [
+        {"name": "health", "containerPort": port, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8081, "protocol": "TCP"},
+    ]
     assert f"--liveness=http://0.0.0.0:{port}/healthz" in container["args"]
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
@@ -209,6 +212,7 @@ def test_operator_arguments_parse_with_the_real_cli(render):
         "namespaces": ["team-a", "team-b"],
         "clusterwide": False,
         "liveness": "http://0.0.0.0:8181/healthz",
+        "metrics_port": 8081,
     }
 
 

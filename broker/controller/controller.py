@@ -99,6 +99,21 @@ class ControllerMetrics:
         self.elections = Counter(
             "automq_controller_elections_won_total", "Times this controller became leader", registry=registry
         )
+        self.store_errors = Counter(
+            "automq_controller_object_store_errors_total",
+            "Metadata log reads and writes that failed (the object store refused or timed out)",
+            registry=registry,
+        )
+        self.store_stalled = Gauge(
+            "automq_controller_object_store_stalled",
+            "1 while a metadata log write has been in flight longer than the stall threshold",
+            registry=registry,
+        )
+        self.append_inflight = Gauge(
+            "automq_controller_log_append_inflight_seconds",
+            "How long the metadata log write in flight has been waiting (0 when none is)",
+            registry=registry,
+        )
 
 
 class Controller:
@@ -143,6 +158,17 @@ class Controller:
         self._stopped = asyncio.Event()
         self._resigning = False
         self.fatal: ControllerFatalError | None = None
+        # Object-store health as this controller sees it: when the log write in flight began,
+        # and the last failure of a log read or write (cleared by the next success).
+        self._append_started: float | None = None
+        self._store_error: str | None = None
+        # A write in flight longer than this is reported as a stalled store (readiness,
+        # metrics): the controller can no longer make timely decisions.
+        self.stall_after_s = max(1.0, min(5.0, session_timeout_ms / 2000))
+        self.metrics.store_stalled.set_function(lambda: 1.0 if self.store_stalled_for() else 0.0)
+        self.metrics.append_inflight.set_function(
+            lambda: 0.0 if self._append_started is None else time.monotonic() - self._append_started
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -192,7 +218,41 @@ class Controller:
 
     @property
     def ready(self) -> bool:
-        return self.role is Role.LEADER or (self.role is Role.STANDBY and self.caught_up)
+        return self.unready_reason() is None
+
+    def unready_reason(self) -> str | None:
+        """Why this controller cannot do its job now (None: it can), for /readyz."""
+        if self.fatal is not None:
+            return f"fatal: {self.fatal}"
+        if self.role is Role.STOPPED:
+            return "stopped"
+        stalled = self.store_stalled_for()
+        if stalled:
+            return (
+                f"object store stalled: a metadata log write to {self.store.url} has been in flight for {stalled:.1f}s"
+            )
+        if self._store_error is not None:
+            return f"object store failing ({self.store.url}): {self._store_error}"
+        if self.role is Role.LEADER:
+            return None
+        if self.role is Role.STANDBY and self.caught_up:
+            return None
+        return f"{self.role.value}, not caught up with the metadata log"
+
+    def store_stalled_for(self) -> float:
+        """Seconds the current log write has been in flight, if past the stall threshold (else 0)."""
+        started = self._append_started
+        if started is None:
+            return 0.0
+        waited = time.monotonic() - started
+        return waited if waited >= self.stall_after_s else 0.0
+
+    def _store_failed(self, what: str, exc: BaseException) -> None:
+        self._store_error = f"{what}: {type(exc).__name__}: {exc}"
+        self.metrics.store_errors.inc()
+
+    def _store_ok(self) -> None:
+        self._store_error = None
 
     @property
     def leader_url(self) -> str | None:
@@ -230,8 +290,10 @@ class Controller:
             try:
                 self.state = await self.log.load()
                 self._dirty = False
+                self._store_ok()
             except (ObjectStoreError, LogCorruptError) as exc:
                 log.warning("controller %d: cannot load metadata log yet: %s", self.controller_id, exc)
+                self._store_failed("loading the metadata log", exc)
                 await asyncio.sleep(poll_s)
         if self.state.cluster_id and self.state.cluster_id != self.cluster_id:
             raise ControllerFatalError(
@@ -246,8 +308,10 @@ class Controller:
         while self.role is Role.STANDBY:
             try:
                 applied = await self.log.catch_up(self.state)
+                self._store_ok()
             except (ObjectStoreError, LogCorruptError) as exc:
                 log.warning("controller %d: reading the metadata log failed: %s", self.controller_id, exc)
+                self._store_failed("reading the metadata log", exc)
                 await asyncio.sleep(poll_s)
                 continue
             if applied:
@@ -282,11 +346,17 @@ class Controller:
             if not self.state.cluster_id:
                 records.append(r.ClusterInitialized(self.cluster_id))
             seq = self.state.last_seq + 1
-            await self.log.append(seq, self.controller_id, records)
+            self._append_started = time.monotonic()
+            try:
+                await self.log.append(seq, self.controller_id, records)
+            finally:
+                self._append_started = None
+            self._store_ok()
         except LogConflictError:
             return False
         except (ObjectStoreError, LogCorruptError) as exc:
             log.warning("controller %d: election attempt failed: %s", self.controller_id, exc)
+            self._store_failed("writing the election entry", exc)
             return False
         for rec in records:
             self.state.apply(rec)
@@ -357,9 +427,14 @@ class Controller:
         if records:
             seq = self.state.last_seq + 1
             started = time.perf_counter()
+            self._append_started = time.monotonic()
             try:
                 await self.log.append(seq, self.controller_id, records)
+                self._store_ok()
             except BaseException as exc:
+                self._append_started = None
+                if isinstance(exc, (ObjectStoreError, LogCorruptError)):
+                    self._store_failed(f"writing metadata log entry {seq}", exc)
                 self._writing = False
                 self._step_down(f"log entry {seq} failed: {type(exc).__name__}: {exc}")
                 err = self._not_controller()
@@ -369,6 +444,7 @@ class Controller:
                 if isinstance(exc, (LogConflictError, ObjectStoreError)):
                     return
                 raise
+            self._append_started = None
             self.state.last_seq = seq
             self.metrics.commit_seconds.observe(time.perf_counter() - started)
             self.metrics.last_seq.set(seq)
@@ -458,14 +534,19 @@ class Controller:
 
                     def fence(tx: Tx, node_id: int = node_id, epoch: int = epoch) -> None:
                         cur = tx.state.brokers.get(node_id)
-                        if cur is not None and cur.node_epoch == epoch:  # not re-registered meanwhile
-                            commands.fence_broker(tx, node_id)
+                        if cur is None or cur.node_epoch != epoch or cur.state == "fenced":
+                            return  # re-registered or fenced meanwhile
+                        if self._sessions.get(node_id, 0.0) >= time.monotonic():
+                            return  # it heartbeated while this fence waited (e.g. behind a stalled write)
+                        log.warning(
+                            "controller: node %d missed its session (%d ms); fencing it",
+                            node_id,
+                            self.session_timeout_ms,
+                        )
+                        self.metrics.brokers_fenced.inc()
+                        commands.fence_broker(tx, node_id)
 
-                    log.warning(
-                        "controller: node %d missed its session (%d ms); fencing it", node_id, self.session_timeout_ms
-                    )
                     self._sessions.pop(node_id, None)
-                    self.metrics.brokers_fenced.inc()
                     try:
                         await self.execute(fence)
                     except MetadataError:
@@ -539,7 +620,11 @@ class Controller:
         return epoch
 
     async def heartbeat(self, node_id: int, node_epoch: int) -> str:
-        state = await self.read(lambda st: commands.check_node(st, node_id, node_epoch).state)
+        """Answered from memory, never behind a log write: a broker's liveness must not
+        depend on object-store latency. (The in-memory state may hold a fence that is not
+        durable yet; telling that broker early is harmless: it exits and registers again.)"""
+        self._require_leader()
+        state = commands.check_node(self.state, node_id, node_epoch).state
         self.touch_session(node_id)
         return state
 

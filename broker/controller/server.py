@@ -461,9 +461,10 @@ def build_app(controller: Controller) -> web.Application:
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        if controller.ready:
+        reason = controller.unready_reason()
+        if reason is None:
             return web.Response(text=f"{controller.role.value}\n")
-        return web.Response(status=503, text=f"{controller.role.value}, not caught up\n")
+        return web.Response(status=503, text=f"{controller.role.value}: {reason}\n")
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(controller.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

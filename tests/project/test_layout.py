@@ -27,8 +27,11 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
     blocks = re.findall(r"<!-- (main|test)-command -->\n```bash\n(.+?)\n```", readme)
     assert [kind for kind, _ in blocks] == ["main", "test"]
     main_cmd, test_cmd = (cmd for _, cmd in blocks)
-    assert "automq local up" in main_cmd and "pip install" in main_cmd
-    assert "pytest" in test_cmd and "pip install" in test_cmd
+    # both install into a virtual environment (a stock Debian/Ubuntu Python refuses pip otherwise)
+    assert "automq local up" in main_cmd and "scripts/setup-venv.sh" in main_cmd
+    assert "pytest" in test_cmd and "scripts/setup-venv.sh dev" in test_cmd
+    setup = (ROOT / "scripts" / "setup-venv.sh").read_text()
+    assert "-m venv .venv" in setup and "pip install" in setup
     extracted = subprocess.run(
         [
             "bash",

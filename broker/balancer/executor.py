@@ -100,7 +100,7 @@ class MoveExecutor:
     async def move(self, move: Move) -> MoveResult:
         started = time.monotonic()
         deadline = started + self.move_timeout_s
-        error = "not attempted"
+        error: str | None = "not attempted"
         attempt = 0
         while attempt < self.attempts and time.monotonic() < deadline:
             attempt += 1

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
+from kio.schema.types import BrokerId, TopicName
+from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from automq.broker.balancer.model import BrokerMeta, ClusterMetadata, PartitionKey
 from automq.broker.kafka import codec
@@ -166,7 +168,9 @@ class KafkaAdmin:
     async def metadata(self, topics: Iterable[str] | None = None) -> KafkaMetadata:
         from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 
-        wanted = None if topics is None else tuple(MetadataRequestTopic(topic_id=None, name=t) for t in topics)
+        wanted = (
+            None if topics is None else tuple(MetadataRequestTopic(topic_id=None, name=TopicName(t)) for t in topics)
+        )
         r = await self._any(
             MetadataRequest(topics=wanted, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
         )
@@ -197,7 +201,9 @@ class KafkaAdmin:
             request = DescribeConfigsRequest(
                 resources=(
                     DescribeConfigsResource(
-                        resource_type=_BROKER_RESOURCE, resource_name=str(bid), configuration_keys=(METRICS_URL_CONFIG,)
+                        resource_type=i8(_BROKER_RESOURCE),
+                        resource_name=str(bid),
+                        configuration_keys=(METRICS_URL_CONFIG,),
                     ),
                 ),
                 include_synonyms=False,
@@ -238,10 +244,13 @@ class KafkaAdmin:
 
         r = await self._any(
             AlterPartitionReassignmentsRequest(
-                timeout=datetime.timedelta(seconds=timeout_s),
+                timeout=i32Timedelta.parse(datetime.timedelta(seconds=timeout_s)),
                 topics=(
                     ReassignableTopic(
-                        name=topic, partitions=(ReassignablePartition(partition_index=partition, replicas=(target,)),)
+                        name=TopicName(topic),
+                        partitions=(
+                            ReassignablePartition(partition_index=i32(partition), replicas=(BrokerId(target),)),
+                        ),
                     ),
                 ),
             )
@@ -265,10 +274,12 @@ class KafkaAdmin:
             for t, p in keys:
                 by_topic.setdefault(t, []).append(p)
             topics = tuple(
-                ListPartitionReassignmentsTopics(name=t, partition_indexes=tuple(ps))
+                ListPartitionReassignmentsTopics(name=TopicName(t), partition_indexes=tuple(i32(x) for x in ps))
                 for t, ps in sorted(by_topic.items())
             )
-        r = await self._any(ListPartitionReassignmentsRequest(timeout=datetime.timedelta(seconds=30), topics=topics))
+        r = await self._any(
+            ListPartitionReassignmentsRequest(timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)), topics=topics)
+        )
         if r.error_code != ErrorCode.none:  # type: ignore[attr-defined]
             raise KafkaAdminError(f"{r.error_code.name}: {r.error_message}", r.error_code)  # type: ignore[attr-defined]
         out = {}
@@ -284,13 +295,15 @@ class KafkaAdmin:
         r = await self._to(
             broker_id,
             ListOffsetsRequest(
-                replica_id=-1,
-                isolation_level=0,
+                replica_id=BrokerId(-1),
+                isolation_level=i8(0),
                 topics=(
                     ListOffsetsTopic(
-                        name=topic,
+                        name=TopicName(topic),
                         partitions=(
-                            ListOffsetsPartition(partition_index=partition, current_leader_epoch=-1, timestamp=-1),
+                            ListOffsetsPartition(
+                                partition_index=i32(partition), current_leader_epoch=i32(-1), timestamp=i64(-1)
+                            ),
                         ),
                     ),
                 ),

@@ -315,8 +315,8 @@ def build_model(
 
     partitions: list[PartitionLoad] = []
     for key, leader in sorted(cluster.leaders.items()):
-        meta = cluster.brokers.get(leader)
-        if leader < 0 or meta is None or meta.state == FENCED or key in cluster.moving:
+        leader_meta = cluster.brokers.get(leader)
+        if leader < 0 or leader_meta is None or leader_meta.state == FENCED or key in cluster.moving:
             # no live leader: nothing carries it now, the controller places it
             partitions.append(PartitionLoad(key[0], key[1], leader))
             continue

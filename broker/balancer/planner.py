@@ -298,7 +298,7 @@ def _evacuate(plan: _Plan, keys: list[PartitionKey], budget: int | None) -> None
         p = plan.parts[key]
         racks = plan.topic_racks(key[0]) if plan.rack_aware else None
 
-        def cost(b: int, p: PartitionLoad = p, racks: Counter[str] | None = racks) -> tuple:
+        def cost(b: int, p: PartitionLoad = p, racks: Counter[str] | None = racks) -> tuple[int, float, int]:
             acc = plan.load[b]
             load = max((acc[0] + p.bytes_in) / plan.scale[0], (acc[1] + p.bytes_out) / plan.scale[1])
             return (racks[plan.racks[b]] if racks else 0, load + (acc[3] + 1) / mean_count, b)  # type: ignore[index]
@@ -332,7 +332,7 @@ def _balance_network(plan: _Plan, last_moved: Mapping[PartitionKey, float], now:
                 p = plan.parts[key]
                 if p.bytes_in > 0 or p.bytes_out > 0:
                     on[b].append(key)
-        best: tuple | None = None
+        best: tuple[float, PartitionKey, int] | None = None
         for src in sources:
             for dst in targets:
                 if dst == src:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from automq.broker.controller.protocol import MetadataImage
+from automq.broker.controller.protocol import METRICS_LISTENER, BrokerInfo, MetadataImage
 
 PartitionKey = tuple[str, int]
 
@@ -73,9 +73,12 @@ class ClusterMetadata:
         metrics_urls: Mapping[int, str] | None = None,
         not_ready: Collection[int] = (),
     ) -> ClusterMetadata:
-        """From the controller's metadata image (which knows draining and fenced brokers);
-        `not_ready`: brokers the caller knows are not Ready (e.g. their pod)."""
-        urls = metrics_urls or {}
+        """From the controller's metadata image (which knows draining and fenced brokers).
+        Metrics URLs: `metrics_urls` where given, else the HTTP endpoint each broker
+        registered (listener METRICS_LISTENER). `not_ready`: brokers the caller knows are not
+        Ready (e.g. their pod)."""
+        urls = {b.node_id: url for b in image.brokers if (url := registered_metrics_url(b)) is not None}
+        urls.update(metrics_urls or {})
         brokers = {
             b.node_id: BrokerMeta(
                 b.node_id,
@@ -93,6 +96,14 @@ class ClusterMetadata:
                 if p.state == "moving":
                     moving[(t.name, p.partition)] = p.target
         return cls(brokers, leaders, moving)
+
+
+def registered_metrics_url(broker: BrokerInfo) -> str | None:
+    e = next((e for e in broker.endpoints if e.listener == METRICS_LISTENER), None)
+    if e is None:
+        return None
+    host = f"[{e.host}]" if ":" in e.host else e.host
+    return f"http://{host}:{e.port}/metrics"
 
 
 # --------------------------------------------------------------------------- samples

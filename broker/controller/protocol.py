@@ -97,6 +97,11 @@ class Endpoint:
     port: int
 
 
+# A broker registers its HTTP endpoint (/metrics, /healthz) under this listener name after its
+# Kafka listeners, so the balancer finds every broker's metrics in the controller's registry.
+METRICS_LISTENER = "AUTOMQ_HTTP"
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerInfo:
     node_id: int

@@ -29,6 +29,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 
 from automq.broker.config import NodeConfig, check_broker_config
+from automq.broker.controller.protocol import METRICS_LISTENER, Endpoint
 from automq.broker.kafka.broker import Broker, advertised_endpoints
 from automq.broker.kafka.server import KafkaServer
 from automq.broker.node import run_node
@@ -70,8 +71,8 @@ class BrokerService:
         return f"{endpoint.host}:{endpoint.port}"
 
     @property
-    def metrics_url(self) -> str:
-        """Where this broker's /metrics is reachable from other hosts (the balancer scrapes it)."""
+    def http_host(self) -> str:
+        """The host other machines reach this broker's HTTP endpoint at (the balancer scrapes it)."""
         host = self.config.http_host
         if host in ("0.0.0.0", "::", ""):
             host = (
@@ -79,9 +80,12 @@ class BrokerService:
                 if self.config.listeners
                 else "127.0.0.1"
             )
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self.http_port}/metrics"
+        return host
+
+    @property
+    def metrics_url(self) -> str:
+        host = self.http_host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.http_port}/metrics"
 
     @property
     def ready(self) -> bool:
@@ -98,7 +102,7 @@ class BrokerService:
         ports = self.server.bind()
         await self._start_http()
         self.cluster = ControllerClient(config.controller_urls)
-        endpoints = advertised_endpoints(config, ports)
+        endpoints = [*advertised_endpoints(config, ports), Endpoint(METRICS_LISTENER, self.http_host, self.http_port)]
         node_epoch = await self.cluster.register_broker(config.node_id, endpoints, config.rack)
         self._ready["registered"] = True
         log.info("broker %d registered with node epoch %d, endpoints %s", config.node_id, node_epoch, endpoints)

@@ -15,7 +15,14 @@ from automq.broker.balancer.model import (
     build_model,
     parse_metrics,
 )
-from automq.broker.controller.protocol import BrokerInfo, MetadataImage, PartitionInfo, TopicInfo
+from automq.broker.controller.protocol import (
+    METRICS_LISTENER,
+    BrokerInfo,
+    Endpoint,
+    MetadataImage,
+    PartitionInfo,
+    TopicInfo,
+)
 from automq.broker.kafka.metrics import KafkaMetrics
 
 
@@ -119,12 +126,18 @@ def test_from_controller_image_keeps_states_and_moves():
         7,
         "c",
         0,
-        (BrokerInfo(1, 1, (), "a", "active"), BrokerInfo(2, 1, (), "b", DRAINING)),
+        (
+            BrokerInfo(1, 1, (), "a", "active"),
+            BrokerInfo(
+                2, 1, (Endpoint("PLAINTEXT", "h2", 9092), Endpoint(METRICS_LISTENER, "h2", 9094)), "b", DRAINING
+            ),
+        ),
         (TopicInfo("t", "id", (PartitionInfo("t", 0, 0, 1, 3), PartitionInfo("t", 1, 1, 2, 3, "moving", 1))),),
     )
     c = ClusterMetadata.from_image(image, {1: "http://x/metrics"}, not_ready=[1])
     assert c.brokers[1].state == "not-ready" and c.brokers[1].metrics_url == "http://x/metrics"
     assert c.brokers[2].state == DRAINING and c.brokers[2].rack == "b"
+    assert c.brokers[2].metrics_url == "http://h2:9094/metrics"  # registered with the controller
     assert c.moving == {("t", 1): 1}
     history = {b: [sample(0.0, {}), sample(5.0, {("t", 0): (0, 0, 0)} if b == 1 else {})] for b in (1, 2)}
     result = build_model(c, history, now=6.0)

@@ -135,6 +135,13 @@ async def test_probes_metrics_and_graceful_sigterm(tmp_path, controller):
         configs = await asyncio.to_thread(metrics_url_config)
         assert "automq.metrics.url" in repr(configs), configs
         assert f"http://127.0.0.1:{http_port}/metrics" in repr(configs), configs
+        # and registered with the controller, so the operator finds it in the broker registry
+        from automq.broker.balancer.model import ClusterMetadata
+        from automq.broker.controller.client import ControllerClient
+
+        async with ControllerClient([controller.url]) as client:
+            registered = ClusterMetadata.from_image(await client.watch_metadata(-1, 0))
+        assert registered.brokers[1].metrics_url == f"http://127.0.0.1:{http_port}/metrics"
         proc.send_signal(signal.SIGTERM)
         assert await _wait_exit(proc) == 0
         # unregistered: the controller no longer lists it as an active broker

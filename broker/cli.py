@@ -4,6 +4,7 @@
     automq broker         a Kafka-protocol broker
     automq controller     the metadata controller
     automq operator       the Kubernetes operator
+    automq spark ...      Spark jobs: lake ingestion into Iceberg, object compaction
     automq wal recover    replay a lost broker's volume WAL into the object store (node loss)
     automq rebalance      measure load and move partitions to balance it (any cluster, by bootstrap)
 
@@ -26,6 +27,15 @@ app = typer.Typer(
 )
 local_app = typer.Typer(help="Run a whole cluster on this machine.", no_args_is_help=True)
 app.add_typer(local_app, name="local")
+
+
+def _spark_app() -> typer.Typer:
+    from automq.spark.cli import spark_app  # light: the jobs import pyspark only when they run
+
+    return spark_app
+
+
+app.add_typer(_spark_app(), name="spark")
 wal_app = typer.Typer(help="Write-ahead log tools.", no_args_is_help=True)
 app.add_typer(wal_app, name="wal")
 

@@ -78,6 +78,20 @@ _TOPIC_CONFIGS: dict[str, object] = {
     "follower.replication.throttled.replicas": str,
     "leader.replication.throttled.replicas": str,
     "message.format.version": str,
+    # table topics (the Kafka layer validates their values: broker/kafka/topic_configs.py)
+    "automq.table.topic.enable": _BOOL,
+    **dict.fromkeys(
+        (
+            "automq.table.topic.commit.interval.ms",
+            "automq.table.topic.namespace",
+            "automq.table.topic.convert.value.type",
+            "automq.table.topic.transform.value.type",
+            "automq.table.topic.id.columns",
+            "automq.table.topic.partition.by",
+            "automq.table.topic.errors.tolerance",
+        ),
+        str,
+    ),
     **dict.fromkeys(
         (
             "delete.retention.ms",

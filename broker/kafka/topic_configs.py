@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -178,6 +179,73 @@ def _replica_list(value: str) -> str:
         if not sep or not p.isdigit() or not b.isdigit():
             raise ValueError("Must be '*' or a list of 'partitionId:brokerId'")
     return ",".join(i.strip() for i in v.split(","))
+
+
+# --------------------------------------------------------------------------- table topics
+# `automq.table.*`: which topics the lake ingestion job (automq.spark.ingest) writes to
+# Iceberg, and how. The broker only stores and validates them; docs/spark.md explains them.
+
+TABLE_PREFIX = "automq.table.topic."
+PARTITION_TRANSFORMS = ("identity", "year", "month", "day", "hour", "bucket", "truncate", "void")
+_PARTITION_ITEM = re.compile(r"\s*(?:(\w+)\s*\(\s*([\w.]+)\s*(?:,\s*(\d+)\s*)?\)|([\w.]+))\s*")
+_COLUMN_LIST = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def parse_partition_by(value: str) -> list[tuple[str, str, int | None]]:
+    """`day(timestamp), bucket(id, 16), region` -> [(transform, column, argument)].
+    ValueError naming the bad item. Columns are checked against the table by the job."""
+    items: list[tuple[str, str, int | None]] = []
+    depth, start = 0, 0
+    parts = []
+    for i, ch in enumerate(value + ","):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(value[start:i])
+            start = i + 1
+    for part in parts:
+        if not part.strip():
+            continue
+        m = _PARTITION_ITEM.fullmatch(part)
+        if m is None:
+            raise ValueError(f"cannot parse partition item {part.strip()!r}: use column or transform(column[, n])")
+        transform, column, arg, bare = m.groups()
+        if bare:
+            items.append(("identity", bare, None))
+            continue
+        transform = transform.lower()
+        if transform not in PARTITION_TRANSFORMS:
+            raise ValueError(f"unknown partition transform {transform!r} (one of {', '.join(PARTITION_TRANSFORMS)})")
+        if (transform in ("bucket", "truncate")) != (arg is not None):
+            raise ValueError(
+                f"{transform}(column, n) takes a number" if arg is None else f"{transform} takes no number"
+            )
+        if arg is not None and int(arg) <= 0:
+            raise ValueError(f"{transform} needs a positive number")
+        items.append((transform, column, int(arg) if arg is not None else None))
+    return items
+
+
+def _partition_by(value: str) -> str:
+    items = parse_partition_by(value)
+    return ", ".join(f"{t}({c}, {a})" if a else (c if t == "identity" else f"{t}({c})") for t, c, a in items)
+
+
+def _column_list(value: str) -> str:
+    cols = [c.strip() for c in value.split(",") if c.strip()]
+    for c in cols:
+        if not _COLUMN_LIST.fullmatch(c):
+            raise ValueError(f"{c!r} is not a column name")
+    return ",".join(cols)
+
+
+def _namespace(value: str) -> str:
+    v = value.strip()
+    if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", v):
+        raise ValueError("must be dot-separated identifiers such as 'lake' or 'lake.kafka'")
+    return v
 
 
 # --------------------------------------------------------------------------- the keys
@@ -481,6 +549,75 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "Local-tier retention with tiered storage.",
             "accepted, no effect: there is no local tier",
             broker_key="log.local.retention.bytes",
+        ),
+        TopicConfigKey(
+            "automq.table.topic.enable",
+            ConfigType.BOOLEAN,
+            "false",
+            _boolean,
+            "Write this topic to an Apache Iceberg table (the lake ingestion job, `automq spark ingest`).",
+            "enforced by the ingestion job: docs/spark.md",
+        ),
+        TopicConfigKey(
+            "automq.table.topic.commit.interval.ms",
+            ConfigType.LONG,
+            "0",
+            _long(lo=0),
+            "Least time between two commits of the topic's table: an ingestion run sooner than this after the "
+            "last commit skips the table.",
+            "enforced by the ingestion job",
+        ),
+        TopicConfigKey(
+            "automq.table.topic.namespace",
+            ConfigType.STRING,
+            "kafka",
+            _namespace,
+            "Iceberg namespace of the topic's table (the table is named after the topic).",
+            "enforced by the ingestion job",
+        ),
+        TopicConfigKey(
+            "automq.table.topic.convert.value.type",
+            ConfigType.STRING,
+            "raw",
+            _one_of("raw", "string", "json"),
+            "How record values become columns: raw bytes, a UTF-8 string, or JSON objects whose fields "
+            "become columns (schema inferred and widened when new fields appear).",
+            "enforced by the ingestion job",
+        ),
+        TopicConfigKey(
+            "automq.table.topic.transform.value.type",
+            ConfigType.STRING,
+            "none",
+            _one_of("none", "flatten", "flatten_debezium"),
+            "Transform of JSON values: none, flatten (nested objects become a_b columns), flatten_debezium "
+            "(the `after` row of a Debezium envelope, deletes by `id.columns`).",
+            "enforced by the ingestion job (needs convert.value.type=json)",
+        ),
+        TopicConfigKey(
+            "automq.table.topic.id.columns",
+            ConfigType.LIST,
+            "",
+            _column_list,
+            "Columns identifying a row: with flatten_debezium the table keeps the latest row per id (upsert).",
+            "enforced by the ingestion job",
+        ),
+        TopicConfigKey(
+            "automq.table.topic.partition.by",
+            ConfigType.LIST,
+            "",
+            _partition_by,
+            "Iceberg partition spec, e.g. 'day(timestamp), bucket(id, 16)' (identity, year, month, day, hour, "
+            "bucket(n), truncate(w), void).",
+            "enforced by the ingestion job when it creates the table",
+        ),
+        TopicConfigKey(
+            "automq.table.topic.errors.tolerance",
+            ConfigType.STRING,
+            "none",
+            _one_of("none", "all"),
+            "A record that cannot be converted: none = fail the run (nothing of it is committed), all = write "
+            "it to the dead-letter table <table>_dlq and go on.",
+            "enforced by the ingestion job",
         ),
     )
 }

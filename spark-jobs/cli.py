@@ -1,0 +1,96 @@
+"""`automq spark ...`: the Spark jobs from the command line (and from the CronJobs, whose
+pods run `spark-submit` on this module's `main`).
+
+    automq spark ingest  --data-dir .automq-local                  # a local-up cluster
+    automq spark ingest  --controller http://c:9093 --object-store s3://... --catalog sqlite:///lake/catalog.db
+    automq spark compact --data-dir .automq-local --min-age 5m
+
+Heavy imports (pyspark, pyiceberg) happen inside the commands, so `automq --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import typer
+
+spark_app = typer.Typer(help="Spark jobs: lake ingestion into Iceberg, object compaction.", no_args_is_help=True)
+
+_DATA_DIR = typer.Option(None, "--data-dir", help="An `automq local up` data dir (finds controller and store).")
+_CONTROLLER = typer.Option(None, "--controller", help="Controller URL(s), comma-separated.")
+_OBJECT_STORE = typer.Option(None, "--object-store", help="Object store URL (s3://bucket?endpoint=... or file://...).")
+_MASTER = typer.Option(None, "--master", help="Spark master (default: $AUTOMQ_SPARK_MASTER or local[*]).")
+
+
+def _location(data_dir: Path | None, controller: str | None, object_store: str | None):
+    from automq.spark.cluster import ClusterLocation, ClusterLocationError
+
+    try:
+        return ClusterLocation.resolve(data_dir=data_dir, controller=controller, object_store=object_store)
+    except ClusterLocationError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@spark_app.command("ingest")
+def ingest_command(
+    data_dir: Path | None = _DATA_DIR,
+    controller: str | None = _CONTROLLER,
+    object_store: str | None = _OBJECT_STORE,
+    topic: list[str] | None = typer.Option(
+        None,
+        "--topic",
+        "-t",
+        help="Also ingest this topic (repeatable); topics with automq.table.topic.enable=true always are.",
+    ),
+    catalog: str | None = typer.Option(
+        None,
+        "--catalog",
+        help="Iceberg catalog: sqlite:///path.db (default: <data-dir>/lake/catalog.db), a SQLAlchemy URL, or http(s):// (REST).",
+    ),
+    warehouse: str | None = typer.Option(
+        None, "--warehouse", help="Warehouse location (default: next to a sqlite catalog)."
+    ),
+    only: bool = typer.Option(False, "--only", help="Only the --topic topics, not every table-enabled one."),
+    force: bool = typer.Option(False, "--force", help="Ignore automq.table.topic.commit.interval.ms."),
+    master: str | None = _MASTER,
+) -> None:
+    """Write table topics to Iceberg, exactly once (offsets live in the tables' snapshots)."""
+    from automq.spark.iceberg import open_catalog
+    from automq.spark.ingest import ingest
+    from automq.spark.session import spark_session
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    location = _location(data_dir, controller, object_store)
+    if catalog is None:
+        if data_dir is None:
+            typer.echo("error: pass --catalog (or --data-dir for the embedded sqlite catalog)", err=True)
+            raise typer.Exit(2)
+        catalog = f"sqlite:///{(data_dir / 'lake' / 'catalog.db').resolve()}"
+    try:
+        cat = open_catalog(catalog, warehouse)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    spark = spark_session(master, app_name="automq-ingest")
+    results = ingest(spark, location, cat, topic or None, force=force, enabled_topics=not only)
+    for r in results:
+        typer.echo(
+            json.dumps(
+                {
+                    "topic": r.topic,
+                    "table": r.table,
+                    "status": r.status,
+                    "records": r.records,
+                    "dead_letters": r.dead_letters,
+                    "offsets": r.offsets,
+                    "message": r.message,
+                }
+            )
+        )
+    if not results:
+        typer.echo("no topics to ingest: set automq.table.topic.enable=true on a topic or pass --topic")
+    if any(r.status == "failed" for r in results):
+        raise typer.Exit(1)

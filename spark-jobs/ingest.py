@@ -1,0 +1,262 @@
+"""Lake ingestion (`automq spark ingest`): topics -> Iceberg tables, exactly once.
+
+Which topics: those with `automq.table.topic.enable=true`, plus any named explicitly. Each
+topic becomes the table `<automq.table.topic.namespace>.<topic>` (dots and dashes of the
+topic name become underscores).
+
+One round per table:
+1. load the table; its current snapshot's `automq.offsets` says where it stands;
+2. plan from the controller: each partition from that offset (or its log start) up to the
+   committed end offset of its stream;
+3. read that range with the `automq` data source (Spark executors, straight from the
+   object store) and convert it (convert.py);
+4. write the data files and commit ONE Iceberg transaction whose snapshot summary holds the
+   new next offsets. The commit carries the requirement that the table's main branch is
+   still the snapshot of step 1, so of two racing runs one loses; the loser re-plans from
+   the winner's offsets (nothing is written twice, nothing skipped).
+
+A run killed after writing data files but before the commit leaves only unreferenced files:
+the table still says the old offsets and the rerun writes that range again, once.
+Dead letters (errors.tolerance=all) go to `<table>_dlq`, committed BEFORE the main table
+with their own offsets, so a rerun after a crash between the two commits skips the dead
+letters it already wrote.
+
+Records still only in a broker's WAL are not in objects yet and wait for the next run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import And, EqualTo, In, Or
+from pyiceberg.table import Table
+
+from automq.spark import iceberg
+from automq.spark.cluster import ClusterLocation, ClusterView, TopicView
+from automq.spark.convert import DLQ_SCHEMA, META_PREFIX, Converted, TableSettings, convert
+from automq.spark.reader import ROW_SCHEMA
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 5
+
+
+@dataclass(slots=True)
+class TableResult:
+    topic: str
+    table: str
+    status: str  # "committed" | "up-to-date" | "skipped" | "failed"
+    records: int = 0
+    dead_letters: int = 0
+    offsets: dict[int, int] = field(default_factory=dict)
+    attempts: int = 0
+    message: str = ""
+
+
+def table_name(topic: str, settings: TableSettings) -> str:
+    return f"{settings.namespace}.{topic.replace('.', '_').replace('-', '_')}"
+
+
+def select_topics(view: ClusterView, explicit: list[str] | None, enabled_topics: bool = True) -> list[TopicView]:
+    chosen = []
+    if enabled_topics:
+        chosen = [t for t in view.topics.values() if TableSettings.from_topic_configs(t.configs).enabled]
+    for name in explicit or []:
+        t = view.topic(name)  # KeyError names a missing topic
+        if t not in chosen:
+            chosen.append(t)
+    return sorted(chosen, key=lambda t: t.name)
+
+
+def ingest(
+    spark,
+    location: ClusterLocation,
+    catalog: Catalog,
+    topics: list[str] | None = None,
+    *,
+    force: bool = False,
+    enabled_topics: bool = True,
+    before_commit: Callable[[str, Table], None] | None = None,
+) -> list[TableResult]:
+    """One ingestion run over the chosen topics. `before_commit(table_name, table)` runs
+    after the data files are written and before the commit (tests crash there).
+    `enabled_topics=False`: only the topics named in `topics`."""
+    view = ClusterView.load(location, with_objects=False)
+    results = []
+    for t in select_topics(view, topics, enabled_topics):
+        try:
+            results.append(ingest_topic(spark, location, catalog, t, force=force, before_commit=before_commit))
+        except Exception as exc:  # one table's failure must not stop the others
+            log.exception("ingesting %s failed", t.name)
+            settings = TableSettings.from_topic_configs(t.configs)
+            results.append(TableResult(t.name, table_name(t.name, settings), "failed", message=str(exc)))
+    return results
+
+
+def ingest_topic(
+    spark,
+    location: ClusterLocation,
+    catalog: Catalog,
+    topic: TopicView,
+    *,
+    force: bool = False,
+    before_commit: Callable[[str, Table], None] | None = None,
+) -> TableResult:
+    settings = TableSettings.from_topic_configs(topic.configs)
+    name = table_name(topic.name, settings)
+    result = TableResult(topic.name, name, "up-to-date")
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        result.attempts = attempt
+        table = iceberg.load_table(catalog, name)
+        if table is not None:
+            table = iceberg.ensure_no_retries(table)
+            age = int(time.time() * 1000) - iceberg.last_commit_ms(table)
+            if not force and settings.commit_interval_ms and age < settings.commit_interval_ms:
+                result.status, result.message = "skipped", f"last commit {age} ms ago < commit.interval.ms"
+                return result
+        committed = iceberg.committed_offsets(table) if table is not None else {}
+        view = ClusterView.load(location, [topic.name], with_objects=False)
+        parts = view.topic(topic.name).partitions
+        start = {p.partition: max(committed.get(p.partition, 0), p.start_offset) for p in parts}
+        end = {p.partition: p.end_offset for p in parts}
+        for p in parts:
+            if committed.get(p.partition, 0) < p.start_offset:
+                log.warning(
+                    "%s-%d: offsets [%d, %d) were deleted by retention before ingestion",
+                    topic.name,
+                    p.partition,
+                    committed.get(p.partition, 0),
+                    p.start_offset,
+                )
+        if all(start[p] >= end[p] for p in end):
+            result.offsets = {p: max(committed.get(p, 0), start[p]) for p in end}
+            return result
+        rows = _read(spark, location, topic.name, start, end)
+        _check_range(rows, start, end)
+        converted = convert(rows, settings)
+        offsets = {**committed, **{p: max(start[p], end[p]) for p in end}}
+        try:
+            dead = _commit_dead_letters(catalog, name, topic.name, converted.dead, offsets)
+            table = table or iceberg.create_table(
+                catalog, name, _initial_schema(converted), topic.name, settings.partition_by
+            )
+            _commit(table, converted, settings, offsets, name, before_commit)
+        except CommitFailedException as exc:
+            log.info("%s: lost a concurrent commit (%s); re-planning", name, exc)
+            continue
+        result.status, result.records, result.dead_letters, result.offsets = (
+            "committed",
+            converted.rows.num_rows,
+            dead,
+            offsets,
+        )
+        return result
+    result.status, result.message = "failed", f"lost {MAX_ATTEMPTS} concurrent commits in a row"
+    return result
+
+
+def _read(spark, location: ClusterLocation, topic: str, start: dict[int, int], end: dict[int, int]) -> pa.Table:
+    import json
+
+    df = (
+        spark.read.format("automq")
+        .options(**location.to_options())
+        .option("topic", topic)
+        .option("startingOffsets", json.dumps({topic: {str(p): o for p, o in start.items()}}))
+        .option("endingOffsets", json.dumps({topic: {str(p): o for p, o in end.items()}}))
+        .load()
+    )
+    table = df.toArrow()
+    return table.cast(ROW_SCHEMA) if table.num_rows else ROW_SCHEMA.empty_table()
+
+
+def _check_range(rows: pa.Table, start: dict[int, int], end: dict[int, int]) -> None:
+    """Every record read lies in its partition's planned range (a guard, not a filter)."""
+    for p in end:
+        mine = rows.filter(pc.equal(rows["partition"], p))
+        if mine.num_rows:
+            lo, hi = pc.min(mine["offset"]).as_py(), pc.max(mine["offset"]).as_py()
+            if lo < start[p] or hi >= end[p]:
+                raise RuntimeError(f"partition {p}: read offsets [{lo}, {hi}] outside the plan [{start[p]}, {end[p]})")
+
+
+def _initial_schema(converted: Converted) -> pa.Schema:
+    return pa.schema([f.with_nullable(True) for f in converted.rows.schema])
+
+
+def _commit(
+    table: Table,
+    converted: Converted,
+    settings: TableSettings,
+    offsets: dict[int, int],
+    name: str,
+    before_commit: Callable[[str, Table], None] | None,
+) -> None:
+    props = {iceberg.OFFSETS_PROPERTY: _offsets_json(offsets)}
+    rows = converted.rows
+    txn = table.transaction()
+    if rows.num_rows:
+        with txn.update_schema() as update:
+            update.union_by_name(pa.schema([f.with_nullable(True) for f in rows.schema]))
+        rows = _align(rows, txn.table_metadata.schema().as_arrow())
+    if converted.deletes is not None and converted.deletes.num_rows:
+        txn.delete(_id_filter(converted.deletes, settings.id_columns), snapshot_properties=props)
+        op = rows[f"{META_PREFIX}op"]
+        rows = rows.filter(pc.fill_null(pc.not_equal(op, "d"), True))
+    # always append (maybe nothing): the offsets must advance even when all records went to the DLQ
+    txn.append(rows, snapshot_properties=props)
+    if before_commit is not None:
+        before_commit(name, table)
+    txn.commit_transaction()
+
+
+def _align(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The batch with the table's columns in order (nulls for columns it lacks)."""
+    cols = []
+    for f in schema:
+        if f.name in rows.column_names:
+            cols.append(rows[f.name].cast(f.type) if rows[f.name].type != f.type else rows[f.name])
+        else:
+            cols.append(pa.nulls(rows.num_rows, f.type))
+    return pa.table(cols, schema=pa.schema([f.with_nullable(True) for f in schema]))
+
+
+def _id_filter(ids: pa.Table, columns: tuple[str, ...]):
+    if len(columns) == 1:
+        return In(columns[0], [v for v in ids[columns[0]].to_pylist() if v is not None])
+    terms = [And(*[EqualTo(c, row[c]) for c in columns]) for row in ids.to_pylist()]
+    return terms[0] if len(terms) == 1 else Or(*terms)
+
+
+def _offsets_json(offsets: dict[int, int]) -> str:
+    import json
+
+    return json.dumps({str(p): o for p, o in sorted(offsets.items())})
+
+
+def _commit_dead_letters(catalog: Catalog, name: str, topic: str, dead: pa.Table, offsets: dict[int, int]) -> int:
+    """Dead letters first, with their own offsets: records already there are not added twice."""
+    dlq_name = f"{name}_dlq"
+    if not dead.num_rows:
+        return 0
+    table = iceberg.load_table(catalog, dlq_name)
+    table = table or iceberg.create_table(catalog, dlq_name, DLQ_SCHEMA, topic)
+    done = iceberg.committed_offsets(table)
+    if done:
+        keep = [
+            o >= done.get(p, 0) for p, o in zip(dead["partition"].to_pylist(), dead["offset"].to_pylist(), strict=True)
+        ]
+        dead = dead.filter(pa.array(keep, pa.bool_()))
+    if all(done.get(p, 0) >= o for p, o in offsets.items()):
+        return 0
+    txn = table.transaction()
+    txn.append(dead.cast(DLQ_SCHEMA), snapshot_properties={iceberg.OFFSETS_PROPERTY: _offsets_json(offsets)})
+    txn.commit_transaction()
+    return dead.num_rows

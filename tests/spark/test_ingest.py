@@ -1,0 +1,273 @@
+"""Lake ingestion against a real cluster: Iceberg tables (pyiceberg SQL catalog on sqlite)
+read back with pyiceberg, DuckDB and Polars equal what a Kafka consumer reads; reruns add
+nothing; a run that dies between writing files and committing, then reruns, gives every
+record exactly once; a run that loses a concurrent commit re-plans."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import duckdb
+import polars as pl
+import pytest
+
+from automq.spark import iceberg
+from automq.spark.cluster import ClusterLocation
+from automq.spark.ingest import ingest
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+TABLE_ON = {"automq.table.topic.enable": "true"}
+
+
+class Crash(BaseException):
+    """Stands for the process dying: not an Exception, so nothing on the way catches it."""
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    cat = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
+    cat.warehouse_dir = tmp_path / "lake" / "warehouse"
+    return cat
+
+
+@pytest.fixture
+def location(spark_cluster):
+    return ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
+
+
+def _table_rows(table) -> list[tuple]:
+    rows = table.scan().to_arrow().sort_by([("partition", "ascending"), ("offset", "ascending")]).to_pylist()
+    return [
+        (
+            r["partition"],
+            r["offset"],
+            int(r["timestamp"].timestamp() * 1000 + 0.5),
+            r["key"],
+            r["value"],
+            [(h["key"], h["value"]) for h in r["headers"] or []],
+        )
+        for r in rows
+    ]
+
+
+def _data_files(table) -> list[str]:
+    return [t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()]
+
+
+def _produce_mix(sh, bootstrap: str, topic: str, n: int, tag: str) -> int:
+    total = 0
+    for i, codec in enumerate(("none", "gzip", "snappy", "lz4", "zstd")):
+        recs = [
+            (
+                None if j % 9 == 0 else f"k{j}".encode(),
+                None if j % 10 == 3 else f"{tag}-{codec}-{j}".encode(),
+                [("trace", f"{j}".encode())] if j % 4 == 0 else [],
+                j % 2,
+            )
+            for j in range(n)
+        ]
+        if i % 2:
+            sh.produce_kafka_python(bootstrap, topic, recs, compression_type=None if codec == "none" else codec)
+        else:
+            sh.produce_confluent(bootstrap, topic, recs, **{"compression.type": codec})
+        total += n
+    return total
+
+
+def test_raw_tables_exactly_once_across_reruns_and_a_crash(spark, spark_cluster, sh, catalog, location):
+    topic = sh.topic_name("lake")
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=2, configs=TABLE_ON)
+    total = _produce_mix(sh, spark_cluster.bootstrap, topic, 60, "a")
+    spark_cluster.wait_uploaded(topic, total)
+
+    results = {r.topic: r for r in ingest(spark, location, catalog)}
+    assert results[topic].status == "committed" and results[topic].records == total
+    table = catalog.load_table(results[topic].table)
+    expected = sh.consume_all(spark_cluster.bootstrap, topic, total)
+    assert len(expected) == total
+    assert _table_rows(table) == expected
+
+    # the same rows through DuckDB (the table's Parquet files) and Polars (scan_iceberg)
+    files = _data_files(table)
+    got = duckdb.sql(f'select "partition", "offset", "value" from read_parquet({files!r}) order by 1, 2').fetchall()
+    assert got == [(p, o, v) for p, o, _, _, v, _ in expected]
+    polars_rows = pl.scan_iceberg(table).select("partition", "offset").sort("partition", "offset").collect()
+    assert polars_rows.rows() == [(p, o) for p, o, *_ in expected]
+
+    # a rerun adds nothing
+    again = {r.topic: r for r in ingest(spark, location, catalog, [topic], enabled_topics=False)}
+    assert again[topic].status == "up-to-date"
+    assert _table_rows(catalog.load_table(results[topic].table)) == expected
+
+    # more data; the run dies after writing its files, before the commit
+    total += _produce_mix(sh, spark_cluster.bootstrap, topic, 30, "b")
+    spark_cluster.wait_uploaded(topic, total)
+    snapshot_before = catalog.load_table(results[topic].table).current_snapshot().snapshot_id
+
+    def die(name, table):
+        raise Crash()
+
+    with pytest.raises(Crash):
+        ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=die)
+    table = catalog.load_table(results[topic].table)
+    assert table.current_snapshot().snapshot_id == snapshot_before
+    assert _table_rows(table) == expected
+    on_disk = {str(p) for p in catalog.warehouse_dir.glob("**/*.parquet")}
+    orphans = on_disk - set(_data_files(table))
+    assert orphans, "the crash should come after the data files were written"
+
+    rerun = {r.topic: r for r in ingest(spark, location, catalog, [topic], enabled_topics=False)}
+    assert rerun[topic].status == "committed" and rerun[topic].records == total - len(expected)
+    expected = sh.consume_all(spark_cluster.bootstrap, topic, total)
+    rows = _table_rows(catalog.load_table(results[topic].table))
+    assert rows == expected
+    assert len({(p, o) for p, o, *_ in rows}) == total
+    assert iceberg.committed_offsets(catalog.load_table(results[topic].table)) == {
+        p: max(o for q, o, *_ in expected if q == p) + 1 for p in (0, 1)
+    }
+
+
+def test_a_run_that_loses_a_concurrent_commit_replans(spark, spark_cluster, sh, catalog, location):
+    topic = sh.topic_name("race")
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=1)
+    ends = sh.produce_confluent(spark_cluster.bootstrap, topic, [(b"k", str(i).encode(), [], 0) for i in range(200)])
+    spark_cluster.wait_uploaded(topic, ends)
+    raced = []
+
+    def other_run_commits_first(name, table):
+        if not raced:
+            raced.append(name)
+            inner = ingest(spark, location, catalog, [topic], enabled_topics=False)  # the competitor wins
+            assert inner[0].status == "committed" and inner[0].records == 200
+
+    [result] = ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=other_run_commits_first)
+    assert result.status == "up-to-date" and result.attempts == 2  # lost, re-planned, nothing left
+    table = catalog.load_table(result.table)
+    offsets = [r["offset"] for r in table.scan().to_arrow().to_pylist()]
+    assert sorted(offsets) == list(range(200))
+    assert len(table.snapshots()) == 1
+
+
+def test_ingest_while_producing_then_catch_up(spark, spark_cluster, sh, catalog, location):
+    topic = sh.topic_name("live")
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=2, configs=TABLE_ON)
+    stop = threading.Event()
+    produced = [0]
+
+    def producer():
+        i = 0
+        while not stop.is_set():
+            sh.produce_confluent(
+                spark_cluster.bootstrap, topic, [(str(j).encode(), str(i + j).encode(), [], j % 2) for j in range(50)]
+            )
+            i += 50
+            produced[0] = i
+
+    thread = threading.Thread(target=producer, daemon=True)
+    thread.start()
+    try:
+        spark_cluster.wait_uploaded(topic, 200)
+        first = ingest(spark, location, catalog, [topic], enabled_topics=False)[0]
+        assert first.status == "committed"
+    finally:
+        stop.set()
+        thread.join(60)
+    spark_cluster.wait_uploaded(topic, produced[0])
+    ingest(spark, location, catalog, [topic], enabled_topics=False)
+    table = catalog.load_table(first.table)
+    rows = table.scan().to_arrow()
+    assert rows.num_rows == produced[0]
+    pairs = {(r["partition"], r["offset"]) for r in rows.select(["partition", "offset"]).to_pylist()}
+    assert len(pairs) == produced[0]
+    expected = sh.consume_all(spark_cluster.bootstrap, topic, produced[0])
+    assert sorted(pairs) == [(p, o) for p, o, *_ in expected]
+
+
+def test_json_values_evolve_the_schema_and_bad_records_go_to_the_dead_letter_table(
+    spark, spark_cluster, sh, catalog, location
+):
+    topic = sh.topic_name("json")
+    sh.create_topic(
+        spark_cluster.bootstrap,
+        topic,
+        configs={
+            **TABLE_ON,
+            "automq.table.topic.convert.value.type": "json",
+            "automq.table.topic.transform.value.type": "flatten",
+            "automq.table.topic.errors.tolerance": "all",
+            "automq.table.topic.namespace": "lake",
+        },
+    )
+    first = [(None, json.dumps({"id": i, "name": f"n{i}", "geo": {"lat": i / 2}}).encode(), [], 0) for i in range(20)]
+    first.insert(5, (None, b"{not json", [], 0))
+    first.insert(9, (None, b"[1, 2]", [], 0))
+    sh.produce_confluent(spark_cluster.bootstrap, topic, first)
+    spark_cluster.wait_uploaded(topic, len(first))
+    [r1] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert (r1.status, r1.records, r1.dead_letters) == ("committed", 20, 2)
+    assert r1.table.startswith("lake.")
+
+    later = [(None, json.dumps({"id": 100 + i, "name": "x", "extra": True}).encode(), [], 0) for i in range(5)]
+    sh.produce_confluent(spark_cluster.bootstrap, topic, later)
+    spark_cluster.wait_uploaded(topic, len(first) + len(later))
+    [r2] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert (r2.status, r2.records, r2.dead_letters) == ("committed", 5, 0)
+
+    table = catalog.load_table(r1.table)
+    names = {f.name for f in table.schema().fields}
+    assert {"id", "name", "geo_lat", "extra", "_kafka_offset", "_kafka_partition"} <= names
+    df = pl.scan_iceberg(table).sort("_kafka_offset").collect()
+    assert df["id"].to_list() == list(range(20)) + [100 + i for i in range(5)]
+    assert df["extra"].to_list() == [None] * 20 + [True] * 5
+    assert df["geo_lat"].to_list()[:3] == [0.0, 0.5, 1.0]
+    dlq = catalog.load_table(r1.table + "_dlq").scan().to_arrow().sort_by("offset").to_pylist()
+    assert [(d["offset"], d["value"]) for d in dlq] == [(5, b"{not json"), (9, b"[1, 2]")]
+    assert all(d["error"] for d in dlq)
+
+
+def test_bad_records_fail_the_run_when_not_tolerated(spark, spark_cluster, sh, catalog, location):
+    topic = sh.topic_name("strict")
+    sh.create_topic(
+        spark_cluster.bootstrap, topic, configs={**TABLE_ON, "automq.table.topic.convert.value.type": "json"}
+    )
+    sh.produce_confluent(spark_cluster.bootstrap, topic, [(None, b'{"a": 1}', [], 0), (None, b"oops", [], 0)])
+    spark_cluster.wait_uploaded(topic, 2)
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert r.status == "failed"
+    assert "offset 1" in r.message and "errors.tolerance=all" in r.message
+    assert iceberg.load_table(catalog, r.table) is None  # nothing half-made
+
+
+def test_table_configs_are_validated_by_the_broker(spark_cluster):
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": spark_cluster.bootstrap})
+    bad = NewTopic("bad-table-cfg", 1, 1, config={"automq.table.topic.partition.by": "week(ts)"})
+    with pytest.raises(KafkaException, match="automq.table.topic.partition.by"):
+        admin.create_topics([bad])["bad-table-cfg"].result(30)
+    # and kafka-configs' path: IncrementalAlterConfigs on an existing topic
+    good = "good-table-cfg"
+    admin.create_topics([NewTopic(good, 1, 1)])[good].result(30)
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        good,
+        incremental_configs=[
+            ConfigEntry("automq.table.topic.convert.value.type", "avro", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    with pytest.raises(KafkaException, match="convert.value.type"):
+        admin.incremental_alter_configs([resource])[resource].result(30)
+    ok = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        good,
+        incremental_configs=[
+            ConfigEntry("automq.table.topic.enable", "true", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    admin.incremental_alter_configs([ok])[ok].result(30)
+    described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, good)])
+    [entries] = [f.result(30) for f in described.values()]
+    assert entries["automq.table.topic.enable"].value == "true"

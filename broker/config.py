@@ -60,6 +60,7 @@ def parse_duration_ms(value: Any) -> int:
 
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(ge=0)]
+ConnectionCount = Annotated[int, Field(ge=0)]
 
 
 class _Section(BaseModel):
@@ -136,6 +137,10 @@ class KafkaConfig(_Section):
     producer_id_expiration_ms: int = 24 * 3_600_000
     offsets_topic_num_partitions: int = Field(8, ge=1)  # partitions of the internal __consumer_offsets topic
     connections_max_idle_ms: DurationMs = 600_000  # close client connections idle this long (Kafka's default)
+    max_connections: int = Field(10_000, ge=1)  # more client connections are closed at once (Kafka: unlimited)
+    max_connections_per_ip: int = Field(2_147_483_647, ge=1)  # connections from one address beyond this are closed
+    max_connections_per_ip_overrides: dict[str, ConnectionCount] = Field(default_factory=dict)  # {host or IP: limit}
+    request_frame_timeout_ms: DurationMs = Field(60_000, gt=0)  # ours: close a frame unfinished this long
     fetch_session_cache_slots: int = Field(1000, ge=0)  # incremental fetch sessions kept (KIP-227); 0 disables
 
 

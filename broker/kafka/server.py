@@ -18,7 +18,20 @@ Hostile input, as a Java broker answers it:
 - an unsupported version: ApiVersions is answered (v0 body, UNSUPPORTED_VERSION, with our
   ranges) per KIP-511; any other api → close;
 - nothing received for connections_max_idle_ms (and nothing in flight) → close;
+- a request frame not complete request_frame_timeout_ms after its first byte → close (a
+  client trickling a byte now and then is never idle, but never finishes either);
+- more than max_connections connections, or than max_connections_per_ip (and its per-host
+  overrides) from one address → the new connection is closed at once (Kafka instead leaves it
+  in the listen backlog for max_connections; closing tells the client now);
 - a client that does not read its responses: reading pauses when the write buffer is full.
+
+Memory per connection: nothing is buffered for a connection between frames. The socket is
+read into one receive buffer shared by all connections of the server (get_buffer and
+buffer_updated run back to back on the loop thread); complete frames are cut from it and
+only the bytes of an unfinished frame are kept, in a buffer of exactly what arrived. A large
+frame gets its own buffer that the socket fills directly, grown as its bytes arrive (never
+to the declared size up front). After a flood of connections closes, glibc is asked to
+return freed memory to the system (malloc_trim).
 A handler that raises answers its request with UNKNOWN_SERVER_ERROR; the connection stays.
 """
 
@@ -26,6 +39,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
+import ctypes.util
+import functools
 import logging
 import socket
 import struct
@@ -58,56 +74,91 @@ class _Slot:
     close_after: bool = False
 
 
-SCRATCH_BYTES = 256 << 10  # frames up to half of this are cut from a shared receive buffer
-FRAME_CHUNK_BYTES = 2 << 20  # a large frame's buffer starts at this and doubles as bytes arrive
+SCRATCH_BYTES = 256 << 10  # the server's shared receive buffer
+LARGE_FRAME_BYTES = 64 << 10  # larger frames get their own buffer, filled by the socket
+FRAME_CHUNK_BYTES = 64 << 10  # a large frame's buffer grows by this or by doubling, when bytes arrive
+TRIM_AFTER_CLOSED = 256  # connections closed since the last malloc_trim that warrant another
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
-    """Reads straight into buffers (BufferedProtocol): small frames are sliced out of a
-    scratch buffer, a large frame (a produce batch) gets its own bytearray that the socket
-    fills directly, so its bytes are not copied again before they are decoded."""
+    """Reads through the server's shared receive buffer (BufferedProtocol): small frames are
+    cut from it, a large frame (a produce batch) gets its own bytearray that the socket fills
+    directly, so its bytes are not copied again before they are decoded."""
+
+    __slots__ = (
+        "_closing",
+        "_closing_gracefully",
+        "_counted",
+        "_frame",
+        "_frame_filled",
+        "_frame_size",
+        "_frame_started",
+        "_head",
+        "_last_activity",
+        "_last_serial",
+        "_reading_paused",
+        "_slots",
+        "_tasks",
+        "_timer",
+        "_writing_paused",
+        "broker",
+        "ip",
+        "peer",
+        "server",
+        "transport",
+    )
 
     def __init__(self, server: KafkaServer) -> None:
         self.server = server
         self.broker = server.broker
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self._scratch = bytearray(SCRATCH_BYTES)
-        self._have = 0  # bytes of _scratch holding received data
+        self.ip = "?"
+        self._head: bytearray | None = None  # the received part of an unfinished small frame
         self._frame: bytearray | None = None  # a large frame being filled
         self._frame_filled = 0
         self._frame_size = 0
+        self._frame_started = 0.0  # monotonic time of the unfinished frame's first byte; 0: none
         self._slots: collections.deque[_Slot] = collections.deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_serial: asyncio.Task[None] | None = None  # last non-concurrent request
-        self._since_serial: list[asyncio.Task[None]] = []  # concurrent requests after it
         self._last_activity = time.monotonic()
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._reading_paused = False
         self._writing_paused = False
         self._closing = False
         self._closing_gracefully = False  # shutting down: read nothing more, answer what is in flight
-        self._max_frame = self.broker.config.kafka.socket_request_max_bytes
-        self._idle_s = self.broker.config.kafka.connections_max_idle_ms / 1000.0
-        self._served = server.served
+        self._counted = False  # in the server's connection counts
 
     # ---------------------------------------------------------------- transport events
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if isinstance(peer, tuple):
+            self.ip = peer[0]
+            self.peer = f"{peer[0]}:{peer[1]}"
+        else:
+            self.ip = self.peer = str(peer)
+        refusal = self.server.admit(self)
+        if refusal is not None:
+            self._abort(refusal[0], refusal[1])
+            return
+        self._counted = True
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
-        self.server.connections.add(self)
         self.broker.metrics.connections.inc()
-        self._schedule_idle_check(self._idle_s)
+        self._arm(self.server.idle_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        self.server.connections.discard(self)
-        self.broker.metrics.connections.dec()
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
+        self._head = self._frame = None
+        if self._counted:
+            self._counted = False
+            self.server.release(self)
+            self.broker.metrics.connections.dec()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for task in self._tasks:
             task.cancel()
 
@@ -131,51 +182,90 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 except BufferError:  # a view of it is still alive: move to a new buffer
                     frame = self._frame = frame + bytes(grow)
             return memoryview(frame)[self._frame_filled :]
-        return memoryview(self._scratch)[self._have :]
+        return self.server.scratch
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._closing:
             return
-        self._last_activity = time.monotonic()
+        now = self._last_activity = time.monotonic()
         self.broker.metrics.network_in.inc(nbytes)
         if self._frame is not None:
             self._frame_filled += nbytes
             if self._frame_filled == self._frame_size:
                 frame, self._frame = self._frame, None
+                self._frame_started = 0.0
                 self._on_frame(frame)
                 self._update_reading()
             return
-        self._have += nbytes
-        scratch = self._scratch
-        position, have = 0, self._have
-        while have - position >= 4:
-            (size,) = _SIZE.unpack_from(scratch, position)
-            if size < 0 or size > self._max_frame:
-                self._abort(
-                    "oversized", f"request size {size} is outside 0..{self._max_frame} (socket_request_max_bytes)"
-                )
+        self._take(self.server.scratch[:nbytes], now)
+        self._update_reading()
+
+    def _take(self, data: memoryview, now: float) -> None:
+        """Cut the frames out of `data` (just received into the shared buffer); keep a copy of
+        only the unfinished frame's bytes."""
+        position, end = 0, len(data)
+        head = self._head
+        if head is not None:
+            if len(head) < 4:
+                take = min(4 - len(head), end)
+                head += data[:take]
+                position = take
+                if len(head) < 4:
+                    return
+                if not self._size_ok(head):
+                    return
+            (size,) = _SIZE.unpack_from(head, 0)
+            if size > LARGE_FRAME_BYTES:
+                self._head = None
+                self._start_large(size, memoryview(head)[4:], data[position:])
                 return
-            available = have - position - 4
-            if available >= size:
-                frame = bytes(scratch[position + 4 : position + 4 + size])  # a copy: scratch is reused
+            take = min(4 + size - len(head), end - position)
+            head += data[position : position + take]
+            position += take
+            if len(head) < 4 + size:
+                return
+            self._head = None
+            self._frame_started = 0.0
+            self._on_frame(bytes(memoryview(head)[4:]))
+            if self._closing:
+                return
+        while end - position >= 4:
+            if not self._size_ok(data[position : position + 4]):
+                return
+            (size,) = _SIZE.unpack_from(data, position)
+            if end - position - 4 >= size:
+                self._on_frame(bytes(data[position + 4 : position + 4 + size]))  # a copy: the buffer is shared
                 position += 4 + size
-                self._on_frame(frame)
                 if self._closing:
                     return
                 continue
-            if size > SCRATCH_BYTES // 2:
-                # a large frame: its own buffer, filled by the socket from now on
-                frame = bytearray(min(size, max(available, FRAME_CHUNK_BYTES)))
-                frame[:available] = scratch[position + 4 : have]
-                self._frame, self._frame_filled, self._frame_size = frame, available, size
-                position = have
+            if size > LARGE_FRAME_BYTES:
+                self._frame_started = now
+                self._start_large(size, data[position + 4 :], b"")
+                return
             break
-        if position:
-            remaining = have - position
-            if remaining:
-                scratch[:remaining] = scratch[position:have]
-            self._have = remaining
-        self._update_reading()
+        if position < end:
+            self._head = bytearray(data[position:])
+            self._frame_started = now
+            self._arm_frame_deadline(now)
+
+    def _size_ok(self, size_bytes) -> bool:
+        (size,) = _SIZE.unpack_from(size_bytes, 0)
+        max_frame = self.server.max_frame
+        if size < 0 or size > max_frame:
+            self._abort("oversized", f"request size {size} is outside 0..{max_frame} (socket_request_max_bytes)")
+            return False
+        return True
+
+    def _start_large(self, size: int, first: memoryview, second) -> None:
+        available = len(first) + len(second)
+        frame = bytearray(available)  # what arrived; get_buffer grows it when more does
+        frame[: len(first)] = first
+        frame[len(first) : available] = second
+        self._frame, self._frame_filled, self._frame_size = frame, available, size
+        if not self._frame_started:
+            self._frame_started = time.monotonic()
+        self._arm_frame_deadline(self._frame_started)
 
     # kept for transports that only speak the plain Protocol interface
     def data_received(self, data: bytes) -> None:
@@ -191,14 +281,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def _on_frame(self, frame: bytes | bytearray) -> None:
         try:
-            decoded = codec.decode_request(frame, self._served)
+            decoded = codec.decode_request(frame, self.server.served)
         except codec.UnsupportedVersionError as exc:
             if exc.api_key == codec.API_VERSIONS_KEY:
                 self._answer_unsupported_api_versions(exc.correlation_id)
             else:
                 self._abort(
                     "unsupported_version",
-                    f"{codec.api_name(exc.api_key)} v{exc.api_version} is not supported (served: {self._served.get(exc.api_key)})",
+                    f"{codec.api_name(exc.api_key)} v{exc.api_version} is not supported (served: {self.server.served.get(exc.api_key)})",
                 )
             return
         except codec.UnknownApiKeyError as exc:
@@ -316,19 +406,45 @@ class KafkaConnection(asyncio.BufferedProtocol):
             transport.resume_reading()
             self._reading_paused = False
 
-    def _schedule_idle_check(self, delay: float) -> None:
-        if self._idle_s <= 0:
-            return
-        self._idle_timer = asyncio.get_running_loop().call_later(delay, self._idle_check)
+    def _arm(self, delay: float) -> None:
+        """(Re)schedule the one timer of this connection: idle time and frame deadline."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if delay > 0:
+            self._timer = asyncio.get_running_loop().call_later(delay, self._check_timers)
 
-    def _idle_check(self) -> None:
+    def _arm_frame_deadline(self, started: float) -> None:
+        deadline = started + self.server.frame_timeout_s
+        if self._timer is None or self._timer.when() > deadline + 0.001:
+            self._arm(max(deadline - time.monotonic(), 0.0))
+
+    def _check_timers(self) -> None:
+        self._timer = None
         if self._closing:
             return
-        idle = time.monotonic() - self._last_activity
-        if idle >= self._idle_s and not self._tasks:
+        now = time.monotonic()
+        frame_s, idle_s = self.server.frame_timeout_s, self.server.idle_s
+        if self._frame_started:
+            waited = now - self._frame_started
+            if waited >= frame_s:
+                self._abort(
+                    "frame_timeout",
+                    f"request frame unfinished {waited:.1f}s after its first byte (request_frame_timeout_ms)",
+                    level=logging.INFO,
+                )
+                return
+        idle = now - self._last_activity
+        if idle_s > 0 and idle >= idle_s and not self._tasks:
             self._abort("idle", f"idle for {idle:.0f}s (connections_max_idle_ms)", level=logging.INFO)
             return
-        self._schedule_idle_check(max(self._idle_s - idle, 0.05) if not self._tasks else self._idle_s)
+        delays = []
+        if idle_s > 0:
+            delays.append(max(idle_s - idle, 0.05) if not self._tasks else idle_s)
+        if self._frame_started:
+            delays.append(max(self._frame_started + frame_s - now, 0.0))
+        if delays:
+            self._arm(min(delays))
 
     def _abort(self, reason: str, message: str, level: int = logging.WARNING) -> None:
         log.log(level, "closing connection from %s: %s", self.peer, message)
@@ -358,6 +474,24 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.transport.close()
 
 
+@functools.cache
+def _libc_malloc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return None
+
+
+def release_free_memory() -> bool:
+    """glibc keeps freed heap for reuse; after a flood of connections that can be hundreds of
+    MiB the process never needs again. malloc_trim hands it back. False where unsupported."""
+    trim = _libc_malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
 def _write_frame(transport: asyncio.Transport, chunks: list) -> int:
     """Writes one size-prefixed frame; returns the bytes handed to the transport."""
     size = 0
@@ -381,9 +515,77 @@ class KafkaServer:
         self.config = config if config is not None else broker.config  # type: ignore[union-attr]
         self.connections: set[KafkaConnection] = set()
         self.served = registry.served_ranges()
+        kafka = self.config.kafka
+        self.scratch = memoryview(bytearray(SCRATCH_BYTES))  # shared by every connection's reads
+        self.max_frame = kafka.socket_request_max_bytes
+        self.idle_s = kafka.connections_max_idle_ms / 1000.0
+        self.frame_timeout_s = kafka.request_frame_timeout_ms / 1000.0
+        self._per_ip: collections.Counter[str] = collections.Counter()
+        self._ip_limits: dict[str, int] = {}
+        self._refusals: dict[str, list] = {}  # reason -> [refused since last log line, last log time]
+        self._closed_since_trim = 0
+        self._trim: asyncio.TimerHandle | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._sockets: dict[str, socket.socket] = {}
         self.bound_ports: dict[str, int] = {}
+
+    # ---------------------------------------------------------------- connection limits
+
+    def _resolve_overrides(self) -> None:
+        """max_connections_per_ip_overrides keys are IPs or host names (resolved once, at start)."""
+        limits: dict[str, int] = {}
+        for host, limit in self.config.kafka.max_connections_per_ip_overrides.items():
+            try:
+                infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                log.warning("max_connections_per_ip_overrides: cannot resolve %r (%s); ignored", host, exc)
+                continue
+            for info in infos:
+                limits[str(info[4][0])] = limit
+        self._ip_limits = limits
+
+    def admit(self, conn: KafkaConnection) -> tuple[str, str] | None:
+        """Count a new connection in, or (reason, message) why it must be closed."""
+        kafka = self.config.kafka
+        if len(self.connections) >= kafka.max_connections:
+            return self._refuse("max_connections", f"{len(self.connections)} connections open (max_connections)")
+        limit = self._ip_limits.get(conn.ip, kafka.max_connections_per_ip)
+        if self._per_ip[conn.ip] >= limit:
+            return self._refuse(
+                "max_connections_per_ip",
+                f"{conn.ip} has {self._per_ip[conn.ip]} connections open (max_connections_per_ip"
+                f"{'_overrides' if conn.ip in self._ip_limits else ''}: {limit})",
+            )
+        self.connections.add(conn)
+        self._per_ip[conn.ip] += 1
+        return None
+
+    def _refuse(self, reason: str, message: str) -> tuple[str, str]:
+        # a flood would log a line per connection: one line per reason every 10 s, with a count
+        state = self._refusals.setdefault(reason, [0, 0.0])
+        state[0] += 1
+        now = time.monotonic()
+        if now - state[1] >= 10.0:
+            log.warning("refusing connections: %s (%d refused since the last such line)", message, state[0])
+            state[0], state[1] = 0, now
+        return reason, message
+
+    def release(self, conn: KafkaConnection) -> None:
+        self.connections.discard(conn)
+        left = self._per_ip[conn.ip] - 1
+        if left > 0:
+            self._per_ip[conn.ip] = left
+        else:
+            del self._per_ip[conn.ip]
+        self._closed_since_trim += 1
+        if self._closed_since_trim >= TRIM_AFTER_CLOSED and self._trim is None:
+            # after a flood: once the closing settles, give the freed heap back to the system
+            self._trim = asyncio.get_running_loop().call_later(1.0, self._malloc_trim)
+
+    def _malloc_trim(self) -> None:
+        self._trim = None
+        self._closed_since_trim = 0
+        release_free_memory()
 
     def bind(self) -> dict[str, int]:
         for listener in self.config.listeners:
@@ -400,6 +602,7 @@ class KafkaServer:
         if self.broker is None:
             raise RuntimeError("KafkaServer.start needs a broker")
         self.bind()
+        self._resolve_overrides()
         loop = asyncio.get_running_loop()
         for name, sock in self._sockets.items():
             server = await loop.create_server(lambda: KafkaConnection(self), sock=sock)
@@ -409,6 +612,9 @@ class KafkaServer:
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop accepting, finish in-flight requests (up to timeout), close connections."""
+        if self._trim is not None:
+            self._trim.cancel()
+            self._trim = None
         for server in self._servers:
             server.close()
         for _name, sock in self._sockets.items():

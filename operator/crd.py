@@ -10,7 +10,11 @@ OpenAPI v3. `structural()` converts one into the other:
   - `additionalProperties: false` is dropped (Kubernetes forbids it and prunes unknown fields
     instead) and `title` is dropped (noise in `kubectl explain`);
   - defaults are kept for scalars only: an object default would make the API server fill in
-    whole sections the user never wrote, which then show up in every `kubectl get -o yaml`;
+    whole sections the user never wrote, which then show up in every `kubectl get -o yaml`.
+    The exception is an explicit empty-object default (`json_schema_extra={"default": {}}`),
+    which lets the server fill that object's scalar defaults (spec.broker.replicas for /scale);
+  - JSON Schema's numeric `exclusiveMinimum: x` becomes OpenAPI v3.0's `minimum: x,
+    exclusiveMinimum: true`;
   - quantities keep the int-or-string form core resources use.
 """
 
@@ -115,8 +119,11 @@ def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> di
                 out[key] = structural(value, defs)
             # `false` is forbidden and `true` is what x-kubernetes-preserve-unknown-fields says.
         elif key == "default":
-            if value is not None and not isinstance(value, (dict, list)):
+            if value == {} or (value is not None and not isinstance(value, (dict, list))):
                 out[key] = value
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
         else:
             out[key] = value
     # type and description first: the generated YAML reads like hand-written CRDs.
@@ -149,6 +156,20 @@ def _printer_columns() -> list[dict[str, Any]]:
             "type": "string",
             "jsonPath": ".status.bootstrap",
             "description": "Kafka bootstrap address.",
+        },
+        {
+            "name": "Desired",
+            "type": "integer",
+            "jsonPath": ".status.autoscaling.desiredReplicas",
+            "priority": 1,
+            "description": "Brokers the autoscaler wants (empty when autoscaling is off).",
+        },
+        {
+            "name": "Balancing",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Balancing")].reason',
+            "priority": 1,
+            "description": "What the balancer did last: Balanced, Rebalancing, MetricsUnavailable, Disabled, ...",
         },
         {
             "name": "Reason",

@@ -7,9 +7,10 @@ reconciles through them again, because a CRD schema cannot express everything (c
 rules run as CEL in the API server where it supports them, and always here).
 
 Field names are camelCase on the wire (Kubernetes convention) and snake_case in Python.
-Placeholders for features that come later (autoscaling, balancing, compaction, lake ingestion)
-are validated now so that manifests written today keep working; enabling one is reported as
-"not implemented yet" in an event and in the status, and changes nothing else.
+Placeholders for features that come later (compaction, lake ingestion) are validated now so
+that manifests written today keep working; enabling one is reported as "not implemented yet" in
+an event and in the status, and changes nothing else. Autoscaling and balancing are real (see
+`automq.operator.elastic`).
 """
 
 from __future__ import annotations
@@ -339,17 +340,53 @@ class MetricsSpec(_Model):
     )
 
 
-class AutoscalingSpec(_Model):
-    """Placeholder: metric-driven broker scaling (not implemented yet; validated, otherwise inert).
-    Until then, drive the scale subresource with an HPA or KEDA."""
+def _cel_default(model: type[BaseModel], field: str) -> str:
+    """`self.<field>` with the model's default when the field is absent, as a CEL expression.
 
-    enabled: bool = Field(False, description="Not implemented yet: enabling it only reports that in status and events.")
-    min_replicas: int = Field(1, ge=0, description="Lower bound of broker replicas.")
-    max_replicas: int = Field(3, ge=1, description="Upper bound of broker replicas.")
-    target_network_utilization_percent: int = Field(
-        70, ge=1, le=100, description="Average broker network utilisation to aim for."
+    The API server fills scalar defaults before it runs CEL rules, but a rule must not depend
+    on that (a rule over an absent field is an error): spell the default out."""
+    info = model.model_fields[field]
+    alias = info.alias or field
+    return f"(has(self.{alias}) ? self.{alias} : {info.default!r})"
+
+
+class AutoscalingSpec(_Model):
+    """Metric-driven broker scaling: the operator sets spec.broker.replicas from the brokers' load.
+
+    Desired brokers = ceil(total load / per-broker target), for each target given (the largest
+    wins), clamped to [minReplicas, maxReplicas] and to maxStep per decision. Scale-up follows
+    the highest recommendation of the last scaleUpStabilizationSeconds (default 0: at once),
+    scale-down the highest of the last scaleDownStabilizationSeconds (default 300), so a broker is
+    removed only after load stayed low for the whole window; nothing is scaled while brokers are
+    not Ready, partitions are moving or a previous scale is in flight. Scale-in drains the leaving
+    brokers first. While enabled, the operator owns spec.broker.replicas."""
+
+    enabled: bool = Field(
+        False, description="Scale brokers from their load (spec.broker.replicas is then set by the operator)."
     )
-    cooldown_seconds: int = Field(300, ge=0, description="Minimum time between two scaling decisions.")
+    min_replicas: int = Field(1, ge=1, le=1000, description="Fewest brokers the autoscaler keeps.")
+    max_replicas: int = Field(3, ge=1, le=1000, description="Most brokers the autoscaler runs.")
+    target_bytes_in_mib_per_second: float | None = Field(
+        None,
+        gt=0,
+        alias="targetBytesInMiBPerSecond",
+        description="Produce traffic one broker should carry, in MiB/s (records appended, summed over brokers).",
+    )
+    target_cpu_percent: int | None = Field(
+        None, ge=1, le=100, description="Average broker process CPU, in percent of one core, to aim for."
+    )
+    tolerance_percent: int = Field(
+        10, ge=0, le=50, description="No scaling while load per broker is within this percent of the target."
+    )
+    interval_seconds: int = Field(15, ge=1, le=3600, description="How often load is evaluated for scaling.")
+    scale_up_stabilization_seconds: int = Field(
+        0, ge=0, le=3600, description="Scale up to the lowest recommendation of this window (0: at once)."
+    )
+    scale_down_stabilization_seconds: int = Field(
+        300, ge=0, le=3600, description="Scale down only to the highest recommendation of this window."
+    )
+    cooldown_seconds: int = Field(60, ge=0, le=3600, description="Minimum time between two scaling decisions.")
+    max_step: int = Field(4, ge=1, le=100, description="Most brokers added or removed by one decision.")
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSpec:
@@ -357,15 +394,49 @@ class AutoscalingSpec(_Model):
             raise ValueError(
                 f"spec.autoscaling.minReplicas ({self.min_replicas}) exceeds maxReplicas ({self.max_replicas})"
             )
+        if self.enabled and self.target_bytes_in_mib_per_second is None and self.target_cpu_percent is None:
+            raise ValueError(
+                "spec.autoscaling: set targetBytesInMiBPerSecond and/or targetCpuPercent when enabled is true"
+            )
         return self
 
 
-class BalancingSpec(_Model):
-    """Placeholder: continuous partition balancing (not implemented yet; validated, otherwise inert)."""
+AutoscalingSpec.model_config["json_schema_extra"] = {
+    "x-kubernetes-validations": [
+        {
+            "rule": f"{_cel_default(AutoscalingSpec, 'min_replicas')} <= {_cel_default(AutoscalingSpec, 'max_replicas')}",
+            "message": "spec.autoscaling.minReplicas must not exceed maxReplicas",
+        },
+        {
+            "rule": "!(has(self.enabled) && self.enabled) || has(self.targetBytesInMiBPerSecond) "
+            "|| has(self.targetCpuPercent)",
+            "message": "spec.autoscaling: set targetBytesInMiBPerSecond and/or targetCpuPercent when enabled is true",
+        },
+    ]
+}
+AutoscalingSpec.model_rebuild(force=True)
 
-    enabled: bool = Field(False, description="Not implemented yet: enabling it only reports that in status and events.")
-    tolerance_percent: int = Field(10, ge=1, le=100, description="Allowed deviation of a broker's load from the mean.")
-    interval_seconds: int = Field(60, ge=10, description="How often load is evaluated.")
+
+class BalancingSpec(_Model):
+    """Continuous partition balancing: the operator moves partitions so every broker carries its share.
+
+    Every intervalSeconds it scrapes each broker's /metrics, and when a broker's bytes-in or
+    bytes-out is off the mean by more than tolerancePercent (or partitions or leaders are
+    unevenly spread) it moves partitions through the controller's reassignment path, at most
+    maxConcurrentMoves at a time, never the same partition twice within partitionCooldownSeconds,
+    never while a scale operation is in flight. A broker that just became Ready is given its
+    share at once. The annotation automq.io/rebalance: now (or dry-run) asks for one evaluation
+    whether or not balancing is enabled."""
+
+    enabled: bool = Field(False, description="Move partitions continuously to keep broker load even.")
+    tolerance_percent: int = Field(
+        10, ge=1, le=100, description="Allowed deviation of a broker's bytes-in/out from the mean, in percent."
+    )
+    interval_seconds: int = Field(60, ge=1, le=3600, description="How often load is evaluated.")
+    max_concurrent_moves: int = Field(4, ge=1, le=100, description="Most partition moves in flight at once.")
+    partition_cooldown_seconds: int = Field(
+        300, ge=0, le=86400, description="A moved partition is not moved again within this time."
+    )
 
 
 _CRON = r"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|(\S+\s+){4}\S+)$"
@@ -512,7 +583,14 @@ class AutoMQClusterSpec(_Model):
         description="Cluster id reported to Kafka clients; defaults to <namespace>-<name>. Never change it on a running cluster.",
     )
     controller: ControllerSpec = Field(default_factory=ControllerSpec, description="Metadata controllers.")
-    broker: BrokerSpec = Field(default_factory=BrokerSpec, description="Kafka-protocol brokers.")
+    broker: BrokerSpec = Field(
+        default_factory=BrokerSpec,
+        description="Kafka-protocol brokers.",
+        # An empty-object default in the CRD makes the API server fill broker.replicas (1) when
+        # spec.broker is omitted: the scale subresource reads .spec.broker.replicas and answers
+        # an error without it.
+        json_schema_extra={"default": {}},
+    )
     object_store: ObjectStoreSpec = Field(..., description="Object storage holding all data and metadata.")
     listeners: list[ListenerSpec] = Field(
         default_factory=lambda: [ListenerSpec(name="PLAINTEXT", port=KAFKA_PORT)],
@@ -523,9 +601,11 @@ class AutoMQClusterSpec(_Model):
     config: ConfigOverrides
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics.")
     autoscaling: AutoscalingSpec = Field(
-        default_factory=AutoscalingSpec, description="Placeholder, not implemented yet."
+        default_factory=AutoscalingSpec, description="Metric-driven broker scaling (off by default)."
     )
-    balancing: BalancingSpec = Field(default_factory=BalancingSpec, description="Placeholder, not implemented yet.")
+    balancing: BalancingSpec = Field(
+        default_factory=BalancingSpec, description="Continuous partition balancing (off by default)."
+    )
     compaction: CompactionSpec = Field(default_factory=CompactionSpec, description="Placeholder, not implemented yet.")
     lake_ingestion: LakeIngestionSpec = Field(
         default_factory=LakeIngestionSpec, description="Placeholder, not implemented yet."
@@ -562,8 +642,6 @@ class AutoMQClusterSpec(_Model):
     def placeholders_enabled(self) -> list[str]:
         """Spec sections that are accepted but do nothing yet."""
         sections = {
-            "autoscaling": self.autoscaling,
-            "balancing": self.balancing,
             "compaction": self.compaction,
             "lakeIngestion": self.lake_ingestion,
         }
@@ -577,7 +655,11 @@ class AutoMQClusterSpec(_Model):
 class Condition(_Model):
     """A standard Kubernetes condition (metav1.Condition)."""
 
-    type: Literal["Ready", "Progressing", "Degraded"] = Field(..., description="Ready, Progressing or Degraded.")
+    type: Literal["Ready", "Progressing", "Degraded", "Balancing", "Autoscaling"] = Field(
+        ...,
+        description="Ready, Progressing or Degraded; Balancing and Autoscaling say whether those loops act "
+        "(False with the reason when they pause: metrics missing, controller unreachable, an HPA, ...).",
+    )
     status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
     reason: str = Field(
         ..., pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", description="CamelCase reason for the machine."
@@ -597,6 +679,50 @@ class RoleStatus(_Model):
     ready: int = Field(0, ge=0, description="Pods that are Ready.")
     updated: int = Field(0, ge=0, description="Pods running the current pod template.")
     summary: str = Field("0/0", description="ready/desired, for `kubectl get`.")
+
+
+class ProposalSummary(_Model):
+    """The last set of partition moves the balancer proposed."""
+
+    time: str = Field(..., description="When it was computed (RFC 3339).")
+    trigger: str = Field(..., description="interval, scale-out, drain, annotation or dry-run.")
+    dry_run: bool = Field(False, description="Proposed only (automq.io/rebalance: dry-run): nothing moved.")
+    moves: list[str] = Field(default_factory=list, description="topic-partition: from -> to (why), at most 50 listed.")
+    move_count: int = Field(0, ge=0, description="Number of moves proposed.")
+    imbalance_before: dict[str, float] = Field(default_factory=dict, description="Imbalance per goal before.")
+    imbalance_after: dict[str, float] = Field(default_factory=dict, description="Imbalance per goal expected after.")
+
+
+class BalancingStatus(_Model):
+    """Observed by the balancer."""
+
+    last_evaluation_time: str | None = Field(None, description="When load was last evaluated (RFC 3339).")
+    imbalance: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per goal, the largest deviation of a broker from the mean in percent (bytesIn, bytesOut, ...).",
+    )
+    broker_load: dict[str, str] = Field(
+        default_factory=dict, description="Per broker id: bytes-in/out MiB/s and partitions led, as last scraped."
+    )
+    moves_in_flight: int = Field(0, ge=0, description="Partition moves started and not finished.")
+    moves_total: int = Field(0, ge=0, description="Partition moves finished since the operator started.")
+    failed_moves_total: int = Field(0, ge=0, description="Partition moves that failed (retried later).")
+    last_rebalance_time: str | None = Field(None, description="When partitions were last moved (RFC 3339).")
+    last_proposal: ProposalSummary | None = Field(None, description="The last proposal, executed or dry-run.")
+
+
+class AutoscalingStatus(_Model):
+    """Observed and decided by the autoscaler."""
+
+    current_bytes_in_mib_per_second: float | None = Field(
+        None, alias="currentBytesInMiBPerSecond", description="Produce traffic of all brokers, MiB/s."
+    )
+    current_cpu_percent: float | None = Field(None, description="Average broker CPU, percent of one core.")
+    current_replicas: int = Field(0, ge=0, description="Brokers when the decision was made.")
+    desired_replicas: int = Field(0, ge=0, description="Brokers the autoscaler wants.")
+    last_decision: str = Field("", description="The last decision and why, with the numbers.")
+    last_scale_time: str | None = Field(None, description="When the autoscaler last changed replicas (RFC 3339).")
+    last_scale_reason: str | None = Field(None, description="Why it last changed replicas.")
 
 
 class AutoMQClusterStatus(_Model):
@@ -622,6 +748,8 @@ class AutoMQClusterStatus(_Model):
     not_implemented: list[str] = Field(
         default_factory=list, description="Enabled spec sections that are accepted but do nothing yet."
     )
+    balancing: BalancingStatus | None = Field(None, description="What the balancer saw and did last.")
+    autoscaling: AutoscalingStatus | None = Field(None, description="What the autoscaler saw and decided last.")
 
 
 # Service names must be DNS-1035 labels (start with a letter), and the longest derived name,

@@ -20,6 +20,7 @@ from celpy import celtypes
 
 from automq.operator.crd import CRD_FILE, build_crd
 from automq.operator.quantity import quantity_value
+from automq.operator.spec import InvalidSpec, parse_spec
 
 MINIMAL = {"objectStore": {"bucket": "demo-bucket"}}
 
@@ -144,3 +145,56 @@ def test_volume_wal_needs_a_size_on_create_too() -> None:
     assert validate(with_wal(kind="volume")) == [
         "spec.broker.wal.size is required when spec.broker.wal.kind is volume (e.g. size: 10Gi)"
     ]
+
+
+# ------------------------------------------------------------------------------------------
+# Elastic policy (spec.autoscaling): cross-field rules the openAPI schema cannot say, checked
+# here against the models that generate them (the operator's report names the same field).
+
+ELASTIC_SAMPLES: dict[str, tuple[dict[str, Any], str | None]] = {
+    "autoscaling-on": (
+        {**MINIMAL, "autoscaling": {"enabled": True, "maxReplicas": 6, "targetBytesInMiBPerSecond": 8}},
+        None,
+    ),
+    "autoscaling-cpu-only": ({**MINIMAL, "autoscaling": {"enabled": True, "targetCpuPercent": 70}}, None),
+    "autoscaling-off-without-target": ({**MINIMAL, "autoscaling": {"minReplicas": 2}}, None),
+    "min-above-max": (
+        {**MINIMAL, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
+        "spec.autoscaling.minReplicas must not exceed maxReplicas",
+    ),
+    "min-above-default-max": (
+        {**MINIMAL, "autoscaling": {"minReplicas": 4}},
+        "spec.autoscaling.minReplicas must not exceed maxReplicas",
+    ),
+    "enabled-without-target": (
+        {**MINIMAL, "autoscaling": {"enabled": True}},
+        "spec.autoscaling: set targetBytesInMiBPerSecond and/or targetCpuPercent when enabled is true",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ELASTIC_SAMPLES))
+def test_elastic_policy_rules_agree_with_the_models(name: str) -> None:
+    spec, message = ELASTIC_SAMPLES[name]
+    failures = validate(spec)
+    if message is None:
+        assert failures == []
+        parse_spec(spec)
+    else:
+        assert failures == [message]
+        with pytest.raises(InvalidSpec) as caught:
+            parse_spec(spec)
+        assert message.split(" ", 1)[0].rstrip(":") in str(caught.value)
+
+
+def test_scale_subresource_path_exists_when_spec_broker_is_omitted() -> None:
+    """A real API server answers GET .../scale with an error when specReplicasPath is absent:
+    the CRD's `broker: default {}` makes defaulting fill broker.replicas, and only that."""
+    schema = _schema()
+    scale = build_crd()["spec"]["versions"][0]["subresources"]["scale"]
+    obj = _default(schema, {"spec": copy.deepcopy(MINIMAL)})
+    node: Any = obj
+    for part in scale["specReplicasPath"].strip(".").split("."):
+        node = node[part]
+    assert node == 1
+    assert set(obj["spec"]["broker"]) == {"replicas"}

@@ -111,8 +111,8 @@ def structural_problems(node: Any, path: str = "") -> list[str]:
     for required in node.get("required", []):
         if required not in node.get("properties", {}):
             problems.append(f"{path}: required field {required!r} is not a property")
-    if "default" in node and isinstance(node["default"], (dict, list)):
-        problems.append(f"{path}: object/array default")
+    if "default" in node and isinstance(node["default"], (dict, list)) and node["default"] != {}:
+        problems.append(f"{path}: object/array default other than {{}}")  # {} only fills nested defaults
     if node.get("x-kubernetes-list-type") == "map":
         item = node["items"]
         for key in node.get("x-kubernetes-list-map-keys", []):
@@ -258,6 +258,8 @@ def openapi_to_jsonschema(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     out = {k: openapi_to_jsonschema(v) for k, v in node.items() if not k.startswith("x-kubernetes") and k != "nullable"}
+    if node.get("exclusiveMinimum") is True:  # OpenAPI v3.0 boolean form -> JSON Schema number form
+        out["exclusiveMinimum"] = out.pop("minimum")
     if node.get("nullable"):
         if "type" in out:
             out["type"] = [out["type"], "null"]
@@ -306,10 +308,10 @@ ACCEPTED = {
         "broker": {"wal": {"kind": "s3"}},
         "objectStore": {"bucket": "b12", "endpoint": "http://seaweedfs:8333", "pathStyle": True},
     },
-    "placeholders-on": {
+    "elastic-on": {
         **MINIMAL,
-        "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 5},
-        "balancing": {"enabled": True},
+        "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 5, "targetBytesInMiBPerSecond": 20},
+        "balancing": {"enabled": True, "intervalSeconds": 5},
     },
     "zero-brokers": {**MINIMAL, "broker": {"replicas": 0}},
 }
@@ -354,6 +356,21 @@ REJECTED = {
         {**MINIMAL, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
         "minReplicas (5) exceeds",
         False,
+    ),
+    "autoscaling-target-zero": (
+        {**MINIMAL, "autoscaling": {"targetBytesInMiBPerSecond": 0}},
+        "spec.autoscaling.targetBytesInMiBPerSecond",
+        True,
+    ),
+    "autoscaling-without-target": (
+        {**MINIMAL, "autoscaling": {"enabled": True}},
+        "set targetBytesInMiBPerSecond and/or targetCpuPercent",
+        False,
+    ),
+    "balancing-tolerance-out-of-range": (
+        {**MINIMAL, "balancing": {"tolerancePercent": 0}},
+        "spec.balancing.tolerancePercent",
+        True,
     ),
     "bad-cron": ({**MINIMAL, "compaction": {"schedule": "often"}}, "spec.compaction.schedule", True),
     "replicas-as-string": ({**MINIMAL, "broker": {"replicas": "three"}}, "spec.broker.replicas", True),

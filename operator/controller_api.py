@@ -1,5 +1,6 @@
 """The operator's one door to the AutoMQ controller: drain and undrain brokers; on node loss,
-ask whether a broker is silent, fence it and follow its WAL recovery.
+ask whether a broker is silent, fence it and follow its WAL recovery; for balancing and
+autoscaling, read the cluster metadata, move partitions, unregister brokers removed by scale-in.
 
 It wraps `automq.broker.controller.client.ControllerClient` (which follows the active
 controller) and narrows it to what the reconciler needs, so tests inject a recording
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Protocol
+
+from automq.broker.controller.protocol import BrokerNotAvailableError, MetadataImage
 
 
 class ControllerApiError(Exception):
@@ -43,6 +46,15 @@ class ControllerApi(Protocol):
 
     async def offline_partitions(self) -> int:
         """How many partitions have no leader now."""
+
+    async def metadata(self) -> MetadataImage:
+        """The current cluster metadata (brokers with their state, partitions with leaders)."""
+
+    async def reassign_partition(self, topic: str, partition: int, target: int) -> None:
+        """Start moving a partition's leadership to `target` (what AlterPartitionReassignments does)."""
+
+    async def unregister_broker(self, node_id: int) -> None:
+        """A broker removed for good (scale-in): stop counting it as a member of the cluster."""
 
     async def close(self) -> None: ...
 
@@ -117,6 +129,28 @@ class ControllerClientApi:
         except Exception as exc:
             raise ControllerApiError(f"cannot read cluster metadata: {exc}") from exc
         return sum(1 for t in image.topics for p in t.partitions if p.leader < 0)
+
+    async def metadata(self) -> MetadataImage:
+        try:
+            return await self._client.watch_metadata(since_version=-1, timeout_ms=0)
+        except Exception as exc:
+            raise ControllerApiError(f"cannot read cluster metadata: {exc}") from exc
+
+    async def reassign_partition(self, topic: str, partition: int, target: int) -> None:
+        try:
+            await self._client.reassign_partition(topic, partition, target)
+        except Exception as exc:
+            raise ControllerApiError(f"move of {topic}-{partition} to broker {target} refused: {exc}") from exc
+
+    async def unregister_broker(self, node_id: int) -> None:
+        try:
+            # Fencing is what a graceful exit does (unregister = fence); a broker that exited
+            # cleanly already did it, one killed at the end of its grace period did not.
+            await self._client.fence_broker(node_id)
+        except BrokerNotAvailableError:
+            return  # never registered, or forgotten: nothing to unregister
+        except Exception as exc:
+            raise ControllerApiError(f"unregister of broker {node_id} failed: {exc}") from exc
 
     async def close(self) -> None:
         await self._client.close()

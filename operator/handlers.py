@@ -13,6 +13,10 @@ Deletion runs under kopf's finalizer (`automq.io/finalizer`): the loop stops, ow
 garbage collection through their owner references, WAL volume claims only with
 `deletionPolicy: Delete`.
 
+A second daemon per cluster, `run_elastic`, runs the elastic loop (autoscaling and balancing,
+`automq.operator.elastic`); it only reads the cluster, scrapes brokers, moves partitions and
+writes spec.broker.replicas, status.autoscaling/balancing and its own conditions.
+
 `register(registry)` attaches the handlers to a registry, so tests and `run_operator` each get a
 fresh one; the shared state (API client, controller API factory, locks, kicks) travels in kopf's
 memo as an `OperatorContext`.
@@ -28,6 +32,7 @@ from typing import Any
 
 import kopf
 
+from automq.operator import elastic
 from automq.operator.builders import ClusterRef
 from automq.operator.controller_api import ControllerApiFactory, connect
 from automq.operator.kube import KubeApi
@@ -63,6 +68,11 @@ class OperatorContext:
     kicks: dict[str, asyncio.Event] = field(default_factory=dict)
     node_loss: NodeLossSettings = field(default_factory=NodeLossSettings)
     node_loss_kicks: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)  # (namespace, name)
+    # Every URL the operator opens to a pod (broker /metrics) goes through this; a test harness
+    # that runs pods as local processes maps pod addresses to its own.
+    address_map: Callable[[str], str] = field(default=lambda url: url)
+    elastic: elastic.ElasticSettings = field(default_factory=elastic.ElasticSettings)
+    elastic_kicks: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -237,9 +247,26 @@ async def broker_pod_changed(labels: Any, namespace: str, memo: Any, **_: Any) -
 
 
 async def spec_changed(uid: str, memo: Any, **_: Any) -> None:
-    """Wake the cluster's loop: the spec changed."""
+    """Wake the cluster's loops: the spec changed."""
     ctx: OperatorContext = memo.automq
     ctx.kick_for(uid).set()
+    ctx.elastic_kicks.setdefault(uid, asyncio.Event()).set()
+
+
+async def run_elastic(stopped: Any, body: Any, name: str, namespace: str, uid: str, memo: Any, **_: Any) -> None:
+    """Autoscaling and balancing of one AutoMQCluster (a tick every few seconds while enabled)."""
+    ctx: OperatorContext = memo.automq
+    elastic_ctx = elastic.ElasticContext(
+        api=ctx.kube(),
+        controller_api_factory=ctx.controller_api_factory,
+        address_map=ctx.address_map,
+        settings=ctx.elastic,
+    )
+    kick = ctx.elastic_kicks.setdefault(uid, asyncio.Event())
+    try:
+        await elastic.run(elastic_ctx, ClusterRef(name, namespace, uid), KopfReporter(body), stopped, kick)
+    finally:
+        ctx.elastic_kicks.pop(uid, None)
 
 
 async def delete_cluster(body: Any, spec: Any, name: str, namespace: str, uid: str, memo: Any, **_: Any) -> None:
@@ -291,6 +318,7 @@ def register(registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
         registry=registry,
         labels={"app.kubernetes.io/name": "automq", "app.kubernetes.io/component": "broker"},
     )(broker_pod_changed)
+    kopf.daemon(**resource, id="elastic", cancellation_timeout=10.0)(run_elastic)
     kopf.on.update(**resource, field="spec")(spec_changed)
     kopf.on.delete(**resource)(delete_cluster)
     return registry

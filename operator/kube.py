@@ -55,6 +55,7 @@ KINDS: dict[str, Kind] = {
     "Event": Kind("v1", "events"),
     "StatefulSet": Kind("apps/v1", "statefulsets"),
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),
+    "HorizontalPodAutoscaler": Kind("autoscaling/v2", "horizontalpodautoscalers"),
     "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
     "AutoMQCluster": Kind(f"{GROUP}/{VERSION}", PLURAL),

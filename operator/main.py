@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 import kopf
+import prometheus_client
 
 from automq.operator.controller_api import ControllerApiFactory, connect
 from automq.operator.handlers import OperatorContext, register
@@ -52,12 +53,12 @@ def run_operator(
     settings: ReconcileSettings | None = None,
     metrics_port: int | None = None,
 ) -> None:
-    """Block running the operator until SIGINT/SIGTERM (called by `automq operator`)."""
+    """Block running the operator until SIGINT/SIGTERM (called by `automq operator`).
+
+    `metrics_port` serves the operator's Prometheus metrics at http://0.0.0.0:<port>/metrics."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if metrics_port:
-        from prometheus_client import start_http_server
-
-        # The operator's own metrics (node-loss recoveries and their duration) at /metrics.
-        start_http_server(metrics_port)
+        # The operator's own metrics: node-loss recoveries, partition moves, imbalance, scale decisions.
+        prometheus_client.start_http_server(metrics_port)
     context = OperatorContext(controller_api_factory=controller_api_factory, settings=settings or ReconcileSettings())
     asyncio.run(operate(namespaces, clusterwide, liveness, context=context))

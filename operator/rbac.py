@@ -58,5 +58,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["storage.k8s.io"], "resources": ["volumeattachments"], "verbs": ["get", "list", "delete"]},
     # Node loss with multiAttach: the WAL-recovery Job that replays the lost broker's volume.
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "create", "delete"]},
+    # The autoscaler stands down while an HPA (KEDA makes one too) targets the same cluster.
+    {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["list"]},
     *CLUSTER_RULES,
 ]

@@ -452,6 +452,18 @@ async def pods_ready(c: Cluster) -> None:
             # Removed by scale-in. Undrain anyway (best effort: the controller may have
             # forgotten the broker), so that a later scale-out reusing the id is not drained.
             await _undrain(c, node_id, quiet=True)
+            await _unregister(c, node_id)
+
+
+async def _unregister(c: Cluster, node_id: int) -> None:
+    """A broker scaled in is gone for good: the controller stops counting it (a broker that
+    exited cleanly did this itself; one killed at the end of its grace period did not)."""
+    try:
+        await c.controller_api().unregister_broker(builders.broker_node_id(node_id))
+    except ControllerApiError as exc:
+        log.warning("%s/%s: %s", c.ref.namespace, c.ref.name, exc)  # it times out of its session anyway
+        return
+    c.reporter.info("BrokerUnregistered", f"broker {node_id}, removed by scale-in, is unregistered at the controller")
 
 
 def _condition(
@@ -472,6 +484,15 @@ def _condition(
         last_transition_time=since,
         observed_generation=generation,
     )  # type: ignore[arg-type]
+
+
+# The conditions a reconcile pass computes; others (Balancing, Autoscaling) belong to the elastic
+# loop and are carried over untouched, since a merge patch replaces the whole list.
+RECONCILE_CONDITIONS = ("Ready", "Progressing", "Degraded")
+
+
+def _others(previous: list[dict[str, Any]]) -> list[Condition]:
+    return [Condition.model_validate(p) for p in previous if p.get("type") not in RECONCILE_CONDITIONS]
 
 
 def _conditions(c: Cluster, now: str) -> list[Condition]:
@@ -503,6 +524,7 @@ def _conditions(c: Cluster, now: str) -> list[Condition]:
             c.generation,
             now,
         ),
+        *_others(previous),
     ]
 
 
@@ -551,7 +573,8 @@ async def update_status(c: Cluster) -> None:
         drained_brokers=sorted(c.drained),
         not_implemented=enabled,
     )
-    c.status["document"] = status.model_dump(by_alias=True, mode="json")
+    # balancing/autoscaling are the elastic loop's to write: leave them out of this patch.
+    c.status["document"] = status.model_dump(by_alias=True, mode="json", exclude={"balancing", "autoscaling"})
     await c.api.patch(
         "AutoMQCluster", c.ref.namespace, c.ref.name, {"status": copy.deepcopy(c.status["document"])}, "status"
     )
@@ -613,6 +636,7 @@ async def write_invalid_spec_status(
         _condition(previous, "Ready", False, "InvalidSpec", message, generation, now),
         _condition(previous, "Progressing", False, "InvalidSpec", "the spec must be fixed first", generation, now),
         _condition(previous, "Degraded", True, "InvalidSpec", message, generation, now),
+        *_others(previous),
     ]
     patch = {
         "status": {

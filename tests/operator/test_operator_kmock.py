@@ -78,6 +78,11 @@ class RecordingControllerApi:
     async def broker_drained(self, node_id: int) -> bool:
         return node_id not in self.log.held
 
+    async def unregister_broker(self, node_id: int) -> None:
+        if self.log.controller_down:
+            raise ControllerApiError(f"unregister of broker {node_id} failed: controller unreachable")
+        self.log.add("unregister", node_id)
+
     async def close(self) -> None:
         pass
 
@@ -447,6 +452,11 @@ def test_scale_subresource_scales_in_after_draining_and_back_out(k8s: Harness) -
     assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 1
     assert k8s.request("GET", base)["status"]["replicas"] == 1
     assert k8s.get("AutoMQCluster", "demo")["status"]["drainedBrokers"] == []  # nothing left drained
+    # Once their pods are gone, the removed brokers are unregistered at the controller.
+    log = k8s.log.snapshot()[before:]
+    for node_id in (1, 2):
+        assert log.index(("removed", f"demo-broker-{node_id}")) < log.index(("unregister", node_id)), log
+    assert any(e["reason"] == "BrokerUnregistered" for e in k8s.events("demo"))
 
     k8s.request("PATCH", base, {"spec": {"replicas": 2}})
     k8s.wait_for(
@@ -555,14 +565,14 @@ def test_no_broker_restarts_while_the_controller_cannot_drain(k8s: Harness) -> N
 
 
 def test_placeholder_is_reported_not_implemented(k8s: Harness) -> None:
-    k8s.patch_spec("demo", {"autoscaling": {"enabled": True, "maxReplicas": 5}})
+    k8s.patch_spec("demo", {"lakeIngestion": {"enabled": True, "topics": ["orders"]}})
     k8s.wait_for(
         "notImplemented in status",
-        lambda: k8s.get("AutoMQCluster", "demo")["status"].get("notImplemented") == ["autoscaling"],
+        lambda: k8s.get("AutoMQCluster", "demo")["status"].get("notImplemented") == ["lakeIngestion"],
     )
     k8s.wait_for(
         "NotImplemented event",
-        lambda: any(e["reason"] == "NotImplemented" and "autoscaling" in e["message"] for e in k8s.events("demo")),
+        lambda: any(e["reason"] == "NotImplemented" and "lakeIngestion" in e["message"] for e in k8s.events("demo")),
     )
     assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 2  # inert
 

@@ -172,11 +172,15 @@ def test_operator_pod_is_locked_down_and_probed(render, values_file):
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
     port = values.get("health", {}).get("port", 8080)
+    metrics = values.get("metrics", {}).get("port", 8081)
     assert container["ports"] == [
         {"name": "health", "containerPort": port, "protocol": "TCP"},
-        {"name": "metrics", "containerPort": 8081, "protocol": "TCP"},
+        *([{"name": "metrics", "containerPort": metrics, "protocol": "TCP"}] if metrics else []),
     ]
     assert f"--liveness=http://0.0.0.0:{port}/healthz" in container["args"]
+    assert f"--metrics-port={metrics}" in container["args"]
+    if metrics:
+        assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(metrics)
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}

@@ -37,7 +37,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from automq.broker.balancer.model import ClusterMetadata, Incomplete, LoadModel, PartitionKey
+from automq.broker.balancer.model import (
+    ClusterMetadata,
+    Incomplete,
+    LoadModel,
+    PartitionKey,
+    registered_metrics_url,
+)
 from automq.broker.balancer.planner import Goals, Move, Proposal, plan
 from automq.broker.balancer.scrape import LoadScraper
 from automq.operator import builders
@@ -408,6 +414,11 @@ async def _load(
         url = metrics_url(pod)
         if url is not None and pod_ready(pod):
             urls[builders.broker_node_id(ordinal)] = ctx.address_map(url)
+    for b in image.brokers:
+        # A broker without a Ready pod (starting, leaving): the HTTP endpoint it registered.
+        registered = registered_metrics_url(b)
+        if b.node_id not in urls and registered is not None:
+            urls[b.node_id] = ctx.address_map(registered)
     not_ready = {b.node_id for b in image.brokers} - ready
     metadata = ClusterMetadata.from_image(image, urls, not_ready)
     await state.scraper.scrape(metadata)

@@ -25,6 +25,7 @@ proposal holds at most `max_moves` moves (the rest comes in the next evaluation)
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
@@ -314,6 +315,24 @@ def _max_except(top: list[tuple[float, int]], a: int, b: int) -> float:
     return next((v for v, k in top if k != a and k != b), 0.0)
 
 
+_NEIGHBOURS = 24  # per dimension and side; exact search below 4x this many partitions
+
+
+def _near_half_gap(
+    sorted_rates: list[list[tuple[float, PartitionKey]]], half_in: float, half_out: float
+) -> list[PartitionKey]:
+    """Candidate partitions of a source for one target, in a deterministic order."""
+    by_in, by_out = sorted_rates
+    if len(by_in) <= 4 * _NEIGHBOURS:
+        return [k for _, k in by_in]
+    picked: dict[PartitionKey, None] = {}
+    for ordered, half in ((by_in, half_in), (by_out, half_out)):
+        i = bisect.bisect_left(ordered, (half,))
+        for _, k in ordered[max(0, i - _NEIGHBOURS) : i + _NEIGHBOURS]:
+            picked[k] = None
+    return list(picked)
+
+
 def _balance_network(plan: _Plan, last_moved: Mapping[PartitionKey, float], now: float) -> None:
     """Greedy: each step takes the single move that most lowers the sum of squared (scaled)
     deviations without raising either largest deviation. O(1) per candidate move."""
@@ -332,6 +351,12 @@ def _balance_network(plan: _Plan, last_moved: Mapping[PartitionKey, float], now:
                 p = plan.parts[key]
                 if p.bytes_in > 0 or p.bytes_out > 0:
                     on[b].append(key)
+        # per source, its partitions sorted by each rate: the move that best closes a gap is
+        # near half the gap in some dimension, so only neighbours of that point are evaluated
+        by_rate = {
+            b: [sorted((plan.parts[k].bytes_in, k) for k in ks), sorted((plan.parts[k].bytes_out, k) for k in ks)]
+            for b, ks in on.items()
+        }
         best: tuple[float, PartitionKey, int] | None = None
         for src in sources:
             for dst in targets:
@@ -339,7 +364,9 @@ def _balance_network(plan: _Plan, last_moved: Mapping[PartitionKey, float], now:
                     continue
                 other = [_max_except(top[0], src, dst), _max_except(top[1], src, dst)]
                 base = -sq[src] - sq[dst]
-                for key in on[src]:
+                for key in _near_half_gap(
+                    by_rate[src], (dev[0][src] - dev[0][dst]) / 2, (dev[1][src] - dev[1][dst]) / 2
+                ):
                     p = plan.parts[key]
                     s_in, s_out = dev[0][src] - p.bytes_in, dev[1][src] - p.bytes_out
                     d_in, d_out = dev[0][dst] + p.bytes_in, dev[1][dst] + p.bytes_out

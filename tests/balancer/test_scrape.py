@@ -1,0 +1,84 @@
+"""LoadScraper against real aiohttp servers serving a broker's metrics registry."""
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+
+from automq.broker.balancer.model import BrokerMeta, ClusterMetadata, Incomplete, LoadModel
+from automq.broker.balancer.scrape import LoadScraper
+from automq.broker.kafka.metrics import KafkaMetrics
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def serve(metrics: KafkaMetrics, status: list[int]):
+    async def handler(_request):
+        if status[0] != 200:
+            return web.Response(status=status[0], text="boom")
+        return web.Response(body=generate_latest(metrics.registry), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}/metrics"
+
+
+async def test_window_rates_and_a_failed_scrape_blocks_the_model_until_the_next_success():
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    m = KafkaMetrics(registry)
+    m.partition_opened("t", 0)
+    status = [200]
+    runner, url = await serve(m, status)
+    try:
+        cluster = ClusterMetadata(
+            {1: BrokerMeta(1, None, "active", url), 2: BrokerMeta(2, None, "fenced", None)}, {("t", 0): 1}
+        )
+        clock = FakeClock()
+        async with LoadScraper(window_s=30, clock=clock) as scraper:
+            assert await scraper.scrape(cluster) == {}  # the fenced broker is not scraped
+            assert isinstance(scraper.model(cluster), Incomplete)  # one sample: no rates yet
+            m.record_produce("t", 0, 10_000, 100)
+            clock.now += 10
+            await scraper.scrape(cluster)
+            model = scraper.model(cluster)
+            assert isinstance(model, LoadModel), model
+            assert model.partitions[("t", 0)].bytes_in == 1000.0 and model.brokers[1].messages_in == 10.0
+
+            status[0] = 500
+            clock.now += 10
+            failed = await scraper.scrape(cluster)
+            assert "HTTP 500" in failed[1]
+            result = scraper.model(cluster)
+            assert isinstance(result, Incomplete) and result.brokers == [1] and "HTTP 500" in str(result)
+
+            status[0] = 200
+            m.record_produce("t", 0, 20_000, 100)
+            clock.now += 10
+            await scraper.scrape(cluster)
+            model = scraper.model(cluster)
+            assert isinstance(model, LoadModel)
+            # the window (30 s) reaches back to the first sample: 30 000 bytes over 30 s
+            assert model.partitions[("t", 0)].bytes_in == 1000.0
+            assert len(scraper.history[1]) <= 3
+
+            clock.now += 500  # nothing scraped for a long time: stale
+            assert "old" in str(scraper.model(cluster))
+    finally:
+        await runner.cleanup()
+
+
+async def test_unreachable_and_unknown_url_are_named():
+    cluster = ClusterMetadata({1: BrokerMeta(1, None, "active", "http://127.0.0.1:9/metrics"), 2: BrokerMeta(2)}, {})
+    async with LoadScraper(timeout_s=2) as scraper:
+        failed = await scraper.scrape(cluster)
+    assert "127.0.0.1:9" in failed[1] and "no metrics URL" in failed[2]

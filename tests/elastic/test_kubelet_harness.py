@@ -147,6 +147,12 @@ def test_node_loss_primitives_for_the_node_loss_tests(k8s: KubeletHarness) -> No
     assert zombie.poll() is None
 
     k8s.delete_pod("demo-broker-0", grace_s=0)  # force: gone at once, the StatefulSet replaces it
+    # ... but its WAL volume is still attached to the lost node: the replacement waits.
+    k8s.wait_for("replacement blocked on its volume", lambda: k8s.history("demo-broker-0", "volume blocked"))
+    waiting = k8s.get("Pod", "demo-broker-0")["status"]["containerStatuses"][0]["state"]["waiting"]
+    assert waiting["reason"] == "ContainerCreating" and "Multi-Attach error" in waiting["message"], waiting
+    assert len(k8s.list("VolumeAttachment")) == 1
+    k8s.taint_node(node, "node.kubernetes.io/out-of-service")  # non-graceful node shutdown: detach
     k8s.wait_for(
         "replacement Ready on another node",
         lambda: (

@@ -28,6 +28,11 @@ tests/operator/test_operator_kmock.py does), and a loop that plays the missing p
                           mounts the same WAL directory (the claim follows the pod, as after a
                           forced detach): a zombie still running has that file open too, exactly
                           the hazard fencing must make harmless.
+  volumes, Jobs           `kubelet_volumes.Volumes`: PVCs from claim templates, bound PVs, and
+                          VolumeAttachments with the ReadWriteOnce rule (a volume attached to a lost
+                          node blocks the replacement pod, "Multi-Attach error", until released;
+                          `multi_attach=True` allows a second attachment); `kubelet_jobs.JobRunner`:
+                          Jobs run as real processes (`k8s.jobs.runs`).
 
 Addresses. Every pod is a process on this host, so it cannot keep the ports the operator rendered
 (9092, 9093, 9094 for every pod): each pod gets a stable loopback IP (its podIP, 127.x.y.z,
@@ -52,6 +57,7 @@ API (sync, for tests; one harness per process at a time: it points KUBECONFIG at
         k8s.kill_pod("demo-broker-1")                 # kill -9 its process (the kubelet restarts it)
         k8s.delete_pod("demo-broker-1", grace_s=None) # through the API, like kubectl delete pod
         k8s.node_of("demo-broker-1"); k8s.node_down(node, kill=True); k8s.node_up(node)
+        k8s.taint_node(node, "node.kubernetes.io/out-of-service")  # what the operator may do
         k8s.signal_pod(pod, signal.SIGSTOP)           # freeze / thaw a process (zombie scenarios)
         k8s.pod_process(pod) -> PodProcess | None     # pid, config path, log path, mapped ports
         k8s.map_url(url); k8s.map_address(host, port); k8s.controller_urls("demo")
@@ -92,6 +98,8 @@ import kmock
 import pytest
 import yaml
 from kmock_emulator import KUBELET_FINALIZER, KubeletEmulator
+from kubelet_jobs import JobRunner
+from kubelet_volumes import Volumes
 from kubernetes.config import kube_config
 
 from automq.broker.config import dump_config
@@ -139,6 +147,7 @@ class PodProcess:
     ports: dict[int, int]  # container port -> port on `ip`
     port_names: dict[int, str] = field(default_factory=dict)  # container port -> its name
     probe_port: int | None = None  # container port of the readiness probe
+    claims: list[str] = field(default_factory=list)  # PersistentVolumeClaims the pod mounts
     container: str = ""
     role: str = ""
     uid: str = ""
@@ -190,6 +199,7 @@ class KubeletHarness:
         port_base: int | None = None,
         zones: tuple[str, ...] = ("zone-a", "zone-b", "zone-c"),
         grace_override_s: float | None = None,
+        multi_attach: bool = False,
         context: Callable[[KubeletHarness], OperatorContext] | None = None,
     ) -> None:
         self.root = Path(root)
@@ -198,6 +208,7 @@ class KubeletHarness:
         self.object_store_url = object_store_url
         self.zones = zones
         self.grace_override_s = grace_override_s
+        self.multi_attach = multi_attach
         self._context_factory = context or default_context
         self._port_base = port_base if port_base is not None else free_port_block(PORTS_PER_BLOCK)
         self._next_port = itertools.count(self._port_base)
@@ -263,6 +274,8 @@ class KubeletHarness:
         await self.server.__aenter__()
         url = str(self.server.url).rstrip("/")
         self.api = KubeApi(url)
+        self.volumes = Volumes(self.api, self.namespace, self.root, multi_attach=self.multi_attach)
+        self.jobs = JobRunner(self)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
         self._task = asyncio.get_running_loop().create_task(self._run())
         return url
@@ -289,6 +302,7 @@ class KubeletHarness:
                     pod.task.cancel()
             for task in list(self._tasks):
                 task.cancel()
+            self.jobs.kill_all()
             # Brokers before controllers: a broker stopping hands its partitions back and
             # flushes its WAL through the controller.
             pods = list(self.state.pods.values())
@@ -427,6 +441,7 @@ class KubeletHarness:
                 self._background(self._finish_deletion(state, grace))
         for sts in await self.api.list("StatefulSet", ns):
             await self._reconcile_statefulset(sts, live_pods)
+        await self.jobs.step()
 
     def _record(self, what: str, pod: str) -> None:
         with self.state.lock:
@@ -493,6 +508,11 @@ class KubeletHarness:
         state.probe_port = next((c for c, n in state.port_names.items() if n == port), port) if port else None
         state.container = main["name"]
         node = await self._schedule(state)
+        template["spec"]["volumes"] = [
+            *(template["spec"].get("volumes") or []),
+            *await self.volumes.ensure_claims(sts, pod_name),
+        ]
+        state.claims = Volumes.claims_of(template)
         uid = str(uuid.uuid4())
         meta = template["metadata"]
         owner = sts["metadata"].get("uid")
@@ -532,11 +552,28 @@ class KubeletHarness:
         with self.state.lock:
             if state.node and self.state.nodes.get(state.node, NodeState("", "")).ready:
                 return state.node
+        return (await self._new_node()).name
+
+    async def _new_node(self) -> NodeState:
+        with self.state.lock:
             n = next(self._node_counter)
             node = NodeState(f"node-{n}", self.zones[n % len(self.zones)] if self.zones else "")
             self.state.nodes[node.name] = node
         await self._write_node(node)
-        return node.name
+        return node
+
+    def _claim_in_use(self, claim: str, node: str) -> bool:
+        """A pod using `claim` has a process (or a pod) on `node`."""
+        with self.state.lock:
+            return any(
+                p.node == node and claim in p.claims and (p.uid or p.running()) for p in self.state.pods.values()
+            )
+
+    def _object_store_for(self, cluster: str) -> str | None:
+        store = self.object_store_url
+        if isinstance(store, dict):
+            return store.get(cluster)
+        return store
 
     async def _write_node(self, node: NodeState) -> None:
         body = {
@@ -576,11 +613,25 @@ class KubeletHarness:
         uid = state.uid
         pod_dir = self.root / "pods" / f"{state.name}-{uid[:8]}"
         backoff = 0.5
+        attached = False
         try:
             while state.uid == uid and not state.terminating:
                 if not self._node_ready(state.node):
                     await asyncio.sleep(PROBE_S)
                     continue
+                if not attached:
+                    blocked = [
+                        why
+                        for claim in state.claims
+                        if (why := await self.volumes.attach(claim, state.node, self._node_ready, self._claim_in_use))
+                    ]
+                    if blocked:
+                        if state.status_sent is None or "ContainerCreating" not in str(state.status_sent):
+                            await self._write_status(state, waiting=blocked[0], reason="ContainerCreating")
+                            self._record("volume blocked", state.name)
+                        await asyncio.sleep(0.5)
+                        continue
+                    attached = True
                 if not state.running():
                     if state.process is not None:  # it exited: a container restart, as the kubelet does
                         state.restarts += 1
@@ -623,7 +674,7 @@ class KubeletHarness:
         template = yaml.safe_load(cm["data"][f"{role}.yaml"]) or {}
         config = render_pod_config(template, env)  # what the init container does
         cluster = (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/instance", "")
-        config = self._localize(config, state, pod_dir, cluster)
+        config = self._localize(config, state, pod, pod_dir, cluster)
         pod_dir.mkdir(parents=True, exist_ok=True)
         state.config_path = pod_dir / "node.yaml"
         state.config_path.write_text(dump_config(config))
@@ -641,8 +692,23 @@ class KubeletHarness:
                 preexec_fn=_die_with_harness if sys.platform == "linux" else None,
             )
 
-    def _localize(self, config: Any, state: PodProcess, pod_dir: Path, cluster: str) -> Any:
+    def _mounts(self, pod: dict[str, Any], pod_dir: Path) -> dict[str, Path]:
+        """The main container's mount paths -> host directories (claims: the volume's directory,
+        which outlives the pod; emptyDir: under the pod's directory)."""
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        out: dict[str, Path] = {}
+        for mount in pod["spec"]["containers"][0].get("volumeMounts") or []:
+            volume = volumes.get(mount["name"]) or {}
+            if volume.get("persistentVolumeClaim"):
+                out[mount["mountPath"]] = self.volumes.host_dir(volume["persistentVolumeClaim"]["claimName"])
+            elif "emptyDir" in volume:
+                out[mount["mountPath"]] = pod_dir / mount["name"]
+                out[mount["mountPath"]].mkdir(parents=True, exist_ok=True)
+        return out
+
+    def _localize(self, config: Any, state: PodProcess, pod: dict[str, Any], pod_dir: Path, cluster: str) -> Any:
         """The rendered config with this host's addresses and directories (see module doc)."""
+        mounts = self._mounts(pod, pod_dir)
         raw = config.model_dump(mode="json")
         raw["listeners"] = [
             {
@@ -659,15 +725,11 @@ class KubeletHarness:
         raw["controller_urls"] = [self.map_url(u) for u in raw.get("controller_urls") or []]
         if (raw.get("controller") or {}).get("advertised_url"):
             raw["controller"]["advertised_url"] = self.map_url(raw["controller"]["advertised_url"])
-        raw["data_dir"] = str(pod_dir / "data")
         wal = raw.get("wal") or {}
-        if wal.get("kind") == "volume" and str(wal.get("path", "")).startswith(builders.WAL_DIR):
-            volume = self.root / "volumes" / f"wal-{state.name}"
-            volume.mkdir(parents=True, exist_ok=True)
-            wal["path"] = str(volume / Path(wal["path"]).relative_to(builders.WAL_DIR))
-        store = self.object_store_url
-        if isinstance(store, dict):
-            store = store.get(cluster)
+        if wal.get("kind") == "volume":
+            wal["path"] = _under_mounts(str(Path(raw["data_dir"]) / wal.get("path", "wal")), mounts)
+        raw["data_dir"] = _under_mounts(raw["data_dir"], mounts)
+        store = self._object_store_for(cluster)
         if store:
             raw["object_store_url"] = store
         return type(config).model_validate(raw)
@@ -699,11 +761,12 @@ class KubeletHarness:
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
-    async def _write_status(self, state: PodProcess, waiting: str | None = None) -> None:
+    async def _write_status(self, state: PodProcess, waiting: str | None = None, reason: str | None = None) -> None:
         container = state.container
         cstate: dict[str, Any]
         if waiting is not None:
-            cstate = {"waiting": {"reason": "CrashLoopBackOff" if state.restarts >= 3 else "Error", "message": waiting}}
+            reason = reason or ("CrashLoopBackOff" if state.restarts >= 3 else "Error")
+            cstate = {"waiting": {"reason": reason, "message": waiting}}
         elif state.running():
             cstate = {"running": {"startedAt": _now()}}
         else:
@@ -742,6 +805,9 @@ class KubeletHarness:
         await self._write_status(state)
         grace_s = state.grace_s if grace in (None, "") else min(state.grace_s, float(grace))
         await self._terminate(state, grace_s)
+        if self._node_ready(state.node):
+            for claim in state.claims:
+                await self.volumes.detach(claim, state.node)
         if state.uid == uid:
             with contextlib.suppress(Exception):
                 await self.api.patch("Pod", self.namespace, state.name, {"metadata": {"finalizers": None}})
@@ -774,19 +840,10 @@ class KubeletHarness:
     # ------------------------------------------------------------------ test API
 
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
-        if kind == "Node":
-            return self.call(self._get_node(name))
+        """Any kind `automq.operator.kube.KINDS` knows (cluster-scoped ones too: Node, VolumeAttachment)."""
         return self.call(self.api.get(kind, self.namespace, name))
 
-    async def _get_node(self, name: str) -> dict[str, Any] | None:
-        try:
-            return await self.api._request("GET", f"/api/v1/nodes/{name}")
-        except Exception:
-            return None
-
     def list(self, kind: str) -> list[dict[str, Any]]:
-        if kind == "Node":
-            return (self.call(self.api._request("GET", "/api/v1/nodes")) or {}).get("items", [])
         return self.call(self.api.list(kind, self.namespace))
 
     def create_cluster(self, name: str, spec: dict[str, Any]) -> ClusterRef:
@@ -900,6 +957,11 @@ class KubeletHarness:
         graceful delete of its pods stays pending until a force delete or `node_up`."""
         self.call(self._set_node(node, ready=False, kill=kill))
 
+    def taint_node(self, node: str, key: str, effect: str = "NoExecute") -> None:
+        obj = self.get("Node", node) or {}
+        taints = [*((obj.get("spec") or {}).get("taints") or []), {"key": key, "effect": effect}]
+        self.call(self.api.patch("Node", "", node, {"spec": {"taints": taints}}))
+
     def node_up(self, node: str) -> None:
         self.call(self._set_node(node, ready=True, kill=False))
 
@@ -974,6 +1036,15 @@ _GARBAGE_COLLECTED = (
     "PodDisruptionBudget",
     "Pod",
 )
+
+
+def _under_mounts(path: str, mounts: dict[str, Path]) -> str:
+    """A container path as a host path, through the longest mount that holds it."""
+    for mount in sorted(mounts, key=len, reverse=True):
+        base = mount.rstrip("/")
+        if path == base or path.startswith(base + "/"):
+            return str(mounts[mount]) + path[len(base) :]
+    raise ValueError(f"{path} is on no volume of the pod (mounts: {sorted(mounts)}): the container could not write it")
 
 
 def _field(pod: dict[str, Any], path: str) -> str:

@@ -94,3 +94,89 @@ def ingest_command(
         typer.echo("no topics to ingest: set automq.table.topic.enable=true on a topic or pass --topic")
     if any(r.status == "failed" for r in results):
         raise typer.Exit(1)
+
+
+def _duration_ms(text: str, option: str) -> int:
+    from automq.broker.config import parse_duration_ms
+
+    try:
+        return parse_duration_ms(text)
+    except ValueError as exc:
+        typer.echo(f"error: {option}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _size(text: str, option: str) -> int:
+    from automq.broker.config import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        typer.echo(f"error: {option}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@spark_app.command("compact")
+def compact_command(
+    data_dir: Path | None = _DATA_DIR,
+    controller: str | None = _CONTROLLER,
+    object_store: str | None = _OBJECT_STORE,
+    min_age: str = typer.Option("5m", "--min-age", help="Leave objects younger than this alone."),
+    target_size: str = typer.Option("256MiB", "--target-size", help="Size of the objects written."),
+    small_size: str = typer.Option("16MiB", "--small-size", help="Stream objects below this are merged."),
+    force_split_age: str = typer.Option(
+        "2h", "--force-split-age", help="Split a lone stream-set object older than this."
+    ),
+    max_objects: int = typer.Option(500, "--max-objects", min=2, help="Source objects per run."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
+    master: str | None = _MASTER,
+) -> None:
+    """Rewrite small objects into large per-stream objects and commit the swap at the controller."""
+    from automq.spark.compact import CompactionSettings, compact, plan_async
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    location = _location(data_dir, controller, object_store)
+    if not location.controller_urls:
+        typer.echo("error: compaction commits through the controller: pass --controller or a --data-dir", err=True)
+        raise typer.Exit(2)
+    settings = CompactionSettings(
+        min_age_ms=_duration_ms(min_age, "--min-age"),
+        small_object_bytes=_size(small_size, "--small-size"),
+        target_bytes=_size(target_size, "--target-size"),
+        force_split_age_ms=_duration_ms(force_split_age, "--force-split-age"),
+        max_objects=max_objects,
+    )
+    if dry_run:
+        import asyncio
+
+        for t in asyncio.run(plan_async(location, settings)):
+            typer.echo(
+                json.dumps(
+                    {
+                        "topic": t.topic,
+                        "partition": t.partition,
+                        "stream_id": t.stream_id,
+                        "sources": [s.object_id for s in t.sources],
+                        "bytes": t.bytes,
+                    }
+                )
+            )
+        return
+    from automq.spark.session import spark_session
+
+    report = compact(spark_session(master, app_name="automq-compact"), location, settings)
+    typer.echo(
+        json.dumps(
+            {
+                "planned": report.planned,
+                "committed": report.committed,
+                "lost": report.lost,
+                "source_objects": report.source_objects,
+                "bytes_written": report.bytes_written,
+                "seconds": round(report.seconds, 3),
+                "errors": report.errors,
+            }
+        )
+    )
+    if report.errors:
+        raise typer.Exit(1)

@@ -169,6 +169,9 @@ def wal_recover(
     object_store: str = typer.Option(
         ..., "--object-store", help="The cluster's object store URL (s3://bucket?endpoint=... or file://)."
     ),
+    fenced_epoch: int | None = typer.Option(
+        None, "--fenced-epoch", help="Node epoch the operator fenced; a broker back under a newer one is left alone."
+    ),
     timeout: float = typer.Option(
         30.0, "--controller-timeout", min=1.0, help="Seconds to keep retrying the controller."
     ),
@@ -189,7 +192,7 @@ def wal_recover(
         client = ControllerClient(controller, retry_deadline_s=timeout)
         store = open_object_store(object_store)
         try:
-            return (await recover_lost_wal(client, store, node_id, wal)).summary()
+            return (await recover_lost_wal(client, store, node_id, wal, fenced_epoch=fenced_epoch)).summary()
         finally:
             await client.close()
             await store.close()

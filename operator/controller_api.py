@@ -38,8 +38,9 @@ class ControllerApi(Protocol):
         """Whether the controller agrees the broker stopped: fenced already, or no heartbeat for
         at least half its session timeout. The string says what the controller sees."""
 
-    async def fence_broker(self, node_id: int) -> None:
-        """Fence the broker now (idempotent): its epoch is refused, its WAL gets a recovery job."""
+    async def fence_broker(self, node_id: int) -> int:
+        """Fence the broker now (idempotent): its epoch is refused, its WAL gets a recovery job.
+        Returns the node epoch that is fenced (a later registration has a higher one)."""
 
     async def wal_recovery_pending(self, node_id: int) -> bool:
         """True while the controller holds a WAL recovery job for the broker."""
@@ -110,11 +111,13 @@ class ControllerClientApi:
         silent = age * 2 >= timeout
         return silent, f"the controller last heard broker {node_id} {age} ms ago (session timeout {timeout} ms)"
 
-    async def fence_broker(self, node_id: int) -> None:
+    async def fence_broker(self, node_id: int) -> int:
         try:
             await self._client.fence_broker(node_id)
+            sessions = await self._client.broker_sessions()
         except Exception as exc:
             raise ControllerApiError(f"fencing broker {node_id} failed: {exc}") from exc
+        return next((b["node_epoch"] for b in sessions["brokers"] if b["node_id"] == node_id), -1)
 
     async def wal_recovery_pending(self, node_id: int) -> bool:
         try:

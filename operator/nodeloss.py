@@ -125,7 +125,9 @@ def recovery_job_name(ref: ClusterRef, ordinal: int) -> str:
     return f"{builders.statefulset_name(ref, 'broker')}-{ordinal}-wal-recovery"
 
 
-def recovery_job(spec: AutoMQClusterSpec, ref: ClusterRef, ordinal: int, lost_node: str) -> dict[str, Any]:
+def recovery_job(
+    spec: AutoMQClusterSpec, ref: ClusterRef, ordinal: int, lost_node: str, fenced_epoch: int = -1
+) -> dict[str, Any]:
     """The multiAttach WAL-recovery Job: `automq wal recover` on the lost broker's WAL claim,
     never scheduled on the lost node."""
     template = builders.pod_template(spec, ref, "broker")["spec"]
@@ -133,6 +135,9 @@ def recovery_job(spec: AutoMQClusterSpec, ref: ClusterRef, ordinal: int, lost_no
     labels = {**builders.common_labels(ref), "app.kubernetes.io/component": "wal-recovery"}
     args = ["wal", "recover", "--wal", f"{builders.WAL_DIR}/wal", "--node-id", str(builders.broker_node_id(ordinal))]
     args += ["--object-store", spec.object_store.url()]
+    if fenced_epoch >= 0:
+        # The replacement pod may get the volume first (multi-attach) and recover it itself.
+        args += ["--fenced-epoch", str(fenced_epoch)]
     for url in builders.controller_urls(spec, ref):
         args += ["--controller", url]
     away = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [lost_node]}]}
@@ -307,8 +312,14 @@ class NodeLossPass:
         node_name = record["node"]
         try:
             if record["step"] == "lost":
-                await self.controller().fence_broker(node_id)
-                await self._step(ordinal, "fenced", "BrokerFenced", f"broker {node_id} fenced at the controller")
+                epoch = await self.controller().fence_broker(node_id)
+                await self._step(
+                    ordinal,
+                    "fenced",
+                    "BrokerFenced",
+                    f"broker {node_id} fenced at the controller (node epoch {epoch})",
+                    nodeEpoch=epoch,
+                )
             if record["step"] == "fenced":
                 if pod is not None and pod["metadata"].get("uid") == record["podUid"]:
                     await self.api.delete("Pod", self.ref.namespace, record["pod"], grace_period_s=0)
@@ -356,7 +367,7 @@ class NodeLossPass:
         if kind == "s3":
             message = "S3 WAL: no volume to release; a live broker recovers the WAL"
         elif kind == "multiAttach":
-            job = recovery_job(self.spec, self.ref, ordinal, node_name)
+            job = recovery_job(self.spec, self.ref, ordinal, node_name, int(record.get("nodeEpoch", -1)))
             try:
                 await self.api.create(job)
             except KubeError as exc:

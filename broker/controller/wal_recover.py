@@ -12,7 +12,9 @@ Job on another node, with the lost broker's WAL volume attached:
     complete the job                              -> the controller places the partitions on
                                                      live brokers
 
-Idempotent: a rerun after completion finds no job and does nothing; a rerun after a crash
+Idempotent: a rerun after completion finds no job and does nothing (so does a run that finds
+the broker registered again under a newer epoch than the one fenced: its replacement pod got
+the volume first and recovers the WAL itself); a rerun after a crash
 half way claims the same job again (same recovery epoch) and the uploader commits only what
 is still missing. It refuses to touch the WAL of a broker the controller does not consider
 fenced (it may still be writing to it).
@@ -48,6 +50,8 @@ class WalRecoverOutcome:
     stop_reason: str = ""
 
     def summary(self) -> str:
+        if self.job_id is None and self.stop_reason == "taken over":
+            return f"node {self.node_id} registered again after it was fenced and recovers its own WAL: nothing to do"
         if self.job_id is None:
             return f"node {self.node_id}: no WAL recovery job (already recovered, or nothing was open): nothing to do"
         return (
@@ -60,28 +64,60 @@ async def _job_for(client: ControllerClient, node_id: int) -> WalRecoveryJob | N
     return next((j for j in await client.list_wal_recovery_jobs() if j.node_id == node_id), None)
 
 
+async def _taken_over(client: ControllerClient, node_id: int, fenced_epoch: int | None) -> bool:
+    """The broker registered again after it was fenced at `fenced_epoch` (its replacement pod got
+    the volume first): it recovers its own WAL, and this run has nothing left to do."""
+    if fenced_epoch is None:
+        return False
+    image = await client.watch_metadata(since_version=-1, timeout_ms=0)
+    broker = next((b for b in image.brokers if b.node_id == node_id), None)
+    return broker is not None and broker.state != "fenced" and broker.node_epoch > fenced_epoch
+
+
 async def recover_lost_wal(
     client: ControllerClient,
     object_store: ObjectStore,
     node_id: int,
     wal_path: str | Path,
     storage: StorageConfig | None = None,
+    fenced_epoch: int | None = None,
 ) -> WalRecoverOutcome:
-    """Recover node `node_id`'s volume WAL at `wal_path` through the controller's recovery job."""
+    """Recover node `node_id`'s volume WAL at `wal_path` through the controller's recovery job.
+    `fenced_epoch`: the node epoch the operator fenced; a broker found active under a newer
+    epoch came back on its own (and recovers its WAL itself): nothing to do, not an error."""
+    from automq.broker.storage.metadata import MetadataError
+
+    try:
+        return await _recover(client, object_store, node_id, Path(wal_path), storage, fenced_epoch)
+    except (MetadataError, WalRecoverError):
+        if await _taken_over(client, node_id, fenced_epoch):
+            return WalRecoverOutcome(node_id, None, stop_reason="taken over")
+        raise
+
+
+async def _recover(
+    client: ControllerClient,
+    object_store: ObjectStore,
+    node_id: int,
+    path: Path,
+    storage: StorageConfig | None,
+    fenced_epoch: int | None,
+) -> WalRecoverOutcome:
     from automq.broker.storage.recovery import recover_wal
 
-    path = Path(wal_path)
     image = await client.watch_metadata(since_version=-1, timeout_ms=0)
     broker = next((b for b in image.brokers if b.node_id == node_id), None)
     if broker is None:
         raise WalRecoverError(f"node {node_id} is not a registered broker of cluster {image.cluster_id!r}")
     job = await _job_for(client, node_id)
     if job is None:
-        if broker.state != "fenced":
+        if broker.state != "fenced" and (fenced_epoch is None or broker.node_epoch <= fenced_epoch):
             raise WalRecoverError(
                 f"broker {node_id} is {broker.state}, not fenced: it may still be writing its WAL. "
                 "Fence it first (the operator does on node loss; or the controller's fence_broker)"
             )
+        if broker.state != "fenced":
+            return WalRecoverOutcome(node_id, None, stop_reason="taken over")
         return WalRecoverOutcome(node_id, None)
     if not path.exists():
         # Never create an empty WAL where the lost broker's should be: the volume is not mounted.

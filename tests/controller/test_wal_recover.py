@@ -97,3 +97,29 @@ async def test_broker_sessions_report_heartbeat_age_and_state(file_url: str, mak
     finally:
         await client.close()
         await svc.stop()
+
+
+async def test_a_broker_back_under_a_newer_epoch_is_left_to_recover_itself(
+    file_url: str, make_config, tmp_path
+) -> None:
+    svc = ControllerService(make_config(file_url))
+    await svc.start()
+    await svc.controller.wait_leader(10)
+    client = ControllerClient([svc.url], retry_deadline_s=5)
+    store = open_object_store(file_url)
+    try:
+        e1 = await client.register_broker(1, EP, None)
+        p = (await client.create_topic("t", 1, {})).partitions[0]
+        await client.open_stream(p.stream_id, p.leader_epoch, 1, e1)
+        await client.fence_broker(1)
+        # Its replacement pod got the volume first: it registered again (the job is cancelled).
+        await client.register_broker(1, EP, None)
+        (tmp_path / "wal").write_bytes(b"")
+        outcome = await recover_lost_wal(client, store, 1, tmp_path / "wal", fenced_epoch=e1)
+        assert outcome.job_id is None and "recovers its own WAL" in outcome.summary()
+        with pytest.raises(WalRecoverError, match="not fenced"):  # without the epoch: refused
+            await recover_lost_wal(client, store, 1, tmp_path / "wal")
+    finally:
+        await client.close()
+        await store.close()
+        await svc.stop()

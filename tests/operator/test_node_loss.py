@@ -90,10 +90,11 @@ class FakeController:
             return False, f"the controller last heard broker {node_id} 200 ms ago"
         return True, f"the controller last heard broker {node_id} 15000 ms ago"
 
-    async def fence_broker(self, node_id: int) -> None:
+    async def fence_broker(self, node_id: int) -> int:
         self._check()
         self.log.append(("fence", node_id))
         self.pending.add(node_id)
+        return 7
 
     async def wal_recovery_pending(self, node_id: int) -> bool:
         self._check()
@@ -331,6 +332,7 @@ async def test_multi_attach_runs_a_recovery_job_away_from_the_lost_node(kube: Re
     assert args[:6] == ["wal", "recover", "--wal", f"{builders.WAL_DIR}/wal", "--node-id", "0"]
     assert args[args.index("--object-store") + 1].startswith("s3://demo-bucket")
     assert "--controller" in args and pod["restartPolicy"] == "Never"
+    assert args[args.index("--fenced-epoch") + 1] == "7"  # the epoch fencing answered
     assert job["metadata"]["ownerReferences"][0]["uid"] == w.ref.uid
 
     # The Job completed the controller's recovery job: partitions served without the new pod.

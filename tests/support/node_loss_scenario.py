@@ -1,0 +1,133 @@
+"""A node-loss scenario on the kubelet harness, shared by the end-to-end test and the benchmark.
+
+Real controller and broker processes (one per pod the operator's StatefulSets ask for), the real
+operator with its node-loss daemon, real confluent-kafka producers (acks=all, idempotent,
+per-partition sequence numbers). The node under a broker that leads partitions is marked
+NotReady and its processes are SIGKILLed; the operator is then on its own. With
+`wal.failover: multiAttach` the harness has no Job controller, so the scenario plays it: it runs
+the recovery Job's container command, as written by the operator, as a real process on the
+lost broker's WAL volume (paths and addresses mapped as for pods).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+from kubelet_harness import KubeletHarness
+from sequenced_load import SequencedProducer, create_topic
+
+from automq.operator import builders
+
+NODE_LOSS_STEPS = ["NodeLost", "BrokerFenced", "PodReleased", "VolumeReleased", "WalRecovered", "PartitionsServed"]
+
+
+def cluster_spec(wal: dict[str, Any], grace_s: int, brokers: int = 2) -> dict[str, Any]:
+    return {
+        "controller": {"replicas": 1},
+        "broker": {"replicas": brokers, "wal": wal, "nodeLossGracePeriod": grace_s},
+        "objectStore": {"bucket": "node-loss"},  # the harness replaces the store (object_store_url)
+    }
+
+
+@dataclass
+class NodeLossRun:
+    strategy: str
+    victim: str = ""
+    node: str = ""
+    lost_at: float = 0.0  # monotonic, when the node went NotReady
+    served_at: float = 0.0  # every partition had a leader again and the load was acknowledged again
+    resolved_at: float = 0.0  # NodeLossResolved: the replacement pod Ready
+    events: list[str] = field(default_factory=list)
+    degraded_seen: str = ""
+    job_output: str = ""
+    load: SequencedProducer | None = None
+
+    @property
+    def seconds_to_served(self) -> float:
+        return self.served_at - self.lost_at
+
+
+def leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
+    return {p.id: p.leader for p in md.topics[topic].partitions.values()}
+
+
+def _events(k8s: KubeletHarness, name: str) -> list[str]:
+    """Event reasons in the order they were posted (kmock lists objects in creation order)."""
+    return [e.get("reason", "") for e in k8s.events(name)]
+
+
+def _run_recovery_job(k8s: KubeletHarness, name: str, ordinal: int) -> str:
+    """Play the Job controller + kubelet for the operator's WAL-recovery Job."""
+    job_name = f"{name}-broker-{ordinal}-wal-recovery"
+    job = k8s.wait_for(f"Job {job_name}", lambda: k8s.get("Job", job_name))
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    claim = job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
+    args = list(container["args"])
+    for i, arg in enumerate(args[:-1]):
+        value = args[i + 1]
+        if arg == "--controller":
+            args[i + 1] = k8s.map_url(value)
+        elif arg == "--wal":
+            args[i + 1] = str(k8s.root / "volumes" / claim / Path(value).relative_to(builders.WAL_DIR))
+        elif arg == "--object-store" and k8s.object_store_url:
+            args[i + 1] = str(k8s.object_store_url)
+    out = subprocess.run(
+        [sys.executable, "-m", "automq.broker.cli", *args], capture_output=True, text=True, timeout=180
+    )
+    return f"exit {out.returncode}\n{out.stdout}{out.stderr[-2000:]}"
+
+
+def run_node_loss(k8s: KubeletHarness, wal: dict[str, Any], grace_s: int, rate: float = 300.0) -> NodeLossRun:
+    """Create a 2-broker cluster, produce, lose the node of a broker leading partitions, wait
+    until the partitions are served again and the replacement is Ready. The load keeps running
+    (stop it and check it with `check_exactly_once`)."""
+    name = "demo"
+    strategy = "s3" if wal.get("kind") == "s3" else wal.get("failover", "forceDetach")
+    run = NodeLossRun(strategy)
+    k8s.create_cluster(name, cluster_spec(wal, grace_s))
+    k8s.wait_ready(name, brokers=2, timeout=180)
+    bootstrap = k8s.bootstrap(name)
+    create_topic(bootstrap, "orders", 4)
+    placed = k8s.wait_for(
+        "leaders on both brokers", lambda: (ls := leaders(bootstrap, "orders")) and min(ls.values()) >= 0 and ls
+    )
+    run.load = SequencedProducer(bootstrap, "orders", 4, client="confluent", rate=rate, name="p").start()
+    k8s.wait_for("records acknowledged", lambda: run.load.acked_count() > 300)
+    ordinal = max(placed.values())  # a broker that leads partitions
+    run.victim = f"{name}-broker-{ordinal}"
+    run.node = k8s.node_of(run.victim)
+    run.lost_at = time.monotonic()
+    k8s.node_down(run.node, kill=True)
+
+    def degraded() -> str:
+        status = (k8s.get("AutoMQCluster", name) or {}).get("status") or {}
+        for c in status.get("conditions") or []:
+            if c["type"] == "Degraded" and c["status"] == "True" and c["reason"] == "NodeLost":
+                return str(c["message"])
+        return ""
+
+    run.degraded_seen = k8s.wait_for("Degraded NodeLost", degraded, timeout=120)
+    if strategy == "multiAttach":
+        run.job_output = _run_recovery_job(k8s, name, ordinal)
+
+    def served() -> bool:
+        return "PartitionsServed" in _events(k8s, name)
+
+    k8s.wait_for("partitions served again", served, timeout=180)
+    run.served_at = time.monotonic()
+    k8s.wait_for("node loss resolved", lambda: "NodeLossResolved" in _events(k8s, name), timeout=180)
+    run.resolved_at = time.monotonic()
+    # First occurrence of each step (the Degraded condition also posts a NodeLost Warning).
+    seen: list[str] = []
+    for reason in _events(k8s, name):
+        if reason in [*NODE_LOSS_STEPS, "NodeLossResolved"] and reason not in seen:
+            seen.append(reason)
+    run.events = seen
+    return run

@@ -91,7 +91,9 @@ def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> di
         node = {**copy.deepcopy(target), **node}
 
     if node.get("x-kubernetes-int-or-string"):
-        out = {k: node[k] for k in ("description", "pattern", "x-kubernetes-int-or-string") if k in node}
+        out: dict[str, Any] = {
+            k: node[k] for k in ("description", "pattern", "x-kubernetes-int-or-string") if k in node
+        }
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
         return out
 
@@ -106,7 +108,7 @@ def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> di
         if len(non_null) < len(variants):
             node["nullable"] = True
 
-    out: dict[str, Any] = {}
+    out = {}
     for key, value in node.items():
         if key not in _KEPT:
             continue
@@ -127,7 +129,7 @@ def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> di
         else:
             out[key] = value
     # type and description first: the generated YAML reads like hand-written CRDs.
-    head = {k: out.pop(k) for k in ("type", "description") if k in out}
+    head: dict[str, Any] = {k: out.pop(k) for k in ("type", "description") if k in out}
     return {**head, **out}
 
 

@@ -223,8 +223,8 @@ def _set(t: Tick, kind: str, ok: bool, reason: str, message: str) -> None:
         else _now_rfc3339()
     )
     t.conditions[kind] = Condition(
-        type=kind,  # type: ignore[arg-type]
-        status=status,  # type: ignore[arg-type]
+        type=kind,
+        status=status,
         reason=reason,
         message=message[:1000],
         last_transition_time=since,

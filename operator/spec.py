@@ -641,7 +641,7 @@ class AutoMQClusterSpec(_Model):
 
     def placeholders_enabled(self) -> list[str]:
         """Spec sections that are accepted but do nothing yet."""
-        sections = {
+        sections: dict[str, CompactionSpec | LakeIngestionSpec] = {
             "compaction": self.compaction,
             "lakeIngestion": self.lake_ingestion,
         }

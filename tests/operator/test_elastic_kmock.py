@@ -229,9 +229,16 @@ class Harness:
         self._old_default = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
         kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
         controller_url = self.controller.url
+        self.controller_down = False
+
+        def controller_api(urls: list[str]) -> ControllerClientApi:
+            if self.controller_down:  # nothing listens on port 9: connection refused
+                return ControllerClientApi(["http://127.0.0.1:9"], request_timeout_s=0.5, retry_deadline_s=0.5)
+            return ControllerClientApi([controller_url])
+
         self.context = OperatorContext(
             # The operator's real controller client, pointed at the real controller.
-            controller_api_factory=lambda urls: ControllerClientApi([controller_url]),
+            controller_api_factory=controller_api,
             settings=ReconcileSettings(poll_interval_s=0.1, drain_timeout_s=10, scale_in_wait_s=1),
             retry_delay_s=0.2,
             status_interval_s=1.0,
@@ -449,6 +456,21 @@ def test_missing_metrics_pause_decisions_and_name_the_broker(k8s: Harness) -> No
     assert k8s.cluster()["status"]["balancing"]["movesTotal"] == moves
     k8s.brokers.failing.clear()
     k8s.brokers.set_rates({(TOPIC, p): 1.0 * MIB for p in range(6)})
+    k8s.wait_for("back to Balanced", lambda: k8s.condition("Balancing").get("reason") == "Balanced")
+
+
+def test_unreachable_controller_pauses_decisions_and_says_so(k8s: Harness) -> None:
+    k8s.controller_down = True
+    try:
+        condition = k8s.wait_for(
+            "ControllerUnavailable",
+            lambda: (c := k8s.condition("Balancing")).get("reason") == "ControllerUnavailable" and c,
+        )
+        assert condition["status"] == "False" and "no decision this cycle" in condition["message"]
+        event = k8s.wait_for("warning event", lambda: k8s.events("ControllerUnavailable"))[0]
+        assert event["type"] == "Warning" and "cannot read cluster metadata" in event["message"]
+    finally:
+        k8s.controller_down = False
     k8s.wait_for("back to Balanced", lambda: k8s.condition("Balancing").get("reason") == "Balanced")
 
 

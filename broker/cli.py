@@ -116,6 +116,9 @@ def rebalance(
     ),
     max_concurrent: int = typer.Option(4, "--max-concurrent", min=1, help="Moves running at once."),
     move_timeout: float = typer.Option(60.0, "--move-timeout", min=1.0, help="Seconds one move may take."),
+    controller: list[str] | None = typer.Option(
+        None, "--controller", help="Controller URL: use its view (draining/fenced brokers). Repeatable."
+    ),
 ) -> None:
     """Balance partitions by measured load (exit 0 ok, 1 a move failed, 2 no decision)."""
     from automq.broker.balancer.cli import RebalanceOptions, parse_metrics_urls, run_rebalance
@@ -140,6 +143,7 @@ def rebalance(
         metrics_urls=urls,
         max_concurrent=max_concurrent,
         move_timeout_s=move_timeout,
+        controller_urls=tuple(controller or ()),
     )
     sys.exit(run_rebalance(options))
 

@@ -2,7 +2,8 @@
 
 Works against any cluster of these brokers given one bootstrap address: Kafka Metadata
 names brokers, racks and leaders; each broker's `automq.metrics.url` (DescribeConfigs) says
-where to scrape; two scrapes `--interval` seconds apart give the rates.
+where to scrape; two scrapes `--interval` seconds apart give the rates. With `--controller`
+the controller's view is used instead (it knows draining and fenced brokers).
 
 Exit codes: 0 done (or nothing to do), 1 some moves failed, 2 no decision (load data
 incomplete, cluster unreachable, bad arguments).
@@ -14,7 +15,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rich.console import Console
@@ -22,9 +23,11 @@ from rich.table import Table
 
 from automq.broker.balancer.executor import MoveExecutor, MoveResult
 from automq.broker.balancer.kafka_admin import KafkaAdmin, KafkaAdminError
-from automq.broker.balancer.model import Incomplete
+from automq.broker.balancer.model import FENCED, ClusterMetadata, Incomplete
 from automq.broker.balancer.planner import Goals, GoalsError, Proposal, drain, plan
 from automq.broker.balancer.scrape import measure
+from automq.broker.controller.client import ControllerClient
+from automq.broker.storage.metadata import MetadataError
 
 EXIT_OK, EXIT_MOVES_FAILED, EXIT_NO_DECISION = 0, 1, 2
 
@@ -42,6 +45,7 @@ class RebalanceOptions:
     metrics_urls: dict[int, str] = field(default_factory=dict)
     max_concurrent: int = 4
     move_timeout_s: float = 60.0
+    controller_urls: Sequence[str] = ()  # the controller's view: draining/fenced brokers, registered metrics URLs
 
 
 def parse_metrics_urls(items: Sequence[str]) -> dict[int, str]:
@@ -128,6 +132,23 @@ def _print_results(console: Console, results: list[MoveResult]) -> None:
     console.print(table)
 
 
+async def _controller_view(admin: KafkaAdmin, options: RebalanceOptions) -> ClusterMetadata:
+    """Brokers' states (draining, fenced), racks, leaders, moves and registered metrics URLs
+    from the controller; a broker that registered no metrics endpoint is asked over Kafka."""
+    async with ControllerClient(list(options.controller_urls), retry_deadline_s=10.0) as controller:
+        image = await controller.watch_metadata(-1, 0)
+    cluster = ClusterMetadata.from_image(image, options.metrics_urls)
+    missing = [b for b, meta in cluster.brokers.items() if meta.metrics_url is None and meta.state != FENCED]
+    if not missing:
+        return cluster
+    found = await admin.metrics_urls(missing)
+    brokers = {
+        b: replace(meta, metrics_url=found[b]) if b in found and not found[b].startswith("error: ") else meta
+        for b, meta in cluster.brokers.items()
+    }
+    return ClusterMetadata(brokers, cluster.leaders, cluster.moving)
+
+
 async def rebalance(options: RebalanceOptions) -> int:
     report = _Report(options.output)
     try:
@@ -140,9 +161,14 @@ async def rebalance(options: RebalanceOptions) -> int:
         return report.fail("invalid", f"--bootstrap: {exc}")
     async with admin:
         try:
-            cluster = await admin.cluster_metadata(options.metrics_urls)
+            if options.controller_urls:
+                cluster = await _controller_view(admin, options)
+            else:
+                cluster = await admin.cluster_metadata(options.metrics_urls)
         except KafkaAdminError as exc:
             return report.fail("unreachable", f"cannot read cluster metadata from {options.bootstrap}: {exc}")
+        except MetadataError as exc:
+            return report.fail("unreachable", f"cannot read metadata from the controller: {exc}")
         if options.drain is not None and options.drain not in cluster.brokers:
             return report.fail(
                 "invalid", f"--drain {options.drain}: no such broker (brokers: {sorted(cluster.brokers)})"

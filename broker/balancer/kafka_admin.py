@@ -230,7 +230,9 @@ class KafkaAdmin:
         found = await self.metrics_urls([b for b in md.brokers if b not in given])
         urls = {**{b: u for b, u in found.items() if not u.startswith("error: ")}, **given}
         brokers = {b.node_id: BrokerMeta(b.node_id, b.rack, "active", urls.get(b.node_id)) for b in md.brokers.values()}
-        return ClusterMetadata(brokers, dict(md.leaders))
+        # a partition being moved (by anyone) makes the model incomplete until the move is done
+        moving = await self.ongoing_reassignments()
+        return ClusterMetadata(brokers, dict(md.leaders), moving)
 
     # ------------------------------------------------------------------ reassignments
 

@@ -245,6 +245,7 @@ class StorageEngine:
         self.wal.set_pressure_handler(self.uploader.request_upload)
         self._open: dict[int, EngineStream] = {}
         self._fenced: BaseException | None = None
+        self._stopping = False
         self._started = False
         self._stream_locks: dict[int, asyncio.Lock] = {}
 
@@ -294,6 +295,17 @@ class StorageEngine:
                 await self.uploader.flush()
         finally:
             await self.uploader.close()
+            await self.wal.close()
+
+    async def abort(self) -> None:
+        """Stop without uploading (the controller or the object store is unreachable, or the
+        stop deadline passed): what is durable stays in the WAL for the next start (or for
+        the WAL recovery of this node), nothing is trimmed that was not committed."""
+        self.stop_waiting()
+        self._started = False
+        try:
+            await self.uploader.close()
+        finally:
             await self.wal.close()
 
     # ------------------------------------------------------------------ StreamClient
@@ -377,7 +389,9 @@ class StorageEngine:
     async def _after_append(self) -> None:
         # Back-pressure: never hold more unuploaded data than the log cache may hold.
         cache = self.log_cache
-        while cache.unuploaded_bytes > cache.max_bytes and self._fenced is None and self._started:
+        while (
+            cache.unuploaded_bytes > cache.max_bytes and self._fenced is None and self._started and not self._stopping
+        ):
             self.uploader.request_upload()
             await self.uploader.wait_progress()
 
@@ -388,8 +402,17 @@ class StorageEngine:
             self._forget(s)
         self.log_cache.drop_stream(stream_id)
 
+    def stop_waiting(self) -> None:
+        """The node is stopping (or learned it is fenced): appends waiting for WAL space or
+        for the log cache to drain fail now instead of waiting for uploads. Appends already
+        durable in the WAL stay durable; the next start replays them."""
+        self._stopping = True
+        self.wal.stop_waiting()
+        self.uploader.wake_waiters()  # _after_append loops see _stopping
+
     def _node_fenced(self, exc: BaseException) -> None:
         self._fenced = exc
+        self.wal.stop_waiting()
         for s in list(self._open.values()):
             s._fence(f"node fenced: {exc}")
         self._open.clear()

@@ -138,6 +138,10 @@ class Uploader:
             raise UploaderStoppedError(f"uploader stopped: {self._stopped}") from self._stopped
         await self._progress.wait()
 
+    def wake_waiters(self) -> None:
+        """Wake wait_progress() callers now (they re-check why they wait: e.g. a stopping node)."""
+        self._notify_progress()
+
     def _notify_progress(self) -> None:
         # A fresh event per round: waiters hold the old one, which is set exactly once.
         self._progress.set()

@@ -103,6 +103,10 @@ class WriteAheadLog(abc.ABC):
     def set_pressure_handler(self, handler: PressureHandler) -> None:
         self._pressure_handler = handler
 
+    def stop_waiting(self) -> None:  # noqa: B027 - only a WAL with back-pressure waits has anything to stop
+        """The node is stopping or fenced: appends that wait for space (an upload and a trim
+        that will not come) fail now with WalClosedError; they were never acknowledged."""
+
     @property
     @abc.abstractmethod
     def durable_position(self) -> int:

@@ -160,6 +160,7 @@ class VolumeWal(WriteAheadLog):
         self._trimmed = asyncio.Event()
         self._writer: asyncio.Task | None = None
         self._closed = False
+        self._no_wait = False  # stopping or fenced: never wait for space again
         self._failed: BaseException | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-sync")
         self._header_lock = asyncio.Lock()
@@ -403,6 +404,13 @@ class VolumeWal(WriteAheadLog):
                     await asyncio.sleep(self._delay)
                 group, segments, end = self._plan_group()
                 if not group:
+                    if self._closed or self._no_wait:
+                        # Nobody will upload and trim any more: what does not fit was never
+                        # written, so never acknowledged; fail it instead of waiting.
+                        self._refuse_queued(f"WAL {self.path} is full and stopping: append not written")
+                        if self._closed:
+                            return
+                        continue
                     # Ring full: ask for an upload and wait for the trim that frees space.
                     self._trimmed.clear()
                     if self._metrics is not None:
@@ -437,6 +445,16 @@ class VolumeWal(WriteAheadLog):
                     p.future.set_exception(WalClosedError(f"WAL {self.path} failed: {exc!r}"))
             if not isinstance(exc, Exception):
                 raise
+
+    def _refuse_queued(self, reason: str) -> None:
+        while self._queue:
+            p = self._queue.popleft()
+            if not p.future.done():
+                p.future.set_exception(WalClosedError(reason))
+
+    def stop_waiting(self) -> None:
+        self._no_wait = True
+        self._trimmed.set()  # wakes a writer waiting for space: it sees _no_wait
 
     def _plan_group(self):
         """Take queued records that fit in the ring; lay them out. Returns (group, segments,
@@ -525,6 +543,7 @@ class VolumeWal(WriteAheadLog):
             return
         self._closed = True
         self._wakeup.set()
+        self._trimmed.set()  # a writer waiting for space stops waiting (see _write_loop)
         if self._writer is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._writer), timeout=30)

@@ -158,6 +158,7 @@ class NodeConfig(_Section):
     http_port: int = Field(9094, ge=0, le=65535)  # /metrics, /healthz, /readyz (controller: + API)
     heartbeat_interval_ms: DurationMs = 1_000
     session_timeout_ms: DurationMs = 10_000
+    shutdown_timeout_ms: DurationMs = 20_000  # SIGTERM: graceful stop this long at most (WAL keeps the rest)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     wal: WalConfig = WalConfig()
     storage: StorageConfig = StorageConfig()

@@ -21,6 +21,7 @@ close the storage engine, unregister, exit 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -168,15 +169,72 @@ class BrokerService:
         await self._failed.wait()
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Graceful: stop accepting, finish in-flight requests, close partitions (flush +
-        upload), close the engine, unregister. Each step runs even if an earlier one failed."""
+        """Graceful within `shutdown_timeout_ms` (2 s when the controller has not answered a
+        heartbeat lately: nothing could be committed or handed over): stop accepting, finish
+        in-flight requests, close partitions (flush + upload), close the engine, unregister.
+        Whatever is still running then is abandoned: what it acknowledged is durable in the
+        WAL, which the next start (or the WAL recovery of this node) replays; nothing that
+        was not committed is trimmed. Appends waiting for WAL space fail at once."""
         self._ready["serving"] = False
+        if self.storage is not None:
+            self.storage.stop_waiting()
+        budget = self.config.shutdown_timeout_ms / 1000
+        if not await self._controller_reachable():
+            budget = min(budget, 2.0)
+        graceful = asyncio.ensure_future(self._stop_gracefully(timeout))
+        done, _ = await asyncio.wait({graceful}, timeout=budget)
+        if not done:
+            log.warning(
+                "graceful stop did not finish within %.1fs (controller or object store unreachable?); exiting now: "
+                "acknowledged data not uploaded yet stays in the WAL for the next start",
+                budget,
+            )
+            graceful.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await graceful
+            if self.storage is not None:
+                try:
+                    await self.storage.abort()
+                except Exception:
+                    log.exception("closing the storage engine failed")
+        await self._cancel_heartbeat()
+        if self.cluster is not None:
+            await self.cluster.close()
+        if self.object_store is not None:
+            try:
+                await self.object_store.close()
+            except Exception:
+                log.exception("closing the object store failed")
+        if self._http is not None:
+            await self._http.cleanup()
+            self._http = None
+
+    async def _controller_reachable(self) -> bool:
+        """One quick heartbeat: without a controller no upload can be committed, no partition
+        handed over and nobody deregistered, so the graceful steps could only wait."""
+        if self.cluster is None or self.broker is None:
+            return False
+        try:
+            await asyncio.wait_for(self.cluster.heartbeat(self.config.node_id, self.broker.node_epoch), 1.5)
+        except NodeFencedError:
+            return True  # it answers (and fenced steps fail fast)
+        except Exception as exc:
+            log.warning("the controller does not answer (%s): stopping without handing anything over", exc)
+            return False
+        return True
+
+    async def _cancel_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._heartbeat
+
+    async def _stop_gracefully(self, timeout: float) -> None:
+        """Each step runs even if an earlier one failed."""
         if self._wal_recovery is not None:
             self._wal_recovery.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._wal_recovery
-            except (asyncio.CancelledError, Exception):
-                pass
         steps = [("kafka listeners", self.server.stop(timeout))]
         if self.retention is not None:
             steps.append(("retention", self.retention.close()))
@@ -187,32 +245,17 @@ class BrokerService:
                 await step
             except Exception:
                 log.exception("stopping %s failed", name)
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            try:
-                await self._heartbeat
-            except (asyncio.CancelledError, Exception):
-                pass
+        await self._cancel_heartbeat()
         if self.storage is not None:
             try:
                 await self.storage.close()
             except Exception:
                 log.exception("closing the storage engine failed")
-        if self.cluster is not None:
-            if self.broker is not None and self.fatal is None:
-                try:
-                    await self.cluster.unregister_broker(self.config.node_id, self.broker.node_epoch)
-                except Exception as exc:
-                    log.warning("unregistering failed: %s", exc)
-            await self.cluster.close()
-        if self.object_store is not None:
+        if self.cluster is not None and self.broker is not None and self.fatal is None:
             try:
-                await self.object_store.close()
-            except Exception:
-                log.exception("closing the object store failed")
-        if self._http is not None:
-            await self._http.cleanup()
-            self._http = None
+                await self.cluster.unregister_broker(self.config.node_id, self.broker.node_epoch)
+            except Exception as exc:
+                log.warning("unregistering failed: %s", exc)
 
     # ---------------------------------------------------------------- HTTP
 

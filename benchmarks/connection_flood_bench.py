@@ -11,6 +11,8 @@ its sockets and reading RSS again:
 - slowloris: connections that send 2 bytes of a 4-byte frame size and stop;
 - huge: connections whose frame size declares socket_request_max_bytes - 1 and that send
   64 KiB of it, then a byte at a time;
+- bulk: connections that each push 1 MiB of such a frame as fast as the broker reads it
+  (what the unfinished-frame budget, queued_max_request_bytes, bounds);
 - after: RSS once everything is closed (baseline: RSS before the first connection).
 The file-descriptor limit is raised to the hard limit in both processes and printed.
 Numbers are printed next to the baseline of the same run; nothing is asserted.
@@ -163,6 +165,7 @@ def main() -> None:
     parser.add_argument("--idle", default="2000,10000")
     parser.add_argument("--slowloris", type=int, default=2000)
     parser.add_argument("--huge", type=int, default=200)
+    parser.add_argument("--bulk", type=int, default=1000, help="connections pushing 1 MiB each of a huge frame")
     parser.add_argument("--max-request-mib", type=int, default=100)
     parser.add_argument("--kafka", default="{}", help="extra broker kafka config as JSON")
     parser.add_argument("--serve")
@@ -242,6 +245,31 @@ def main() -> None:
                 for s in socks:
                     s.sendall(b"\x00")
             report(f"{args.huge} huge", broker, base, broker.settle(args.huge))
+            close_all(socks)
+            closed("all closed", broker, base)
+        finally:
+            broker.stop()
+
+    if args.bulk:
+        broker = Broker(kafka, not args.no_trim)
+        try:
+            broker.settle(0)
+            base = broker.rss()
+            declared = (args.max_request_mib << 20) - 1
+            print(
+                f"bulk: {args.bulk} connections pushing 1 MiB each of a {declared}-byte frame (baseline RSS {base / 1024:.1f} MiB)"
+            )
+            socks = connect(broker.port, args.bulk)
+            payload = struct.pack(">i", declared) + b"\x00\x12\x00\x00\x00\x00\x00\x01" + b"\x00" * (1 << 20)
+            pushed = 0
+            for s in socks:
+                s.settimeout(0.05)  # a broker that stopped reading this socket: move on
+                try:
+                    s.sendall(payload)
+                    pushed += 1
+                except (TimeoutError, OSError):
+                    pass
+            report(f"{args.bulk} bulk ({pushed} pushed all 1 MiB)", broker, base, broker.settle(args.bulk))
             close_all(socks)
             closed("all closed", broker, base)
         finally:

@@ -140,7 +140,8 @@ class KafkaConfig(_Section):
     max_connections: int = Field(10_000, ge=1)  # more client connections are closed at once (Kafka: unlimited)
     max_connections_per_ip: int = Field(2_147_483_647, ge=1)  # connections from one address beyond this are closed
     max_connections_per_ip_overrides: dict[str, ConnectionCount] = Field(default_factory=dict)  # {host or IP: limit}
-    request_frame_timeout_ms: DurationMs = Field(60_000, gt=0)  # ours: close a frame unfinished this long
+    request_frame_timeout_ms: DurationMs = Field(60_000, gt=0)  # automq only: close a frame unfinished this long
+    queued_max_request_bytes: Size = 256 << 20  # unfinished request frames of all connections hold at most this
     fetch_session_cache_slots: int = Field(1000, ge=0)  # incremental fetch sessions kept (KIP-227); 0 disables
 
 

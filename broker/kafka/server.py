@@ -23,7 +23,11 @@ Hostile input, as a Java broker answers it:
 - more than max_connections connections, or than max_connections_per_ip (and its per-host
   overrides) from one address → the new connection is closed at once (Kafka instead leaves it
   in the listen backlog for max_connections; closing tells the client now);
-- a client that does not read its responses: reading pauses when the write buffer is full.
+- a client that does not read its responses: reading pauses when the write buffer is full;
+- unfinished frames of all connections holding more than queued_max_request_bytes: a
+  connection holding one pauses reading until memory is freed (as Kafka mutes channels when
+  its request memory pool is empty), except the last one still reading, so one frame always
+  progresses and a frame larger than the budget still completes.
 
 Memory per connection: nothing is buffered for a connection between frames. The socket is
 read into one receive buffer shared by all connections of the server (get_buffer and
@@ -94,8 +98,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         "_frame_size",
         "_frame_started",
         "_head",
+        "_held",
         "_last_activity",
         "_last_serial",
+        "_memory_wait",
         "_reading_paused",
         "_slots",
         "_tasks",
@@ -119,6 +125,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._frame_filled = 0
         self._frame_size = 0
         self._frame_started = 0.0  # monotonic time of the unfinished frame's first byte; 0: none
+        self._held = 0  # bytes of unfinished frames held, counted in server.buffered_bytes
+        self._memory_wait = False  # reading paused: unfinished frames hold the whole budget
         self._slots: collections.deque[_Slot] = collections.deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_serial: asyncio.Task[None] | None = None  # last non-concurrent request
@@ -152,6 +160,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._head = self._frame = None
+        if self._memory_wait:
+            self._memory_wait = False
+            self.server.waiting.pop(self, None)
+        self._account()
         if self._counted:
             self._counted = False
             self.server.release(self)
@@ -176,7 +188,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if self._frame_filled == len(frame):
                 # grow with what arrives: a client declaring a large frame and sending nothing
                 # more holds only what it sent, not socket_request_max_bytes
-                grow = min(self._frame_size - len(frame), max(len(frame), FRAME_CHUNK_BYTES))
+                step = FRAME_CHUNK_BYTES if self.server.over_budget() else max(len(frame), FRAME_CHUNK_BYTES)
+                grow = min(self._frame_size - len(frame), step)
                 try:
                     frame += bytes(grow)
                 except BufferError:  # a view of it is still alive: move to a new buffer
@@ -194,10 +207,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if self._frame_filled == self._frame_size:
                 frame, self._frame = self._frame, None
                 self._frame_started = 0.0
+                self._account()
                 self._on_frame(frame)
-                self._update_reading()
-            return
-        self._take(self.server.scratch[:nbytes], now)
+            else:
+                self._account()
+        else:
+            self._take(self.server.scratch[:nbytes], now)
+            self._account()
+        self._check_budget()
         self._update_reading()
 
     def _take(self, data: memoryview, now: float) -> None:
@@ -398,13 +415,35 @@ class KafkaConnection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        should_pause = self._writing_paused or len(self._tasks) >= MAX_IN_FLIGHT or self._closing_gracefully
+        should_pause = (
+            self._writing_paused or self._memory_wait or len(self._tasks) >= MAX_IN_FLIGHT or self._closing_gracefully
+        )
         if should_pause and not self._reading_paused:
             transport.pause_reading()
             self._reading_paused = True
         elif not should_pause and self._reading_paused:
             transport.resume_reading()
             self._reading_paused = False
+
+    def _account(self) -> None:
+        """Keep server.buffered_bytes equal to the bytes of unfinished frames held."""
+        held = (len(self._head) if self._head is not None else 0) + (len(self._frame) if self._frame is not None else 0)
+        if held != self._held:
+            before, self._held = self._held, held
+            self.server.held_changed(before, held)
+
+    def _check_budget(self) -> None:
+        """Over queued_max_request_bytes, a connection holding an unfinished frame stops
+        reading until memory is freed, unless it is the last holder still reading (so one
+        frame always makes progress, and a frame larger than the budget still completes)."""
+        server = self.server
+        if self._held and not self._memory_wait and server.over_budget() and server.reading_holders() > 1:
+            self._memory_wait = True
+            server.waiting[self] = None
+
+    def resume_for_memory(self) -> None:
+        self._memory_wait = False
+        self._update_reading()
 
     def _arm(self, delay: float) -> None:
         """(Re)schedule the one timer of this connection: idle time and frame deadline."""
@@ -525,6 +564,10 @@ class KafkaServer:
         self._refusals: dict[str, list] = {}  # reason -> [refused since last log line, last log time]
         self._closed_since_trim = 0
         self._trim: asyncio.TimerHandle | None = None
+        self.max_buffered = kafka.queued_max_request_bytes
+        self.buffered_bytes = 0  # bytes of unfinished request frames held by all connections
+        self.holders = 0  # connections holding such bytes
+        self.waiting: dict[KafkaConnection, None] = {}  # paused for memory, in pause order
         self._servers: list[asyncio.AbstractServer] = []
         self._sockets: dict[str, socket.socket] = {}
         self.bound_ports: dict[str, int] = {}
@@ -581,6 +624,31 @@ class KafkaServer:
         if self._closed_since_trim >= TRIM_AFTER_CLOSED and self._trim is None:
             # after a flood: once the closing settles, give the freed heap back to the system
             self._trim = asyncio.get_running_loop().call_later(1.0, self._malloc_trim)
+
+    # ---------------------------------------------------------------- memory of unfinished frames
+
+    def over_budget(self) -> bool:
+        return self.buffered_bytes > self.max_buffered
+
+    def reading_holders(self) -> int:
+        return self.holders - len(self.waiting)
+
+    def held_changed(self, before: int, after: int) -> None:
+        self.buffered_bytes += after - before
+        if not before:
+            self.holders += 1
+        elif not after:
+            self.holders -= 1
+        if after < before and self.waiting:
+            if not self.over_budget():
+                waiting, self.waiting = self.waiting, {}
+                for conn in waiting:
+                    conn.resume_for_memory()
+            elif self.reading_holders() == 0:
+                # still over, and nobody left reading: the longest waiting goes on alone
+                conn = next(iter(self.waiting))
+                del self.waiting[conn]
+                conn.resume_for_memory()
 
     def _malloc_trim(self) -> None:
         self._trim = None

@@ -211,3 +211,55 @@ async def test_connections_hold_no_buffers_beyond_what_they_sent(tmp_path, send)
         assert per_connection < 20_000, f"{per_connection:.0f} bytes of Python heap per connection"
     finally:
         await server.stop(timeout=1)
+
+
+async def _declare(server: KafkaServer, correlation_id: int, size: int, sent: int) -> tuple[Conn, bytes]:
+    """A connection that declared an ApiVersions frame of `size` bytes (trailing zeros, which
+    a Kafka parser ignores) and sent `sent` bytes of it; returns it and the unsent rest."""
+    frame = codec.encode_request(correlation_id, ApiVersionsRequest())
+    frame += b"\x00" * (size - len(frame))
+    conn = await Conn.open(server)
+    conn.writer.write(struct.pack(">i", size) + frame[:sent])
+    await conn.writer.drain()
+    return conn, frame[sent:]
+
+
+async def _answered(conn: Conn, correlation_id: int) -> bool:
+    size = struct.unpack(">i", await asyncio.wait_for(conn.reader.readexactly(4), 20))[0]
+    got, response = codec.decode_response(await conn.reader.readexactly(size), ApiVersionsRequest)
+    return got == correlation_id and response.error_code == ErrorCode.none
+
+
+async def test_unfinished_frames_share_one_memory_budget(tmp_path):
+    budget = 1 << 20
+    server = await start(tmp_path, queued_max_request_bytes=budget, socket_request_max_bytes="8MiB")
+    try:
+        conns = []
+        for i in range(6):  # 6 x 600 KiB of unfinished frames against a 1 MiB budget
+            conns.append(await _declare(server, i, 4 << 20, 600 << 10))
+        for _ in range(50):  # let the broker read whatever it will read
+            await asyncio.sleep(0.02)
+        # one read per connection may overshoot before it is paused, never the whole 3.6 MiB
+        assert server.buffered_bytes <= budget + 6 * (256 << 10)
+        assert server.buffered_bytes < 6 * (600 << 10)
+        assert len(server.waiting) >= 3  # paused, waiting for memory
+        # every frame completes once its client sends the rest: waiting connections resume
+        for conn, rest in conns:
+            conn.writer.write(rest)
+        for i, (conn, _) in enumerate(conns):
+            assert await _answered(conn, i)
+            conn.close()
+        assert server.buffered_bytes == 0
+    finally:
+        await server.stop(timeout=1)
+
+
+async def test_a_frame_larger_than_the_budget_still_completes(tmp_path):
+    server = await start(tmp_path, queued_max_request_bytes="64KiB", socket_request_max_bytes="8MiB")
+    try:
+        conn, rest = await _declare(server, 3, 2 << 20, 1000)
+        conn.writer.write(rest)
+        assert await _answered(conn, 3)
+        conn.close()
+    finally:
+        await server.stop(timeout=1)

@@ -7,6 +7,7 @@
     automq spark ...      Spark jobs: lake ingestion into Iceberg, object compaction
     automq wal recover    replay a lost broker's volume WAL into the object store (node loss)
     automq rebalance      measure load and move partitions to balance it (any cluster, by bootstrap)
+    automq status         controllers, brokers, partitions, WAL backlog and problems of a running cluster
 
 Each subcommand imports its implementation lazily so that `automq --help` is instant and a
 broker image does not import the operator's dependencies.
@@ -146,6 +147,63 @@ def rebalance(
         controller_urls=tuple(controller or ()),
     )
     sys.exit(run_rebalance(options))
+
+
+def _local_controller_url(data_dir: Path) -> str | None:
+    """The controller URL of a cluster `automq local up` made in `data_dir`, if there is one."""
+    path = data_dir / "config" / "controller.yaml"
+    if not path.is_file():
+        return None
+    from automq.broker.config import ConfigError, load_config
+
+    try:
+        config = load_config(path)
+    except ConfigError:
+        return None
+    return f"http://127.0.0.1:{config.http_port}"
+
+
+@app.command()
+def status(
+    controller: list[str] | None = typer.Option(
+        None, "--controller", help="Controller URL (repeatable). Default: the local cluster in --data-dir."
+    ),
+    data_dir: Path = typer.Option(Path(".automq-local"), "--data-dir", help="A local cluster's data dir."),
+    output: str = typer.Option("table", "--output", "-o", help="table or json."),
+    timeout: float = typer.Option(5.0, "--timeout", min=0.5, help="Seconds to wait for each answer."),
+) -> None:
+    """How the cluster is: controllers (which leads, ready or why not), brokers (state, epoch,
+    heartbeat, partitions, WAL backlog), partitions and problems. Exit 0 healthy, 1 problems, 2 usage."""
+    import asyncio
+    import json
+
+    from rich.console import Console
+
+    from automq.broker.admin.status import collect_status, render
+
+    if output not in ("table", "json"):
+        typer.echo(f"--output must be table or json, got {output!r}", err=True)
+        raise typer.Exit(2)
+    urls = [u.rstrip("/") for u in controller or []]
+    if not urls:
+        local = _local_controller_url(data_dir)
+        if local is None:
+            typer.echo(
+                f"no --controller given and no local cluster in {data_dir} (start one with `automq local up`)",
+                err=True,
+            )
+            raise typer.Exit(2)
+        urls = [local]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            typer.echo(f"--controller {url!r} is not an http(s):// URL", err=True)
+            raise typer.Exit(2)
+    result = asyncio.run(collect_status(urls, timeout_s=timeout))
+    if output == "json":
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        render(result, Console())
+    raise typer.Exit(0 if result.healthy else 1)
 
 
 @local_app.command("up")

@@ -15,8 +15,10 @@ exercises the real configuration path. Layout of the data dir:
 Restarting with the same data dir recovers everything: node ids and WAL files are the same,
 and all metadata and data live in the object store.
 
-Supervision: a broker that exits on its own is restarted (its WAL is replayed on start), up
-to a few times a minute; the controller exiting stops the cluster with a non-zero exit code.
+Supervision: a node that exits on its own is restarted (a broker replays its WAL, the
+controller reloads the metadata log) after a delay that doubles with each exit in a row, up
+to a minute; the other nodes keep running, and a node that keeps exiting is named with the
+last lines of its log.
 Ctrl-C / SIGTERM stops brokers first (they hand their partitions back to the controller and
 flush their WAL), then the controller; stragglers are killed after a grace period.
 """
@@ -33,7 +35,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -47,8 +49,10 @@ READY_TIMEOUT_S = 180.0
 BROKER_STOP_GRACE_S = 30.0
 CONTROLLER_STOP_GRACE_S = 10.0
 CONTROLLER_LOST_GRACE_S = 5.0
-RESTART_LIMIT = 5  # broker restarts within RESTART_WINDOW_S before the cluster gives up
-RESTART_WINDOW_S = 60.0
+RESTART_BACKOFF_S = 0.5  # first restart of a node that exited; doubles per exit in a row ...
+RESTART_BACKOFF_MAX_S = 60.0  # ... up to this
+STABLE_AFTER_S = 60.0  # a node that ran this long before exiting starts its backoff over
+KEEPS_DYING = 3  # exits in a row after which the launcher shows the node's log tail
 CLUSTER_ID = "automq-local"
 
 
@@ -67,7 +71,9 @@ class Node:
     pid_path: Path
     role: str  # "controller" | "broker"
     process: subprocess.Popen[bytes] | None = None
-    restarts: list[float] = field(default_factory=list)
+    started_at: float = 0.0
+    exits_in_a_row: int = 0
+    restart_at: float | None = None  # when a node that exited is started again
 
     @property
     def command(self) -> list[str]:
@@ -263,6 +269,7 @@ def spawn(node: Node) -> None:
         log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {' '.join(node.command)}\n".encode())
         # its own process group: a terminal's Ctrl-C reaches only us, and we stop the
         # children in order (brokers before the controller they deregister from)
+        node.started_at = time.monotonic()
         node.process = subprocess.Popen(
             node.command,
             stdout=log,
@@ -453,28 +460,37 @@ def run_local_cluster(brokers: int, data_dir: Path | str, port: int, object_stor
 
 
 def _supervise(nodes: list[Node], console: Console, signals: _Signals) -> int:
+    """Restart every node that exits (the controller too: its state is in the object store,
+    and brokers wait for it), after a delay that doubles with each exit in a row. The other
+    nodes keep running; a node that keeps exiting is named with the last lines of its log."""
     while not signals.count:
+        now = time.monotonic()
         for n in nodes:
-            code = n.process.poll() if n.process else None
+            if n.process is None:
+                if n.restart_at is not None and now >= n.restart_at:
+                    n.restart_at = None
+                    spawn(n)
+                continue
+            code = n.process.poll()
             if code is None:
                 continue
-            if n.role == "controller":
+            n.process = None
+            if now - n.started_at >= STABLE_AFTER_S:
+                n.exits_in_a_row = 0
+            n.exits_in_a_row += 1
+            delay = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** (n.exits_in_a_row - 1))
+            n.restart_at = now + delay
+            what = "its WAL is replayed on start" if n.role == "broker" else "it reloads the metadata log"
+            if n.exits_in_a_row >= KEEPS_DYING:
                 console.print(
-                    f"[red]the controller exited with code {code}; stopping the cluster. Last lines of {n.log_path}:[/]"
+                    f"[red]{n.name} keeps exiting (code {code}, {n.exits_in_a_row} times in a row); "
+                    f"restarting it in {delay:.0f}s, the others keep running. Last lines of {n.log_path}:[/]"
                 )
                 _write_tail(n)
-                return 1
-            now = time.monotonic()
-            n.restarts = [t for t in n.restarts if now - t < RESTART_WINDOW_S] + [now]
-            if len(n.restarts) > RESTART_LIMIT:
+            else:
                 console.print(
-                    f"[red]{n.name} keeps exiting (code {code}); stopping the cluster. Last lines of {n.log_path}:[/]"
+                    f"[yellow]{n.name} exited with code {code}; restarting it in {delay:.1f}s ({what}). "
+                    f"Log: {n.log_path}[/]"
                 )
-                _write_tail(n)
-                return 1
-            console.print(
-                f"[yellow]{n.name} exited with code {code}; restarting it (its WAL is replayed on start). Log: {n.log_path}[/]"
-            )
-            spawn(n)
         time.sleep(0.25)
     return 0

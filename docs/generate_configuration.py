@@ -182,9 +182,10 @@ Local mode (`automq local up --brokers N --data-dir DIR --port P [--object-store
 writes the controller's and each broker's file itself: broker *i* listens on `P+i-1`, the
 HTTP ports are picked free, the object store defaults to `file://DIR/objects` and is
 remembered in `DIR/cluster.yaml` (a restart without `--object-store` reuses it). Process
-logs go to `DIR/logs/`, pids to `DIR/run/`. A broker that exits on its own is restarted
-(its WAL is replayed on start; more than 5 exits in a minute stop the cluster); the
-controller exiting stops the cluster with exit code 1. Ctrl-C or SIGTERM stops the brokers
+logs go to `DIR/logs/`, pids to `DIR/run/`. A node that exits on its own is restarted
+(a broker replays its WAL, the controller reloads the metadata log) after a delay that
+doubles with each exit in a row (0.5 s up to 60 s); the others keep running, and a node
+that keeps exiting is named with the last lines of its log. Ctrl-C or SIGTERM stops the brokers
 first (graceful: flush, upload, deregister), then the controller, and kills whatever did not
 stop within 30 s. Starting again with the same `--data-dir` recovers every topic, record
 and committed offset.

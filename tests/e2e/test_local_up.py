@@ -87,17 +87,22 @@ def test_stop_restart_same_data_dir_and_lock(tmp_path, e2e):
             cluster.kill()
 
 
-def test_controller_death_stops_the_cluster_with_an_error(tmp_path, e2e):
+def test_controller_death_restarts_it_and_keeps_the_brokers(tmp_path, e2e):
+    """The controller is a node like the others: restarted (it reloads its state from the
+    object store); its broker keeps running and serves again."""
     cluster = e2e.LocalCluster(tmp_path, 1, e2e.free_port_block(1)).start()
     try:
         pids = cluster.pids()
         os.kill(pids["controller"], signal.SIGKILL)
-        assert cluster.process.wait(90) == 1
-        cluster._reader.join(10)  # all of the launcher's output is read
-        assert any("the controller exited" in line for line in cluster.output), cluster.output[-10:]
-        with pytest.raises(ProcessLookupError):  # the broker was stopped too
-            os.kill(pids["broker-1"], 0)
+        cluster.wait_restarted("controller", pids["controller"], timeout=90)
+        assert cluster.process.poll() is None
+        assert any("controller exited with code" in line for line in cluster.output), cluster.output[-10:]
+        assert cluster.pids()["broker-1"] == pids["broker-1"]
+        topic = e2e.topic_name("ctl")
+        e2e.create_topic(cluster.bootstrap, topic)
+        assert len(e2e.produce(cluster.bootstrap, topic, [b"x"] * 10)) == 10
     finally:
+        cluster.stop()
         cluster.kill()
 
 
@@ -118,4 +123,32 @@ def test_killing_the_launcher_stops_its_processes(tmp_path, e2e):
             time.sleep(0.2)
         assert not alive, f"still running after the launcher died: {alive}"
     finally:
+        cluster.kill()
+
+
+def test_a_crashing_broker_is_restarted_with_backoff_and_the_rest_keeps_running(tmp_path, e2e):
+    """A broker that exits at every start (here: its config file was broken under it) is
+    restarted with a growing delay; the launcher names it with the last lines of its log
+    and keeps the controller and the other broker running; fixed, it comes back."""
+    cluster = e2e.LocalCluster(tmp_path, 2, e2e.free_port_block(2)).start()
+    try:
+        config = tmp_path / "config" / "broker-2.yaml"
+        good = config.read_text()
+        config.write_text("node_id: [this is not a node id\n")
+        pids = cluster.pids()
+        os.kill(pids["broker-2"], signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("broker-2 keeps exiting" in line for line in cluster.output):
+            assert cluster.process.poll() is None, "the launcher gave up:\n" + "\n".join(cluster.output[-20:])
+            time.sleep(0.2)
+        text = "\n".join(cluster.output)
+        assert "broker-2 keeps exiting" in text, text[-3000:]
+        assert "not valid YAML" in text, "the last lines of its log are not shown:\n" + text[-3000:]
+        assert cluster.process.poll() is None, "the launcher gave up on the cluster"
+        assert cluster.pids()["broker-1"] == pids["broker-1"] and cluster.is_ready("broker-1")
+        assert cluster.pids()["controller"] == pids["controller"] and cluster.is_ready("controller")
+        config.write_text(good)
+        cluster.wait_restarted("broker-2", pids["broker-2"], timeout=90)
+    finally:
+        cluster.stop()
         cluster.kill()

@@ -191,6 +191,9 @@ class LoadModel:
     partitions: Mapping[PartitionKey, PartitionLoad]
     window_s: float = 0.0  # the span the rates were computed over (shortest of the brokers')
     taken_at: float = 0.0  # the scraper's clock at the newest sample
+    # brokers that are leaving (draining, not Ready) and could not be measured: their
+    # partitions count with zero load, so a dead broker can still be emptied
+    unmeasured: Mapping[int, str] = field(default_factory=dict)
 
     @classmethod
     def from_partitions(
@@ -265,37 +268,46 @@ def build_model(
     """Rates per partition and per broker from each broker's samples (oldest first).
 
     `errors`: brokers whose latest scrape failed, with why. Fenced brokers are not scraped
-    (they are gone); the partitions they still lead count with zero load."""
+    (they are gone); the partitions they still lead count with zero load. The same for a
+    draining or not-Ready broker whose data is missing (named in `LoadModel.unmeasured`): it
+    is being emptied, and a dead one must not block that. Only an active broker's missing data
+    makes the result Incomplete."""
     errors = errors or {}
     problems: list[MissingData] = []
     rates: dict[int, dict[PartitionKey, tuple[float, float, float]]] = {}
     broker_rates: dict[int, tuple[float | None, float, float]] = {}
     spans: list[float] = []
     newest_at = 0.0
+    soft: dict[int, str] = {}
+
+    def report(bid: int, reason: str) -> None:
+        if cluster.brokers[bid].state == ACTIVE:
+            problems.append(MissingData(bid, reason))
+        else:
+            soft.setdefault(bid, reason)
+
     for bid, meta in sorted(cluster.brokers.items()):
         if meta.state == FENCED:
             continue
         if bid in errors:
-            problems.append(MissingData(bid, f"last scrape failed: {errors[bid]}"))
+            report(bid, f"last scrape failed: {errors[bid]}")
             continue
         samples = history.get(bid, ())
         if len(samples) < 2:
-            problems.append(MissingData(bid, f"{len(samples)} scrape(s) so far; rates need 2"))
+            report(bid, f"{len(samples)} scrape(s) so far; rates need 2")
             continue
         newest = samples[-1]
         if now - newest.at > stale_after_s:
-            problems.append(
-                MissingData(bid, f"newest scrape is {now - newest.at:.0f}s old (limit {stale_after_s:.0f}s)")
-            )
+            report(bid, f"newest scrape is {now - newest.at:.0f}s old (limit {stale_after_s:.0f}s)")
             continue
         used = _window(samples, window_s)
         first = used[0]
         span = newest.at - first.at
         if span <= 0:
-            problems.append(MissingData(bid, "scrapes have no time between them"))
+            report(bid, "scrapes have no time between them")
             continue
         if first.start_time is not None and newest.start_time is not None and first.start_time != newest.start_time:
-            problems.append(MissingData(bid, "restarted within the window (counters reset)"))
+            report(bid, "restarted within the window (counters reset)")
             continue
         per_partition: dict[PartitionKey, tuple[float, float, float]] = {}
         for key, last in newest.partitions.items():
@@ -306,7 +318,7 @@ def build_model(
             start = earliest.partitions[key]
             delta = tuple(b - a for a, b in zip(start, last, strict=True))
             if min(delta) < 0:
-                problems.append(MissingData(bid, f"counters of {key[0]}-{key[1]} went backwards (reopened)"))
+                report(bid, f"counters of {key[0]}-{key[1]} went backwards (reopened)")
                 continue
             per_partition[key] = (delta[0] / dt, delta[1] / dt, delta[2] / dt)
         rates[bid] = per_partition
@@ -332,6 +344,9 @@ def build_model(
             partitions.append(PartitionLoad(key[0], key[1], leader))
             continue
         per = rates.get(leader)
+        if leader in soft or (per is not None and key not in per and leader_meta.state != ACTIVE):
+            partitions.append(PartitionLoad(key[0], key[1], leader))  # leaving and unmeasured: zero
+            continue
         if per is None:
             continue  # that broker's problem is reported already
         r = per.get(key)
@@ -367,7 +382,7 @@ def build_model(
             b.partitions,
             b.leaders,
         )
-    return LoadModel(brokers, model.partitions, model.window_s, model.taken_at)
+    return LoadModel(brokers, model.partitions, model.window_s, model.taken_at, soft)
 
 
 def _dedupe(problems: list[MissingData]) -> list[MissingData]:

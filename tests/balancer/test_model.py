@@ -142,3 +142,19 @@ def test_from_controller_image_keeps_states_and_moves():
     history = {b: [sample(0.0, {}), sample(5.0, {("t", 0): (0, 0, 0)} if b == 1 else {})] for b in (1, 2)}
     result = build_model(c, history, now=6.0)
     assert isinstance(result, Incomplete) and "moving" in str(result)
+
+
+@pytest.mark.parametrize("state", [DRAINING, "not-ready"])
+def test_a_leaving_broker_without_metrics_does_not_block_emptying_it(state):
+    from automq.broker.balancer.planner import EVACUATE, plan
+
+    c = cluster({("t", 0): 1, ("t", 1): 2}, states={1: state})
+    history = {2: [sample(0.0, {("t", 1): (0, 0, 0)}), sample(5.0, {("t", 1): (50, 0, 0)})]}
+    m = build_model(c, history, now=6.0, errors={1: "connection refused"})
+    assert isinstance(m, LoadModel), m
+    assert "connection refused" in m.unmeasured[1]
+    assert m.partitions[("t", 0)].bytes_in == 0 and m.partitions[("t", 1)].bytes_in == 10
+    moves = plan(m).moves
+    assert [(mv.key, mv.target, mv.goal) for mv in moves] == [(("t", 0), 2, EVACUATE)]
+    # an active broker missing the same way still blocks every decision
+    assert isinstance(build_model(cluster(c.leaders), history, now=6.0, errors={1: "connection refused"}), Incomplete)

@@ -49,7 +49,7 @@ def rss_kib(pid: int) -> int:
 # ------------------------------------------------------------------ the broker side (child)
 
 
-def serve(kafka: dict, trim: bool) -> None:
+def serve(kafka: dict, trim: bool, loop: str) -> None:
     from automq.broker.config import parse_config
     from automq.broker.kafka import server as server_module
 
@@ -80,21 +80,21 @@ def serve(kafka: dict, trim: bool) -> None:
                 print(json.dumps({"connections": len(server.connections)}), flush=True)
         await server.stop(1)
 
-    try:
+    if loop == "uvloop":
         import uvloop  # what run_node uses
-    except ImportError:
-        asyncio.run(main())
-    else:
+
         uvloop.run(main())
+    else:
+        asyncio.run(main())
 
 
 # ------------------------------------------------------------------ the flood (parent)
 
 
 class Broker:
-    def __init__(self, kafka: dict, trim: bool) -> None:
+    def __init__(self, kafka: dict, trim: bool, loop: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", json.dumps(kafka), *([] if trim else ["--no-trim"])],
+            [sys.executable, __file__, "--serve", json.dumps(kafka), "--loop", loop, *([] if trim else ["--no-trim"])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -169,16 +169,17 @@ def main() -> None:
     parser.add_argument("--max-request-mib", type=int, default=100)
     parser.add_argument("--kafka", default="{}", help="extra broker kafka config as JSON")
     parser.add_argument("--serve")
+    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="the broker's event loop")
     parser.add_argument("--no-trim", action="store_true", help="never malloc_trim after connections close")
     args = parser.parse_args()
     if args.serve is not None:
-        serve(json.loads(args.serve), not args.no_trim)
+        serve(json.loads(args.serve), not args.no_trim, args.loop)
         return
 
     limit = raise_fd_limit()
     print(f"file-descriptor limit (soft = hard): {limit}; python {sys.version.split()[0]}")
     kafka = {"socket_request_max_bytes": args.max_request_mib << 20, **json.loads(args.kafka)}
-    print(f"broker kafka config: {kafka}; malloc_trim after floods: {not args.no_trim}")
+    print(f"broker kafka config: {kafka}; malloc_trim after floods: {not args.no_trim}; loop: {args.loop}")
 
     def report(label: str, broker: Broker, base: int, n: int) -> None:
         rss = broker.rss()
@@ -196,7 +197,7 @@ def main() -> None:
         )
 
     # each phase on a fresh broker process, so one phase's held memory does not hide the next's
-    broker = Broker(kafka, not args.no_trim)
+    broker = Broker(kafka, not args.no_trim, args.loop)
     try:
         broker.settle(0)
         base = broker.rss()
@@ -213,7 +214,7 @@ def main() -> None:
         broker.stop()
 
     if args.slowloris:
-        broker = Broker(kafka, not args.no_trim)
+        broker = Broker(kafka, not args.no_trim, args.loop)
         try:
             broker.settle(0)
             base = broker.rss()
@@ -228,7 +229,7 @@ def main() -> None:
             broker.stop()
 
     if args.huge:
-        broker = Broker(kafka, not args.no_trim)
+        broker = Broker(kafka, not args.no_trim, args.loop)
         try:
             broker.settle(0)
             base = broker.rss()
@@ -251,7 +252,7 @@ def main() -> None:
             broker.stop()
 
     if args.bulk:
-        broker = Broker(kafka, not args.no_trim)
+        broker = Broker(kafka, not args.no_trim, args.loop)
         try:
             broker.settle(0)
             base = broker.rss()

@@ -145,6 +145,7 @@ def test_broker_answers_or_closes_and_stays_up(fuzz_broker, failures, api_key, v
         failures.records.clear()
         frames, closed = _exchange(fuzz_broker.port, frame)
         STATS["sent"] += 1
+        STATS[f"mutation_{mutation}"] = STATS.get(f"mutation_{mutation}", 0) + 1
         answers = [f for f in frames if struct.unpack(">i", f[:4])[0] != PROBE_ID]
         assert len(answers) <= 1, f"{len(answers)} answers to one request"
         if answers:

@@ -7,6 +7,8 @@
     automq spark ...      Spark jobs: lake ingestion into Iceberg, object compaction
     automq wal recover    replay a lost broker's volume WAL into the object store (node loss)
     automq rebalance      measure load and move partitions to balance it (any cluster, by bootstrap)
+    automq topics ...     list, describe, create, delete, alter-config
+    automq groups ...     list, describe (members, offsets, lag)
     automq status         controllers, brokers, partitions, WAL backlog and problems of a running cluster
 
 Each subcommand imports its implementation lazily so that `automq --help` is instant and a
@@ -39,6 +41,16 @@ def _spark_app() -> typer.Typer:
 app.add_typer(_spark_app(), name="spark")
 wal_app = typer.Typer(help="Write-ahead log tools.", no_args_is_help=True)
 app.add_typer(wal_app, name="wal")
+
+
+def _admin_apps() -> None:
+    from automq.broker.admin.cli import groups_app, topics_app
+
+    app.add_typer(topics_app, name="topics")
+    app.add_typer(groups_app, name="groups")
+
+
+_admin_apps()
 
 
 def _load(config: Path):

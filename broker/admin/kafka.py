@@ -1,0 +1,338 @@
+"""Topic and group administration over the Kafka protocol, for `automq topics` and `automq groups`.
+
+Built on the balancer's small kio client (connection per broker, bootstrap failover): only
+standard Kafka APIs, so these commands work against any Kafka-compatible cluster. Results are
+plain dataclasses; the CLI renders them as tables or JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from kio.schema.errors import ErrorCode
+from kio.schema.types import BrokerId, GroupId, TopicName
+from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
+
+from automq.broker.balancer.kafka_admin import KafkaAdmin, KafkaAdminError
+
+TOPIC_RESOURCE = 2
+EARLIEST, LATEST = -2, -1
+_SET, _DELETE = 0, 1  # IncrementalAlterConfigs operations
+
+
+@dataclass(frozen=True)
+class TopicSummary:
+    name: str
+    partitions: int
+    internal: bool
+
+
+@dataclass(frozen=True)
+class PartitionDetail:
+    partition: int
+    leader: int
+    start_offset: int
+    end_offset: int
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class TopicDetail:
+    name: str
+    topic_id: str
+    partitions: list[PartitionDetail]
+    configs: dict[str, str]  # set explicitly on the topic (not defaults)
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    group_id: str
+    state: str
+    protocol_type: str
+    coordinator: int
+
+
+@dataclass(frozen=True)
+class MemberDetail:
+    member_id: str
+    client_id: str
+    host: str
+    assignment: list[tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class OffsetLag:
+    topic: str
+    partition: int
+    committed: int  # -1: none committed
+    end_offset: int
+    lag: int | None  # None without a committed offset
+    owner: str | None  # member id consuming it, if any
+
+
+@dataclass
+class GroupDetail:
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol: str
+    coordinator: int
+    members: list[MemberDetail] = field(default_factory=list)
+    offsets: list[OffsetLag] = field(default_factory=list)
+
+    @property
+    def total_lag(self) -> int:
+        return sum(o.lag for o in self.offsets if o.lag is not None)
+
+
+def _check(code: ErrorCode, message: str | None, what: str) -> None:
+    if code != ErrorCode.none:
+        raise KafkaAdminError(f"{what}: {code.name.upper()}{f': {message}' if message else ''}", code)
+
+
+def parse_assignment(data: bytes) -> list[tuple[str, int]]:
+    """Partitions of a ConsumerProtocolAssignment (any version); [] when it does not parse
+    (a non-consumer protocol, or an empty assignment)."""
+    try:
+        pos = 2
+        (count,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        out = []
+        for _ in range(max(count, 0)):
+            (n,) = struct.unpack_from(">h", data, pos)
+            pos += 2
+            topic = bytes(data[pos : pos + n]).decode()
+            pos += n
+            (parts,) = struct.unpack_from(">i", data, pos)
+            pos += 4
+            for _ in range(max(parts, 0)):
+                (p,) = struct.unpack_from(">i", data, pos)
+                pos += 4
+                out.append((topic, p))
+        return out
+    except (struct.error, UnicodeDecodeError):
+        return []
+
+
+class AdminClient(KafkaAdmin):
+    """Topics and groups, on top of the balancer's client (metadata, connections)."""
+
+    # ------------------------------------------------------------------ topics
+
+    async def list_topics(self, include_internal: bool = False) -> list[TopicSummary]:
+        from kio.schema.metadata.v12.request import MetadataRequest
+
+        r = await self._any(
+            MetadataRequest(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+        )
+        topics = [
+            TopicSummary(t.name, len(t.partitions), t.is_internal)
+            for t in r.topics  # type: ignore[attr-defined]
+            if include_internal or not t.is_internal
+        ]
+        return sorted(topics, key=lambda t: t.name)
+
+    async def _offsets(self, leaders: Mapping[tuple[str, int], int], timestamp: int) -> dict[tuple[str, int], int]:
+        """ListOffsets(timestamp) of each partition, asked of its leader; -1 where it failed."""
+        from kio.schema.list_offsets.v7.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
+
+        by_leader: dict[int, dict[str, list[int]]] = {}
+        for (topic, partition), leader in leaders.items():
+            if leader >= 0:
+                by_leader.setdefault(leader, {}).setdefault(topic, []).append(partition)
+
+        async def ask(leader: int, topics: dict[str, list[int]]) -> dict[tuple[str, int], int]:
+            request = ListOffsetsRequest(
+                replica_id=BrokerId(-1),
+                isolation_level=i8(0),
+                topics=tuple(
+                    ListOffsetsTopic(
+                        name=TopicName(t),
+                        partitions=tuple(
+                            ListOffsetsPartition(
+                                partition_index=i32(p), current_leader_epoch=i32(-1), timestamp=i64(timestamp)
+                            )
+                            for p in ps
+                        ),
+                    )
+                    for t, ps in topics.items()
+                ),
+            )
+            try:
+                r = await self._to(leader, request)
+            except KafkaAdminError:
+                return {}
+            return {
+                (t.name, p.partition_index): (p.offset if p.error_code == ErrorCode.none else -1)
+                for t in r.topics  # type: ignore[attr-defined]
+                for p in t.partitions
+            }
+
+        out: dict[tuple[str, int], int] = dict.fromkeys(leaders, -1)
+        for part in await asyncio.gather(*(ask(b, ts) for b, ts in by_leader.items())):
+            out.update(part)
+        return out
+
+    async def describe_topic(self, name: str) -> TopicDetail:
+        from kio.schema.describe_configs.v4.request import DescribeConfigsRequest, DescribeConfigsResource
+        from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+
+        r = await self._any(
+            MetadataRequest(
+                topics=(MetadataRequestTopic(topic_id=None, name=TopicName(name)),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            )
+        )
+        [t] = r.topics  # type: ignore[attr-defined]
+        _check(t.error_code, None, f"topic {name!r}")
+        leaders = {(name, p.partition_index): p.leader_id for p in t.partitions}
+        errors = {p.partition_index: p.error_code for p in t.partitions}
+        starts, ends = await asyncio.gather(self._offsets(leaders, EARLIEST), self._offsets(leaders, LATEST))
+        partitions = [
+            PartitionDetail(
+                p,
+                leaders[(name, p)],
+                starts[(name, p)],
+                ends[(name, p)],
+                None if errors[p] == ErrorCode.none else errors[p].name.upper(),
+            )
+            for p in sorted(errors)
+        ]
+        c = await self._any(
+            DescribeConfigsRequest(
+                resources=(
+                    DescribeConfigsResource(
+                        resource_type=i8(TOPIC_RESOURCE), resource_name=name, configuration_keys=None
+                    ),
+                ),
+                include_synonyms=False,
+                include_documentation=False,
+            )
+        )
+        [res] = c.results  # type: ignore[attr-defined]
+        _check(res.error_code, res.error_message, f"configs of {name!r}")
+        configs = {
+            e.name: e.value for e in res.configs if e.config_source == 1 and e.value is not None
+        }  # 1: TOPIC_CONFIG (set on the topic)
+        return TopicDetail(name, str(t.topic_id), partitions, dict(sorted(configs.items())))
+
+    async def create_topic(self, name: str, partitions: int, configs: Mapping[str, str]) -> None:
+        from kio.schema.create_topics.v7.request import CreatableTopic, CreatableTopicConfig, CreateTopicsRequest
+
+        r = await self._any(
+            CreateTopicsRequest(
+                topics=(
+                    CreatableTopic(
+                        name=TopicName(name),
+                        num_partitions=i32(partitions),
+                        replication_factor=i16(-1),
+                        assignments=(),
+                        configs=tuple(CreatableTopicConfig(name=k, value=v) for k, v in configs.items()),
+                    ),
+                ),
+                timeout=i32Timedelta.parse(datetime.timedelta(seconds=self.timeout_s)),
+                validate_only=False,
+            )
+        )
+        [t] = r.topics  # type: ignore[attr-defined]
+        _check(t.error_code, t.error_message, f"create {name!r}")
+
+    async def delete_topic(self, name: str) -> None:
+        from kio.schema.delete_topics.v6.request import DeleteTopicsRequest, DeleteTopicState
+
+        r = await self._any(
+            DeleteTopicsRequest(
+                topics=(DeleteTopicState(name=TopicName(name), topic_id=None),),
+                timeout=i32Timedelta.parse(datetime.timedelta(seconds=self.timeout_s)),
+            )
+        )
+        [t] = r.responses  # type: ignore[attr-defined]
+        _check(t.error_code, t.error_message, f"delete {name!r}")
+
+    async def alter_topic_config(self, name: str, set_: Mapping[str, str], delete: Iterable[str]) -> None:
+        from kio.schema.incremental_alter_configs.v1.request import (
+            AlterableConfig,
+            AlterConfigsResource,
+            IncrementalAlterConfigsRequest,
+        )
+
+        ops = [AlterableConfig(name=k, config_operation=i8(_SET), value=v) for k, v in set_.items()]
+        ops += [AlterableConfig(name=k, config_operation=i8(_DELETE), value=None) for k in delete]
+        r = await self._any(
+            IncrementalAlterConfigsRequest(
+                resources=(
+                    AlterConfigsResource(resource_type=i8(TOPIC_RESOURCE), resource_name=name, configs=tuple(ops)),
+                ),
+                validate_only=False,
+            )
+        )
+        [res] = r.responses  # type: ignore[attr-defined]
+        _check(res.error_code, res.error_message, f"alter configs of {name!r}")
+
+    # ------------------------------------------------------------------ groups
+
+    async def list_groups(self) -> list[GroupSummary]:
+        """Every broker's groups (a group lives on its coordinator)."""
+        from kio.schema.list_groups.v4.request import ListGroupsRequest
+
+        meta = await self.metadata()
+
+        async def ask(broker: int) -> list[GroupSummary]:
+            r = await self._to(broker, ListGroupsRequest(states_filter=()))
+            _check(r.error_code, None, f"list groups on broker {broker}")  # type: ignore[attr-defined]
+            return [
+                GroupSummary(g.group_id, g.group_state, g.protocol_type, broker)
+                for g in r.groups  # type: ignore[attr-defined]
+            ]
+
+        found = await asyncio.gather(*(ask(b) for b in meta.brokers))
+        return sorted((g for part in found for g in part), key=lambda g: g.group_id)
+
+    async def _coordinator(self, group: str) -> int:
+        from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+
+        r = await self._any(FindCoordinatorRequest(key_type=i8(0), coordinator_keys=(group,)))
+        [c] = r.coordinators  # type: ignore[attr-defined]
+        _check(c.error_code, c.error_message, f"coordinator of group {group!r}")
+        return int(c.node_id)
+
+    async def describe_group(self, group: str) -> GroupDetail:
+        from kio.schema.describe_groups.v5.request import DescribeGroupsRequest
+        from kio.schema.offset_fetch.v8.request import OffsetFetchRequest, OffsetFetchRequestGroup
+
+        coordinator = await self._coordinator(group)
+        r = await self._to(
+            coordinator, DescribeGroupsRequest(groups=(GroupId(group),), include_authorized_operations=False)
+        )
+        [g] = r.groups  # type: ignore[attr-defined]
+        _check(g.error_code, None, f"describe group {group!r}")
+        detail = GroupDetail(group, g.group_state, g.protocol_type, g.protocol_data, coordinator)
+        owners: dict[tuple[str, int], str] = {}
+        for m in g.members:
+            assignment = parse_assignment(m.member_assignment) if g.protocol_type == "consumer" else []
+            detail.members.append(MemberDetail(m.member_id, m.client_id, m.client_host, assignment))
+            for tp in assignment:
+                owners[tp] = m.member_id
+        o = await self._to(
+            coordinator,
+            OffsetFetchRequest(
+                groups=(OffsetFetchRequestGroup(group_id=GroupId(group), topics=None),), require_stable=False
+            ),
+        )
+        [og] = o.groups  # type: ignore[attr-defined]
+        _check(og.error_code, None, f"offsets of group {group!r}")
+        committed = {(t.name, p.partition_index): p.committed_offset for t in og.topics for p in t.partitions}
+        keys = set(committed) | set(owners)
+        if keys:
+            meta = await self.metadata({t for t, _ in keys})
+            ends = await self._offsets({k: meta.leaders.get(k, -1) for k in keys}, LATEST)
+            for key in sorted(keys):
+                c, end = committed.get(key, -1), ends.get(key, -1)
+                lag = max(0, end - c) if c >= 0 and end >= 0 else None
+                detail.offsets.append(OffsetLag(key[0], key[1], c, end, lag, owners.get(key)))
+        return detail

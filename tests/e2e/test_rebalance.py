@@ -170,6 +170,13 @@ def test_rebalance_moves_skewed_load_and_loses_nothing(tmp_path, e2e):
         assert results[2].ok, results[2]
         assert e2e.wait_for_leaders(bootstrap, topic, PARTITIONS) == planned
 
+        # --drain empties broker 2 (everything goes back to broker 1, the only other one)
+        code, data, text = rebalance(bootstrap, "--drain", "2", "--interval", "1")
+        assert code == 0, text
+        assert {(m["source"], m["target"], m["goal"]) for m in data["proposal"]["moves"]} == {(2, 1, "evacuate")}
+        assert len(data["proposal"]["moves"]) == PARTITIONS // 2 and all(r["ok"] for r in data["results"])
+        assert set(e2e.wait_for_leaders(bootstrap, topic, PARTITIONS).values()) == {1}
+
         # every acknowledged record is readable, once, in order per partition
         consumed = e2e.consume(bootstrap, topic, len(load.acked), timeout=120)
         by_partition: dict[int, list[bytes]] = {}

@@ -161,7 +161,8 @@ class Controller:
         # Object-store health as this controller sees it: when the log write in flight began,
         # and the last failure of a log read or write (cleared by the next success).
         self._append_started: float | None = None
-        self._store_error: str | None = None
+        self._store_read_error: str | None = None
+        self._store_write_error: str | None = None
         # A write in flight longer than this is reported as a stalled store (readiness,
         # metrics): the controller can no longer make timely decisions.
         self.stall_after_s = max(1.0, min(5.0, session_timeout_ms / 2000))
@@ -231,8 +232,9 @@ class Controller:
             return (
                 f"object store stalled: a metadata log write to {self.store.url} has been in flight for {stalled:.1f}s"
             )
-        if self._store_error is not None:
-            return f"object store failing ({self.store.url}): {self._store_error}"
+        error = self._store_write_error or self._store_read_error
+        if error is not None:
+            return f"object store failing ({self.store.url}): {error}"
         if self.role is Role.LEADER:
             return None
         if self.role is Role.STANDBY and self.caught_up:
@@ -247,12 +249,20 @@ class Controller:
         waited = time.monotonic() - started
         return waited if waited >= self.stall_after_s else 0.0
 
-    def _store_failed(self, what: str, exc: BaseException) -> None:
-        self._store_error = f"{what}: {type(exc).__name__}: {exc}"
+    def _store_failed(self, what: str, exc: BaseException, write: bool) -> None:
+        message = f"{what}: {type(exc).__name__}: {exc}"
+        if write:
+            self._store_write_error = message
+        else:
+            self._store_read_error = message
         self.metrics.store_errors.inc()
 
-    def _store_ok(self) -> None:
-        self._store_error = None
+    def _store_ok(self, wrote: bool) -> None:
+        """A read succeeded; `wrote`: a write did too (ours, or another controller's entry
+        we just read), so the store takes writes again."""
+        self._store_read_error = None
+        if wrote:
+            self._store_write_error = None
 
     @property
     def leader_url(self) -> str | None:
@@ -290,10 +300,10 @@ class Controller:
             try:
                 self.state = await self.log.load()
                 self._dirty = False
-                self._store_ok()
+                self._store_ok(wrote=False)
             except (ObjectStoreError, LogCorruptError) as exc:
                 log.warning("controller %d: cannot load metadata log yet: %s", self.controller_id, exc)
-                self._store_failed("loading the metadata log", exc)
+                self._store_failed("loading the metadata log", exc, write=False)
                 await asyncio.sleep(poll_s)
         if self.state.cluster_id and self.state.cluster_id != self.cluster_id:
             raise ControllerFatalError(
@@ -308,10 +318,10 @@ class Controller:
         while self.role is Role.STANDBY:
             try:
                 applied = await self.log.catch_up(self.state)
-                self._store_ok()
+                self._store_ok(wrote=bool(applied))
             except (ObjectStoreError, LogCorruptError) as exc:
                 log.warning("controller %d: reading the metadata log failed: %s", self.controller_id, exc)
-                self._store_failed("reading the metadata log", exc)
+                self._store_failed("reading the metadata log", exc, write=False)
                 await asyncio.sleep(poll_s)
                 continue
             if applied:
@@ -351,12 +361,12 @@ class Controller:
                 await self.log.append(seq, self.controller_id, records)
             finally:
                 self._append_started = None
-            self._store_ok()
+            self._store_ok(wrote=True)
         except LogConflictError:
             return False
         except (ObjectStoreError, LogCorruptError) as exc:
             log.warning("controller %d: election attempt failed: %s", self.controller_id, exc)
-            self._store_failed("writing the election entry", exc)
+            self._store_failed("writing the election entry", exc, write=True)
             return False
         for rec in records:
             self.state.apply(rec)
@@ -430,11 +440,11 @@ class Controller:
             self._append_started = time.monotonic()
             try:
                 await self.log.append(seq, self.controller_id, records)
-                self._store_ok()
+                self._store_ok(wrote=True)
             except BaseException as exc:
                 self._append_started = None
                 if isinstance(exc, (ObjectStoreError, LogCorruptError)):
-                    self._store_failed(f"writing metadata log entry {seq}", exc)
+                    self._store_failed(f"writing metadata log entry {seq}", exc, write=True)
                 self._writing = False
                 self._step_down(f"log entry {seq} failed: {type(exc).__name__}: {exc}")
                 err = self._not_controller()

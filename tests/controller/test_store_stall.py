@@ -71,3 +71,44 @@ async def test_a_broker_that_stops_heartbeating_is_still_fenced(file_url: str) -
     finally:
         await c.stop()
         await store.close()
+
+
+async def test_a_store_that_refuses_writes_makes_the_controller_unready_with_the_reason(file_url: str) -> None:
+    """Issue 17 item 8: /readyz must not stay 200 while the controller cannot write."""
+    from automq.broker.objectstore import ObjectStoreUnavailable
+
+    store = open_object_store(file_url)
+    failing = asyncio.Event()
+    real_put = store.put
+
+    async def put(key, *args, **kwargs):
+        if failing.is_set():
+            raise ObjectStoreUnavailable("503 SlowDown (test)", key=key)
+        return await real_put(key, *args, **kwargs)
+
+    store.put = put  # type: ignore[method-assign]
+    c = Controller(store, controller_id=0, url="http://c", cluster_id="t", session_timeout_ms=10_000)
+    await c.start()
+    try:
+        await c.wait_leader(10)
+        assert c.unready_reason() is None
+        failing.set()
+        reason = None
+        for _ in range(100):  # the idle leader's next log entry fails within a renew interval
+            reason = c.unready_reason()
+            if reason is not None and "failing" in reason:
+                break
+            await asyncio.sleep(0.05)
+        assert reason is not None and "SlowDown" in reason and "failing" in reason, reason
+        await asyncio.sleep(1.0)  # reads still work; it stays unready while writes fail
+        assert not c.ready and "failing" in (c.unready_reason() or "")
+        failing.clear()
+        await c.wait_leader(10)
+        for _ in range(100):
+            if c.ready:
+                break
+            await asyncio.sleep(0.05)
+        assert c.ready, c.unready_reason()
+    finally:
+        await c.stop()
+        await store.close()

@@ -129,6 +129,21 @@ def test_frozen_object_store_fences_no_healthy_broker(seaweedfs, s3_url, tmp_pat
         assert status == 200, text
         _, metrics = get(http_c, "/metrics")
         assert metric(metrics, "automq_controller_object_store_stalled") == 0
+        # a controller whose store hangs still stops on SIGTERM within local mode's grace
+        seaweedfs.freeze()
+        try:
+            time.sleep(1.0)  # its next log write hangs
+            started = time.monotonic()
+            controller.send_signal(signal.SIGTERM)
+            try:
+                code = controller.wait(local.CONTROLLER_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                code = None
+            took = time.monotonic() - started
+        finally:
+            seaweedfs.thaw()
+        assert code == 0, f"controller still running {took:.0f}s after SIGTERM with its store frozen"
+        print(f"\ncontroller stopped {took:.1f}s after SIGTERM with its object store frozen")
     finally:
         for p in (broker, controller):
             with contextlib.suppress(ProcessLookupError):

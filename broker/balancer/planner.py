@@ -148,6 +148,15 @@ class _Plan:
         self.notes: list[str] = []
         self.rack_aware = len(self.eligible) > 0 and all(self.racks[b] for b in self.eligible)
         self.rack_aware = self.rack_aware and len({self.racks[b] for b in self.eligible}) >= 2
+        self._eligible_set = set(self.eligible)
+        # (topic, rack) -> partitions of the topic on eligible brokers of that rack, kept by apply/undo
+        self._topic_rack: Counter[tuple[str, str | None]] = Counter()
+        for (t, _), b in self.where.items():
+            self._count_rack(t, b, +1)
+
+    def _count_rack(self, topic: str, broker: int, delta: int) -> None:
+        if broker in self._eligible_set:
+            self._topic_rack[(topic, self.racks[broker])] += delta
 
     # ---- measures
 
@@ -176,11 +185,9 @@ class _Plan:
         return [k for k, b in self.where.items() if b not in ok]
 
     def topic_racks(self, topic: str) -> Counter[str]:
-        counts: Counter[str] = Counter({self.racks[b]: 0 for b in self.eligible})  # type: ignore[misc]
-        for (t, _), b in self.where.items():
-            if t == topic and b in self.eligible:
-                counts[self.racks[b]] += 1  # type: ignore[index]
-        return counts
+        """Partitions of `topic` per rack that has an eligible broker (zero included)."""
+        racks = {self.racks[b] for b in self.eligible}
+        return Counter({r: self._topic_rack[(topic, r)] for r in racks})  # type: ignore[misc]
 
     def rack_violations(self) -> int:
         if not self.rack_aware:
@@ -234,6 +241,8 @@ class _Plan:
             acc[2] += sign * p.messages_in
             acc[3] += sign
         self.where[key] = target
+        self._count_rack(key[0], source, -1)
+        self._count_rack(key[0], target, +1)
         self.moved.add(key)
         self.moves.append(Move(key[0], key[1], source, target, goal, p.bytes_in, p.bytes_out))
 
@@ -248,6 +257,8 @@ class _Plan:
             acc[2] += sign * p.messages_in
             acc[3] += sign
         self.where[mv.key] = mv.source
+        self._count_rack(mv.topic, mv.target, -1)
+        self._count_rack(mv.topic, mv.source, +1)
 
     def devs_after(self, key: PartitionKey, src: int, dst: int) -> tuple[float, float, float]:
         """(max bytes-in deviation, max bytes-out deviation, sum of squared scaled deviations)
@@ -397,13 +408,15 @@ def _balance_counts(plan: _Plan, last_moved: Mapping[PartitionKey, float], now: 
     while len(plan.moves) < budget and not plan.counts_ok():
         done = False
         for src in sorted(plan.eligible, key=lambda b: (-plan.load[b][3], b)):
+            keys: list[PartitionKey] | None = None
             for dst in sorted(plan.eligible, key=lambda b: (plan.load[b][3], b)):
                 if plan.load[src][3] - plan.load[dst][3] < 2:
                     break
-                keys = sorted(
-                    (k for k, b in plan.where.items() if b == src and plan.movable(k, last_moved, now)),
-                    key=lambda k: (_weight(plan.parts[k], plan), k),
-                )
+                if keys is None:
+                    keys = sorted(
+                        (k for k, b in plan.where.items() if b == src and plan.movable(k, last_moved, now)),
+                        key=lambda k: (_weight(plan.parts[k], plan), k),
+                    )
                 for key in keys:
                     if plan.keeps_network(key, src, dst) and _keeps_racks(plan, key, src, dst):
                         plan.apply(key, dst, COUNTS)
@@ -549,6 +562,13 @@ def plan(
         _balance_counts(p, last_moved, now)
     if goals.racks:
         _spread_racks(p, last_moved, now)
+    unmet = [
+        g
+        for g, ok in ((COUNTS, not goals.counts or p.counts_ok()), (RACKS, not goals.racks or p.rack_violations() == 0))
+        if not ok
+    ]
+    if len(p.moves) >= goals.max_moves and unmet and not any("max moves" in n for n in p.notes):
+        p.notes.append(f"{', '.join(unmet)}: max moves ({goals.max_moves}) reached; the next proposal continues")
     return _finish(p, before, imbalance_before)
 
 

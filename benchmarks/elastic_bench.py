@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -146,15 +148,14 @@ class Bench:
 
     def scale_out(self) -> None:
         a, k8s = self.args, self.k8s
-        if not balancing_supported():
-            print("\n== scale-out share / steady moves: SKIPPED (spec.balancing is still a placeholder on this tree)")
-            return
-        balancing = {
-            "enabled": True,
-            "intervalSeconds": a.interval,
-            "tolerancePercent": 10,
-        }
-        k8s.create_cluster("grow", self.spec("grow", 1, balancing=balancing))
+        operator_balancing = balancing_supported() and not a.cli_balancer
+        extra = {}
+        if operator_balancing:
+            extra["balancing"] = {"enabled": True, "intervalSeconds": a.interval, "tolerancePercent": 10}
+            driver = f"the operator's balancer (spec.balancing, intervalSeconds {a.interval})"
+        else:
+            driver = f"`automq rebalance` run in a loop (scrape window {a.interval} s), not the operator"
+        k8s.create_cluster("grow", self.spec("grow", 1, **extra))
         k8s.wait_ready("grow", brokers=1, timeout=180)
         bootstrap = k8s.bootstrap("grow")
         create_topic(bootstrap, "grow", a.partitions)
@@ -166,6 +167,7 @@ class Bench:
         time.sleep(10)
         t0 = time.monotonic()
         k8s.scale("grow", 2)
+        cli = None if operator_balancing else CliBalancer(bootstrap, a.interval).start()
         k8s.wait_for("grow-broker-1 Ready", lambda: k8s.history("grow-broker-1", "ready"), timeout=180)
         ready = k8s.history("grow-broker-1", "ready")[0][0]
         share_at = None
@@ -177,9 +179,7 @@ class Bench:
             if len(rates) == 2 and total > 0 and rates.get(1, 0.0) >= 0.8 * total / 2:
                 share_at = time.monotonic()
                 break
-        print(
-            f"\n== scale-out 1 -> 2, balancing interval {a.interval} s, {a.partitions} partitions, {a.rate:.0f} rec/s"
-        )
+        print(f"\n== scale-out 1 -> 2, {a.partitions} partitions, {a.rate:.0f} rec/s x 1 KiB; moves by {driver}")
         print(f"  scale request -> new pod Ready:       {ready - t0:7.2f} s")
         if share_at is None:
             print(
@@ -206,7 +206,46 @@ class Bench:
         )
         load.stop()
         watcher.stop()
+        if cli is not None:
+            cli.stop()
+            print(f"  rebalance CLI runs: {cli.runs} (exit codes {sorted(set(cli.codes))})")
         print(f"  acknowledged records read back exactly once: {check_exactly_once(bootstrap, 'grow', [load])}")
+
+
+class CliBalancer:
+    """`automq rebalance --bootstrap ...` back to back, as a stand-in balancer loop."""
+
+    def __init__(self, bootstrap: str, interval_s: int) -> None:
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "automq.broker.cli",
+            "rebalance",
+            "--bootstrap",
+            bootstrap.split(",")[0],
+            "--interval",
+            str(interval_s),
+            "--tolerance",
+            "10",
+        ]
+        self.runs = 0
+        self.codes: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> CliBalancer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(120)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            done = subprocess.run(self.cmd, capture_output=True, timeout=300)
+            self.runs += 1
+            self.codes.append(done.returncode)
 
 
 def _weed() -> bool:
@@ -229,6 +268,9 @@ def main() -> None:
     parser.add_argument("--steady", type=float, default=60.0)
     parser.add_argument("--share-timeout", type=float, default=120.0)
     parser.add_argument("--phases", default="drain,scale-out")
+    parser.add_argument(
+        "--cli-balancer", action="store_true", help="drive moves with `automq rebalance` even if spec.balancing works"
+    )
     parser.add_argument("--tmp", default=None)
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()

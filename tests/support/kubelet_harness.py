@@ -107,6 +107,7 @@ from automq.broker.local import free_port_block
 from automq.operator import builders
 from automq.operator.builders import ClusterRef
 from automq.operator.controller_api import ControllerClientApi
+from automq.operator.elastic import ElasticSettings
 from automq.operator.handlers import OperatorContext
 from automq.operator.kube import KubeApi
 from automq.operator.main import operate
@@ -1088,4 +1089,6 @@ def default_context(harness: KubeletHarness) -> OperatorContext:
         retry_delay_s=0.5,
         status_interval_s=1.0,
         resync_interval_s=10.0,
+        address_map=harness.map_url,  # broker /metrics (podIP:9094) and any other pod URL
+        elastic=ElasticSettings(poll_s=1.0),
     )

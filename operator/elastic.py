@@ -326,6 +326,7 @@ async def tick(ctx: ElasticContext, state: ElasticState, ref: ClusterRef, report
     if not (auto.enabled or bal.enabled or trigger):
         _set(t, "Balancing", False, "Disabled", "spec.balancing.enabled is false")
         _set(t, "Autoscaling", False, "Disabled", "spec.autoscaling.enabled is false")
+        t.status["autoscaling"] = None
         await state.close()
         state.history.clear()
         state.ready = None
@@ -347,6 +348,10 @@ async def tick(ctx: ElasticContext, state: ElasticState, ref: ClusterRef, report
             "Disabled",
             "spec.autoscaling.enabled is false; scale with spec.broker.replicas or the scale subresource",
         )
+        # A stale desiredReplicas would read as a wish of an autoscaler that is off.
+        t.status["autoscaling"] = None
+        state.history.clear()
+        state.last_scale_at = None
 
     # -- observe
     pods = broker_pods(await api.list("Pod", ref.namespace, builders.selector_labels(ref, "broker")), ref)

@@ -614,3 +614,15 @@ def test_invalid_policy_is_reported_naming_the_field_and_the_operator_keeps_goin
     k8s.patch({"spec": {"autoscaling": {"minReplicas": 2}}})
     k8s.wait_for("healthy again", lambda: k8s.condition("Ready").get("status") == "True")
     assert k8s.operator_errors == []
+
+
+def test_turning_autoscaling_off_hands_scaling_back_to_the_scale_subresource(k8s: Harness) -> None:
+    assert k8s.cluster()["status"].get("autoscaling")
+    k8s.patch({"spec": {"autoscaling": {"enabled": False}}})
+    k8s.wait_for("Autoscaling Disabled", lambda: k8s.condition("Autoscaling").get("reason") == "Disabled")
+    k8s.wait_for("status.autoscaling cleared", lambda: "autoscaling" not in k8s.cluster()["status"])
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}/demo/scale"
+    k8s.call(k8s.api._request("PATCH", base, {"spec": {"replicas": 3}}, "application/merge-patch+json"))
+    k8s.wait_for("StatefulSet at 3", lambda: k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 3)
+    time.sleep(2)  # nothing takes it back
+    assert k8s.cluster()["spec"]["broker"]["replicas"] == 3

@@ -26,6 +26,7 @@ def spark_session(master: str | None = None, app_name: str = "automq", shuffle_p
             SparkSession.builder.appName(app_name)
             .master(master or os.environ.get("AUTOMQ_SPARK_MASTER", "local[*]"))
             .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")  # job logs, not a terminal
             .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
             .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])

@@ -271,3 +271,40 @@ def test_table_configs_are_validated_by_the_broker(spark_cluster):
     described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, good)])
     [entries] = [f.result(30) for f in described.values()]
     assert entries["automq.table.topic.enable"].value == "true"
+
+
+def test_debezium_envelopes_upsert_on_id_columns(spark, spark_cluster, sh, catalog, location):
+    topic = sh.topic_name("cdc")
+    sh.create_topic(
+        spark_cluster.bootstrap,
+        topic,
+        configs={
+            **TABLE_ON,
+            "automq.table.topic.convert.value.type": "json",
+            "automq.table.topic.transform.value.type": "flatten_debezium",
+            "automq.table.topic.id.columns": "id",
+        },
+    )
+
+    def env(op, before, after):
+        return (None, json.dumps({"payload": {"op": op, "before": before, "after": after, "ts_ms": 1}}).encode(), [], 0)
+
+    first = [env("c", None, {"id": i, "name": f"v{i}", "addr": {"city": "x"}}) for i in range(5)]
+    first.append(env("u", {"id": 1, "name": "v1"}, {"id": 1, "name": "v1b", "addr": {"city": "y"}}))
+    sh.produce_confluent(spark_cluster.bootstrap, topic, first)
+    spark_cluster.wait_uploaded(topic, len(first))
+    [r1] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert r1.status == "committed", r1.message
+    second = [
+        env("d", {"id": 2, "name": "v2"}, None),
+        env("u", {"id": 3, "name": "v3"}, {"id": 3, "name": "v3b", "addr": {"city": "z"}}),
+        env("c", None, {"id": 9, "name": "v9", "addr": {"city": "q"}}),
+    ]
+    sh.produce_confluent(spark_cluster.bootstrap, topic, second)
+    spark_cluster.wait_uploaded(topic, len(first) + len(second))
+    [r2] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert r2.status == "committed", r2.message
+    table = catalog.load_table(r1.table)
+    rows = sorted((r["id"], r["name"], r["addr_city"]) for r in table.scan().to_arrow().to_pylist())
+    assert rows == [(0, "v0", "x"), (1, "v1b", "y"), (3, "v3b", "z"), (4, "v4", "x"), (9, "v9", "q")]
+    assert iceberg.committed_offsets(table) == {0: len(first) + len(second)}

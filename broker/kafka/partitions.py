@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from automq.broker.controller.protocol import MetadataImage, PartitionInfo, TopicInfo
 from automq.broker.kafka import records
+from automq.broker.kafka.producer_snapshots import ProducerSnapshot, ProducerSnapshotStore, retained
 from automq.broker.kafka.producers import ProducerStateManager
 from automq.broker.storage.api import FetchResult, Stream, StreamClosedError
 from automq.broker.storage.metadata import NodeFencedError, StreamFencedError, StreamNotFoundError
@@ -33,13 +34,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How far back (in offsets) a newly opened partition scans batch headers to rebuild the
-# idempotent-producer state. Kafka snapshots this state; we rebuild it from the log tail, so a
-# producer idle for longer than this window is treated as new (its next batch must start a
-# fresh sequence or it gets OUT_OF_ORDER_SEQUENCE_NUMBER / UNKNOWN_PRODUCER_ID from the producer-state checks).
-# The window is small so that opening a moved partition (a cold read from the object store)
-# stays fast: reassignment time must not grow with the partition's size.
-PRODUCER_STATE_REBUILD_OFFSETS = 10_000
+# Producer state is persisted as snapshots in the object store (producer_snapshots.py); a
+# newly opened partition loads the newest one and replays only the batches after it. A
+# snapshot is written once this many offsets were appended since the last one (and at most
+# every PRODUCER_SNAPSHOT_MIN_INTERVAL_S), and when the partition closes, so the replay on
+# open stays short whatever the partition's size: reassignment time must not grow with it.
+PRODUCER_SNAPSHOT_INTERVAL_OFFSETS = 10_000
+PRODUCER_SNAPSHOT_MIN_INTERVAL_S = 5.0
+PRODUCER_SNAPSHOT_CLOSE_TIMEOUT_S = 10.0  # a final snapshot must not hold a stalled close for long
 PRODUCER_STATE_REBUILD_BYTES = 8 << 20
 
 
@@ -82,6 +84,7 @@ class Partition:
         stream: Stream,
         producer_state: Any,
         manager: PartitionManager | None,
+        snapshots: ProducerSnapshotStore | None = None,
     ) -> None:
         self.topic = info.topic
         self.partition = info.partition
@@ -96,6 +99,14 @@ class Partition:
         # (offset, timestamp) of the largest batch maxTimestamp seen (appends since open and
         # the tail scanned on open): ListOffsets MAX_TIMESTAMP without scanning the log
         self.max_timestamp: tuple[int, int] | None = None
+        # Producer-state snapshots: base offsets of appends between their offset reservation
+        # and their producer-state record (a snapshot may only cover offsets below all of
+        # them), the offset of the newest snapshot, and the task writing one.
+        self._snapshots = snapshots
+        self._unrecorded: set[int] = set()
+        self.snapshot_offset = -1
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self._snapshot_due = 0.0  # monotonic time before which no periodic snapshot starts
 
     # ---------------------------------------------------------------- offsets
 
@@ -143,10 +154,13 @@ class Partition:
             append_time = int(time.time() * 1000)
         base_offset = self.stream.end_offset
         records.assign_offsets(batch, base_offset, self.leader_epoch, append_time)
+        unrecorded = self._unrecorded
+        unrecorded.add(base_offset)
         try:
             # stream.append reserves [end_offset, end_offset+count) before its first await
             await self.stream.append(batch, header.record_count)
         except BaseException as exc:
+            unrecorded.discard(base_offset)
             if idempotent:
                 state.discard(header.producer_id, header.producer_epoch, header.base_sequence, header.record_count)
             if isinstance(exc, StreamClosedError):
@@ -165,6 +179,13 @@ class Partition:
                 base_offset,
                 timestamp,
             )
+        unrecorded.discard(base_offset)
+        if (
+            self._snapshots is not None
+            and base_offset - self.snapshot_offset >= PRODUCER_SNAPSHOT_INTERVAL_OFFSETS
+            and self._snapshot_task is None
+        ):
+            self._start_snapshot()
         self._wake()
         return AppendResult(base_offset, append_time)
 
@@ -214,10 +235,81 @@ class Partition:
     async def close(self) -> None:
         self.closed = True
         self._wake()  # long-polling fetches answer now (and get NOT_LEADER next time)
+        # Before the stream is released (which lets the next owner open it): a snapshot at
+        # the end, so the next owner replays nothing.
+        try:
+            await asyncio.wait_for(self._final_snapshot(), PRODUCER_SNAPSHOT_CLOSE_TIMEOUT_S)
+        except Exception as exc:
+            log.warning(
+                "final producer snapshot of %s-%d not written (%s); the next owner replays from the last one",
+                self.topic,
+                self.partition,
+                exc,
+            )
         try:
             await self.stream.close()
         except StreamClosedError:
             pass
+
+    # ---------------------------------------------------------------- producer snapshots
+
+    def _safe_snapshot_offset(self) -> int:
+        """The highest offset below which every batch is durable and recorded."""
+        offset = self.stream.confirm_offset
+        if self._unrecorded:
+            offset = min(offset, min(self._unrecorded))
+        return offset
+
+    def _start_snapshot(self) -> None:
+        now = time.monotonic()
+        if now < self._snapshot_due:
+            return
+        self._snapshot_due = now + PRODUCER_SNAPSHOT_MIN_INTERVAL_S
+        self._snapshot_task = asyncio.get_running_loop().create_task(
+            self._write_snapshot(), name=f"producer-snapshot-{self.topic}-{self.partition}"
+        )
+
+    async def _write_snapshot(self) -> None:
+        try:
+            await self.write_snapshot()
+        except Exception as exc:
+            log.warning("writing the producer snapshot of %s-%d failed: %s", self.topic, self.partition, exc)
+        finally:
+            self._snapshot_task = None
+
+    async def write_snapshot(self) -> int | None:
+        """Persist the producer state as of the highest safe offset; returns that offset
+        (None when there is nothing new). All but the newest two snapshots are deleted."""
+        store = self._snapshots
+        if store is None:
+            return None
+        offset = self._safe_snapshot_offset()
+        if offset <= self.snapshot_offset:
+            return None
+        state = self.producer_state
+        latest = self.max_timestamp
+        snapshot = ProducerSnapshot(
+            self.stream.stream_id,
+            offset,
+            state.snapshot(offset) if state is not None else [],
+            latest if latest is not None and latest[0] < offset else None,
+        )
+        await store.write(snapshot)
+        self.snapshot_offset = max(self.snapshot_offset, offset)
+        try:
+            await store.collect(self.stream.stream_id)
+        except Exception as exc:
+            log.info("collecting old producer snapshots of %s-%d failed: %s", self.topic, self.partition, exc)
+        return offset
+
+    async def _final_snapshot(self) -> None:
+        task = self._snapshot_task
+        if task is not None:
+            await asyncio.shield(task)
+        # appends already past their offset reservation finish (or fail) first
+        while self._unrecorded:
+            await asyncio.sleep(0.01)
+        await self.write_snapshot()
 
     async def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= timestamp_ms.
@@ -244,25 +336,44 @@ class Partition:
         return answer
 
     async def rebuild_producer_state(self) -> None:
-        """Feed the ProducerStateManager the producer fields of the log tail's batches
-        (and note the tail's largest timestamp for ListOffsets MAX_TIMESTAMP)."""
+        """Load the newest producer snapshot at or below the end and replay the batches after
+        it (the whole log when there is none), noting the largest timestamp on the way (for
+        ListOffsets MAX_TIMESTAMP). Producers whose data is all trimmed, or idle longer than
+        producer.id.expiration.ms, are forgotten as Kafka does."""
         state = self.producer_state
-        end = self.stream.confirm_offset
-        start = max(self.stream.start_offset, end - PRODUCER_STATE_REBUILD_OFFSETS)
-        entries: list[tuple[int, int, int, int, int, int]] = []
+        stream = self.stream
+        end = stream.confirm_offset
+        start = stream.start_offset
+        snapshot = None
+        covered = -1  # batches below this are in the snapshot
+        if self._snapshots is not None:
+            snapshot = await self._snapshots.load_latest(stream.stream_id, end)
+        if snapshot is not None:
+            if state is not None:
+                state.load(retained(snapshot.producers, start))
+            if snapshot.max_timestamp is not None and snapshot.max_timestamp[0] >= start:
+                self.max_timestamp = snapshot.max_timestamp
+            self.snapshot_offset = covered = snapshot.offset
+            start = max(start, snapshot.offset)
         offset = start
         while offset < end:
-            result = await self.stream.fetch(offset, end, PRODUCER_STATE_REBUILD_BYTES)
+            result = await stream.fetch(offset, end, PRODUCER_STATE_REBUILD_BYTES)
             if not result.batches:
                 break
             for data in result.batches:
-                entries.extend(records.producer_entries(data.payload))
+                if data.base_offset < covered:
+                    continue  # already in the snapshot
+                if state is not None:
+                    for pid, epoch, seq, count, base, ts in records.producer_entries(data.payload):
+                        state.record(pid, epoch, seq, count, base, ts)
                 latest = records.max_timestamp(data.payload)
                 if latest is not None and (self.max_timestamp is None or latest[1] > self.max_timestamp[1]):
                     self.max_timestamp = latest
             offset = result.batches[-1].next_offset
-        if state is not None and hasattr(state, "rebuild"):
-            state.rebuild(entries)
+        if state is not None:
+            state.expire(int(time.time() * 1000))
+        if end - max(self.snapshot_offset, 0) >= PRODUCER_SNAPSHOT_INTERVAL_OFFSETS:
+            self._start_snapshot()  # a long replay: spare the next owner the same one
 
 
 class PartitionManager:
@@ -273,6 +384,10 @@ class PartitionManager:
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
+        # producer snapshots live in the object store the streams use (None: a broker
+        # without storage, in protocol-only tests)
+        storage = broker.storage
+        self._snapshots = ProducerSnapshotStore(storage.object_store) if storage is not None else None
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._transitions: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._listeners: list[PartitionListener] = []
@@ -473,12 +588,36 @@ class PartitionManager:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
         partition = Partition(
-            info, topic, stream, _new_producer_state(self._broker.config.kafka.producer_id_expiration_ms), self
+            info,
+            topic,
+            stream,
+            _new_producer_state(self._broker.config.kafka.producer_id_expiration_ms),
+            self,
+            self._snapshots,
         )
-        try:
-            await partition.rebuild_producer_state()
-        except Exception:
-            log.exception("rebuilding producer state of %s-%d failed; idempotent producers start fresh", *key)
+        backoff = 0.1
+        while True:
+            # Serving without the producer state would append retried batches twice: wait for
+            # the object store instead, while the partition is still ours.
+            try:
+                await partition.rebuild_producer_state()
+                break
+            except StreamClosedError:
+                log.warning("stream of %s-%d was fenced while its producer state was rebuilt", *key)
+                return
+            except Exception as exc:
+                if not self._still_placed_here(info):
+                    await partition.close()
+                    return
+                log.warning(
+                    "rebuilding producer state of %s-%d failed (%s); retrying in %.1fs",
+                    info.topic,
+                    info.partition,
+                    exc,
+                    backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
         self._partitions[key] = partition
         self._opened.set()
         self._broker.metrics.partitions.set(len(self._partitions))
@@ -530,6 +669,11 @@ class PartitionManager:
             # The topic was deleted: the controller dropped the stream with it, so there is
             # nothing left to flush or release. Expected, not an error.
             log.info("stream of %s-%d is gone (topic deleted)", *key)
+            if self._snapshots is not None:
+                try:
+                    await self._snapshots.delete_all(partition.stream.stream_id)
+                except Exception as exc:
+                    log.warning("deleting producer snapshots of deleted %s-%d failed: %s", *key, exc)
         except Exception:
             log.exception("closing stream of %s-%d failed", *key)
         log.info("resigned %s-%d (epoch %d)", partition.topic, partition.partition, partition.leader_epoch)

@@ -66,7 +66,7 @@ class ProducerStateError(Exception):
 
 
 @dataclass(slots=True)
-class _Batch:
+class StoredBatch:
     first_seq: int
     last_seq: int
     base_offset: int | None  # None while pending (accepted, not yet durable)
@@ -79,7 +79,7 @@ class ProducerEntry:
     epoch: int
     # Oldest first. At most BATCHES_TO_RETAIN durable ones; pending ones are never dropped
     # (their `record` must find them), so a client with more in flight briefly has more.
-    batches: list[_Batch] = field(default_factory=list)
+    batches: list[StoredBatch] = field(default_factory=list)
     last_timestamp_ms: int = -1
     # The sequence the next batch must follow when no batch is remembered (all discarded).
     baseline_last_seq: int = NO_SEQUENCE
@@ -88,7 +88,7 @@ class ProducerEntry:
     def last_seq(self) -> int:
         return self.batches[-1].last_seq if self.batches else self.baseline_last_seq
 
-    def add(self, batch: _Batch) -> None:
+    def add(self, batch: StoredBatch) -> None:
         self.batches.append(batch)
         self.trim()
 
@@ -100,7 +100,7 @@ class ProducerEntry:
     def has_pending(self) -> bool:
         return any(b.base_offset is None for b in self.batches)
 
-    def find(self, first_seq: int, last_seq: int) -> _Batch | None:
+    def find(self, first_seq: int, last_seq: int) -> StoredBatch | None:
         for b in self.batches:
             if b.first_seq == first_seq and b.last_seq == last_seq:
                 return b
@@ -140,7 +140,7 @@ class ProducerStateManager:
         if entry is None:
             # Unknown producer: any sequence becomes the baseline (KIP-360).
             entry = self._producers[producer_id] = ProducerEntry(producer_id, producer_epoch)
-            entry.add(_Batch(base_sequence, last_seq, None, -1))
+            entry.add(StoredBatch(base_sequence, last_seq, None, -1))
             return None
         if producer_epoch == entry.epoch:
             dup = entry.find(base_sequence, last_seq)
@@ -170,7 +170,7 @@ class ProducerStateManager:
                 ErrorCode.out_of_order_sequence_number,
                 f"producer {producer_id} epoch {producer_epoch}: sequence {base_sequence} does not follow {entry.last_seq}",
             )
-        entry.add(_Batch(base_sequence, last_seq, None, -1))
+        entry.add(StoredBatch(base_sequence, last_seq, None, -1))
         return None
 
     def record(
@@ -198,7 +198,7 @@ class ProducerStateManager:
         batch = entry.find(base_sequence, last_seq)
         if batch is None:
             # Not checked before (log replay, or a caller without check): remember it as written.
-            entry.add(_Batch(base_sequence, last_seq, base_offset, timestamp_ms))
+            entry.add(StoredBatch(base_sequence, last_seq, base_offset, timestamp_ms))
         else:
             batch.base_offset = base_offset
             batch.timestamp_ms = timestamp_ms
@@ -231,6 +231,25 @@ class ProducerStateManager:
             if producer_id == NO_PRODUCER_ID or record_count <= 0:
                 continue
             self.record(producer_id, epoch, base_sequence, record_count, base_offset, timestamp_ms)
+
+    def snapshot(self, below_offset: int) -> list[ProducerEntry]:
+        """Copies of the producers as of every durable batch below `below_offset` (pending
+        batches and later ones are left out: the replay after the snapshot finds them).
+        The caller makes sure every batch below the offset was recorded."""
+        out = []
+        for e in self._producers.values():
+            batches = [
+                StoredBatch(b.first_seq, b.last_seq, b.base_offset, b.timestamp_ms)
+                for b in e.batches
+                if b.base_offset is not None and b.base_offset < below_offset
+            ]
+            out.append(ProducerEntry(e.producer_id, e.epoch, batches, e.last_timestamp_ms, e.baseline_last_seq))
+        return out
+
+    def load(self, entries: Iterable[ProducerEntry]) -> None:
+        """Start from a snapshot's producers (replaces the current state); the batches after
+        the snapshot are then fed in with `record`."""
+        self._producers = {e.producer_id: e for e in entries}
 
     def expire(self, now_ms: int) -> list[int]:
         """Forget producers idle for producer_id_expiration_ms; returns their ids."""

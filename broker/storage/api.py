@@ -13,7 +13,10 @@ several appends to one stream without holding a lock across the WAL sync.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from automq.broker.objectstore import ObjectStore
 
 
 class StreamError(Exception):
@@ -104,6 +107,10 @@ class Stream(Protocol):
 @runtime_checkable
 class StreamClient(Protocol):
     """The storage engine as a broker uses it."""
+
+    # The object store the streams live in: the Kafka layer keeps per-stream companions
+    # there too (producer-state snapshots).
+    object_store: ObjectStore
 
     async def create_stream(self, tags: dict[str, str] | None = None) -> int: ...
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import random
@@ -176,6 +177,9 @@ class ProcessCluster:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                # die with the test process, however it ends (a node spawned by the supervisor
+                # thread dies with that thread, which lives until stop())
+                preexec_fn=local._die_with_launcher if sys.platform == "linux" else None,
             )
         node.paused = False
 
@@ -304,14 +308,16 @@ class ProcessCluster:
         raise AssertionError(f"{topic}: not every partition has a leader after {timeout:.0f}s: {last}")
 
     def reassign(self, topic: str, partition: int, target: int) -> None:
-        """Start moving a partition to broker `target` (Kafka's AlterPartitionReassignments)."""
-        from confluent_kafka import TopicPartition
-        from confluent_kafka.admin import AdminClient
+        """Start moving a partition to broker `target` (Kafka's AlterPartitionReassignments,
+        through kafka-python's admin client)."""
+        from kafka import TopicPartition
+        from kafka.admin import KafkaAdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        futures = admin.alter_partition_reassignments({TopicPartition(topic, partition): [target]})
-        for f in futures.values():
-            f.result(30)
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap.split(","), request_timeout_ms=30_000)
+        try:
+            admin.alter_partition_reassignments({TopicPartition(topic, partition): [target]}, timeout_ms=30_000)
+        finally:
+            admin.close()
 
     # ---------------------------------------------------------------- diagnostics
 
@@ -337,6 +343,18 @@ class ProcessCluster:
 
 
 # --------------------------------------------------------------------------- object store faults
+
+
+def kill9_seaweedfs(server: Any) -> None:
+    """SIGKILL a SeaweedFS (automq.broker.objectstore.seaweedfs.SeaweedFS) and its children;
+    `server.start()` brings it back on the same ports and data."""
+    process = server._process
+    if process is not None and process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(30)
+    server.stop()  # forgets the process, closes its log
+
 
 _SLOW_DOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
@@ -541,6 +559,7 @@ class SequenceProducer:
         client: str = "confluent",
         rate: float = 400.0,
         delivery_timeout_s: float = 180.0,
+        value_size: int = 0,
     ) -> None:
         if client not in ("confluent", "kafka-python"):
             raise ValueError(f"client must be 'confluent' or 'kafka-python', got {client!r}")
@@ -548,7 +567,8 @@ class SequenceProducer:
         self.topic = topic
         self.partitions = partitions
         self.client = client
-        self.rate = rate
+        self.rate = rate  # may be changed while running
+        self.value_size = value_size  # pad values to this many bytes (fill a WAL faster)
         self.delivery_timeout_s = delivery_timeout_s
         self.run_id = uuid.uuid4().hex[:8]
         self.acks: dict[int, dict[int, Ack]] = {p: {} for p in range(partitions)}
@@ -562,7 +582,10 @@ class SequenceProducer:
         self._producer: Any = None
 
     def value(self, partition: int, seq: int) -> bytes:
-        return b"%s:%d:%010d" % (self.run_id.encode(), partition, seq)
+        value = b"%s:%d:%010d" % (self.run_id.encode(), partition, seq)
+        if self.value_size > len(value):
+            value = b"#" * (self.value_size - len(value)) + value  # the seq stays last
+        return value
 
     @property
     def acked(self) -> int:
@@ -649,7 +672,6 @@ class SequenceProducer:
 
     def _run(self) -> None:
         seqs = [0] * self.partitions
-        interval = 1.0 / self.rate if self.rate > 0 else 0.0
         next_at = time.monotonic()
         p = 0
         while not self._stop.is_set():
@@ -664,7 +686,7 @@ class SequenceProducer:
             seqs[p] += 1
             self.sent += 1
             p = (p + 1) % self.partitions
-            next_at += interval
+            next_at += 1.0 / self.rate if self.rate > 0 else 0.0
             delay = next_at - time.monotonic()
             if delay > 0:
                 if self.client == "confluent":
@@ -703,6 +725,19 @@ class SequenceProducer:
         while self.acked < count and time.monotonic() < deadline:
             time.sleep(0.05)
         return self.acked
+
+    def longest_ack_gap(self, since: float, until: float | None = None) -> float:
+        """The longest time (seconds) any partition went without an acknowledgement in
+        [since, until]: how long the fault kept some partition from serving, whatever the
+        moment it was injected."""
+        until = time.monotonic() if until is None else until
+        worst = 0.0
+        with self._lock:
+            for acks in self.acks.values():
+                times = sorted(a.acked for a in acks.values() if since <= a.acked <= until)
+                edges = [since, *times, until]
+                worst = max(worst, max(b - a for a, b in itertools.pairwise(edges)))
+        return worst
 
     def time_to_serve_again(self, since: float, timeout: float = 120.0) -> float | None:
         """Seconds from `since` (monotonic, e.g. when a fault started or was healed) until
@@ -776,7 +811,7 @@ def verify(producer: SequenceProducer, timeout: float = 120.0) -> Verdict:
             if msg is None or msg.error():
                 continue
             positions[msg.partition()] = msg.offset() + 1
-            value = msg.value() or b""
+            value = (msg.value() or b"").lstrip(b"#")
             if value.startswith(prefix):
                 seen[msg.partition()].append((msg.offset(), int(value.rsplit(b":", 1)[1])))
     finally:
@@ -796,3 +831,73 @@ def verify(producer: SequenceProducer, timeout: float = 120.0) -> Verdict:
                 verdict.reordered.append((p, seq))
             highest = max(highest, seq)
     return verdict
+
+
+# --------------------------------------------------------------------------- raw produce
+
+
+def idempotent_batch(count: int, producer_id: int, epoch: int, base_sequence: int) -> bytes:
+    """One v2 batch as an idempotent producer sends it (kafka-python's encoder), so a test
+    can send the very same bytes again, as a client retrying a lost answer does."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        base_sequence=base_sequence,
+        batch_size=1 << 30,
+    )
+    for i in range(count):
+        builder.append(i, timestamp=None, key=None, value=b"r%d" % i, headers=[])
+    return bytes(builder.build())
+
+
+def raw_produce(address: str, topic: str, partition: int, batch: bytes, timeout: float = 15.0) -> tuple[int, int]:
+    """Send one Produce (v9, acks=all) with `batch` to the broker at host:port; returns
+    (error_code, base_offset) of the partition's answer."""
+    import datetime
+    import socket
+    import struct
+
+    from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    from automq.broker.kafka import codec
+
+    request = ProduceRequest(
+        transactional_id=None,
+        acks=-1,
+        timeout=datetime.timedelta(seconds=10),
+        topic_data=(
+            TopicProduceData(name=topic, partition_data=(PartitionProduceData(index=partition, records=batch),)),
+        ),
+    )
+    host, port = address.rsplit(":", 1)
+
+    def read(sock: socket.socket, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("broker closed the connection")
+            data += chunk
+        return data
+
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        frame = codec.encode_request(1, request)
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        size = struct.unpack(">i", read(sock, 4))[0]
+        answer = codec.decode_response(read(sock, size), ProduceRequest)[1].responses[0].partition_responses[0]
+    return int(answer.error_code), answer.base_offset
+
+
+def end_offset(bootstrap: str, topic: str, partition: int) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"eo-{uuid.uuid4().hex[:8]}"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=15)[1]
+    finally:
+        consumer.close()

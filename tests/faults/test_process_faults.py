@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from faultkit import FaultProxy, ProcessCluster, SequenceProducer, verify
+from faultkit import FaultProxy, ProcessCluster, SequenceProducer, kill9_seaweedfs, verify
 
 PARTITIONS = 4
 OVERRIDES = {
@@ -20,7 +20,8 @@ OVERRIDES = {
     "heartbeat_interval_ms": 500,
     # uploads every 2 s, so the object store is on the write path while faults happen
     "storage": {"upload_interval_ms": 2_000, "log_cache_bytes": 32 << 20, "block_cache_bytes": 16 << 20},
-    "wal": {"capacity": 32 << 20},
+    # small, so a stalled store fills it within seconds (test_wal_full_while_the_store_stalls)
+    "wal": {"capacity": 8 << 20},
 }
 
 
@@ -30,23 +31,25 @@ def cluster(tmp_path_factory, proxied_bucket):
         yield c
 
 
-def _report(name: str, seconds: float | None) -> None:
+def _report(name: str, seconds: float | None, gap: float) -> None:
     shown = "did not serve again" if seconds is None else f"{seconds:.2f}s"
-    print(f"\n[faults] {name}: time to serve again {shown}")
+    print(f"\n[faults] {name}: time to serve again {shown}, longest gap between acks of a partition {gap:.2f}s")
 
 
-def _run(cluster: ProcessCluster, client: str, fault, name: str) -> None:
-    """Produce, inject `fault()` (which returns the monotonic time to measure from), keep
-    producing until every partition served again plus a little, then verify."""
+def _run(cluster: ProcessCluster, client: str, fault, name: str, value_size: int = 0) -> None:
+    """Produce, inject `fault(producer)` (which returns the monotonic time to measure from),
+    keep producing until every partition served again plus a little, then verify."""
     topic = f"f-{name}-{uuid.uuid4().hex[:6]}"
     cluster.create_topic(topic, PARTITIONS)
-    with SequenceProducer(cluster.bootstrap, topic, PARTITIONS, client=client, rate=300) as producer:
+    producer = SequenceProducer(cluster.bootstrap, topic, PARTITIONS, client=client, rate=300, value_size=value_size)
+    with producer:
         assert producer.wait_acked(300, timeout=60) >= 300, cluster.log_tail(lines=15)
-        since = fault()
+        started = time.monotonic()
+        since = fault(producer)
         seconds = producer.time_to_serve_again(since, timeout=150)
-        _report(name, seconds)
         before = producer.acked
         producer.wait_acked(before + 200, timeout=60)
+        _report(name, seconds, producer.longest_ack_gap(started))
     verdict = verify(producer)
     print(f"[faults] {name}: {verdict.summary()}")
     assert verdict.acked >= 500
@@ -56,7 +59,7 @@ def _run(cluster: ProcessCluster, client: str, fault, name: str) -> None:
 
 @pytest.mark.parametrize("client", ["confluent", "kafka-python"])
 def test_broker_kill9_and_restart(cluster: ProcessCluster, client: str) -> None:
-    def fault() -> float:
+    def fault(producer: SequenceProducer) -> float:
         t0 = time.monotonic()
         cluster.kill9("broker-1")  # the supervisor starts it again at once, as a kubelet would
         return t0
@@ -69,7 +72,7 @@ def test_broker_sigstop_past_session_timeout(cluster: ProcessCluster) -> None:
     """A paused broker is fenced; its partitions move; when it resumes it is a zombie whose
     late writes must not land."""
 
-    def fault() -> float:
+    def fault(producer: SequenceProducer) -> float:
         t0 = time.monotonic()
         cluster.pause("broker-2")
         time.sleep(8)  # twice the session timeout
@@ -81,7 +84,7 @@ def test_broker_sigstop_past_session_timeout(cluster: ProcessCluster) -> None:
 
 
 def test_controller_kill9_and_restart(cluster: ProcessCluster) -> None:
-    def fault() -> float:
+    def fault(producer: SequenceProducer) -> float:
         t0 = time.monotonic()
         cluster.kill9("controller", restart=False)
         time.sleep(1)
@@ -93,7 +96,7 @@ def test_controller_kill9_and_restart(cluster: ProcessCluster) -> None:
 
 
 def test_controller_sigstop(cluster: ProcessCluster) -> None:
-    def fault() -> float:
+    def fault(producer: SequenceProducer) -> float:
         t0 = time.monotonic()
         cluster.pause("controller")
         time.sleep(3)
@@ -108,7 +111,7 @@ def test_controller_sigstop(cluster: ProcessCluster) -> None:
     [("stall", 6.0), ("throttle", 8.0), ("drop", 8.0)],
 )
 def test_object_store_misbehaves(cluster: ProcessCluster, healed: FaultProxy, kind: str, seconds: float) -> None:
-    def fault() -> float:
+    def fault(producer: SequenceProducer) -> float:
         t0 = time.monotonic()
         {"stall": healed.stall, "throttle": lambda: healed.throttle(0.6), "drop": lambda: healed.drop_replies(0.3)}[
             kind
@@ -119,3 +122,43 @@ def test_object_store_misbehaves(cluster: ProcessCluster, healed: FaultProxy, ki
 
     _run(cluster, "confluent", fault, f"store-{kind}")
     print(f"[faults] proxy counts: {dict(healed.counts)}")
+
+
+def test_seaweedfs_kill9(cluster: ProcessCluster, seaweedfs, healed: FaultProxy) -> None:
+    def fault(producer: SequenceProducer) -> float:
+        t0 = time.monotonic()
+        kill9_seaweedfs(seaweedfs)
+        time.sleep(3)
+        seaweedfs.start()  # same ports and data
+        return t0
+
+    _run(cluster, "kafka-python", fault, "seaweedfs-kill9")
+
+
+def test_wal_full_while_the_store_stalls(cluster: ProcessCluster, healed: FaultProxy) -> None:
+    """4 KiB records at 300/s fill the 8 MiB volume WAL within seconds while nothing can be
+    uploaded: appends wait (back-pressure), nothing acknowledged is lost when the store heals.
+    Measured from the heal."""
+
+    def fault(producer: SequenceProducer) -> float:
+        healed.stall()
+        time.sleep(12)
+        t0 = time.monotonic()
+        healed.heal()
+        return t0
+
+    _run(cluster, "confluent", fault, "wal-full", value_size=4096)
+
+
+def test_reassignment_while_the_old_leader_is_killed(cluster: ProcessCluster) -> None:
+    def fault(producer: SequenceProducer) -> float:
+        leaders = cluster.leaders(producer.topic, PARTITIONS)
+        old = leaders[0]
+        cluster.reassign(producer.topic, 0, 2 if old == 1 else 1)
+        t0 = time.monotonic()  # the move is under way: kill the old leader in the middle of it
+        cluster.kill9(f"broker-{old}")
+        return t0
+
+    _run(cluster, "confluent", fault, "reassign-kill9")
+    for node in cluster.brokers:
+        cluster.wait_ready(node.name)

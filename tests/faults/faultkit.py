@@ -321,6 +321,22 @@ class ProcessCluster:
 
     # ---------------------------------------------------------------- diagnostics
 
+    def metric(self, name: str, metric: str) -> float:
+        """Sum of the samples of a Prometheus metric (e.g. "automq_storage_wal_full_total")
+        on a node's /metrics; 0 when absent or the node does not answer."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.nodes[name].http_port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return 0.0
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(metric) and line[len(metric) : len(metric) + 1] in (" ", "{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
     def log_tail(self, name: str | None = None, lines: int = 30) -> str:
         out = []
         for node in self.nodes.values():
@@ -637,7 +653,9 @@ class SequenceProducer:
             if error is not None:
                 self.failed.append((partition, seq, error))
                 return
-            assert offset is not None
+            if offset is None or offset < 0:
+                self.failed.append((partition, seq, f"acknowledged without an offset ({offset})"))
+                return
             self.acks[partition][seq] = Ack(seq, offset, sent, now)
             self._last_ack[partition] = now
 
@@ -649,7 +667,10 @@ class SequenceProducer:
         if self.client == "confluent":
 
             def delivered(err: Any, msg: Any, partition: int = partition, seq: int = seq) -> None:
-                self._on_ack(partition, seq, None if err else msg.offset(), str(err) if err else None)
+                if err is not None:
+                    self._on_ack(partition, seq, None, str(err))
+                else:
+                    self._on_ack(partition, seq, msg.offset(), None)
 
             while not self._stop.is_set():
                 try:
@@ -718,6 +739,13 @@ class SequenceProducer:
         self.stop()
 
     # ---------------------------------------------------------------- measuring
+
+    def describe(self) -> str:
+        """Per-partition ack counts and the first delivery failures: diagnostics for asserts."""
+        with self._lock:
+            counts = {p: len(a) for p, a in self.acks.items()}
+            failed = self.failed[:5]
+        return f"{self.client} {self.topic}: acked per partition {counts}, sent {self.sent}, failed {len(self.failed)}: {failed}"
 
     def wait_acked(self, count: int, timeout: float = 60.0) -> int:
         """Block until at least `count` records are acknowledged in total; returns the count."""

@@ -179,19 +179,28 @@ class BrokerService:
         if self.storage is not None:
             self.storage.stop_waiting()
         budget = self.config.shutdown_timeout_ms / 1000
-        if not await self._controller_reachable():
+        if self.fatal is not None:
+            # fenced: it may commit nothing more (its WAL goes to whoever recovers it) and its
+            # partitions are led elsewhere already: nothing graceful is left to do
+            budget = 0.0
+        elif not await self._controller_reachable():
             budget = min(budget, 2.0)
         graceful = asyncio.ensure_future(self._stop_gracefully(timeout))
-        done, _ = await asyncio.wait({graceful}, timeout=budget)
+        done, _ = await asyncio.wait({graceful}, timeout=budget) if budget > 0 else (set(), None)
         if not done:
-            log.warning(
-                "graceful stop did not finish within %.1fs (controller or object store unreachable?); exiting now: "
-                "acknowledged data not uploaded yet stays in the WAL for the next start",
-                budget,
-            )
+            if self.fatal is None:
+                log.warning(
+                    "graceful stop did not finish within %.1fs (controller or object store unreachable?); exiting "
+                    "now: acknowledged data not uploaded yet stays in the WAL for the next start",
+                    budget,
+                )
+            else:
+                log.warning("fenced: stopping at once; the WAL keeps what was not uploaded for its recovery")
             graceful.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await graceful
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.server.stop(0.5), 2.0)
             if self.storage is not None:
                 try:
                     await self.storage.abort()
@@ -202,7 +211,7 @@ class BrokerService:
             await self.cluster.close()
         if self.object_store is not None:
             try:
-                await self.object_store.close()
+                await asyncio.wait_for(self.object_store.close(), 5.0)  # a hung store must not hold the exit
             except Exception:
                 log.exception("closing the object store failed")
         if self._http is not None:

@@ -396,7 +396,10 @@ def _pod_env(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> list[dict[
             "value": f"$(POD_NAME).{headless_service_name(ref, role)}.{ref.namespace}.svc",
         },
     ]
-    if role == "broker" and spec.broker.rack.enabled:
+    if role == "broker":
+        # The broker's rack is its node's zone, always (rack.enabled adds the spreading): the pod
+        # carries the node's topology label (Kubernetes' PodTopologyLabels admission, or the
+        # operator copies it when the pod is bound, see handlers.broker_pod_changed).
         key = spec.broker.rack.topology_key
         env.append({"name": "AUTOMQ_RACK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{key}']"}}})
     return env

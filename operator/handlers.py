@@ -35,8 +35,14 @@ import kopf
 from automq.operator import elastic
 from automq.operator.builders import ClusterRef
 from automq.operator.controller_api import ControllerApiFactory, connect
-from automq.operator.kube import KubeApi
-from automq.operator.nodeloss import NodeLossPass, NodeLossSettings, degraded_notes, read_records
+from automq.operator.kube import KubeApi, KubeError
+from automq.operator.nodeloss import (
+    NodeLossPass,
+    NodeLossSettings,
+    copy_topology_label,
+    degraded_notes,
+    read_records,
+)
 from automq.operator.reconcile import (
     STATUS_STEPS,
     STEPS,
@@ -239,11 +245,23 @@ async def node_changed(memo: Any, **_: Any) -> None:
         kick.set()
 
 
-async def broker_pod_changed(labels: Any, namespace: str, memo: Any, **_: Any) -> None:
+async def broker_pod_changed(body: Any, labels: Any, namespace: str, memo: Any, logger: Any, **_: Any) -> None:
+    """A broker pod changed: its cluster's node-loss watch looks again; a newly bound pod gets its
+    node's zone label (the broker's rack) if Kubernetes did not put it there."""
     ctx: OperatorContext = memo.automq
-    kick = ctx.node_loss_kicks.get((namespace, (labels or {}).get("app.kubernetes.io/instance", "")))
+    instance = (labels or {}).get("app.kubernetes.io/instance", "")
+    kick = ctx.node_loss_kicks.get((namespace, instance))
     if kick is not None:
         kick.set()
+    if body.get("metadata", {}).get("name") is None:
+        return
+    try:
+        live = await ctx.kube().get("AutoMQCluster", namespace, instance)
+        key = parse_spec(dict((live or {}).get("spec") or {})).broker.rack.topology_key if live else None
+        if key:
+            await copy_topology_label(ctx.kube(), dict(body), key)
+    except (InvalidSpec, KubeError) as exc:
+        logger.debug("no topology label copied: %s", exc)
 
 
 async def spec_changed(uid: str, memo: Any, **_: Any) -> None:

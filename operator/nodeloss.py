@@ -471,3 +471,21 @@ def degraded_notes(cluster: dict[str, Any]) -> list[tuple[str, str]]:
             )
         )
     return notes
+
+
+async def copy_topology_label(api: KubeApi, pod: dict[str, Any], key: str) -> bool:
+    """Give a bound broker pod its node's topology label (`key`, e.g. the zone) when it lacks it,
+    so the downward API can pass it to the broker as its rack. Clusters with the
+    PodTopologyLabels admission plugin label pods themselves; others get it here, in the moments
+    between binding and container start (a broker started before it reports no rack until its
+    next restart). True when the pod was labelled."""
+    meta = pod.get("metadata") or {}
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    if not node_name or key in (meta.get("labels") or {}) or meta.get("deletionTimestamp"):
+        return False
+    node = await api.get("Node", "", node_name)
+    value = ((node or {}).get("metadata", {}).get("labels") or {}).get(key)
+    if value is None:
+        return False
+    await api.patch("Pod", meta["namespace"], meta["name"], {"metadata": {"labels": {key: value}}})
+    return True

@@ -49,7 +49,8 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     },
     # Rolling restarts delete pods one at a time; status reads their readiness and crash loops;
     # node loss watches broker pods and force-deletes (grace 0) the one stuck on a lost node.
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+    # A bound broker pod gets its node's zone label (patch) when Kubernetes did not copy it.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch", "delete"]},
     # deletionPolicy: Delete removes the WAL volume claims; node loss reads the lost broker's.
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "delete"]},
     # Node loss: notice NotReady nodes, taint a lost one node.kubernetes.io/out-of-service

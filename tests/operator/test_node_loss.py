@@ -463,3 +463,17 @@ def test_operator_watches_nodes_and_broker_pods() -> None:
     watched = {(s.group, s.version, s.any_name) for s in registry._watching.get_all_selectors()}
     assert watched == {("", "v1", "nodes"), ("", "v1", "pods")}
     assert "node-loss" in {h.id for h in registry._spawning.get_all_handlers()}
+
+
+async def test_a_bound_broker_pod_gets_its_nodes_zone_label(kube: RecordingApi) -> None:
+    w = await world(kube, spec_with())
+    zone = "topology.kubernetes.io/zone"
+    await kube.patch("Node", "", "n1", {"metadata": {"labels": {zone: "eu-west-1b"}}})
+    pod = await kube.get("Pod", NS, "demo-broker-1")
+    assert await nodeloss.copy_topology_label(kube, pod, zone)
+    assert (await kube.get("Pod", NS, "demo-broker-1"))["metadata"]["labels"][zone] == "eu-west-1b"
+    # Already labelled, not bound yet, or a node without the label: nothing to do.
+    assert not await nodeloss.copy_topology_label(kube, await kube.get("Pod", NS, "demo-broker-1"), zone)
+    assert not await nodeloss.copy_topology_label(kube, await kube.get("Pod", NS, "demo-broker-0"), zone)
+    unbound = {"metadata": {"name": "demo-broker-9", "namespace": NS}, "spec": {}}
+    assert not await nodeloss.copy_topology_label(kube, unbound, zone)

@@ -466,7 +466,7 @@ def test_operator_watches_nodes_and_broker_pods() -> None:
 
 
 async def test_a_bound_broker_pod_gets_its_nodes_zone_label(kube: RecordingApi) -> None:
-    w = await world(kube, spec_with())
+    await world(kube, spec_with())
     zone = "topology.kubernetes.io/zone"
     await kube.patch("Node", "", "n1", {"metadata": {"labels": {zone: "eu-west-1b"}}})
     pod = await kube.get("Pod", NS, "demo-broker-1")

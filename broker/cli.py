@@ -55,12 +55,15 @@ _admin_apps()
 
 def _load(config: Path):
     from automq.broker.config import ConfigError, load_config
+    from automq.broker.objectstore.check import ObjectStoreCheckError, check_object_store_url
 
     try:
-        return load_config(config)
-    except ConfigError as exc:
-        typer.echo(str(exc), err=True)
+        node = load_config(config)
+        check_object_store_url(node.object_store_url)
+    except (ConfigError, ObjectStoreCheckError) as exc:
+        typer.echo(f"invalid configuration in {config}: {exc}", err=True)
         raise typer.Exit(2) from None
+    return node
 
 
 @app.command()

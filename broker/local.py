@@ -25,6 +25,7 @@ flush their WAL), then the controller; stragglers are killed after a grace perio
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import http.client
@@ -43,6 +44,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from automq.broker.config import Listener, NodeConfig, dump_config
+from automq.broker.objectstore.check import ObjectStoreCheckError, check_object_store
 
 CONTROLLER_NODE_ID = 0
 READY_TIMEOUT_S = 180.0
@@ -126,6 +128,15 @@ def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
 
 
 # --------------------------------------------------------------------------- configs
+
+
+def _recorded_object_store(data_dir: Path) -> str | None:
+    try:
+        recorded = yaml.safe_load((data_dir / "cluster.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None  # none yet; a broken file is reported by resolve_object_store
+    url = recorded.get("object_store_url") if isinstance(recorded, dict) else None
+    return url if isinstance(url, str) else None
 
 
 def resolve_object_store(data_dir: Path, requested: str | None) -> str:
@@ -415,6 +426,18 @@ def run_local_cluster(brokers: int, data_dir: Path | str, port: int, object_stor
     """Run a local cluster in the foreground until Ctrl-C/SIGTERM; returns the exit code."""
     console = Console(stderr=True, soft_wrap=True, highlight=False)
     data_dir = Path(data_dir).expanduser().resolve()
+    # A store given (or recorded by an earlier start) is proven usable before anything is
+    # created on disk: a wrong URL, endpoint, bucket or credential fails here in seconds.
+    to_check, setting = object_store_url, "--object-store"
+    if to_check is None:
+        to_check, setting = _recorded_object_store(data_dir), f"object_store_url in {data_dir / 'cluster.yaml'}"
+    if to_check is not None:
+        console.print(f"checking object store {to_check} ...")
+        try:
+            asyncio.run(check_object_store(to_check, setting=setting))
+        except ObjectStoreCheckError as exc:
+            console.print(f"[red]{exc}[/]")
+            return 2
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

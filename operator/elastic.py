@@ -385,6 +385,10 @@ async def tick(ctx: ElasticContext, state: ElasticState, ref: ClusterRef, report
         if model is None:
             await _flush(t)
             return
+        # Decisions paused for missing data or a scale in flight are made as soon as they can be,
+        # not an interval later (a finished scale-in leaves the count-based drain to even out).
+        due_scale = due_scale or (auto.enabled and _paused(t, "Autoscaling"))
+        due_balance = due_balance or (bal.enabled and _paused(t, "Balancing"))
         if due_scale:
             state.last_scale_eval = t.now
             if await _autoscale(t, state, model, in_flight, metadata):
@@ -394,6 +398,14 @@ async def tick(ctx: ElasticContext, state: ElasticState, ref: ClusterRef, report
     finally:
         await controller.close()
     await _flush(t)
+
+
+PAUSED = ("WaitingForMetrics", "MetricsUnavailable", "ControllerUnavailable", "ScaleInProgress")
+
+
+def _paused(t: Tick, kind: str) -> bool:
+    live = next((c for c in t.live.get("status", {}).get("conditions") or [] if c.get("type") == kind), {})
+    return live.get("reason") in PAUSED
 
 
 async def _load(

@@ -241,7 +241,7 @@ class Partition:
             await asyncio.wait_for(self._final_snapshot(), PRODUCER_SNAPSHOT_CLOSE_TIMEOUT_S)
         except Exception as exc:
             log.warning(
-                "final producer snapshot of %s-%d not written (%s); the next owner replays from the last one",
+                "final producer snapshot of %s-%d not written (%r); the next owner replays from the last one",
                 self.topic,
                 self.partition,
                 exc,

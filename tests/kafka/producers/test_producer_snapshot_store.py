@@ -5,6 +5,7 @@ recovers dedupe from the periodic snapshot plus the replayed tail, on a real sto
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 from pathlib import Path
@@ -163,5 +164,83 @@ async def test_a_crashed_leader_s_successor_dedupes_from_snapshot_plus_tail(
     await new.close()
     assert await snapshots.offsets(stream_id) == sorted(await snapshots.offsets(stream_id))[-2:]
     assert (await snapshots.offsets(stream_id))[-1] == end + 2  # the final snapshot at close
+    await engine.close()
+    await store.close()
+
+
+async def _engine(tmp_path: Path, file_url: str):
+    config = NodeConfig(
+        node_id=1,
+        data_dir=str(tmp_path / "node"),
+        object_store_url=file_url,
+        wal={"capacity": 4 << 20},
+        storage={"log_cache_bytes": 8 << 20, "block_cache_bytes": 4 << 20, "upload_interval_ms": 200},
+    )
+    store = open_object_store(file_url)
+    metadata = InProcessMetadata(store)
+    engine = StorageEngine(config, store, metadata, metadata, 1, await metadata.register_node(1))
+    await engine.start()
+    return engine, store
+
+
+async def test_snapshot_never_covers_an_append_still_in_flight(tmp_path: Path, file_url: str) -> None:
+    engine, store = await _engine(tmp_path, file_url)
+    stream_id = await engine.create_stream()
+    p = Partition(
+        PartitionInfo("t", 0, stream_id, 1, 0),
+        TopicInfo("t", "id", ()),
+        await engine.open_stream(stream_id, 0),
+        ProducerStateManager(),
+        None,
+        ProducerSnapshotStore(store),
+    )
+    await p.append_batch(*_batch(10, pid=5, seq=0))
+    pending = asyncio.ensure_future(p.append_batch(*_batch(10, pid=5, seq=10)))
+    await asyncio.sleep(0)  # the append reserved offsets 10..19 and waits for the WAL
+    assert p._safe_snapshot_offset() <= 10
+    assert await p.write_snapshot() == 10
+    await pending
+    assert await p.write_snapshot() == 20
+    snapshot = await ProducerSnapshotStore(store).load_latest(stream_id, 20)
+    assert [(b.first_seq, b.base_offset) for b in snapshot.producers[0].batches] == [(0, 0), (10, 10)]
+    await p.close()
+    await engine.close()
+    await store.close()
+
+
+async def test_idle_producers_expire_on_load(tmp_path: Path, file_url: str) -> None:
+    """producer.id.expiration.ms applies to the loaded state, by the last batch timestamp."""
+    engine, store = await _engine(tmp_path, file_url)
+    snapshots = ProducerSnapshotStore(store)
+    stream_id = await engine.create_stream()
+    topic = TopicInfo("t", "id", ())
+
+    def partition(stream, epoch: int) -> Partition:
+        state = ProducerStateManager(producer_id_expiration_ms=3_600_000)
+        return Partition(PartitionInfo("t", 0, stream_id, 1, epoch), topic, stream, state, None, snapshots)
+
+    old = partition(await engine.open_stream(stream_id, 0), 0)
+    two_hours_ago = int(time.time() * 1000) - 2 * 3_600_000
+    idle = bytearray(
+        records.build_batch(
+            0,
+            [records.encode_record(i, 0, None, b"v") for i in range(3)],
+            last_offset_delta=2,
+            base_timestamp=two_hours_ago,
+            max_timestamp=two_hours_ago,
+            producer_id=1,
+            producer_epoch=0,
+            base_sequence=0,
+        )
+    )
+    await old.append_batch(idle, records.parse_header(idle))
+    await old.append_batch(*_batch(3, pid=2, seq=0))
+    await old.close()  # final snapshot
+    new = partition(await engine.open_stream(stream_id, 1), 1)
+    await new.rebuild_producer_state()
+    assert new.snapshot_offset == 6
+    assert new.producer_state.entry(1) is None
+    assert new.producer_state.entry(2) is not None
+    await new.close()
     await engine.close()
     await store.close()

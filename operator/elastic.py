@@ -404,7 +404,9 @@ PAUSED = ("WaitingForMetrics", "MetricsUnavailable", "ControllerUnavailable", "S
 
 
 def _paused(t: Tick, kind: str) -> bool:
-    live = next((c for c in t.live.get("status", {}).get("conditions") or [] if c.get("type") == kind), {})
+    live: dict[str, Any] = next(
+        (c for c in t.live.get("status", {}).get("conditions") or [] if c.get("type") == kind), {}
+    )
     return live.get("reason") in PAUSED
 
 

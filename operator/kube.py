@@ -269,7 +269,7 @@ IMMUTABLE_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
 def without_immutable(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(obj)
     for path in IMMUTABLE_FIELDS.get(kind, ()):
-        node = out
+        node: Any = out
         for key in path[:-1]:
             node = node.get(key) if isinstance(node, dict) else None
         if isinstance(node, dict):

@@ -70,7 +70,7 @@ async def _move(api: ControllerApi, move: Move, poll_s: float, serves: ServesChe
     if current is None:
         raise ControllerApiError(f"{move.topic}-{move.partition} no longer exists")
     if not (current.leader == move.target and current.state == "online"):
-        if current.state == "moving" and current.target == move.target:
+        if current.state in ("moving", "offline") and current.target == move.target:
             pass  # ours from an earlier attempt: wait for it
         elif current.leader != move.source:
             raise ControllerApiError(
@@ -86,6 +86,10 @@ async def _move(api: ControllerApi, move: Move, poll_s: float, serves: ServesChe
         if current.leader == move.target and current.state == "online":
             if serves is None or await serves(move):
                 return
+        elif current.state == "offline" and current.target == move.target:
+            # The old leader was fenced mid-move: the move resumes once its WAL is back or
+            # recovered (the controller keeps the target); a timeout reports it meanwhile.
+            pass
         elif current.state != "moving" and current.leader != move.source:
             raise ControllerApiError(
                 f"{move.topic}-{move.partition} went to broker {current.leader} instead of {move.target}"

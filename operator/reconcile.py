@@ -334,7 +334,8 @@ async def _roll_one(c: Cluster) -> bool:
                 Note("RollingUpdate", f"{role} pod {pod['metadata']['name']} restarted with the new template")
             )
             return False
-    for role in ("broker", "controller"):
+    order: tuple[Role, ...] = ("broker", "controller")
+    for role in order:
         if not outdated[role]:
             continue
         waiting = [p["metadata"]["name"] for r in builders.ROLES for p in pods[r] if not is_ready(p)]
@@ -443,9 +444,9 @@ async def pods_ready(c: Cluster) -> None:
                 )
     brokers = {ordinal(p): p for p in c.pods["broker"]}
     for node_id in list(c.drained):
-        pod = brokers.get(node_id)
-        back = pod is not None and is_ready(pod) and node_id < c.spec.broker.replicas
-        gone = node_id >= c.spec.broker.replicas and pod is None
+        broker_pod = brokers.get(node_id)
+        back = broker_pod is not None and is_ready(broker_pod) and node_id < c.spec.broker.replicas
+        gone = node_id >= c.spec.broker.replicas and broker_pod is None
         if back:
             await _undrain(c, node_id)
         elif gone:
@@ -483,7 +484,7 @@ def _condition(
         message=message,
         last_transition_time=since,
         observed_generation=generation,
-    )  # type: ignore[arg-type]
+    )
 
 
 # The conditions a reconcile pass computes; others (Balancing, Autoscaling) belong to the elastic

@@ -16,7 +16,7 @@ an event and in the status, and changes nothing else. Autoscaling and balancing 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 GROUP = "automq.io"
 VERSION = "v1alpha1"
@@ -570,7 +571,8 @@ def _immutable_rules() -> list[dict[str, str]]:
 class AutoMQClusterSpec(_Model):
     """Desired state of an AutoMQ cluster: controllers, brokers and the bucket they share."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _immutable_rules()})
+    # cast: pydantic types json_schema_extra values as JsonValue, which list[dict[str, str]] is.
+    model_config = ConfigDict(json_schema_extra=cast(JsonDict, {"x-kubernetes-validations": _immutable_rules()}))
 
     image: str = Field(DEFAULT_IMAGE, min_length=1, description="Container image of controllers and brokers.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(

@@ -233,9 +233,19 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     return
             (size,) = _SIZE.unpack_from(head, 0)
             if size > LARGE_FRAME_BYTES:
+                # only now is the size known (a head holds no body of a large frame): this
+                # read may hold all of it, and what follows it
                 self._head = None
-                self._start_large(size, memoryview(head)[4:], data[position:])
-                return
+                if end - position < size:
+                    self._start_large(size, data[position:], b"")
+                    return
+                self._frame_started = 0.0
+                self._on_frame(bytearray(data[position : position + size]))
+                position += size
+                if self._closing:
+                    return
+                head = None
+        if head is not None:
             take = min(4 + size - len(head), end - position)
             head += data[position : position + take]
             position += take

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import socket
 import struct
 import tracemalloc
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.errors import ErrorCode
 
@@ -260,6 +263,56 @@ async def test_a_frame_larger_than_the_budget_still_completes(tmp_path):
         conn, rest = await _declare(server, 3, 2 << 20, 1000)
         conn.writer.write(rest)
         assert await _answered(conn, 3)
+        conn.close()
+    finally:
+        await server.stop(timeout=1)
+
+
+async def test_frames_split_anywhere_are_cut_correctly(tmp_path):
+    # a size split across reads, then the rest of a large frame and a small one in one read
+    server = await start(tmp_path, socket_request_max_bytes="1MiB")
+    try:
+        conn = await Conn.open(server)
+        large = codec.encode_request(1, ApiVersionsRequest())
+        large += b"\x00" * ((100 << 10) - len(large))  # trailing bytes a Kafka parser ignores
+        small = codec.encode_request(2, ApiVersionsRequest())
+        data = struct.pack(">i", len(large)) + large + struct.pack(">i", len(small)) + small
+        conn.writer.write(data[:2])
+        await conn.writer.drain()
+        for _ in range(500):  # until the broker holds the 2 bytes
+            if any(c._head for c in server.connections):
+                break
+            await asyncio.sleep(0.01)
+        conn.writer.write(data[2:])
+        assert await _answered(conn, 1)
+        assert await _answered(conn, 2)
+        conn.close()
+    finally:
+        await server.stop(timeout=1)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    pads=st.lists(
+        st.sampled_from([0, 10, 1000, (64 << 10) - 20, 64 << 10, 70 << 10, 150 << 10]), min_size=1, max_size=5
+    ),
+    cuts=st.lists(st.integers(1, 400_000), max_size=8),
+)
+async def test_any_split_of_pipelined_frames_is_answered_in_order(tmp_path_factory, pads, cuts):
+    server = await start(tmp_path_factory.mktemp("split"), socket_request_max_bytes="1MiB")
+    try:
+        conn = await Conn.open(server)
+        data = b""
+        for i, pad in enumerate(pads):
+            frame = codec.encode_request(i, ApiVersionsRequest()) + b"\x00" * pad
+            data += struct.pack(">i", len(frame)) + frame
+        points = sorted({c % len(data) for c in cuts} | {0, len(data)})
+        for start_at, end_at in itertools.pairwise(points):
+            conn.writer.write(data[start_at:end_at])
+            await conn.writer.drain()
+            await asyncio.sleep(0.005)  # separate reads are likelier; correctness does not depend on it
+        for i in range(len(pads)):
+            assert await _answered(conn, i)
         conn.close()
     finally:
         await server.stop(timeout=1)

@@ -223,19 +223,49 @@ def status(
 
 @local_app.command("up")
 def local_up(
-    brokers: int = typer.Option(1, "--brokers", min=1, max=16, help="Number of brokers."),
+    brokers: int | None = typer.Option(
+        None, "--brokers", min=1, max=16, help="Number of brokers (default: as last time in this data dir, else 1)."
+    ),
     data_dir: Path = typer.Option(
         Path(".automq-local"), "--data-dir", help="Where WALs, logs and the embedded object store live."
     ),
-    port: int = typer.Option(9092, "--port", min=1, max=65535, help="First broker's Kafka port; the others follow."),
+    port: int | None = typer.Option(
+        None,
+        "--port",
+        min=1,
+        max=65535,
+        help="First broker's Kafka port; the others follow (default: as last time, else 9092).",
+    ),
     object_store: str | None = typer.Option(
         None, "--object-store", help="s3://bucket?endpoint=... (default: file:// under --data-dir)."
     ),
+    detach: bool = typer.Option(
+        False,
+        "--detach",
+        "-d",
+        help="Run in the background; print the bootstrap once it serves; `local down` stops it.",
+    ),
 ) -> None:
     """Start a controller and N brokers as processes on 127.0.0.1; Ctrl-C stops them."""
-    from automq.broker.local import run_local_cluster
+    from automq.broker import local
 
-    sys.exit(run_local_cluster(brokers=brokers, data_dir=data_dir, port=port, object_store_url=object_store))
+    if detach:
+        argv = ["--data-dir", str(data_dir)]
+        argv += ["--brokers", str(brokers)] if brokers is not None else []
+        argv += ["--port", str(port)] if port is not None else []
+        argv += ["--object-store", object_store] if object_store is not None else []
+        sys.exit(local.detach(argv, data_dir))
+    sys.exit(local.run_local_cluster(brokers=brokers, data_dir=data_dir, port=port, object_store_url=object_store))
+
+
+@local_app.command("down")
+def local_down(
+    data_dir: Path = typer.Option(Path(".automq-local"), "--data-dir", help="The data dir of the cluster to stop."),
+) -> None:
+    """Stop a cluster started with `local up --detach` (brokers first, then the controller)."""
+    from automq.broker.local import local_down as stop
+
+    sys.exit(stop(data_dir))
 
 
 @wal_app.command("recover")

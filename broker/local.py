@@ -4,7 +4,9 @@ The processes are the same ones a Kubernetes deployment runs (`automq controller
 `automq broker`), each with a NodeConfig file written under the data dir, so local mode
 exercises the real configuration path. Layout of the data dir:
 
-    cluster.yaml              what this data dir was created with (object store URL)
+    cluster.yaml              what this data dir was created with (object store URL) and the
+                              last --brokers/--port, which a restart without them reuses
+    .lock                     held by the running launcher; holds its pid (`automq local down`)
     config/controller.yaml    generated node configs, rewritten on every start
     config/broker-<id>.yaml
     broker-<id>/              a broker's local scratch: its WAL file
@@ -331,19 +333,19 @@ def stop(nodes: list[Node], console: Console, broker_grace_s: float = BROKER_STO
     brokers = [n for n in nodes if n.role == "broker"]
     controllers = [n for n in nodes if n.role == "controller"]
     for group, grace in ((brokers, broker_grace_s), (controllers, CONTROLLER_STOP_GRACE_S)):
-        running = [n for n in group if n.process is not None and n.process.poll() is None]
-        for n in running:
+        running = [(n, n.process) for n in group if n.process is not None and n.process.poll() is None]
+        for _, process in running:
             with contextlib.suppress(ProcessLookupError):
-                n.process.send_signal(signal.SIGTERM)
+                process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for n in running:
+        for n, process in running:
             try:
-                n.process.wait(max(0.0, deadline - time.monotonic()))
+                process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 console.print(f"[yellow]{n.name} did not stop within {grace:.0f}s; killing it[/]")
                 with contextlib.suppress(ProcessLookupError):
-                    n.process.kill()
-                n.process.wait()
+                    process.kill()
+                process.wait()
     for n in nodes:
         with contextlib.suppress(OSError):
             n.pid_path.unlink()
@@ -422,10 +424,45 @@ def _wait_ready(nodes: list[Node], console: Console, signals: _Signals) -> bool:
     return True
 
 
-def run_local_cluster(brokers: int, data_dir: Path | str, port: int, object_store_url: str | None) -> int:
-    """Run a local cluster in the foreground until Ctrl-C/SIGTERM; returns the exit code."""
+def _recorded(data_dir: Path) -> dict[str, object]:
+    try:
+        recorded = yaml.safe_load((data_dir / "cluster.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def remembered_options(data_dir: Path, brokers: int | None, port: int | None) -> tuple[int, int]:
+    """--brokers and --port as given, else as the last start of this data dir used them."""
+    recorded = _recorded(Path(data_dir).expanduser().resolve())
+    b, p = recorded.get("brokers"), recorded.get("port")
+    return (
+        brokers if brokers is not None else (b if isinstance(b, int) and b >= 1 else 1),
+        port if port is not None else (p if isinstance(p, int) and 0 < p < 65536 else 9092),
+    )
+
+
+def _remember(data_dir: Path, brokers: int, port: int) -> None:
+    record = data_dir / "cluster.yaml"
+    recorded = _recorded(data_dir)
+    if recorded.get("brokers") != brokers or recorded.get("port") != port:
+        record.write_text(yaml.safe_dump({**recorded, "brokers": brokers, "port": port}))
+
+
+def _print_endpoints(nodes: list[Node], console: Console, data_dir: Path) -> None:
+    for n in nodes:
+        base = f"http://127.0.0.1:{n.http_port}"
+        kafka = f"kafka 127.0.0.1:{n.kafka_port}, " if n.kafka_port else ""
+        console.print(f"  {n.name}: {kafka}metrics {base}/metrics, health {base}/healthz, {base}/readyz")
+    console.print(f"  logs: {data_dir / 'logs'}; `automq status --data-dir {data_dir}` shows the cluster's state")
+
+
+def run_local_cluster(brokers: int | None, data_dir: Path | str, port: int | None, object_store_url: str | None) -> int:
+    """Run a local cluster in the foreground until Ctrl-C/SIGTERM; returns the exit code.
+    `brokers`/`port` None: what the last start of this data dir used (else 1 and 9092)."""
     console = Console(stderr=True, soft_wrap=True, highlight=False)
     data_dir = Path(data_dir).expanduser().resolve()
+    brokers, port = remembered_options(data_dir, brokers, port)
     # A store given (or recorded by an earlier start) is proven usable before anything is
     # created on disk: a wrong URL, endpoint, bucket or credential fails here in seconds.
     to_check, setting = object_store_url, "--object-store"
@@ -449,6 +486,7 @@ def run_local_cluster(brokers: int, data_dir: Path | str, port: int, object_stor
     try:
         with _data_dir_lock(data_dir):
             nodes = prepare(brokers, data_dir, port, object_store_url)
+            _remember(data_dir, brokers, port)
             console.print(f"data dir {data_dir}; process logs in {data_dir / 'logs'}")
             for n in nodes:
                 spawn(n)
@@ -459,7 +497,8 @@ def run_local_cluster(brokers: int, data_dir: Path | str, port: int, object_stor
                 return 0 if signals.count else 1  # stopped on request (Ctrl-C/SIGTERM) vs failed to start
             bootstrap = ",".join(f"127.0.0.1:{n.kafka_port}" for n in nodes if n.kafka_port)
             print(f"bootstrap: {bootstrap}", flush=True)
-            console.print(f"cluster ready: {len(nodes) - 1} broker(s); Ctrl-C stops it. Logs: {data_dir / 'logs'}")
+            console.print(f"cluster ready: {len(nodes) - 1} broker(s); Ctrl-C (or `automq local down`) stops it")
+            _print_endpoints(nodes, console, data_dir)
             code = _supervise(nodes, console, signals)
             console.print("stopping brokers, then the controller ...")
             controller_alive = all(
@@ -517,3 +556,94 @@ def _supervise(nodes: list[Node], console: Console, signals: _Signals) -> int:
                 )
         time.sleep(0.25)
     return 0
+
+
+# --------------------------------------------------------------------------- background mode
+
+DETACH_READY_TIMEOUT_S = 180.0
+DOWN_TIMEOUT_S = 120.0
+
+
+def running_launcher(data_dir: Path) -> int | None:
+    """The pid of the `automq local up` holding this data dir, or None when none runs."""
+    lock_path = Path(data_dir).expanduser().resolve() / ".lock"
+    if not lock_path.exists():
+        return None
+    with open(lock_path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            text = handle.read().strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return None
+
+
+def detach(argv: list[str], data_dir: Path) -> int:
+    """Start `automq local up ARGV` in its own session, wait until it serves, print the
+    bootstrap line and return 0; if it fails first, print the end of its output and return its code."""
+    console = Console(stderr=True, soft_wrap=True, highlight=False)
+    data_dir = Path(data_dir).expanduser().resolve()
+    pid = running_launcher(data_dir)
+    if pid is not None:
+        console.print(f"[red]a cluster already runs in {data_dir} (pid {pid}); `automq local down` stops it[/]")
+        return 2
+    log_dir = data_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / "local-up.log"
+    with open(log_path, "ab") as log:
+        start = log.tell()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "automq.broker.cli", "local", "up", *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C in this terminal no longer reaches it
+        )
+    deadline = time.monotonic() + DETACH_READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with open(log_path, "rb") as log:
+            log.seek(start)
+            text = log.read().decode(errors="replace")
+        for line in text.splitlines():
+            if line.startswith("bootstrap: "):
+                print(line, flush=True)
+                console.print(
+                    f"running in the background (pid {process.pid}); output in {log_path}; "
+                    f"`automq local down --data-dir {data_dir}` stops it"
+                )
+                return 0
+        code = process.poll()
+        if code is not None:
+            console.print(f"[red]the cluster did not start (exit code {code}); the end of {log_path}:[/]")
+            console.print("\n".join(text.splitlines()[-15:]), markup=False)
+            return code or 1
+        time.sleep(0.2)
+    console.print(f"[red]not serving after {DETACH_READY_TIMEOUT_S:.0f}s; still starting? see {log_path}[/]")
+    return 1
+
+
+def local_down(data_dir: Path, timeout_s: float = DOWN_TIMEOUT_S) -> int:
+    """Stop the background cluster of a data dir (SIGTERM to its launcher, which stops brokers,
+    then the controller); 0 once it has exited, 1 if none ran or it did not stop in time."""
+    console = Console(stderr=True, soft_wrap=True, highlight=False)
+    data_dir = Path(data_dir).expanduser().resolve()
+    pid = running_launcher(data_dir)
+    if pid is None:
+        console.print(f"no cluster is running in {data_dir}")
+        return 1
+    if pid <= 0:
+        console.print(f"[red]{data_dir / '.lock'} is held but names no pid; stop the launcher by hand[/]")
+        return 1
+    console.print(f"stopping the cluster in {data_dir} (launcher pid {pid}) ...")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if running_launcher(data_dir) is None:
+            console.print("stopped")
+            return 0
+        time.sleep(0.2)
+    console.print(f"[red]still running after {timeout_s:.0f}s (pid {pid}); see {data_dir / 'logs'}[/]")
+    return 1

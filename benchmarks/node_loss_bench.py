@@ -40,8 +40,8 @@ WALS = {
 }
 
 
-def _harness(root: Path) -> KubeletHarness:
-    return KubeletHarness(root, object_store_url=(root / "objects").as_uri())
+def _harness(root: Path, multi_attach: bool = False) -> KubeletHarness:
+    return KubeletHarness(root, object_store_url=(root / "objects").as_uri(), multi_attach=multi_attach)
 
 
 def baseline(root: Path) -> float:
@@ -79,7 +79,7 @@ def main() -> int:
         print(f"baseline  broker kill -9, restarted in place: partitions led again after {base:5.1f} s")
         for strategy in args.strategies.split(","):
             root = Path(tmp) / strategy
-            with _harness(root) as k8s:
+            with _harness(root, multi_attach=strategy == "multiAttach") as k8s:
                 run = run_node_loss(k8s, WALS[strategy], grace_s=args.grace)
                 assert run.load is not None
                 run.load.stop()

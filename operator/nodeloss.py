@@ -252,6 +252,7 @@ class NodeLossPass:
         if not node_name:
             return  # not scheduled: nothing is stuck anywhere
         node = await self.api.get("Node", "", node_name)
+        since: dt.datetime | None
         if node is None:
             since = self.missing_since.setdefault(node_name, self.now())
         else:

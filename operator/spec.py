@@ -520,7 +520,7 @@ def check_overrides(overrides: dict[str, str], where: str) -> None:
         raise ValueError(f"{where}[{key!r}]: {msg}") from None
 
 
-def _immutable_rules() -> list[dict[str, str]]:
+def _immutable_rules() -> list[Any]:
     """CEL transition rules (`oldSelf` is the stored spec) for fields a running cluster cannot
     change: the API server refuses such an update with the message, instead of the operator
     finding out later and reporting the cluster Degraded. Evaluated on the whole spec so that

@@ -6,7 +6,8 @@ The operator must detect it after the grace, fence the broker at the (real) cont
 delete its pod and release or recover its WAL; every acknowledged record is then read back
 exactly once, in order. forceDetach: the replacement pod on a healthy node recovers the WAL
 from the same volume; multiAttach: the recovery Job's command runs as a real process on the
-lost broker's WAL volume while the node is still down.
+lost broker's WAL volume while the node is still down (the harness's Job runner), and the
+replacement pod's volume attaches only once the operator released it (forceDetach).
 """
 
 from __future__ import annotations
@@ -21,13 +22,19 @@ from sequenced_load import check_exactly_once
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 
+@pytest.fixture(params=["forceDetach", "multiAttach"])
+def failover(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def k8s(tmp_path) -> Iterator[KubeletHarness]:
-    with KubeletHarness(tmp_path, object_store_url=(tmp_path / "objects").as_uri()) as harness:
+def k8s(tmp_path, failover: str) -> Iterator[KubeletHarness]:
+    store = (tmp_path / "objects").as_uri()
+    # ReadWriteOnce volumes, except for multiAttach, whose storage attaches to a second node.
+    with KubeletHarness(tmp_path, object_store_url=store, multi_attach=failover == "multiAttach") as harness:
         yield harness
 
 
-@pytest.mark.parametrize("failover", ["forceDetach", "multiAttach"])
 def test_lost_node_broker_is_fenced_recovered_and_every_ack_read_once(k8s: KubeletHarness, failover: str) -> None:
     run = run_node_loss(k8s, {"kind": "volume", "size": "64Mi", "failover": failover}, grace_s=2)
     assert run.events[: len(NODE_LOSS_STEPS)] == NODE_LOSS_STEPS, run.events

@@ -3,26 +3,21 @@
 Real controller and broker processes (one per pod the operator's StatefulSets ask for), the real
 operator with its node-loss daemon, real confluent-kafka producers (acks=all, idempotent,
 per-partition sequence numbers). The node under a broker that leads partitions is marked
-NotReady and its processes are SIGKILLed; the operator is then on its own. With
-`wal.failover: multiAttach` the harness has no Job controller, so the scenario plays it: it runs
-the recovery Job's container command, as written by the operator, as a real process on the
-lost broker's WAL volume (paths and addresses mapped as for pods).
+NotReady and its processes are SIGKILLed; the operator is then on its own. The harness enforces
+ReadWriteOnce (the replacement pod waits while the WAL volume is attached to the lost node,
+until the out-of-service taint or a deleted VolumeAttachment releases it; `multi_attach=True`
+for the multiAttach strategy) and runs the operator's WAL-recovery Job as a real process.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
 from kubelet_harness import KubeletHarness
 from sequenced_load import SequencedProducer, create_topic
-
-from automq.operator import builders
 
 NODE_LOSS_STEPS = ["NodeLost", "BrokerFenced", "PodReleased", "VolumeReleased", "WalRecovered", "PartitionsServed"]
 
@@ -63,25 +58,18 @@ def _events(k8s: KubeletHarness, name: str) -> list[str]:
     return [e.get("reason", "") for e in k8s.events(name)]
 
 
-def _run_recovery_job(k8s: KubeletHarness, name: str, ordinal: int) -> str:
-    """Play the Job controller + kubelet for the operator's WAL-recovery Job."""
+def _recovery_job_output(k8s: KubeletHarness, name: str, ordinal: int) -> str:
+    """The harness's Job runner ran the operator's WAL-recovery Job as a real process: its
+    exit code and output line."""
     job_name = f"{name}-broker-{ordinal}-wal-recovery"
-    job = k8s.wait_for(f"Job {job_name}", lambda: k8s.get("Job", job_name))
-    container = job["spec"]["template"]["spec"]["containers"][0]
-    claim = job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
-    args = list(container["args"])
-    for i, arg in enumerate(args[:-1]):
-        value = args[i + 1]
-        if arg == "--controller":
-            args[i + 1] = k8s.map_url(value)
-        elif arg == "--wal":
-            args[i + 1] = str(k8s.root / "volumes" / claim / Path(value).relative_to(builders.WAL_DIR))
-        elif arg == "--object-store" and k8s.object_store_url:
-            args[i + 1] = str(k8s.object_store_url)
-    out = subprocess.run(
-        [sys.executable, "-m", "automq.broker.cli", *args], capture_output=True, text=True, timeout=180
-    )
-    return f"exit {out.returncode}\n{out.stdout}{out.stderr[-2000:]}"
+
+    def finished() -> Any:
+        return next((r for r in k8s.jobs.runs if r.job == job_name and r.exit_code is not None), None)
+
+    run = k8s.wait_for(f"Job {job_name} run", finished, timeout=180)
+    log = (k8s.root / "logs" / f"{run.pod}.log").read_text(errors="replace")
+    lines = [line for line in log.splitlines() if line.startswith("node ") or "automq wal recover:" in line]
+    return f"exit {run.exit_code}\n" + "\n".join(lines[-2:])
 
 
 def run_node_loss(k8s: KubeletHarness, wal: dict[str, Any], grace_s: int, rate: float = 300.0) -> NodeLossRun:
@@ -115,7 +103,7 @@ def run_node_loss(k8s: KubeletHarness, wal: dict[str, Any], grace_s: int, rate: 
 
     run.degraded_seen = k8s.wait_for("Degraded NodeLost", degraded, timeout=120)
     if strategy == "multiAttach":
-        run.job_output = _run_recovery_job(k8s, name, ordinal)
+        run.job_output = _recovery_job_output(k8s, name, ordinal)
 
     def served() -> bool:
         return "PartitionsServed" in _events(k8s, name)

@@ -23,6 +23,7 @@ kept in `status.drainedBrokers` so an operator restart never leaves a broker dra
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime as dt
 import logging
@@ -30,10 +31,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from automq.broker.balancer.planner import Move
 from automq.operator import builders
 from automq.operator.builders import ClusterRef, Role
 from automq.operator.controller_api import ControllerApi, ControllerApiError, ControllerApiFactory
 from automq.operator.kube import KubeApi, apply, wait_until
+from automq.operator.moves import execute_moves
 from automq.operator.quantity import same_quantity
 from automq.operator.spec import AutoMQClusterSpec, AutoMQClusterStatus, Condition, RoleStatus
 
@@ -279,6 +282,10 @@ async def _drain_for_scale_in(c: Cluster, node_ids: list[int]) -> bool:
     await c.remember_drained(running)
     api = c.controller_api()
     try:
+        if (c.spec.balancing.enabled or c.spec.autoscaling.enabled) and not await _move_off(
+            c, api, [builders.broker_node_id(n) for n in running]
+        ):
+            return False
         for node_id in running:
             await api.drain_broker(builders.broker_node_id(node_id))
 
@@ -289,6 +296,59 @@ async def _drain_for_scale_in(c: Cluster, node_ids: list[int]) -> bool:
     except ControllerApiError as exc:
         c.problems.append(Note("ControllerUnavailable", f"cannot drain brokers {running} for scale-in: {exc}"))
         return False
+
+
+async def _move_off(c: Cluster, api: ControllerApi, leaving: list[int]) -> bool:
+    """Move the leaving brokers' partitions off at most spec.balancing.maxConcurrentMoves at a time.
+
+    With the elastic features on, scale-in is bounded like any rebalance: the controller's drain
+    alone would start every move at once, and each waits for its tail upload, so produce latency
+    suffers for the whole drain (measured by benchmarks/elastic_bench.py). Targets: the active
+    brokers that stay, fewest partitions first. The drain that follows marks the brokers draining
+    (nothing new is placed on them) and moves whatever was created meanwhile; this pass spends at
+    most scale_in_wait_s here (False: not done yet), the next one continues."""
+    image = await api.metadata()
+    staying = sorted(b.node_id for b in image.brokers if b.state == "active" and b.node_id not in leaving)
+    if not staying:
+        return True  # nowhere to move to: the drain reports it
+    counts: dict[int, int] = dict.fromkeys(staying, 0)
+    for topic in image.topics:
+        for p in topic.partitions:
+            if p.leader in counts:
+                counts[p.leader] += 1
+    moves = []
+    for topic in image.topics:
+        for p in topic.partitions:
+            if p.leader in leaving and p.state == "online":
+                target = min(staying, key=lambda b: (counts[b], b))
+                counts[target] += 1
+                moves.append(Move(topic.name, p.partition, p.leader, target, "evacuate"))
+    if not moves:
+        return True
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    try:
+        outcomes = await asyncio.wait_for(
+            execute_moves(
+                api,
+                moves,
+                max_concurrent=c.spec.balancing.max_concurrent_moves,
+                timeout_s=c.settings.drain_timeout_s,
+                poll_s=min(c.settings.poll_interval_s, 0.25),
+            ),
+            c.settings.scale_in_wait_s,
+        )
+    except TimeoutError:
+        c.progress.append(Note("ScalingIn", f"moving {len(moves)} partitions off brokers {leaving}, continuing"))
+        return False
+    failed = [o for o in outcomes if not o.ok]
+    c.reporter.info(
+        "DrainedForScaleIn",
+        f"moved {len(outcomes) - len(failed)} partitions off brokers {leaving} in {loop.time() - start:.1f}s, "
+        f"at most {c.spec.balancing.max_concurrent_moves} at a time"
+        + (f"; {len(failed)} left to the controller's drain (first: {failed[0].error})" if failed else ""),
+    )
+    return True
 
 
 async def rolling_update(c: Cluster) -> None:

@@ -574,6 +574,9 @@ def test_autoscaler_grows_gives_new_broker_its_share_then_drains_and_shrinks(k8s
     assert {b.node_id: b.state for b in image.brokers}[0] == "active"
     assert any("scale down 4 -> 2" in e["message"] for e in k8s.events("ScalingDown"))
     assert k8s.events("ScaledIn") and k8s.events("BrokerUnregistered")
+    # With the elastic features on, scale-in moves partitions off bounded like a rebalance.
+    drained = k8s.events("DrainedForScaleIn")
+    assert drained and "off brokers [2, 3]" in drained[0]["message"] and "at most 4 at a time" in drained[0]["message"]
     assert metric("automq_operator_scale_decisions_total", direction="down") == 1
     assert metric("automq_operator_scale_decisions_total", direction="up") == 1
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -10,7 +11,7 @@ from automq.broker.balancer.planner import Move
 from automq.broker.config import NodeConfig
 from automq.broker.controller.client import ControllerClient
 from automq.broker.controller.process import ControllerService
-from automq.broker.controller.protocol import Endpoint
+from automq.broker.controller.protocol import Endpoint, MetadataImage, PartitionInfo, TopicInfo
 from automq.operator.controller_api import connect
 from automq.operator.moves import execute_moves
 
@@ -94,3 +95,31 @@ async def test_moves_run_bounded_and_report_each_failure_with_why(controller: Co
 
 async def _never() -> bool:
     return False
+
+
+class SlowController:
+    """A controller whose moves take a while: counts how many are in flight at once."""
+
+    def __init__(self, partitions: int) -> None:
+        self.leaders = dict.fromkeys(range(partitions), 1)
+        self.in_flight = 0
+        self.most = 0
+
+    async def metadata(self) -> MetadataImage:
+        parts = tuple(PartitionInfo("t", p, p, leader, 1) for p, leader in self.leaders.items())
+        return MetadataImage(1, "c", 1000, (), (TopicInfo("t", "id", parts),))
+
+    async def reassign_partition(self, topic: str, partition: int, target: int) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(0.05)
+        self.leaders[partition] = target
+        self.in_flight -= 1
+
+
+async def test_no_more_than_max_concurrent_moves_are_in_flight() -> None:
+    api = SlowController(12)
+    moves = [Move("t", p, 1, 2, "evacuate") for p in range(12)]
+    # SlowController has just the two calls execute_moves makes.
+    outcomes = await execute_moves(api, moves, max_concurrent=3, timeout_s=10, poll_s=0.01)  # type: ignore[arg-type]
+    assert all(o.ok for o in outcomes) and api.most == 3

@@ -1023,8 +1023,27 @@ class KubeletHarness:
         tails = "\n".join(f"--- {p}\n{self.log_tail(p, 8)}" for p in pods)
         pytest.fail(
             f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}; operator errors: "
-            f"{self.operator_errors}; harness errors: {self.errors()}\n{tails}"
+            f"{self.operator_errors}; harness errors: {self.errors()}\n{self._clusters_summary()}\n{tails}"
         )
+
+    def _clusters_summary(self) -> str:
+        """What the operator last said about each cluster (for failure messages)."""
+        try:
+            clusters = self.list("AutoMQCluster")
+        except Exception as exc:
+            return f"(cannot list clusters: {exc})"
+        lines = []
+        for c in clusters:
+            status = c.get("status") or {}
+            conditions = "; ".join(
+                f"{x.get('type')}={x.get('status')} {x.get('reason', '')}: {x.get('message', '')}"
+                for x in status.get("conditions") or []
+            )
+            lines.append(f"=== {c['metadata']['name']}: {conditions}")
+            for key in ("autoscaling", "balancing", "brokers"):
+                if key in status:
+                    lines.append(f"    {key}: {status[key]}")
+        return "\n".join(lines)
 
 
 _GARBAGE_COLLECTED = (

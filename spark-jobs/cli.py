@@ -129,6 +129,9 @@ def compact_command(
     ),
     max_objects: int = typer.Option(500, "--max-objects", min=2, help="Source objects per run."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
+    keys: bool = typer.Option(
+        False, "--keys", help="Key compaction of cleanup.policy=compact topics (latest record per key) instead."
+    ),
     master: str | None = _MASTER,
 ) -> None:
     """Rewrite small objects into large per-stream objects and commit the swap at the controller."""
@@ -146,6 +149,40 @@ def compact_command(
         force_split_age_ms=_duration_ms(force_split_age, "--force-split-age"),
         max_objects=max_objects,
     )
+    if keys:
+        from automq.spark.keycompact import compact_keys, plan_keys
+
+        if dry_run:
+            for kt in plan_keys(location, settings.min_age_ms):
+                typer.echo(
+                    json.dumps(
+                        {
+                            "topic": kt.task.topic,
+                            "partition": kt.task.partition,
+                            "sources": [s.object_id for s in kt.task.sources],
+                        }
+                    )
+                )
+            return
+        from automq.spark.session import spark_session
+
+        report = compact_keys(spark_session(master, app_name="automq-compact-keys"), location, settings.min_age_ms)
+        typer.echo(
+            json.dumps(
+                {
+                    "planned": report.planned,
+                    "committed": report.committed,
+                    "lost": report.lost,
+                    "source_objects": report.source_objects,
+                    "bytes_written": report.bytes_written,
+                    "seconds": round(report.seconds, 3),
+                    "errors": report.errors,
+                }
+            )
+        )
+        if report.errors:
+            raise typer.Exit(1)
+        return
     if dry_run:
         import asyncio
 

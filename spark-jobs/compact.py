@@ -237,7 +237,7 @@ async def _rewrite(object_store_url: str, task: CompactionTask, object_id: int, 
         key = object_key(object_id)
         size = writer.total_size
         if size > MULTIPART_BYTES:
-            await store.put_multipart(key, _chunks(parts, PART_BYTES))
+            await store.put_multipart(key, chunks(parts, PART_BYTES))
         else:
             await store.put(key, b"".join(parts))
         return Rewritten(task, object_id, size, summary.start_offset, summary.end_offset)
@@ -245,7 +245,7 @@ async def _rewrite(object_store_url: str, task: CompactionTask, object_id: int, 
         await store.close()
 
 
-def _chunks(parts: list[bytes | memoryview], size: int) -> list[bytes]:
+def chunks(parts: list[bytes | memoryview], size: int) -> list[bytes]:
     out: list[bytes] = []
     buf = bytearray()
     for p in parts:
@@ -261,7 +261,7 @@ def _chunks(parts: list[bytes | memoryview], size: int) -> list[bytes]:
 # --------------------------------------------------------------------------- the job
 
 
-async def _prepare(location: ClusterLocation, count: int) -> int:
+async def prepare_ids(location: ClusterLocation, count: int) -> int:
     async with ControllerClient(list(location.controller_urls)) as client:
         return await client.prepare_objects(count, PREPARE_TTL_MS)
 
@@ -308,7 +308,7 @@ def compact(
     if not tasks:
         report.seconds = time.monotonic() - started
         return report
-    first = asyncio.run(_prepare(location, len(tasks)))
+    first = asyncio.run(prepare_ids(location, len(tasks)))
     url, block = location.object_store_url, settings.block_bytes
     jobs = [(first + i, t) for i, t in enumerate(tasks)]
     parallelism = max(1, min(len(jobs), spark.sparkContext.defaultParallelism * 2))

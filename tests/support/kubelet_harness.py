@@ -103,7 +103,7 @@ from kubelet_volumes import Volumes
 from kubernetes.config import kube_config
 
 from automq.broker.config import dump_config
-from automq.broker.local import free_port_block
+from automq.broker.local import free_port_block, port_is_free
 from automq.operator import builders
 from automq.operator.builders import ClusterRef
 from automq.operator.controller_api import ControllerClientApi
@@ -347,6 +347,16 @@ class KubeletHarness:
         n = next(self._ip_counter)
         return f"127.{100 + n // 65536}.{n // 256 % 256}.{n % 256}"
 
+    def _free_port_from_block(self) -> int:
+        """The next port of the block that nothing holds now: the block was free when the harness
+        started, but other tests on this machine may have taken some of it since."""
+        while True:
+            port = next(self._next_port)
+            if port >= self._port_base + PORTS_PER_BLOCK:
+                raise RuntimeError(f"the harness's port block ({PORTS_PER_BLOCK} ports) is used up")
+            if port_is_free(port, "0.0.0.0"):  # 0.0.0.0 conflicts with any local holder of the port
+                return port
+
     def _pod_state(self, pod_name: str, container_ports: list[int]) -> PodProcess:
         with self.state.lock:
             pod = self.state.pods.get(pod_name)
@@ -362,9 +372,7 @@ class KubeletHarness:
                 pod.ip = self._new_ip()
             for port in container_ports:
                 if port not in pod.ports:
-                    pod.ports[port] = next(self._next_port)
-                    if pod.ports[port] >= self._port_base + PORTS_PER_BLOCK:
-                        raise RuntimeError(f"the harness's port block ({PORTS_PER_BLOCK} ports) is used up")
+                    pod.ports[port] = self._free_port_from_block()
             return pod
 
     def map_address(self, host: str, port: int) -> tuple[str, int]:

@@ -217,6 +217,7 @@ class ProcessCluster:
         until ready (0 if not waited)."""
         with self._lock:
             self.kill9(name, restart=False)
+            self.nodes[name].restarts += 1
             self.spawn(name)
         return self.wait_ready(name) if wait else 0.0
 
@@ -494,6 +495,8 @@ class FaultProxy:
 
         self._healed = asyncio.Event()
         self._healed.set()
+        # a dropped reply is the point, not an error worth a traceback
+        logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
         self._session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=120))
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{tail:.*}", self._handle)

@@ -13,7 +13,9 @@ Start-up order (each step only after the previous one succeeded):
 A heartbeat answered "fenced" means the controller gave this node's partitions away: the
 process exits non-zero so its supervisor (local mode, Kubernetes) restarts it with a new epoch.
 SIGTERM/SIGINT: stop accepting, answer in-flight requests, close partitions (flush + upload),
-close the storage engine, unregister, exit 0.
+close the storage engine, unregister, exit 0 — within `shutdown_timeout_ms` (2 s when the
+controller does not answer, at once when fenced); past that the engine stops without
+uploading: acknowledged data is durable in the WAL and replayed by the next start.
 
 `BrokerService` is the same thing embeddable in tests (start/stop in one event loop).
 """

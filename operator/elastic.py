@@ -277,11 +277,15 @@ def describe_move(mv: Move) -> str:
 
 
 def broker_load_summary(model: LoadModel) -> dict[str, str]:
-    return {
+    summary = {
         str(b): f"in {load.bytes_in / MIB:.2f} MiB/s, out {load.bytes_out / MIB:.2f} MiB/s, "
         f"{load.partitions} partitions" + ("" if load.cpu is None else f", cpu {load.cpu * 100:.0f}%")
         for b, load in sorted(model.brokers.items())
     }
+    for b, why in model.unmeasured.items():
+        # A leaving or not-Ready broker without data: counted as carrying nothing, said so.
+        summary[str(b)] = f"{summary.get(str(b), '')} (unmeasured: {why})".lstrip()
+    return summary
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from automq.broker.balancer.model import BrokerLoad, LoadModel
 from automq.broker.balancer.planner import Move
 from automq.operator.builders import ClusterRef
-from automq.operator.elastic import broker_pods, describe_move, metrics_url, scale_in_flight
+from automq.operator.elastic import broker_load_summary, broker_pods, describe_move, metrics_url, scale_in_flight
 from automq.operator.spec import AutoMQClusterSpec, parse_spec
 
 REF = ClusterRef("demo", "ns", "uid")
@@ -59,3 +60,17 @@ def test_broker_pods_are_this_clusters_ordinals_only() -> None:
 def test_a_move_is_described_with_its_numbers() -> None:
     text = describe_move(Move("orders", 3, 0, 2, "network", bytes_in=3 * 1024 * 1024, bytes_out=1024 * 1024))
     assert text == "orders-3: 0 -> 2 (network, in 3.00 MiB/s, out 1.00 MiB/s)"
+
+
+def test_broker_load_summary_names_unmeasured_brokers() -> None:
+    model = LoadModel(
+        {
+            0: BrokerLoad(0, bytes_in=2 * 1024 * 1024, partitions=3, leaders=3, cpu=0.5),
+            1: BrokerLoad(1, state="draining"),
+        },
+        {},
+        unmeasured={1: "last scrape failed: connection refused"},
+    )
+    summary = broker_load_summary(model)
+    assert summary["0"] == "in 2.00 MiB/s, out 0.00 MiB/s, 3 partitions, cpu 50%"
+    assert summary["1"].endswith("(unmeasured: last scrape failed: connection refused)")

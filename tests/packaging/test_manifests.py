@@ -208,3 +208,13 @@ def test_kustomize_overlay_swaps_the_image_and_memory(validate_document):
     assert container["resources"]["limits"]["memory"] == "512Mi"
     for doc in docs:
         validate_document(doc)
+
+
+def test_elastic_example_turns_on_autoscaling_and_balancing():
+    from automq.operator.spec import parse_spec
+
+    [cluster] = clusters(EXAMPLES / "elastic.yaml")
+    spec = parse_spec(cluster["spec"])
+    assert spec.autoscaling.enabled and spec.balancing.enabled
+    assert spec.autoscaling.min_replicas <= spec.broker.replicas <= spec.autoscaling.max_replicas
+    assert cluster["spec"]["objectStore"]["endpoint"] == "http://automq-dev-s3:8333"

@@ -282,8 +282,9 @@ async def _drain_for_scale_in(c: Cluster, node_ids: list[int]) -> bool:
     await c.remember_drained(running)
     api = c.controller_api()
     try:
+        serving = {builders.broker_node_id(n) for n, p in pods.items() if is_ready(p) and n not in node_ids}
         if (c.spec.balancing.enabled or c.spec.autoscaling.enabled) and not await _move_off(
-            c, api, [builders.broker_node_id(n) for n in running]
+            c, api, [builders.broker_node_id(n) for n in running], serving
         ):
             return False
         for node_id in running:
@@ -298,17 +299,17 @@ async def _drain_for_scale_in(c: Cluster, node_ids: list[int]) -> bool:
         return False
 
 
-async def _move_off(c: Cluster, api: ControllerApi, leaving: list[int]) -> bool:
+async def _move_off(c: Cluster, api: ControllerApi, leaving: list[int], serving: set[int]) -> bool:
     """Move the leaving brokers' partitions off at most spec.balancing.maxConcurrentMoves at a time.
 
     With the elastic features on, scale-in is bounded like any rebalance: the controller's drain
     alone would start every move at once, and each waits for its tail upload, so produce latency
     suffers for the whole drain (measured by benchmarks/elastic_bench.py). Targets: the active
-    brokers that stay, fewest partitions first. The drain that follows marks the brokers draining
+    brokers that stay and whose pods are Ready, fewest partitions first. The drain that follows marks the brokers draining
     (nothing new is placed on them) and moves whatever was created meanwhile; this pass spends at
     most scale_in_wait_s here (False: not done yet), the next one continues."""
     image = await api.metadata()
-    staying = sorted(b.node_id for b in image.brokers if b.state == "active" and b.node_id not in leaving)
+    staying = sorted(b.node_id for b in image.brokers if b.state == "active" and b.node_id in serving)
     if not staying:
         return True  # nowhere to move to: the drain reports it
     counts: dict[int, int] = dict.fromkeys(staying, 0)

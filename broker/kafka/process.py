@@ -109,6 +109,12 @@ class BrokerService:
         node_epoch = await self.cluster.register_broker(config.node_id, endpoints, config.rack)
         self._ready["registered"] = True
         log.info("broker %d registered with node epoch %d, endpoints %s", config.node_id, node_epoch, endpoints)
+        # Heartbeats start now, not after recovery: replaying and uploading a full WAL can take
+        # longer than the session timeout, and a broker fenced for it while starting would be
+        # restarted only to be fenced again (seen in the fault soak).
+        self._heartbeat = asyncio.get_running_loop().create_task(
+            self._heartbeat_loop(node_epoch), name="broker-heartbeat"
+        )
 
         self.object_store = open_object_store(config.object_store_url)
         self.storage = StorageEngine(
@@ -124,9 +130,6 @@ class BrokerService:
         )
         self.broker.metrics_url = self.metrics_url
         self.server.broker = self.broker
-        self._heartbeat = asyncio.get_running_loop().create_task(
-            self._heartbeat_loop(node_epoch), name="broker-heartbeat"
-        )
         await self.broker.start()
         self._ready["metadata_received"] = True
         from automq.broker.kafka.retention import start_retention
@@ -306,21 +309,24 @@ async def serve(config: NodeConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     starting = asyncio.create_task(service.start())
     stopping = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    # heartbeats run during start-up (WAL recovery), so a fence can end it too
+    failed = asyncio.create_task(service.wait_failed())
+    done, _ = await asyncio.wait({starting, stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
     if starting not in done:
         starting.cancel()
         try:
             await starting
         except (asyncio.CancelledError, Exception):
             pass
+        failed.cancel()
         await service.stop()
-        return 0
+        return 3 if service.fatal is not None else 0
     if starting.exception() is not None:
         log.error("broker failed to start: %s", starting.exception(), exc_info=starting.exception())
         stopping.cancel()
+        failed.cancel()
         await service.stop()
         return 1
-    failed = asyncio.create_task(service.wait_failed())
     await asyncio.wait({stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
     for task in (stopping, failed):
         task.cancel()

@@ -92,10 +92,13 @@ class ProcessCluster:
         brokers: int = 2,
         overrides: dict[str, Any] | None = None,
         first_port: int | None = None,
+        node_overrides: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.object_store_url = object_store_url
         self.overrides = overrides or {}
+        # per node name, applied after `overrides` (e.g. the controller on a direct store URL)
+        self.node_overrides = node_overrides or {}
         self.nodes: dict[str, NodeProcess] = {}
         self._lock = threading.RLock()
         self._closing = threading.Event()
@@ -124,11 +127,12 @@ class ProcessCluster:
             "http_port": http_port,
             "listeners": [Listener(host="127.0.0.1", port=kafka_port).model_dump()] if kafka_port else [],
         }
-        for key, value in self.overrides.items():
-            if isinstance(value, dict):
-                raw[key] = {**raw.get(key, {}), **value}
-            else:
-                raw[key] = value
+        for overrides in (self.overrides, self.node_overrides.get(name, {})):
+            for key, value in overrides.items():
+                if isinstance(value, dict):
+                    raw[key] = {**raw.get(key, {}), **value}
+                else:
+                    raw[key] = value
         config = NodeConfig.model_validate(raw)
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
         path = self.data_dir / "config" / f"{name}.yaml"

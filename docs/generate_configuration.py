@@ -211,10 +211,11 @@ their Kafka names plus `node.id`, `broker.rack`, `listeners` and `advertised.lis
 they are read-only: altering them is refused with `INVALID_REQUEST` (change the node
 config file and restart the broker).
 
-`cleanup.policy=compact` is accepted, but nothing compacts: such a topic keeps every record.
+`cleanup.policy=compact` topics are compacted by the Spark key-compaction job (`automq spark
+compact --keys`, docs/spark.md) when it runs; between runs such a topic keeps every record.
 Kafka guarantees compaction eventually and never when, so readers of compacted topics
-already cope with superseded values (Kafka Connect, Schema Registry and Streams changelogs
-keep working); they just use more storage. Retention by time/size applies only when the
+already cope with superseded values. The `automq.table.topic.*` keys configure lake
+ingestion (`automq spark ingest`, docs/spark.md). Retention by time/size applies only when the
 policy includes `delete`, as in Kafka. Retention checks run every 5 minutes (Kafka's
 `log.retention.check.interval.ms` default) and trim whole record batches, oldest first.
 

@@ -7,10 +7,11 @@ config"); every other key falls back to the broker default, which comes from
 `kafka.log_retention_ms`) and from Kafka's own default otherwise.
 
 Decisions worth knowing (also in docs/configuration.md, generated from `TOPIC_CONFIGS`):
-- `cleanup.policy=compact` is accepted but nothing compacts: a compacted topic keeps every
-  record. Kafka promises compaction eventually and never when, so readers of a compacted
-  topic already handle superseded values; Connect, Schema Registry and Streams changelogs
-  keep working. Time/size retention applies only when the policy contains `delete`.
+- `cleanup.policy=compact` topics are compacted by the Spark key-compaction job
+  (`automq spark compact --keys`, docs/spark.md) when it runs; between runs the topic keeps
+  every record. Kafka promises compaction eventually and never when, so readers of a compacted
+  topic already handle superseded values. Time/size retention applies only when the policy
+  contains `delete`.
 - Segment, flush, index and replication-throttle keys are accepted and have no effect:
   there are no local segments (data lives in the WAL and the object store).
 - `min.insync.replicas` is accepted: a partition has one replica and acks=all waits for the
@@ -268,7 +269,7 @@ class TopicConfigKey:
 
 
 _NO_SEGMENTS = "accepted, no effect: there are no local segments (data lives in the WAL and the object store)"
-_NO_COMPACTION = "accepted, no effect: nothing compacts (see cleanup.policy)"
+_NO_COMPACTION = "accepted, no effect: the key-compaction job cleans every cleanable record on each run"
 
 TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
     k.name: k
@@ -279,8 +280,9 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "delete",
             _list_of("compact", "delete", allow_empty=False),
             "The retention policy: 'delete' discards old data by time/size, 'compact' keeps the latest value per key.",
-            "delete: enforced by the retention task. compact: accepted, but nothing compacts — the topic keeps every "
-            "record (a superset of a compacted log); retention applies only if the list also contains delete",
+            "delete: enforced by the retention task. compact: the Spark key-compaction job (automq spark compact "
+            "--keys) keeps the latest record per key when it runs; retention applies only if the list also contains "
+            "delete",
             broker_key="log.cleanup.policy",
         ),
         TopicConfigKey(
@@ -469,7 +471,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "86400000",
             _long(lo=0),
             "How long tombstones of a compacted topic are kept.",
-            _NO_COMPACTION,
+            "enforced by the key-compaction job (from the tombstone's timestamp)",
             broker_key="log.cleaner.delete.retention.ms",
         ),
         TopicConfigKey(
@@ -478,7 +480,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "0",
             _long(lo=0),
             "Minimum age before a record may be compacted.",
-            _NO_COMPACTION,
+            "enforced by the key-compaction job",
             broker_key="log.cleaner.min.compaction.lag.ms",
         ),
         TopicConfigKey(
@@ -487,7 +489,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             str(LONG_MAX),
             _long(lo=1),
             "Maximum age before a record must be compacted.",
-            _NO_COMPACTION,
+            "met by scheduling the key-compaction job more often than this (each run cleans all it can)",
             broker_key="log.cleaner.max.compaction.lag.ms",
         ),
         TopicConfigKey(

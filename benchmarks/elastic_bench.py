@@ -6,7 +6,8 @@ Prints numbers next to baselines from the same run; asserts nothing.
     python benchmarks/elastic_bench.py --store file --interval 5 --drain-partitions 100
 
 Phases (each on its own AutoMQCluster):
-1. drain: 2 brokers, a topic with 2 x --drain-partitions partitions (about --drain-partitions
+1. drain (and drain-bounded, for comparison: the same drain by `automq rebalance --drain 1
+   --max-concurrent N`, the balancer's executor): 2 brokers, a topic with 2 x --drain-partitions partitions (about --drain-partitions
    led by each), steady load; `kubectl scale --replicas 1` (the /scale subresource). Measured:
    seconds from the scale request to broker 1 leading nothing (Kafka metadata polled every
    0.2 s), to its pod gone; produce p99 in the 10 s before vs during the drain.
@@ -101,11 +102,14 @@ class Bench:
 
     # ---------------------------------------------------------------- phase 1
 
-    def drain(self) -> None:
+    def drain(self, bounded: int | None = None) -> None:
+        """`bounded` None: the operator's scale-in (/scale 2 -> 1). A number: `automq rebalance
+        --drain 1 --max-concurrent N` (the balancer's executor, N moves at a time), for comparison."""
         a, k8s = self.args, self.k8s
-        k8s.create_cluster("drain", self.spec("drain", 2))
-        k8s.wait_ready("drain", brokers=2, timeout=180)
-        bootstrap = k8s.bootstrap("drain")
+        name = "drain" if bounded is None else f"drain{bounded}"
+        k8s.create_cluster(name, self.spec(name, 2))
+        k8s.wait_ready(name, brokers=2, timeout=180)
+        bootstrap = k8s.bootstrap(name)
         create_topic(bootstrap, "drain", 2 * a.drain_partitions)
         watcher = LeaderWatcher(bootstrap, ["drain"], interval_s=0.2).start()
         on_1 = len(watcher.led_by(1))
@@ -114,11 +118,24 @@ class Bench:
         time.sleep(a.warmup)
         t_before = time.monotonic()
         time.sleep(10)
-        t0 = time.monotonic()
-        k8s.scale("drain", 1)
+        if bounded is None:
+            t0 = time.monotonic()
+            k8s.scale(name, 1)
+        else:
+            cmd = [sys.executable, "-m", "automq.broker.cli", "rebalance", "--bootstrap", bootstrap.split(",")[0]]
+            cmd += ["--drain", "1", "--max-concurrent", str(bounded), "--max-moves", "100000", "--interval", "2"]
+            cli = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            # the CLI measures load for 2 s first: the drain starts with the first move
+            k8s.wait_for("first move", lambda: watcher.moves() or cli.poll() is not None, timeout=120, interval=0.05)
+            t0 = watcher.moves()[0].at if watcher.moves() else time.monotonic()
         k8s.wait_for("broker 1 drained", lambda: not watcher.led_by(1), timeout=300, interval=0.05)
         drained = time.monotonic()
-        k8s.wait_for("drain-broker-1 gone", lambda: k8s.get("Pod", "drain-broker-1") is None, timeout=300)
+        if bounded is None:
+            k8s.wait_for(f"{name}-broker-1 gone", lambda: k8s.get("Pod", f"{name}-broker-1") is None, timeout=300)
+        else:
+            out = cli.communicate(timeout=300)[0].decode(errors="replace")
+            if cli.returncode != 0:
+                print(f"  automq rebalance exited {cli.returncode}: {out[-2000:]}")
         gone = time.monotonic()
         time.sleep(2)
         load.stop()
@@ -126,9 +143,18 @@ class Bench:
         checked = check_exactly_once(bootstrap, "drain", [load])
         before = load.latencies(t_before, t0)
         during = load.latencies(t0, drained)
-        print(f"\n== drain: scale 2 -> 1 with broker 1 leading {on_1} partitions ({a.rate:.0f} rec/s x 1 KiB)")
-        print(f"  seconds to drain (scale request -> broker 1 leads nothing):  {drained - t0:7.2f} s   (goal < 10 s)")
-        print(f"  seconds until its pod is gone (drain + SIGTERM + exit):       {gone - t0:7.2f} s")
+        if bounded is None:
+            print(f"\n== drain: scale 2 -> 1 with broker 1 leading {on_1} partitions ({a.rate:.0f} rec/s x 1 KiB)")
+            print(
+                f"  seconds to drain (scale request -> broker 1 leads nothing):  {drained - t0:7.2f} s   (goal < 10 s)"
+            )
+            print(f"  seconds until its pod is gone (drain + SIGTERM + exit):       {gone - t0:7.2f} s")
+        else:
+            print(
+                f"\n== drain for comparison: automq rebalance --drain 1 --max-concurrent {bounded}, broker 1 leading "
+                f"{on_1} partitions ({a.rate:.0f} rec/s x 1 KiB)"
+            )
+            print(f"  seconds to drain (first move -> broker 1 leads nothing):     {drained - t0:7.2f} s")
         print(
             f"  produce p99 before (baseline, 10 s):  {pct(before, 0.99):7.1f} ms  p50 {pct(before, 0.5):6.1f} ms  n={len(before)}"
         )
@@ -136,7 +162,7 @@ class Bench:
             f"  produce p99 during the drain:         {pct(during, 0.99):7.1f} ms  p50 {pct(during, 0.5):6.1f} ms  n={len(during)}"
         )
         print(f"  acknowledged records read back exactly once: {checked}")
-        self.remove("drain")
+        self.remove(name)
 
     def remove(self, name: str) -> None:
         """Brokers first (scale to 0: each drains and exits cleanly), then the cluster."""
@@ -267,7 +293,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--steady", type=float, default=60.0)
     parser.add_argument("--share-timeout", type=float, default=120.0)
-    parser.add_argument("--phases", default="drain,scale-out")
+    parser.add_argument("--phases", default="drain,drain-bounded,scale-out")
+    parser.add_argument("--bounded-concurrency", type=int, default=8, help="moves at once in the drain-bounded phase")
     parser.add_argument(
         "--cli-balancer", action="store_true", help="drive moves with `automq rebalance` even if spec.balancing works"
     )
@@ -281,6 +308,8 @@ def main() -> None:
         phases = args.phases.split(",")
         if "drain" in phases:
             bench.drain()
+        if "drain-bounded" in phases:
+            bench.drain(bounded=args.bounded_concurrency)
         if "scale-out" in phases:
             bench.scale_out()
     load = os.getloadavg()

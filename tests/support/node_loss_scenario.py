@@ -64,9 +64,14 @@ def _recovery_job_output(k8s: KubeletHarness, name: str, ordinal: int) -> str:
     job_name = f"{name}-broker-{ordinal}-wal-recovery"
 
     def finished() -> Any:
-        return next((r for r in k8s.jobs.runs if r.job == job_name and r.exit_code is not None), None)
+        done = next((r for r in k8s.jobs.runs if r.job == job_name and r.exit_code is not None), None)
+        # The replacement pod may attach the (multi-attach) volume, recover it and be Ready
+        # first: the operator then deletes the Job, whose run is moot.
+        return done or ("NodeLossResolved" in _events(k8s, name) and "resolved")
 
     run = k8s.wait_for(f"Job {job_name} run", finished, timeout=180)
+    if run == "resolved":
+        return "not finished: the replacement broker recovered its WAL first and the Job was deleted"
     log = (k8s.root / "logs" / f"{run.pod}.log").read_text(errors="replace")
     lines = [line for line in log.splitlines() if line.startswith("node ") or "automq wal recover:" in line]
     return f"exit {run.exit_code}\n" + "\n".join(lines[-2:])

@@ -174,6 +174,7 @@ class Soak:
         while time.monotonic() < deadline:
             kind = kinds[i % len(kinds)]
             i += 1
+            stamp = time.strftime("%H:%M:%S")  # wall clock, to find the fault in the process logs
             started = time.monotonic()
             try:
                 t0 = getattr(self, kind)()
@@ -188,14 +189,14 @@ class Soak:
             self.gaps[kind].append(gap)
             if any(w is None for w in waits):
                 self.never_served[kind] += 1
-                print(f"  {kind}: NOT serving again within 180 s", flush=True)
+                print(f"  {stamp} {kind}: NOT serving again within 180 s", flush=True)
                 print(self.cluster.log_tail(lines=10), flush=True)
             else:
                 worst = max(w for w in waits if w is not None)
                 self.serve_again[kind].append(worst)
                 acked = sum(p.acked for p in self.producers)
                 print(
-                    f"  {kind}: serving again after {worst:.2f}s, longest ack gap {gap:.2f}s (acked so far {acked})",
+                    f"  {stamp} {kind}: serving again after {worst:.2f}s, longest ack gap {gap:.2f}s (acked so far {acked})",
                     flush=True,
                 )
             for name in self.cluster.nodes:

@@ -603,10 +603,17 @@ class AutoMQClusterSpec(_Model):
     config: ConfigOverrides
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics.")
     autoscaling: AutoscalingSpec = Field(
-        default_factory=AutoscalingSpec, description="Metric-driven broker scaling (off by default)."
+        default_factory=AutoscalingSpec,
+        description="Metric-driven broker scaling (off by default): the operator sets spec.broker.replicas to "
+        "ceil(total load / per-broker target) within [minReplicas, maxReplicas], up at once, down only after load "
+        "stayed low for scaleDownStabilizationSeconds, draining leaving brokers first.",
     )
     balancing: BalancingSpec = Field(
-        default_factory=BalancingSpec, description="Continuous partition balancing (off by default)."
+        default_factory=BalancingSpec,
+        description="Continuous partition balancing (off by default): every intervalSeconds, partitions move "
+        "(through the controller, maxConcurrentMoves at a time) until every broker's bytes in/out is within "
+        "tolerancePercent of the mean; a new broker gets its share as soon as it is Ready. Annotation "
+        "automq.io/rebalance: now | dry-run asks for one evaluation.",
     )
     compaction: CompactionSpec = Field(default_factory=CompactionSpec, description="Placeholder, not implemented yet.")
     lake_ingestion: LakeIngestionSpec = Field(

@@ -167,3 +167,62 @@ def test_recover_refuses_a_broker_that_is_not_fenced(processes, tmp_path):
     result = _recover(processes, tmp_path)
     assert result.returncode == 1
     assert "broker 2 is active, not fenced" in result.stderr
+
+
+def test_a_frozen_broker_resumed_after_recovery_cannot_write(processes, tmp_path, e2e):
+    """A zombie: broker 2 is frozen (SIGSTOP, as on a partitioned node), fenced, its WAL
+    recovered elsewhere; then it resumes while a client still sends it produce requests.
+    Whatever is acknowledged must be readable exactly once from the live broker, and the
+    zombie must stop (it is fenced: no heartbeat, no commit is accepted)."""
+    import asyncio
+
+    from confluent_kafka import Producer
+
+    from automq.broker.controller.client import ControllerClient
+
+    nodes = processes
+    bootstrap = f"127.0.0.1:{nodes['broker-1'].kafka_port}"
+    topic = e2e.topic_name("zombie")
+    e2e.create_topic(bootstrap, topic, partitions=4)
+    leaders = e2e.wait_for_leaders(bootstrap, topic, 4)
+    zombie_parts = [p for p, leader in leaders.items() if leader == 2]
+    assert zombie_parts, leaders
+    zombie = nodes["broker-2"].process
+    os.kill(zombie.pid, signal.SIGSTOP)
+    try:
+
+        async def fence() -> None:
+            client = ControllerClient([f"http://127.0.0.1:{nodes['controller'].http_port}"])
+            try:
+                await client.fence_broker(2)
+            finally:
+                await client.close()
+
+        asyncio.run(fence())
+        assert _recover(nodes, tmp_path).returncode == 0
+        # A client that only knows the zombie's address (stale metadata) produces to it.
+        producer = Producer(
+            {
+                "bootstrap.servers": f"127.0.0.1:{nodes['broker-2'].kafka_port},{bootstrap}",
+                "acks": "all",
+                "enable.idempotence": True,
+                "message.timeout.ms": 60_000,
+            }
+        )
+        acked: list[bytes] = []
+        for i in range(50):
+            producer.produce(
+                topic,
+                value=b"after-%d" % i,
+                partition=zombie_parts[i % len(zombie_parts)],
+                on_delivery=lambda err, msg: err is None and acked.append(msg.value()),
+            )
+        producer.poll(0)
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+    assert producer.flush(90) == 0
+    _wait("the zombie to stop", lambda: zombie.poll() is not None, timeout=60)
+    assert zombie.returncode != 0
+    assert "was fenced" in nodes["broker-2"].log_path.read_text(errors="replace")
+    got = [m.value() for m in e2e.consume(bootstrap, topic, len(acked), timeout=60)]
+    assert sorted(got) == sorted(acked) and len(acked) == 50

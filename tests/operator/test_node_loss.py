@@ -276,7 +276,11 @@ async def test_force_detach_with_the_out_of_service_taint_in_order(kube: Recordi
     # The replacement pod registered and recovered its own WAL: the controller's job is gone.
     w.controller.pending.clear()
     w.now += dt.timedelta(seconds=5)
+    recoveries = nodeloss.RECOVERIES.labels("forceDetach")._value.get()
+    seconds = nodeloss.RECOVERY_SECONDS.labels("forceDetach")._sum.get()
     await w.run()
+    assert nodeloss.RECOVERIES.labels("forceDetach")._value.get() == recoveries + 1
+    assert nodeloss.RECOVERY_SECONDS.labels("forceDetach")._sum.get() == seconds + 26  # NotReady -> served
     assert (await w.records())["1"]["step"] == "served"
     assert w.events.reasons()[-2:] == ["WalRecovered", "PartitionsServed"]
     assert "26 s after node n1 was lost" in w.events.seen[-1][1]

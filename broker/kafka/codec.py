@@ -24,8 +24,9 @@ import functools
 import importlib
 import io
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.index import api_key_map, schema_name_map
@@ -44,6 +45,15 @@ from kio.serial.errors import DecodeError
 from kio.serial.readers import read_compact_array_length, read_int8, read_legacy_array_length, read_unsigned_varint
 
 ZERO_THROTTLE = datetime.timedelta(0)
+# what the frame walkers read: a received frame, or a view of it
+Buffer = bytes | bytearray | memoryview
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _memo(fn: _F) -> _F:
+    """functools.cache that keeps the function's signature for the type checker (kio's
+    message classes are hashable, but typed as type[Any], which typeshed's cache refuses)."""
+    return cast(_F, functools.cache(fn))
 
 
 class _CloseConnection:
@@ -138,7 +148,7 @@ def api_name(api_key: int) -> str:
     return "".join(part.capitalize() for part in name.split("_")) if name else f"ApiKey{api_key}"
 
 
-@functools.cache
+@_memo
 def kio_versions(api_key: int) -> frozenset[int]:
     name = api_key_map.get(api_key)
     if name is None:
@@ -177,14 +187,14 @@ class RequestHeader:
     size: int  # bytes of the header in the frame; the body follows
 
 
-def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
+def peek_header(frame: Buffer) -> tuple[int, int, int]:
     """(api_key, api_version, correlation_id) of a frame; FrameError if it is too short."""
     if len(frame) < _PREFIX.size:
         raise FrameError(f"request frame of {len(frame)} bytes is shorter than a request header")
     return _PREFIX.unpack_from(frame, 0)
 
 
-def parse_header(frame: bytes | memoryview, flexible: bool) -> RequestHeader:
+def parse_header(frame: Buffer, flexible: bool) -> RequestHeader:
     """Request header v1 (or v2 when flexible): client id is always a legacy nullable string."""
     api_key, api_version, correlation_id = peek_header(frame)
     position = _PREFIX.size
@@ -211,18 +221,18 @@ def parse_header(frame: bytes | memoryview, flexible: bool) -> RequestHeader:
     return RequestHeader(api_key, api_version, correlation_id, client_id, position)
 
 
-@functools.cache
-def request_class(api_key: int, api_version: int) -> type:
+@_memo
+def request_class(api_key: int, api_version: int) -> type[Any]:
     return load_request_schema(api_key, api_version)
 
 
-@functools.cache
-def response_class(api_key: int, api_version: int) -> type:
+@_memo
+def response_class(api_key: int, api_version: int) -> type[Any]:
     return load_response_schema(api_key, api_version)
 
 
-@functools.cache
-def _reader(cls: type):
+@_memo
+def _reader(cls: type[Any]) -> Callable[..., tuple[Any, int]]:
     return entity_reader(cls)
 
 
@@ -230,10 +240,10 @@ def _reader(cls: type):
 class DecodedRequest:
     header: RequestHeader
     request: Any
-    response_class: type
+    response_class: type[Any]
 
 
-def decode_request(frame: bytes | bytearray, served: dict[int, tuple[int, int]]) -> DecodedRequest:
+def decode_request(frame: Buffer, served: dict[int, tuple[int, int]]) -> DecodedRequest:
     """Decode one request frame (without its 4-byte size) for the api keys/ranges `served`.
 
     Raises UnknownApiKeyError, UnsupportedVersionError (ApiVersions callers answer it, others
@@ -307,11 +317,11 @@ _FIXED_SIZES = {
 _SKIP, _STRING, _BYTES, _PRIM_ARRAY, _ENTITY_ARRAY, _ENTITY, _NULLABLE_ENTITY = range(7)
 
 
-@functools.cache
-def _plan(cls: type) -> tuple[tuple, bool]:
+@_memo
+def _plan(cls: type[Any]) -> tuple[tuple[tuple[Any, ...], ...], bool]:
     """Steps (op, arg, nullable, name) to walk one entity: runs of fixed-size fields merged
     into one skip."""
-    steps: list[tuple] = []
+    steps: list[tuple[Any, ...]] = []
     pending = 0
     for f in fields(cls):
         if get_field_tag(f) is not None:
@@ -329,7 +339,7 @@ def _plan(cls: type) -> tuple[tuple, bool]:
         if isinstance(kind, PrimitiveField):
             steps.append((_STRING if kafka_type == "string" else _BYTES, None, nullable, name))
         elif isinstance(kind, PrimitiveTupleField):
-            steps.append((_PRIM_ARRAY, _FIXED_SIZES.get(kafka_type), nullable, name))  # None: array of strings
+            steps.append((_PRIM_ARRAY, _FIXED_SIZES.get(str(kafka_type)), nullable, name))  # None: array of strings
         elif isinstance(kind, EntityTupleField):
             steps.append((_ENTITY_ARRAY, kind.type_, nullable, name))
         elif isinstance(kind, EntityField):
@@ -339,7 +349,7 @@ def _plan(cls: type) -> tuple[tuple, bool]:
     return tuple(steps), bool(cls.__flexible__)
 
 
-def _uvarint(buf, position: int) -> tuple[int, int]:
+def _uvarint(buf: Buffer, position: int) -> tuple[int, int]:
     """(value, next position) of an unsigned varint; at most 5 bytes, as Kafka's reader."""
     value = shift = 0
     while True:
@@ -353,7 +363,7 @@ def _uvarint(buf, position: int) -> tuple[int, int]:
             raise _LengthError("varint too long")
 
 
-def _skip_tagged_fields(buf, position: int) -> int:
+def _skip_tagged_fields(buf: Buffer, position: int) -> int:
     """Past a tagged-field section (header, body or nested struct) without reading it."""
     count, position = _uvarint(buf, position)
     for _ in range(count):
@@ -365,8 +375,8 @@ def _skip_tagged_fields(buf, position: int) -> int:
     return position
 
 
-@functools.cache
-def _tag_plan(cls: type) -> dict[int, tuple[int, Any, bool, str]]:
+@_memo
+def _tag_plan(cls: type[Any]) -> dict[int, tuple[int, Any, bool, str]]:
     """Known tagged fields that hold arrays or structs (checked inside their size)."""
     plan: dict[int, tuple[int, Any, bool, str]] = {}
     for f in fields(cls):
@@ -380,11 +390,11 @@ def _tag_plan(cls: type) -> dict[int, tuple[int, Any, bool, str]]:
         elif isinstance(kind, EntityTupleField):
             plan[tag] = (_ENTITY_ARRAY, kind.type_, is_optional(f), name)
         elif isinstance(kind, PrimitiveTupleField):
-            plan[tag] = (_PRIM_ARRAY, _FIXED_SIZES.get(f.metadata.get("kafka_type")), is_optional(f), name)
+            plan[tag] = (_PRIM_ARRAY, _FIXED_SIZES.get(str(f.metadata.get("kafka_type"))), is_optional(f), name)
     return plan
 
 
-def _check_lengths(cls: type, buf, position: int) -> int:
+def _check_lengths(cls: type[Any], buf: Buffer, position: int) -> int:
     """Walk one encoded entity without building it; raise _LengthError (or IndexError /
     struct.error when truncated) if any declared length cannot fit in the frame."""
     steps, flexible = _plan(cls)
@@ -417,7 +427,9 @@ def _null(name: str, n: int) -> _LengthError:
     return _LengthError(f"field {name} has negative length {n}")
 
 
-def _check_step(op: int, arg: Any, nullable: bool, name: str, flexible: bool, buf, position: int, end: int) -> int:
+def _check_step(
+    op: int, arg: Any, nullable: bool, name: str, flexible: bool, buf: Buffer, position: int, end: int
+) -> int:
     if op == _SKIP:
         position += arg
     elif op in (_STRING, _BYTES):
@@ -565,9 +577,9 @@ _ACKS_TIMEOUT = struct.Struct(">hi")
 # ----- the tolerant slow path
 
 
-def _read_entity_tolerant(cls: type, buf: bytes | memoryview, position: int) -> tuple[Any, int]:
+def _read_entity_tolerant(cls: type[Any], buf: Buffer, position: int) -> tuple[Any, int]:
     values: dict[str, Any] = {}
-    tagged: dict[int, dataclasses.Field] = {}
+    tagged: dict[int, dataclasses.Field[Any]] = {}
     for f in fields(cls):
         tag = get_field_tag(f)
         if tag is not None:
@@ -582,16 +594,16 @@ def _read_entity_tolerant(cls: type, buf: bytes | memoryview, position: int) -> 
             position += n
             size, n = read_unsigned_varint(buf, position)
             position += n
-            f = tagged.get(tag)
-            if f is not None:
-                values[f.name], _ = _read_field(cls, f, buf, position, is_tag=True)
+            tagged_field = tagged.get(tag)
+            if tagged_field is not None:
+                values[tagged_field.name], _ = _read_field(cls, tagged_field, buf, position, is_tag=True)
             position += size
             if position > len(buf):
                 raise DecodeError("tagged field runs past the frame")
     return cls(**values), position
 
 
-def _read_field(cls: type, f: dataclasses.Field, buf, position: int, is_tag: bool) -> tuple[Any, int]:
+def _read_field(cls: type[Any], f: dataclasses.Field[Any], buf: Buffer, position: int, is_tag: bool) -> tuple[Any, int]:
     kind = classify_field(f)
     if isinstance(kind, (PrimitiveField, PrimitiveTupleField)):
         value, size = get_field_reader(cls, f, False, is_tag)(buf, position)  # kio returns sizes, not positions
@@ -625,8 +637,8 @@ def _read_field(cls: type, f: dataclasses.Field, buf, position: int, is_tag: boo
 # --------------------------------------------------------------------------- responses
 
 
-@functools.cache
-def _writer(cls: type):
+@_memo
+def _writer(cls: type[Any]) -> Callable[..., None]:
     return entity_writer(cls)
 
 
@@ -657,7 +669,7 @@ class _ChunkWriter:
         self.chunks: list[bytes | bytearray | memoryview] = []
         self.current = bytearray()
 
-    def write(self, data) -> None:
+    def write(self, data: Any) -> None:
         if isinstance(data, RecordSet):
             for part in data.parts:
                 self.write(part)
@@ -707,7 +719,7 @@ def encode_request(correlation_id: int, request: Any, client_id: str | None = "a
     return buf.getvalue()
 
 
-def decode_response(frame: bytes, request_cls: type) -> tuple[int, Any]:
+def decode_response(frame: bytes, request_cls: type[Any]) -> tuple[int, Any]:
     """(correlation_id, response) from a response frame without size prefix (tests/tools)."""
     cls = response_class(request_cls.__api_key__, request_cls.__version__)
     (correlation_id,) = _INT32.unpack_from(frame, 0)
@@ -721,40 +733,41 @@ def decode_response(frame: bytes, request_cls: type) -> tuple[int, Any]:
 # ----- building responses of any version from one set of values
 
 
-@functools.cache
-def _field_names(cls: type) -> frozenset[str]:
+@_memo
+def _field_names(cls: type[Any]) -> frozenset[str]:
     return frozenset(f.name for f in fields(cls))
 
 
-def build(cls: type, **values: Any) -> Any:
+def build(cls: type[Any], **values: Any) -> Any:
     """cls(**values) keeping only the fields this version of the message has."""
     names = _field_names(cls)
     return cls(**{k: v for k, v in values.items() if k in names})
 
 
-def has_field(cls: type, name: str) -> bool:
+def has_field(cls: type[Any], name: str) -> bool:
     return name in _field_names(cls)
 
 
-@functools.cache
-def is_nullable(cls: type, name: str) -> bool:
+@_memo
+def is_nullable(cls: type[Any], name: str) -> bool:
     """Whether this version of the message may carry null in field `name`."""
     return any(f.name == name and is_optional(f) for f in fields(cls))
 
 
-def nested(cls: type, name: str) -> type:
+def nested(cls: type[Any], name: str) -> type[Any]:
     """A nested entity class (e.g. 'MetadataResponseBroker') of the same schema module/version."""
-    return getattr(importlib.import_module(cls.__module__), name)
+    found: type[Any] = getattr(importlib.import_module(cls.__module__), name)
+    return found
 
 
 # ----- error responses for any API (a handler failed unexpectedly)
 
 
-def _default_for(f: dataclasses.Field, error_code: Any) -> Any:
+def _default_for(f: dataclasses.Field[Any], error_code: Any) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
     kafka_type = f.metadata.get("kafka_type")
     if kafka_type == "error_code":
         return error_code
@@ -775,10 +788,10 @@ def _default_for(f: dataclasses.Field, error_code: Any) -> Any:
         "timedelta_i64": ZERO_THROTTLE,
         "datetime_i64": datetime.datetime.fromtimestamp(0, datetime.UTC),
         "float64": 0.0,
-    }.get(kafka_type, -1 if kafka_type in ("int32", "int64") else 0)
+    }.get(str(kafka_type), -1 if kafka_type in ("int32", "int64") else 0)
 
 
-def error_response(cls: type, error_code: Any) -> Any:
+def error_response(cls: type[Any], error_code: Any) -> Any:
     """A response of `cls` carrying error_code in every required error field, empty lists
     elsewhere: what a Java broker's `getErrorResponse` amounts to for unexpected failures."""
     return cls(

@@ -275,7 +275,8 @@ def _snappy(data: bytes | memoryview) -> bytes:
 
     data = bytes(data)
     if not data.startswith(_XERIAL_MAGIC):
-        return snappy.uncompress(data)
+        raw: bytes = snappy.uncompress(data)
+        return raw
     out = []
     position = 16  # magic (8) + version (4) + compatible version (4)
     while position + 4 <= len(data):
@@ -303,7 +304,8 @@ def decompress_records(codec: int, data: bytes | memoryview) -> bytes | memoryvi
         if codec == 3:
             import lz4.frame
 
-            return lz4.frame.decompress(bytes(data))
+            decompressed: bytes = lz4.frame.decompress(bytes(data))
+            return decompressed
         if codec == 4:
             import zstandard
 

@@ -74,7 +74,9 @@ WRITE_HIGH_WATER = 8 << 20
 class _Slot:
     correlation_id: int
     done: bool = False
-    payload: list | None = None  # response chunks (header + body), without the size prefix
+    payload: list[bytes | bytearray | memoryview] | None = (
+        None  # response chunks (header + body), without the size prefix
+    )
     close_after: bool = False
 
 
@@ -116,7 +118,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def __init__(self, server: KafkaServer) -> None:
         self.server = server
-        self.broker = server.broker
+        assert server.broker is not None, "connections are accepted only once the broker is attached"
+        self.broker: Broker = server.broker
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.ip = "?"
@@ -360,7 +363,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         api = codec.api_name(ctx.api_key)
         metrics = self.broker.metrics
         started = time.perf_counter()
-        payload: bytes | None
+        payload: list[bytes | bytearray | memoryview] | None
         try:
             response = await reg.handler(decoded.request, ctx)  # type: ignore[union-attr]
             if response is codec.CLOSE_CONNECTION:

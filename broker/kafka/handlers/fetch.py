@@ -20,6 +20,7 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -159,13 +160,17 @@ async def fetch(request, ctx: RequestContext):
                     fname = info.name if info is not None else None
                 else:
                     fname = forgotten.topic
+                if fname is None:
+                    continue  # a topic unknown here is in no session
                 for index in forgotten.partitions:
                     session.partitions.pop((fname, index), None)
         if incremental:
+            assert session is not None  # incremental means an existing session
             session.next_epoch()  # a new session already expects epoch 1
 
     reads: list[_Read] = []
     if incremental:
+        assert session is not None
         for sp in session.partitions.values():
             info = broker.partitions.topic(sp.topic)
             reads.append(_Read(sp, topic_uuid(info.topic_id) if info is not None else None))
@@ -229,7 +234,7 @@ async def fetch(request, ctx: RequestContext):
     topic_cls = codec.nested(cls, "FetchableTopicResponse")
     topics: list = []
     leaders: set[int] = set()
-    current_key = None
+    current_key: Any = None  # topic name, or topic id (v13+)
     current_parts: list = []
     for read in reads:
         sp = read.target
@@ -265,11 +270,11 @@ async def fetch(request, ctx: RequestContext):
             preferred_read_replica=-1,
             records=data,
         )
-        key = read.topic_id if version >= 13 else sp.topic
-        if key != current_key or (not topics and not current_parts):
+        topic_key = read.topic_id if version >= 13 else sp.topic
+        if topic_key != current_key or (not topics and not current_parts):
             if current_parts:
                 topics.append((current_key, current_parts))
-            current_key, current_parts = key, []
+            current_key, current_parts = topic_key, []
         current_parts.append(part)
     if current_parts:
         topics.append((current_key, current_parts))
@@ -303,7 +308,8 @@ async def _read_all(reads: list[_Read], max_bytes: int) -> None:
     for r in reads:
         if not r.payloads:
             continue
-        kept, size = [], 0
+        kept: list[bytes | memoryview] = []
+        size = 0
         for payload in r.payloads:
             if size + len(payload) > budget and not (first and not kept):
                 break

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -58,7 +59,8 @@ async def produce(request, ctx: RequestContext):
     metrics = broker.metrics
 
     # (topic, index) -> either an error (code, message) or a pending append task
-    outcome: list[tuple[str, int, object, int]] = []  # topic, index, task-or-error, batch bytes/records
+    # topic, index, the append task or (error, message), the batch header (0 when refused before parsing)
+    outcome: list[tuple[str, int, Any, records.BatchHeader | int]] = []
     for topic_data in request.topic_data:
         topic = topic_data.name
         for pdata in topic_data.partition_data:
@@ -106,18 +108,17 @@ async def produce(request, ctx: RequestContext):
     by_topic: dict[str, list] = {}
     failed = False
     leaders: set[int] = set()
-    for topic, index, result, header in outcome:
+    for topic, index, result, batch_header in outcome:
         base_offset, append_time, log_start, error, message = -1, None, -1, ErrorCode.none, None
         if isinstance(result, asyncio.Future):
             if not result.done():
                 # still waiting for the WAL past the request timeout; it may still complete
                 error = ErrorCode.request_timed_out
                 result.add_done_callback(_consume_exception)
-            elif result.exception() is not None:
-                exc = result.exception()
-                error, message = _error_of(exc)
+            elif (failure := result.exception()) is not None:
+                error, message = _error_of(failure)
                 if error == ErrorCode.kafka_storage_error:
-                    log.error("append to %s-%d failed: %r", topic, index, exc)
+                    log.error("append to %s-%d failed: %r", topic, index, failure)
             else:
                 appended: AppendResult = result.result()
                 base_offset = appended.base_offset
@@ -128,9 +129,10 @@ async def produce(request, ctx: RequestContext):
                 except (NotLeaderError, UnknownPartitionError):
                     log_start = -1
                 if not appended.duplicate:
-                    metrics.record_produce(topic, index, header.size, header.record_count)
+                    assert isinstance(batch_header, records.BatchHeader)
+                    metrics.record_produce(topic, index, batch_header.size, batch_header.record_count)
         else:
-            error, message = result  # type: ignore[misc]
+            error, message = result
         failed = failed or error != ErrorCode.none
         extra = {}
         if error == ErrorCode.not_leader_or_follower and codec.has_field(partition_cls, "current_leader"):

@@ -1,0 +1,260 @@
+"""Request framing: the version table advertised in ApiVersions, the request header parsed by
+hand (so unknown keys and versions are known before any body decoding), and `decode_request`,
+which runs the length pre-check, the in-place Produce path or kio's reader with the tolerant
+fallback."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.index import api_key_map, schema_name_map
+from kio.serial import entity_reader
+from kio.serial.errors import DecodeError
+
+from automq.broker.kafka.codec._common import (
+    _INT16,
+    _PREFIX,
+    PRODUCE_KEY,
+    Buffer,
+    _LengthError,
+    _memo,
+)
+from automq.broker.kafka.codec.lengths import _check_lengths, _skip_tagged_fields
+from automq.broker.kafka.codec.produce import decode_produce_in_place
+from automq.broker.kafka.codec.tolerant import _read_entity_tolerant
+
+# Kafka 4.0 broker ranges (KIP-896 removed the pre-2.1 versions). Only keys with a registered
+# handler are advertised; kio's available versions cut these further (see supported_range).
+KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
+    0: (3, 12),  # Produce
+    1: (4, 17),  # Fetch
+    2: (1, 10),  # ListOffsets
+    3: (0, 13),  # Metadata
+    8: (2, 9),  # OffsetCommit
+    9: (1, 9),  # OffsetFetch
+    10: (0, 6),  # FindCoordinator
+    11: (0, 9),  # JoinGroup
+    12: (0, 4),  # Heartbeat
+    13: (0, 5),  # LeaveGroup
+    14: (0, 5),  # SyncGroup
+    15: (0, 6),  # DescribeGroups
+    16: (0, 5),  # ListGroups
+    17: (0, 1),  # SaslHandshake
+    18: (0, 4),  # ApiVersions
+    19: (2, 7),  # CreateTopics
+    20: (1, 6),  # DeleteTopics
+    21: (0, 2),  # DeleteRecords
+    22: (0, 5),  # InitProducerId
+    32: (1, 4),  # DescribeConfigs
+    33: (0, 2),  # AlterConfigs
+    35: (1, 4),  # DescribeLogDirs
+    37: (0, 3),  # CreatePartitions
+    42: (0, 2),  # DeleteGroups
+    44: (0, 1),  # IncrementalAlterConfigs
+    45: (0, 0),  # AlterPartitionReassignments
+    46: (0, 0),  # ListPartitionReassignments
+    47: (0, 0),  # OffsetDelete
+    60: (0, 2),  # DescribeCluster
+}
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class FrameError(Exception):
+    """A frame that cannot be a Kafka request (too short, bad header). Close the connection."""
+
+
+class UnknownApiKeyError(FrameError):
+    def __init__(self, api_key: int, correlation_id: int) -> None:
+        super().__init__(f"unknown api key {api_key}")
+        self.api_key = api_key
+        self.correlation_id = correlation_id
+
+
+class UnsupportedVersionError(FrameError):
+    def __init__(self, api_key: int, api_version: int, correlation_id: int, client_id: str | None) -> None:
+        super().__init__(f"unsupported version {api_version} of api key {api_key}")
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.client_id = client_id
+
+
+class RequestDecodeError(FrameError):
+    """The header was fine but the body does not decode as that request version."""
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int, reason: str) -> None:
+        super().__init__(f"cannot decode {api_name(api_key)} v{api_version} request: {reason}")
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+# --------------------------------------------------------------------------- versions
+
+
+def api_name(api_key: int) -> str:
+    name = api_key_map.get(api_key)
+    return "".join(part.capitalize() for part in name.split("_")) if name else f"ApiKey{api_key}"
+
+
+@_memo
+def kio_versions(api_key: int) -> frozenset[int]:
+    name = api_key_map.get(api_key)
+    if name is None:
+        return frozenset()
+    return frozenset(schema_name_map.get(name, {}).keys())
+
+
+def supported_range(
+    api_key: int, min_version: int | None = None, max_version: int | None = None
+) -> tuple[int, int] | None:
+    """The contiguous version range served for api_key: Kafka 4.0's, within kio's schemas and
+    the handler's own limits; None when nothing is left."""
+    kafka = KAFKA_4_VERSION_RANGES.get(api_key)
+    available = kio_versions(api_key)
+    if kafka is None or not available:
+        return None
+    low = max(kafka[0], min_version if min_version is not None else kafka[0])
+    high = min(kafka[1], max_version if max_version is not None else kafka[1])
+    while low <= high and low not in available:
+        low += 1
+    v = low
+    while v <= high and v in available:
+        v += 1
+    return (low, v - 1) if v - 1 >= low else None
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    size: int  # bytes of the header in the frame; the body follows
+
+
+def peek_header(frame: Buffer) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id) of a frame; FrameError if it is too short."""
+    if len(frame) < _PREFIX.size:
+        raise FrameError(f"request frame of {len(frame)} bytes is shorter than a request header")
+    return _PREFIX.unpack_from(frame, 0)
+
+
+def parse_header(frame: Buffer, flexible: bool) -> RequestHeader:
+    """Request header v1 (or v2 when flexible): client id is always a legacy nullable string."""
+    api_key, api_version, correlation_id = peek_header(frame)
+    position = _PREFIX.size
+    if position + 2 > len(frame):
+        raise FrameError("request header truncated before client id")
+    (length,) = _INT16.unpack_from(frame, position)
+    position += 2
+    client_id: str | None = None
+    if length >= 0:
+        if position + length > len(frame):
+            raise FrameError("request header client id runs past the frame")
+        try:
+            client_id = bytes(frame[position : position + length]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise FrameError("request header client id is not UTF-8") from None
+        position += length
+    elif length != -1:
+        raise FrameError(f"request header client id has length {length}")
+    if flexible:
+        try:
+            position = _skip_tagged_fields(frame, position)
+        except (_LengthError, IndexError) as exc:
+            raise FrameError(f"request header tagged fields malformed: {exc or 'truncated'}") from None
+    return RequestHeader(api_key, api_version, correlation_id, client_id, position)
+
+
+@_memo
+def request_class(api_key: int, api_version: int) -> type[Any]:
+    return load_request_schema(api_key, api_version)
+
+
+@_memo
+def response_class(api_key: int, api_version: int) -> type[Any]:
+    return load_response_schema(api_key, api_version)
+
+
+@_memo
+def _reader(cls: type[Any]) -> Callable[..., tuple[Any, int]]:
+    return entity_reader(cls)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedRequest:
+    header: RequestHeader
+    request: Any
+    response_class: type[Any]
+
+
+def decode_request(frame: Buffer, served: dict[int, tuple[int, int]]) -> DecodedRequest:
+    """Decode one request frame (without its 4-byte size) for the api keys/ranges `served`.
+
+    Raises UnknownApiKeyError, UnsupportedVersionError (ApiVersions callers answer it, others
+    close), RequestDecodeError or FrameError."""
+    writable = frame if isinstance(frame, bytearray) else None
+    if writable is not None:
+        frame = memoryview(writable).toreadonly()  # kio's native readers want read-only buffers
+    api_key, api_version, correlation_id = peek_header(frame)
+    span = served.get(api_key)
+    if span is None:
+        raise UnknownApiKeyError(api_key, correlation_id)
+    if not span[0] <= api_version <= span[1]:
+        client_id = None
+        try:
+            client_id = parse_header(frame, flexible=False).client_id
+        except FrameError:
+            pass
+        raise UnsupportedVersionError(api_key, api_version, correlation_id, client_id)
+    cls = request_class(api_key, api_version)
+    header = parse_header(frame, cls.__flexible__)
+    try:
+        # kio's native reader sizes arrays from the declared length before reading them: a
+        # hostile length aborts the process on allocation failure. Check every length first.
+        _check_lengths(cls, frame, header.size)
+    except (_LengthError, IndexError, struct.error) as exc:
+        raise RequestDecodeError(api_key, api_version, correlation_id, str(exc) or "truncated") from None
+    if api_key == PRODUCE_KEY and writable is not None:
+        # large produce frames: record batches stay views of the received buffer (rewritten
+        # in place by the produce path), no kio copy
+        try:
+            request = decode_produce_in_place(writable, header.size, cls.__flexible__)
+        except (IndexError, struct.error, UnicodeDecodeError, _LengthError) as exc:
+            raise RequestDecodeError(api_key, api_version, correlation_id, str(exc) or "truncated") from None
+        return DecodedRequest(header, request, response_class(api_key, api_version))
+    try:
+        request, _size = _reader(cls)(frame, header.size)
+    except KeyError as exc:
+        # kio knows only the tags of its schema; unknown tags must be skipped (KIP-482)
+        try:
+            request, _end = _read_entity_tolerant(cls, frame, header.size)
+        except (
+            DecodeError,
+            ValueError,
+            KeyError,
+            TypeError,
+            UnicodeDecodeError,
+        ) as inner:
+            raise RequestDecodeError(api_key, api_version, correlation_id, str(inner)) from None
+        del exc
+    except (
+        DecodeError,
+        ValueError,
+        TypeError,
+        UnicodeDecodeError,
+        OverflowError,
+    ) as exc:
+        raise RequestDecodeError(api_key, api_version, correlation_id, str(exc) or type(exc).__name__) from None
+    # Trailing bytes after the body are ignored, as the Java broker's parser does.
+    return DecodedRequest(header, request, response_class(api_key, api_version))

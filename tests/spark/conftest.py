@@ -71,9 +71,11 @@ class SparkCluster:
         raise AssertionError(f"{topic}: committed ends {ends} did not reach {expected} within {timeout}s")
 
 
-def _start_cluster(data_dir: Path, upload_interval: str, upload_block: str) -> SparkCluster:
+def start_cluster(
+    data_dir: Path, upload_interval: str = "500ms", upload_block: str = "256KiB", object_store_url: str | None = None
+) -> SparkCluster:
     port = local.free_port_block(1)
-    nodes = local.prepare(1, data_dir, port, None)
+    nodes = local.prepare(1, data_dir, port, object_store_url)
     for node in nodes:
         raw = yaml.safe_load(node.config_path.read_text())
         if node.role == "broker":
@@ -96,7 +98,7 @@ def _start_cluster(data_dir: Path, upload_interval: str, upload_block: str) -> S
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    cluster = _start_cluster(tmp_path_factory.mktemp("spark-cluster"), "500ms", "256KiB")
+    cluster = start_cluster(tmp_path_factory.mktemp("spark-cluster"))
     try:
         yield cluster
     finally:
@@ -220,7 +222,13 @@ def consume_all(bootstrap: str, topic: str, expected: int, timeout: float = 60.0
     return sorted(out, key=lambda r: (r[0], r[1]))
 
 
+def stop_cluster(cluster: SparkCluster) -> None:
+    local.stop(cluster.nodes, Console(quiet=True), broker_grace_s=20)
+
+
 class SparkHelpers:
+    start_cluster = staticmethod(start_cluster)
+    stop_cluster = staticmethod(stop_cluster)
     topic_name = staticmethod(topic_name)
     create_topic = staticmethod(create_topic)
     produce_confluent = staticmethod(produce_confluent)

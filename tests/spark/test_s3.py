@@ -55,7 +55,10 @@ def test_ingest_and_compact_on_seaweedfs(s3_url, sh, tmp_path):
         assert report["committed"] >= 2 and not report["errors"], report
         views = ClusterView.load(location, [topic]).topic(topic).partitions
         objects_after = {o.object_id for p in views for o in p.objects}
-        assert len(objects_before) >= 8 and len(objects_before) >= 4 * len(objects_after), (len(objects_before), len(objects_after))
+        assert len(objects_before) >= 8 and len(objects_before) >= 4 * len(objects_after), (
+            len(objects_before),
+            len(objects_after),
+        )
         assert sh.consume_all(cluster.bootstrap, topic, n) == before
     finally:
         sh.stop_cluster(cluster)

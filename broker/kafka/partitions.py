@@ -20,17 +20,16 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from automq.broker.controller.protocol import MetadataImage, PartitionInfo, TopicInfo
+from automq.broker.config import NodeConfig
+from automq.broker.controller.protocol import ClusterClient, MetadataImage, PartitionInfo, TopicInfo
 from automq.broker.kafka import records
+from automq.broker.kafka.metrics import KafkaMetrics
 from automq.broker.kafka.producer_snapshots import ProducerSnapshot, ProducerSnapshotStore, retained
 from automq.broker.kafka.producers import ProducerStateManager
-from automq.broker.storage.api import FetchResult, Stream, StreamClosedError
+from automq.broker.storage.api import FetchResult, Stream, StreamClient, StreamClosedError
 from automq.broker.storage.metadata import NodeFencedError, StreamFencedError, StreamNotFoundError
-
-if TYPE_CHECKING:
-    from automq.broker.kafka.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +54,20 @@ class NotLeaderError(PartitionError):
 
 class UnknownPartitionError(PartitionError):
     """No such topic or partition in the metadata: UNKNOWN_TOPIC_OR_PARTITION."""
+
+
+class PartitionHost(Protocol):
+    """What the partitions need from the broker that owns them (the Broker implements it; a
+    protocol here, so this module does not import the broker module that imports it)."""
+
+    config: NodeConfig
+    node_id: int
+    node_epoch: int
+    cluster: ClusterClient
+    storage: StreamClient
+    metrics: KafkaMetrics
+
+    def _on_metadata(self, image: MetadataImage) -> None: ...
 
 
 class PartitionListener(Protocol):
@@ -158,7 +171,9 @@ class Partition:
         unrecorded.add(base_offset)
         try:
             # stream.append reserves [end_offset, end_offset+count) before its first await
-            await self.stream.append(batch, header.record_count)
+            # a bytearray batch is stored as it is (bytes-like, not copied); the storage API is
+            # typed for the immutable forms it usually gets
+            await self.stream.append(batch, header.record_count)  # type: ignore[arg-type]
         except BaseException as exc:
             unrecorded.discard(base_offset)
             if idempotent:
@@ -382,7 +397,7 @@ class PartitionManager:
     WATCH_TIMEOUT_MS = 30_000
     CLOSE_TIMEOUT_S = 60.0
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: PartitionHost) -> None:
         self._broker = broker
         # producer snapshots live in the object store the streams use (None: a broker
         # without storage, in protocol-only tests)
@@ -503,13 +518,13 @@ class PartitionManager:
             for p in t.partitions:
                 if p.leader == node and p.state == "online":
                     desired[(t.name, p.partition)] = (p, t)
-        for key, p in list(self._partitions.items()):
+        for key, led in list(self._partitions.items()):
             want = desired.get(key)
-            if want is None or want[0].leader_epoch != p.leader_epoch or p.closed:
+            if want is None or want[0].leader_epoch != led.leader_epoch or led.closed:
                 moving_info = self._moving_info(image, key)
-                self._schedule(key, self._close_partition(p, moving_info))
+                self._schedule(key, self._close_partition(led, moving_info))
             else:
-                p.configs = dict(want[1].configs)  # config changes (LogAppendTime, max.message.bytes)
+                led.configs = dict(want[1].configs)  # config changes (LogAppendTime, max.message.bytes)
         for key, (info, topic) in desired.items():
             current = self._partitions.get(key)
             if current is None or current.leader_epoch != info.leader_epoch:

@@ -59,6 +59,7 @@ class Soak:
         self.gaps: dict[str, list[float]] = defaultdict(list)  # longest ack gap of any partition
         self.never_served: Counter[str] = Counter()
         self.flood: SequenceProducer | None = None
+        self.wal_full_events = 0.0  # automq_storage_wal_full increments during wal_full faults
 
     # ------------------------------------------------------------ faults: each returns t0
 
@@ -140,13 +141,18 @@ class Soak:
         """Stall the store while 4 KiB records fill the 8 MiB WAL: appends wait (back-pressure)
         until the store heals; measured from the heal."""
         assert self.flood is not None
+        before = self._wal_full_events()
         self.flood.rate = 600.0
         self.proxy.stall()
         time.sleep(12)
+        self.wal_full_events += max(0.0, self._wal_full_events() - before)  # a restart resets counters
         t0 = time.monotonic()
         self.proxy.heal()
         self.flood.rate = 20.0
         return t0
+
+    def _wal_full_events(self) -> float:
+        return sum(self.cluster.metric(b.name, "automq_storage_wal_full_total") for b in self.cluster.brokers)
 
     # ------------------------------------------------------------ loop
 
@@ -291,6 +297,7 @@ def main() -> int:
         )
     if soak.never_served:
         print("NOT serving again within 180 s:", dict(soak.never_served))
+    print(f"WAL-full waits during wal_full faults: {soak.wal_full_events:.0f} (0: the WAL never filled)")
     print(f"proxy: {dict(soak.proxy.counts)}")
     restarts = {n.name: n.restarts for n in cluster.nodes.values()}
     print(f"process restarts: {restarts}")

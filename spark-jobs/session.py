@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -33,4 +34,6 @@ def spark_session(master: str | None = None, app_name: str = "automq", shuffle_p
         )
         spark = builder.getOrCreate()
     spark.dataSource.register(AutoMQDataSource)
+    # py4j logs "closing" from finalizers at interpreter exit, after logging shut down
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     return spark

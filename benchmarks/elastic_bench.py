@@ -6,7 +6,8 @@ Prints numbers next to baselines from the same run; asserts nothing.
     python benchmarks/elastic_bench.py --store file --interval 5 --drain-partitions 100
 
 Phases (each on its own AutoMQCluster):
-1. drain (and drain-bounded, for comparison: the same drain by `automq rebalance --drain 1
+1. drain (drain-elastic: the same with spec.balancing on, so scale-in moves partitions off
+   maxConcurrentMoves at a time first; drain-bounded, for comparison: the same drain by `automq rebalance --drain 1
    --max-concurrent N`, the balancer's executor): 2 brokers, a topic with 2 x --drain-partitions partitions (about --drain-partitions
    led by each), steady load; `kubectl scale --replicas 1` (the /scale subresource). Measured:
    seconds from the scale request to broker 1 leading nothing (Kafka metadata polled every
@@ -102,12 +103,22 @@ class Bench:
 
     # ---------------------------------------------------------------- phase 1
 
-    def drain(self, bounded: int | None = None) -> None:
-        """`bounded` None: the operator's scale-in (/scale 2 -> 1). A number: `automq rebalance
-        --drain 1 --max-concurrent N` (the balancer's executor, N moves at a time), for comparison."""
+    def drain(self, bounded: int | None = None, elastic: bool = False) -> None:
+        """`bounded` None: the operator's scale-in (/scale 2 -> 1); with `elastic`, balancing is on
+        (maxConcurrentMoves --bounded-concurrency), so the operator moves partitions off in bounded
+        steps before the controller's drain. A number: `automq rebalance --drain 1 --max-concurrent N`
+        (the balancer's executor, N moves at a time), for comparison."""
         a, k8s = self.args, self.k8s
         name = "drain" if bounded is None else f"drain{bounded}"
-        k8s.create_cluster(name, self.spec(name, 2))
+        extra: dict = {}
+        if elastic:
+            name = "drain-elastic"
+            extra["balancing"] = {
+                "enabled": True,
+                "intervalSeconds": 3600,  # no rebalancing of its own during the run
+                "maxConcurrentMoves": a.bounded_concurrency,
+            }
+        k8s.create_cluster(name, self.spec(name, 2, **extra))
         k8s.wait_ready(name, brokers=2, timeout=180)
         bootstrap = k8s.bootstrap(name)
         create_topic(bootstrap, "drain", 2 * a.drain_partitions)
@@ -144,7 +155,10 @@ class Bench:
         before = load.latencies(t_before, t0)
         during = load.latencies(t0, drained)
         if bounded is None:
-            print(f"\n== drain: scale 2 -> 1 with broker 1 leading {on_1} partitions ({a.rate:.0f} rec/s x 1 KiB)")
+            how = f"balancing on, maxConcurrentMoves {a.bounded_concurrency}" if elastic else "balancing off"
+            print(
+                f"\n== drain ({how}): scale 2 -> 1 with broker 1 leading {on_1} partitions ({a.rate:.0f} rec/s x 1 KiB)"
+            )
             print(
                 f"  seconds to drain (scale request -> broker 1 leads nothing):  {drained - t0:7.2f} s   (goal < 10 s)"
             )
@@ -293,7 +307,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--steady", type=float, default=60.0)
     parser.add_argument("--share-timeout", type=float, default=120.0)
-    parser.add_argument("--phases", default="drain,drain-bounded,scale-out")
+    parser.add_argument("--phases", default="drain,drain-elastic,drain-bounded,scale-out")
     parser.add_argument("--bounded-concurrency", type=int, default=8, help="moves at once in the drain-bounded phase")
     parser.add_argument(
         "--cli-balancer", action="store_true", help="drive moves with `automq rebalance` even if spec.balancing works"
@@ -308,6 +322,8 @@ def main() -> None:
         phases = args.phases.split(",")
         if "drain" in phases:
             bench.drain()
+        if "drain-elastic" in phases:
+            bench.drain(elastic=True)
         if "drain-bounded" in phases:
             bench.drain(bounded=args.bounded_concurrency)
         if "scale-out" in phases:

@@ -94,6 +94,11 @@ def test_skewed_load_is_balanced_within_two_evaluations_and_stays_balanced(k8s: 
     bootstrap = k8s.bootstrap("skew")
     create_topic(bootstrap, "hot", 6)
     create_topic(bootstrap, "cold", 6)
+    # Every hot partition serving before it is moved: a move requested while the first leader
+    # is still opening the partition was seen to stay "moving" for good (reported separately).
+    warm = SequencedProducer(bootstrap, "hot", 6, rate=120, name="w").start()
+    k8s.wait_for("each hot partition acknowledged a record", lambda: len({a.partition for a in warm.acked}) == 6)
+    warm.stop()
     # All hot partitions onto broker 0, through the standard Kafka API (kafka-python admin).
     admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","))
     try:
@@ -152,7 +157,7 @@ def test_skewed_load_is_balanced_within_two_evaluations_and_stays_balanced(k8s: 
     cold.stop()
     watcher.stop()
     status.stop()
-    assert check_exactly_once(bootstrap, "hot", [hot]) == hot.acked_count()
+    assert check_exactly_once(bootstrap, "hot", [warm, hot]) == warm.acked_count() + hot.acked_count()
     assert check_exactly_once(bootstrap, "cold", [cold]) == cold.acked_count()
     events = [e for e in k8s.events("skew") if "alanc" in e.get("reason", "")]
     assert events, "no rebalance event"

@@ -161,7 +161,9 @@ def test_node_loss_primitives_for_the_node_loss_tests(k8s: KubeletHarness) -> No
             and "demo-broker-0" in k8s.ready_pods("demo")
         ),
     )
-    assert zombie.poll() is None  # the lost node's process was never told anything
+    # Nothing signalled the lost node's process: it runs on, or exited on its own (a broker
+    # fenced by its replacement's registration exits by itself), never by a signal.
+    assert zombie.poll() is None or zombie.returncode >= 0, zombie.returncode
     assert k8s.pod_process("demo-broker-0").process is not zombie
     bootstrap = k8s.bootstrap("demo")
     create_topic(bootstrap, "after-loss", 2)

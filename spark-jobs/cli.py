@@ -55,6 +55,11 @@ def ingest_command(
     ),
     only: bool = typer.Option(False, "--only", help="Only the --topic topics, not every table-enabled one."),
     force: bool = typer.Option(False, "--force", help="Ignore automq.table.topic.commit.interval.ms."),
+    expire_snapshots: str | None = typer.Option(
+        None,
+        "--expire-snapshots-older-than",
+        help="After committing, drop table snapshots older than this, e.g. 168h (the current one always stays).",
+    ),
     master: str | None = _MASTER,
 ) -> None:
     """Write table topics to Iceberg, exactly once (offsets live in the tables' snapshots)."""
@@ -64,6 +69,7 @@ def ingest_command(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     location = _location(data_dir, controller, object_store)
+    expire_ms = _duration_ms(expire_snapshots, "--expire-snapshots-older-than") if expire_snapshots else None
     if catalog is None:
         if data_dir is None:
             typer.echo("error: pass --catalog (or --data-dir for the embedded sqlite catalog)", err=True)
@@ -75,7 +81,9 @@ def ingest_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     spark = spark_session(master, app_name="automq-ingest")
-    results = ingest(spark, location, cat, topic or None, force=force, enabled_topics=not only)
+    results = ingest(
+        spark, location, cat, topic or None, force=force, enabled_topics=not only, expire_snapshots_ms=expire_ms
+    )
     for r in results:
         typer.echo(
             json.dumps(
@@ -86,6 +94,7 @@ def ingest_command(
                     "records": r.records,
                     "dead_letters": r.dead_letters,
                     "offsets": r.offsets,
+                    "expired_snapshots": r.expired_snapshots,
                     "message": r.message,
                 }
             )

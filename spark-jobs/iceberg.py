@@ -132,3 +132,21 @@ def _transform(name: str, arg: int | None) -> Transform:
         "truncate": lambda: TruncateTransform(arg or 1),
         "void": lambda: VoidTransform(),
     }[name]()
+
+
+def expire_snapshots(table: Table, older_than_ms: int) -> int:
+    """Drop snapshots older than `older_than_ms` (epoch ms) from the table's metadata; the
+    current snapshot (which holds the offsets) is always kept. Data files are not deleted
+    (pyiceberg does not clean files): readers of expired snapshots' files are rare, a
+    warehouse cleanup can follow. Returns how many were expired."""
+    from datetime import UTC, datetime
+
+    current = table.current_snapshot()
+    doomed = [
+        s.snapshot_id
+        for s in table.snapshots()
+        if s.timestamp_ms < older_than_ms and (current is None or s.snapshot_id != current.snapshot_id)
+    ]
+    if doomed:
+        table.maintenance.expire_snapshots().older_than(datetime.fromtimestamp(older_than_ms / 1000, UTC)).commit()
+    return len(doomed)

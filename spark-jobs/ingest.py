@@ -57,6 +57,7 @@ class TableResult:
     dead_letters: int = 0
     offsets: dict[int, int] = field(default_factory=dict)
     attempts: int = 0
+    expired_snapshots: int = 0
     message: str = ""
 
 
@@ -83,16 +84,24 @@ def ingest(
     *,
     force: bool = False,
     enabled_topics: bool = True,
+    expire_snapshots_ms: int | None = None,
     before_commit: Callable[[str, Table], None] | None = None,
 ) -> list[TableResult]:
     """One ingestion run over the chosen topics. `before_commit(table_name, table)` runs
     after the data files are written and before the commit (tests crash there).
-    `enabled_topics=False`: only the topics named in `topics`."""
+    `enabled_topics=False`: only the topics named in `topics`. `expire_snapshots_ms`: after
+    each table's round, drop its snapshots older than that many ms (never the current one)."""
     view = ClusterView.load(location, with_objects=False)
     results = []
     for t in select_topics(view, topics, enabled_topics):
         try:
-            results.append(ingest_topic(spark, location, catalog, t, force=force, before_commit=before_commit))
+            result = ingest_topic(spark, location, catalog, t, force=force, before_commit=before_commit)
+            if expire_snapshots_ms is not None and result.status != "failed":
+                table = iceberg.load_table(catalog, result.table)
+                if table is not None:
+                    cutoff = int(time.time() * 1000) - expire_snapshots_ms
+                    result.expired_snapshots = iceberg.expire_snapshots(table, cutoff)
+            results.append(result)
         except Exception as exc:  # one table's failure must not stop the others
             log.exception("ingesting %s failed", t.name)
             settings = TableSettings.from_topic_configs(t.configs)

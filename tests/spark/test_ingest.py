@@ -308,3 +308,23 @@ def test_debezium_envelopes_upsert_on_id_columns(spark, spark_cluster, sh, catal
     rows = sorted((r["id"], r["name"], r["addr_city"]) for r in table.scan().to_arrow().to_pylist())
     assert rows == [(0, "v0", "x"), (1, "v1b", "y"), (3, "v3b", "z"), (4, "v4", "x"), (9, "v9", "q")]
     assert iceberg.committed_offsets(table) == {0: len(first) + len(second)}
+
+
+def test_snapshot_expiry_keeps_the_current_snapshot_and_its_offsets(spark, spark_cluster, sh, catalog, location):
+    topic = sh.topic_name("expire")
+    sh.create_topic(spark_cluster.bootstrap, topic)
+    total = 0
+    for rnd in range(3):
+        sh.produce_confluent(spark_cluster.bootstrap, topic, [(None, b"%d-%d" % (rnd, i), [], 0) for i in range(10)])
+        total += 10
+        spark_cluster.wait_uploaded(topic, total)
+        [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+        assert r.status == "committed"
+    table = catalog.load_table(r.table)
+    assert len(table.snapshots()) == 3
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False, expire_snapshots_ms=0)
+    assert (r.status, r.expired_snapshots) == ("up-to-date", 2)
+    table = catalog.load_table(r.table)
+    assert len(table.snapshots()) == 1
+    assert iceberg.committed_offsets(table) == {0: 30}
+    assert sorted(table.scan().to_arrow()["offset"].to_pylist()) == list(range(30))

@@ -245,6 +245,15 @@ def local_up(
         "-d",
         help="Run in the background; print the bootstrap once it serves; `local down` stops it.",
     ),
+    sets: list[str] = typer.Option(
+        [],
+        "--set",
+        help="KEY=VALUE for every node's config (repeatable): dotted keys such as kafka.num_partitions=3, "
+        "or Kafka names such as group.initial.rebalance.delay.ms=0. Unknown keys fail the start.",
+    ),
+    config_file: Path | None = typer.Option(
+        None, "--config", help="A YAML fragment of a node config merged into every node's config (--set wins)."
+    ),
 ) -> None:
     """Start a controller and N brokers as processes on 127.0.0.1; Ctrl-C stops them."""
     from automq.broker import local
@@ -254,8 +263,20 @@ def local_up(
         argv += ["--brokers", str(brokers)] if brokers is not None else []
         argv += ["--port", str(port)] if port is not None else []
         argv += ["--object-store", object_store] if object_store is not None else []
+        for item in sets:
+            argv += ["--set", item]
+        argv += ["--config", str(config_file.expanduser().resolve())] if config_file is not None else []
         sys.exit(local.detach(argv, data_dir))
-    sys.exit(local.run_local_cluster(brokers=brokers, data_dir=data_dir, port=port, object_store_url=object_store))
+    sys.exit(
+        local.run_local_cluster(
+            brokers=brokers,
+            data_dir=data_dir,
+            port=port,
+            object_store_url=object_store,
+            sets=sets,
+            config_file=config_file,
+        )
+    )
 
 
 @local_app.command("down")

@@ -40,12 +40,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from automq.broker.config import Listener, NodeConfig, dump_config
+from automq.broker.config import ConfigError, KafkaConfig, Listener, NodeConfig, dump_config, parse_config
 from automq.broker.objectstore.check import ObjectStoreCheckError, check_object_store
 
 CONTROLLER_NODE_ID = 0
@@ -165,8 +166,101 @@ def resolve_object_store(data_dir: Path, requested: str | None) -> str:
     return url
 
 
+# keys local mode decides for every node: a --set/--config of them would break the cluster
+# (ports, ids, where data lives), so they are refused with the option to use instead
+_LOCAL_OWNED = {
+    "node_id": "node ids are 0 (controller) and 1..N (brokers)",
+    "cluster_id": "local mode's cluster id is fixed",
+    "data_dir": "use --data-dir",
+    "object_store_url": "use --object-store",
+    "controller_urls": "local mode points brokers at its controller",
+    "listeners": "use --port",
+    "http_host": "local nodes serve HTTP on 127.0.0.1",
+    "http_port": "local mode picks free HTTP ports",
+}
+
+
+def _merge(into: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(into)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _set_path(key: str) -> list[str]:
+    """`kafka.num_partitions` -> ["kafka", "num_partitions"]; a Kafka name such as
+    `num.partitions` or `group.initial.rebalance.delay.ms` -> ["kafka", "<name with _>"]."""
+    parts = key.split(".")
+    if parts[0] in NodeConfig.model_fields:
+        return parts
+    kafka_name = key.replace(".", "_").replace("-", "_")
+    if kafka_name in KafkaConfig.model_fields:
+        return ["kafka", kafka_name]
+    return parts  # unknown: validation names it
+
+
+def node_overrides(sets: list[str] | None = None, config_file: Path | None = None) -> dict[str, Any]:
+    """The settings `--config FILE` (a YAML fragment of a node config) and `--set KEY=VALUE`
+    (later wins) add to every node's config, as a nested mapping. Values are YAML scalars
+    ("3" is a number, "64MiB" a size, "true" a boolean). Raises LocalClusterError naming an
+    unknown or bad key, or one local mode sets itself."""
+    raw: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+        except OSError as exc:
+            raise LocalClusterError(f"--config {config_file}: cannot read it ({exc.strerror})") from None
+        except yaml.YAMLError as exc:
+            raise LocalClusterError(f"--config {config_file} is not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise LocalClusterError(f"--config {config_file} must hold a mapping of keys, got {type(loaded).__name__}")
+        raw = _merge(raw, loaded)
+    for item in sets or []:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise LocalClusterError(f"--set {item!r}: expected KEY=VALUE, e.g. --set kafka.num_partitions=3")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        nested: Any = value
+        for part in reversed(_set_path(key)):
+            nested = {part: nested}
+        raw = _merge(raw, nested)
+    for key, why in _LOCAL_OWNED.items():
+        if key in raw:
+            raise LocalClusterError(f"{key} cannot be set in local mode: {why}")
+    # validated once here, so a typo fails before any process starts, naming the key
+    probe = {"node_id": 1, **raw}
+    try:
+        parse_config(probe, source="--set/--config")
+    except ConfigError as exc:
+        raise LocalClusterError(str(exc)) from None
+    return raw
+
+
+def _flat(raw: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in raw.items():
+        if isinstance(value, dict) and value:
+            out += _flat(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
 def node_configs(
-    brokers: int, data_dir: Path, port: int, object_store_url: str, controller_http: int, broker_http: list[int]
+    brokers: int,
+    data_dir: Path,
+    port: int,
+    object_store_url: str,
+    controller_http: int,
+    broker_http: list[int],
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, NodeConfig]:
     controller_url = f"http://127.0.0.1:{controller_http}"
     configs = {
@@ -192,6 +286,13 @@ def node_configs(
             http_host="127.0.0.1",
             http_port=broker_http[i - 1],
         )
+    if overrides:
+        # every node gets every setting (a controller ignores the broker-only sections), so
+        # one fragment works for all; validation already happened in node_overrides
+        configs = {
+            name: parse_config(_merge(c.model_dump(mode="json", exclude_defaults=True), overrides), source=name)
+            for name, c in configs.items()
+        }
     return configs
 
 
@@ -211,7 +312,9 @@ def load_config_text(text: str) -> NodeConfig:
     return parse_config(yaml.safe_load(text) or {})
 
 
-def prepare(brokers: int, data_dir: Path, port: int, object_store_url: str | None) -> list[Node]:
+def prepare(
+    brokers: int, data_dir: Path, port: int, object_store_url: str | None, overrides: dict[str, Any] | None = None
+) -> list[Node]:
     """Check ports, write every node's config file; returns the nodes in start order."""
     if brokers < 1:
         raise LocalClusterError(f"--brokers must be at least 1, got {brokers}")
@@ -239,7 +342,7 @@ def prepare(brokers: int, data_dir: Path, port: int, object_store_url: str | Non
     for sub in ("config", "logs", "run"):
         (data_dir / sub).mkdir(parents=True, exist_ok=True)
     nodes = []
-    for name, config in node_configs(brokers, data_dir, port, url, controller_http, broker_http).items():
+    for name, config in node_configs(brokers, data_dir, port, url, controller_http, broker_http, overrides).items():
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
         path = data_dir / "config" / f"{name}.yaml"
         path.write_text(_config_yaml(config))
@@ -457,11 +560,25 @@ def _print_endpoints(nodes: list[Node], console: Console, data_dir: Path) -> Non
     console.print(f"  logs: {data_dir / 'logs'}; `automq status --data-dir {data_dir}` shows the cluster's state")
 
 
-def run_local_cluster(brokers: int | None, data_dir: Path | str, port: int | None, object_store_url: str | None) -> int:
+def run_local_cluster(
+    brokers: int | None,
+    data_dir: Path | str,
+    port: int | None,
+    object_store_url: str | None,
+    sets: list[str] | None = None,
+    config_file: Path | None = None,
+) -> int:
     """Run a local cluster in the foreground until Ctrl-C/SIGTERM; returns the exit code.
-    `brokers`/`port` None: what the last start of this data dir used (else 1 and 9092)."""
+    `brokers`/`port` None: what the last start of this data dir used (else 1 and 9092).
+    `sets` (KEY=VALUE) and `config_file` (YAML fragment) go into every node's config; they
+    are not remembered: a start without them uses the defaults again."""
     console = Console(stderr=True, soft_wrap=True, highlight=False)
     data_dir = Path(data_dir).expanduser().resolve()
+    try:
+        overrides = node_overrides(sets, config_file)
+    except LocalClusterError as exc:
+        console.print(str(exc), style="red", markup=False)
+        return 2
     brokers, port = remembered_options(data_dir, brokers, port)
     # A store given (or recorded by an earlier start) is proven usable before anything is
     # created on disk: a wrong URL, endpoint, bucket or credential fails here in seconds.
@@ -485,9 +602,17 @@ def run_local_cluster(brokers: int | None, data_dir: Path | str, port: int | Non
     nodes: list[Node] = []
     try:
         with _data_dir_lock(data_dir):
-            nodes = prepare(brokers, data_dir, port, object_store_url)
+            nodes = prepare(brokers, data_dir, port, object_store_url, overrides)
             _remember(data_dir, brokers, port)
             console.print(f"data dir {data_dir}; process logs in {data_dir / 'logs'}")
+            for key, value in _flat(overrides):
+                console.print(f"setting {key} = {value!r}", markup=False)
+            delay = parse_config({"node_id": 1, **overrides}).kafka.group_initial_rebalance_delay_ms
+            console.print(
+                f"group.initial.rebalance.delay.ms = {delay} ms"
+                + (" (Kafka's default)" if delay == KafkaConfig().group_initial_rebalance_delay_ms else ""),
+                markup=False,
+            )
             for n in nodes:
                 spawn(n)
             # brokers retry their controller registration, so all start at once

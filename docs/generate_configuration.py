@@ -190,6 +190,16 @@ first (graceful: flush, upload, deregister), then the controller, and kills what
 stop within 30 s. Starting again with the same `--data-dir` recovers every topic, record
 and committed offset.
 
+Any other key reaches every node's file with `--set KEY=VALUE` (repeatable; dotted keys such
+as `kafka.num_partitions=3` or `wal.capacity=64MiB`, or a broker key by its Kafka name such as
+`num.partitions=3`, `group.min.session.timeout.ms=1000`, `group.initial.rebalance.delay.ms=0`;
+values are YAML scalars) and `--config FILE` (a YAML fragment of a node config, merged into
+every node's; `--set` wins). A controller ignores the broker-only sections. An unknown or bad
+key stops the start before any process runs, naming the key; the keys local mode sets itself
+(`node_id`, `listeners`, `http_port`, `data_dir`, `object_store_url`, ...) are refused with the
+option to use instead. These settings are not remembered: a start without them uses the
+defaults. The effective settings and `group.initial.rebalance.delay.ms` are printed at start.
+
 ## Node config keys
 """
 

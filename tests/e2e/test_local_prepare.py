@@ -76,3 +76,47 @@ def test_free_port_block_is_free_and_below_the_ephemeral_range():
     base = local.free_port_block(3)
     assert base >= 10_000 and base + 3 <= floor
     assert all(local.port_is_free(base + i) for i in range(3))
+
+
+def test_set_and_config_reach_every_node_config(tmp_path):
+    fragment = tmp_path / "extra.yaml"
+    fragment.write_text("kafka:\n  num_partitions: 4\n  group_min_session_timeout_ms: 1000\nlog_level: DEBUG\n")
+    overrides = local.node_overrides(
+        # a Kafka name and a dotted key; --set wins over --config
+        ["group.initial.rebalance.delay.ms=250", "kafka.num_partitions=6", "wal.capacity=32MiB"],
+        fragment,
+    )
+    nodes = local.prepare(2, tmp_path / "d", _free_block(2), None, overrides)
+    configs = {n.name: load_config(n.config_path) for n in nodes}
+    for name in ("broker-1", "broker-2"):
+        kafka = configs[name].kafka
+        assert (kafka.num_partitions, kafka.group_min_session_timeout_ms) == (6, 1000)
+        assert kafka.group_initial_rebalance_delay_ms == 250
+        assert configs[name].wal.capacity == 32 << 20 and configs[name].log_level == "DEBUG"
+    # local mode's own keys are kept
+    assert [configs[f"broker-{i}"].node_id for i in (1, 2)] == [1, 2]
+    assert configs["controller"].log_level == "DEBUG" and configs["controller"].listeners == []
+
+
+@pytest.mark.parametrize(
+    ("sets", "fragment", "message"),
+    [
+        (["kafka.no_such_key=1"], None, r"kafka\.no_such_key: unknown key"),
+        (["no.such.thing=1"], None, r"no: unknown key"),
+        (["kafka.num_partitions=zero"], None, r"kafka\.num_partitions"),
+        (["num.partitions"], None, r"expected KEY=VALUE"),
+        (["listeners=[]"], None, r"listeners cannot be set in local mode: use --port"),
+        ([], "kafka: [1, 2]\n", r"kafka"),
+        ([], "- a\n", r"must hold a mapping"),
+        ([], "a: [\n", r"not valid YAML"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_key(tmp_path, sets, fragment, message):
+    path = None
+    if fragment is not None:
+        path = tmp_path / "f.yaml"
+        path.write_text(fragment)
+    with pytest.raises(local.LocalClusterError, match=message):
+        local.node_overrides(sets, path)
+    with pytest.raises(local.LocalClusterError, match="cannot read it"):
+        local.node_overrides([], tmp_path / "missing.yaml")

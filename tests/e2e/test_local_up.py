@@ -152,3 +152,18 @@ def test_a_crashing_broker_is_restarted_with_backoff_and_the_rest_keeps_running(
     finally:
         cluster.stop()
         cluster.kill()
+
+
+def test_unknown_set_key_fails_at_start_naming_it(tmp_path):
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "automq.broker.cli", "local", "up", "--data-dir", str(tmp_path)),
+            *("--set", "num.partitions=3", "--set", "kafka.num_partitons=3"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "kafka.num_partitons: unknown key" in out.stderr
+    assert not (tmp_path / "run").exists()  # nothing started

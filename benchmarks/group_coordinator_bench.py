@@ -30,7 +30,7 @@ def pct(samples: list[float], q: float) -> float:
 
 
 def bench_state_machine(groups: int, members: int) -> None:
-    m = GroupManager(GroupConfig(min_session_timeout_ms=1_000), num_partitions=50)
+    m = GroupManager(GroupConfig(min_session_timeout_ms=1_000, initial_rebalance_delay_ms=0), num_partitions=50)
     now = 0
     ids: list[tuple[str, str, int]] = []
     for g in range(groups):

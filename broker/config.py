@@ -129,7 +129,7 @@ class KafkaConfig(_Section):
     log_retention_check_interval_ms: DurationMs = Field(300_000, gt=0)  # how often retention trims streams
     message_max_bytes: Size = 1_048_588  # Kafka's default max batch size
     socket_request_max_bytes: Size = 100 << 20
-    group_initial_rebalance_delay_ms: DurationMs = 0
+    group_initial_rebalance_delay_ms: DurationMs = 3_000  # Kafka's default: members joining together rebalance once
     group_min_session_timeout_ms: DurationMs = 6_000
     group_max_session_timeout_ms: DurationMs = 1_800_000
     offsets_retention_ms: int = 7 * 24 * 3_600_000

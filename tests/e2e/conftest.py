@@ -33,6 +33,8 @@ class LocalCluster:
     brokers: int
     port: int
     object_store_url: str | None = None
+    # Kafka's 3 s first-join delay would only slow the tests down; tests of it set their own
+    sets: list[str] = field(default_factory=lambda: ["group.initial.rebalance.delay.ms=0"])
     process: subprocess.Popen[str] | None = None
     bootstrap: str = ""
     output: list[str] = field(default_factory=list)
@@ -56,6 +58,8 @@ class LocalCluster:
         ]
         if self.object_store_url:
             cmd += ["--object-store", self.object_store_url]
+        for item in self.sets:
+            cmd += ["--set", item]
         self.output = []
         self.bootstrap = ""
         self.process = subprocess.Popen(

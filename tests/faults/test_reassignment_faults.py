@@ -120,6 +120,7 @@ class Cluster:
                 listeners=[Listener(host="127.0.0.1", port=base + i - 1)],
                 http_port=http[i],
                 wal={"kind": self.wal_kind, "capacity": 64 << 20},
+                kafka={"group_initial_rebalance_delay_ms": 0},
                 **common,
             )
         for name, cfg in configs.items():

@@ -93,6 +93,7 @@ def nodes(tmp_path):
             data_dir=str(tmp_path / "b"),
             http_port=http_b,
             listeners=[Listener(host="127.0.0.1", port=kafka)],
+            kafka={"group_initial_rebalance_delay_ms": 0},
             **common,
         ),
         tmp_path,

@@ -75,7 +75,7 @@ def start_cluster(
     data_dir: Path, upload_interval: str = "500ms", upload_block: str = "256KiB", object_store_url: str | None = None
 ) -> SparkCluster:
     port = local.free_port_block(1)
-    nodes = local.prepare(1, data_dir, port, object_store_url)
+    nodes = local.prepare(1, data_dir, port, object_store_url, {"kafka": {"group_initial_rebalance_delay_ms": 0}})
     for node in nodes:
         raw = yaml.safe_load(node.config_path.read_text())
         if node.role == "broker":

@@ -32,7 +32,7 @@ class GroupState(str, enum.Enum):
 class GroupConfig:
     min_session_timeout_ms: int = 6_000
     max_session_timeout_ms: int = 1_800_000
-    initial_rebalance_delay_ms: int = 0
+    initial_rebalance_delay_ms: int = 3_000
     offsets_retention_ms: int = 7 * 24 * 3_600_000
     new_member_join_timeout_ms: int = NEW_MEMBER_JOIN_TIMEOUT_MS
 

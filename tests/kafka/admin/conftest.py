@@ -64,7 +64,10 @@ async def _start(tmp_path, brokers: int, stack: list, kafka: dict | None = None)
             http_port=0,
             heartbeat_interval_ms=500,
             wal={"capacity": 16 << 20},
-            kafka=kafka or {},
+            kafka={
+                "group_initial_rebalance_delay_ms": 0,
+                **(kafka or {}),
+            },  # tests set Kafka's 3 s delay where they test it
         )
         service = BrokerService(config)
         services.append(service)

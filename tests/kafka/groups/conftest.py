@@ -23,7 +23,11 @@ from automq.broker.storage.engine import StorageEngine
 
 
 def node_config(data_dir: Path, store_url: str, node_id: int, controller_url: str, **kafka: Any) -> NodeConfig:
-    settings = {"offsets_topic_num_partitions": 2, "group_min_session_timeout_ms": 100}
+    settings = {
+        "offsets_topic_num_partitions": 2,
+        "group_min_session_timeout_ms": 100,
+        "group_initial_rebalance_delay_ms": 0,
+    }
     settings.update(kafka)
     return NodeConfig(
         node_id=node_id,
@@ -161,7 +165,11 @@ def broker_config(
 ) -> NodeConfig:
     from automq.broker.config import parse_config
 
-    settings = {"offsets_topic_num_partitions": 4, "group_min_session_timeout_ms": 1_000}
+    settings = {
+        "offsets_topic_num_partitions": 4,
+        "group_min_session_timeout_ms": 1_000,
+        "group_initial_rebalance_delay_ms": 0,
+    }
     settings.update(kafka)
     listener: dict[str, Any] = {"name": "PLAINTEXT", "host": "127.0.0.1", "port": 0}
     if advertised_port is not None:

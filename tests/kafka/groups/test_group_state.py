@@ -36,7 +36,7 @@ class Clients:
     """Drives a GroupManager like clients would, collecting replies by token."""
 
     def __init__(self, config: GroupConfig | None = None) -> None:
-        self.m = GroupManager(config or GroupConfig(), num_partitions=4)
+        self.m = GroupManager(config or GroupConfig(initial_rebalance_delay_ms=0), num_partitions=4)
         self.now = 1_000_000
         self.replies: dict[object, JoinResult | SyncResult] = {}
         self.writes: list = []
@@ -499,7 +499,7 @@ def test_load_rebuilds_groups_from_records_and_unload_answers_waiters() -> None:
         (k, None if v is None else (GroupValue.decode(v) if isinstance(k, GroupKey) else OffsetValue.decode(v)))
         for k, v in records
     ]
-    other = GroupManager(GroupConfig(), num_partitions=4)
+    other = GroupManager(GroupConfig(initial_rebalance_delay_ms=0), num_partitions=4)
     other.load(c.m.partition_for("g"), decoded, c.now)
     g = other.groups["g"]
     assert g.state is GroupState.STABLE and g.generation_id == 1 and g.leader_id == a.member_id

@@ -51,7 +51,7 @@ FALLBACK_MEANINGS = {
     "listeners[].advertised_port": "Port clients are told; defaults to port",
     "kafka.auto_create_topics_enable": "Metadata/Produce for an unknown topic creates it",
     "kafka.num_partitions": "partitions of a topic created without a count",
-    "kafka.default_replication_factor": "accepted for compatibility; a partition has one replica",
+    "kafka.default_replication_factor": "accepted up to the number of live brokers; a partition has one replica",
     "kafka.log_retention_ms": "default `retention.ms` of topics",
     "kafka.log_retention_bytes": "default `retention.bytes` of topics; -1 = no limit",
     "kafka.message_max_bytes": "default `max.message.bytes` (largest batch) of topics",

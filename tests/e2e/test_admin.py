@@ -28,11 +28,15 @@ def _error_name(future):
 def test_confluent_create_describe_alter_delete(cluster, e2e):
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     name = e2e.topic_name("adm")
-    fs = admin.create_topics([NewTopic(name, 3, 3, config={"retention.ms": "3600000", "cleanup.policy": "delete"})])
+    # a replication factor above the 2 live brokers is refused, as Kafka does (also validate-only)
+    for validate_only in (True, False):
+        fs = admin.create_topics([NewTopic(name, 3, 3)], validate_only=validate_only)
+        assert _error_name(fs[name]) == "INVALID_REPLICATION_FACTOR"
+    fs = admin.create_topics([NewTopic(name, 3, 2, config={"retention.ms": "3600000", "cleanup.policy": "delete"})])
     fs[name].result(30)
     e2e.wait_for_leaders(cluster.bootstrap, name, 3)
 
-    # RF 3 was accepted and is reported honestly as one replica
+    # RF 2 (= live brokers) was accepted and is reported honestly as one replica
     md = admin.list_topics(name, timeout=10).topics[name]
     assert sorted(md.partitions) == [0, 1, 2]
     assert all(len(p.replicas) == 1 and p.replicas == p.isrs == [p.leader] for p in md.partitions.values())

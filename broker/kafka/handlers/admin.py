@@ -8,7 +8,8 @@ module so they are testable without a cluster.
 
 Replication: a partition has one replica (its leader) — durability comes from the WAL and
 the object store. A replication factor above one is accepted and reported honestly as one
-replica. A manual replica assignment is honoured as far as it means something here: the
+replica, as long as it does not exceed the number of live brokers (above that Kafka answers
+INVALID_REPLICATION_FACTOR, and so do we). A manual replica assignment is honoured as far as it means something here: the
 first broker of each partition's list becomes its leader (a move right after creation).
 A reassignment's target list works the same way: its first entry becomes the new leader.
 """
@@ -212,6 +213,14 @@ def plan_create_topic(topic: Any, image: MetadataImage | None, kafka_config: Any
             raise AdminError(
                 ErrorCode.invalid_replication_factor,
                 "Replication factor must be larger than 0, or -1 to use the default value.",
+            )
+        live = live_brokers(image)
+        if image is not None and replication > len(live):
+            # Kafka refuses a factor it could not place; the one replica kept here could be,
+            # but a client asking for 3 copies on 2 brokers has a configuration mistake
+            raise AdminError(
+                ErrorCode.invalid_replication_factor,
+                f"Replication factor: {replication} larger than available brokers: {len(live)}.",
             )
     configs = tc.validate_topic_configs((c.name, c.value) for c in (topic.configs or ()))
     return TopicPlan(name, partitions, replication, configs, leaders)

@@ -86,8 +86,20 @@ def test_legal_topic_names():
 def test_plan_defaults_and_rf_reported_as_requested():
     plan = admin.plan_create_topic(topic(), image(), KAFKA)
     assert (plan.partitions, plan.replication_factor, plan.configs, plan.leaders) == (3, 1, {}, None)
-    plan = admin.plan_create_topic(topic(partitions=5, rf=3, configs=[("retention.ms", "1000")]), image(), KAFKA)
+    plan = admin.plan_create_topic(
+        topic(partitions=5, rf=3, configs=[("retention.ms", "1000")]), image(brokers=(1, 2, 3)), KAFKA
+    )
     assert (plan.partitions, plan.replication_factor, plan.configs) == (5, 3, {"retention.ms": "1000"})
+
+
+def test_rf_above_live_brokers_is_refused():
+    with pytest.raises(admin.AdminError, match="Replication factor: 3 larger than available brokers: 2") as err:
+        admin.plan_create_topic(topic(rf=3), image(), KAFKA)
+    assert err.value.error_code == ErrorCode.invalid_replication_factor
+    # a fenced broker does not count
+    with pytest.raises(admin.AdminError):
+        admin.plan_create_topic(topic(rf=2), image(fenced=(2,)), KAFKA)
+    assert admin.plan_create_topic(topic(rf=2), image(), KAFKA).replication_factor == 2
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,8 @@ def _error(future):
 
 def test_topics_and_configs(inprocess_cluster):
     admin = AdminClient({"bootstrap.servers": inprocess_cluster.bootstrap})
-    admin.create_topics([NewTopic("t1", 3, 3, config={"retention.ms": "3600000"})])["t1"].result(30)
+    assert _error(admin.create_topics([NewTopic("t1", 3, 3)])["t1"]).name() == "INVALID_REPLICATION_FACTOR"
+    admin.create_topics([NewTopic("t1", 3, 2, config={"retention.ms": "3600000"})])["t1"].result(30)
     leaders = _wait_leaders(admin, "t1", 3)
     assert set(leaders.values()) <= {1, 2}
     md = admin.list_topics("t1", timeout=10).topics["t1"]

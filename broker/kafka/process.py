@@ -27,6 +27,7 @@ import contextlib
 import logging
 import signal
 import time
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
@@ -37,6 +38,12 @@ from automq.broker.kafka.broker import Broker, advertised_endpoints
 from automq.broker.kafka.server import KafkaServer
 from automq.broker.node import run_node
 from automq.broker.storage.metadata import NodeFencedError
+
+if TYPE_CHECKING:
+    from automq.broker.controller.client import ControllerClient
+    from automq.broker.kafka.retention import RetentionTask
+    from automq.broker.objectstore import ObjectStore
+    from automq.broker.storage.engine import StorageEngine
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +56,15 @@ class BrokerService:
         # process_cpu_seconds_total & co.: the balancer and autoscaler read CPU from here
         ProcessCollector(registry=self.registry)
         self.server = KafkaServer(config=config)
-        self.cluster = None
-        self.object_store = None
-        self.storage = None
+        self.cluster: ControllerClient | None = None
+        self.object_store: ObjectStore | None = None
+        self.storage: StorageEngine | None = None
         self.broker: Broker | None = None
         self.http_port = 0
         self.fatal: str | None = None
         self._http: web.AppRunner | None = None
         self._heartbeat: asyncio.Task[None] | None = None
-        self.retention = None  # RetentionTask: time/size retention of led partitions
+        self.retention: RetentionTask | None = None  # time/size retention of led partitions
         self._wal_recovery: asyncio.Task[None] | None = None  # S3 WAL: recover fenced brokers' WALs
         self._failed = asyncio.Event()
         self._ready = {"registered": False, "storage_recovered": False, "metadata_received": False, "serving": False}

@@ -72,6 +72,7 @@ PressureHandler = Callable[[], Awaitable[None] | None]
 
 class WriteAheadLog(abc.ABC):
     report: RecoveryReport
+    _pressure_handler: PressureHandler | None = None
 
     @abc.abstractmethod
     async def recover(self) -> list[WalRecord]:

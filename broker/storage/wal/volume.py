@@ -35,6 +35,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import crc32c
 
@@ -47,6 +48,9 @@ from automq.broker.storage.wal.base import (
     WalRecordTooLargeError,
     WriteAheadLog,
 )
+
+if TYPE_CHECKING:
+    from automq.broker.storage.metrics import StorageMetrics
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +145,7 @@ class VolumeWal(WriteAheadLog):
         node_epoch: int,
         *,
         group_commit_delay_ms: int = 0,
-        metrics: object | None = None,
+        metrics: StorageMetrics | None = None,
     ) -> None:
         self.path = Path(path)
         self._requested_capacity = capacity

@@ -138,17 +138,17 @@ class Soak:
         return t0
 
     def wal_full(self) -> float:
-        """Stall the store while 4 KiB records fill the 8 MiB WAL: appends wait (back-pressure)
-        until the store heals; measured from the heal."""
+        """Stall the store while 16 KiB records fill the 8 MiB WALs: appends wait
+        (back-pressure) until the store heals; measured from the heal."""
         assert self.flood is not None
         before = self._wal_full_events()
-        self.flood.rate = 600.0
+        self.flood.value_size, self.flood.rate = 16 << 10, 300.0  # ~5 MB/s: the 8 MiB WALs fill in seconds
         self.proxy.stall()
         time.sleep(12)
         self.wal_full_events += max(0.0, self._wal_full_events() - before)  # a restart resets counters
         t0 = time.monotonic()
         self.proxy.heal()
-        self.flood.rate = 20.0
+        self.flood.value_size, self.flood.rate = 4 << 10, 20.0
         return t0
 
     def _wal_full_events(self) -> float:
@@ -161,7 +161,7 @@ class Soak:
         counts = Counter(leaders.values())
         return counts.most_common(1)[0][0]
 
-    def run(self, minutes: float) -> None:
+    def run(self, minutes: float, only: list[str] | None = None) -> None:
         kinds = [
             "broker_kill9",
             "store_stall",
@@ -175,6 +175,11 @@ class Soak:
             "reassign_kill9",
             "wal_full",
         ]
+        if only:
+            unknown = set(only) - set(kinds)
+            if unknown:
+                raise SystemExit(f"--faults: unknown fault kinds {sorted(unknown)}; known: {', '.join(kinds)}")
+            kinds = [k for k in kinds if k in only]
         deadline = time.monotonic() + minutes * 60
         i = 0
         while time.monotonic() < deadline:
@@ -224,6 +229,7 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=None, help="first Kafka port (brokers use port, port+1)")
     parser.add_argument("--data-dir", default=None, help="where processes keep WALs and logs (default: a temp dir)")
     parser.add_argument("--rate", type=float, default=300.0, help="records/s of each sequence producer")
+    parser.add_argument("--faults", default="", help="comma-separated fault kinds to cycle through (default: all)")
     args = parser.parse_args()
 
     data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="fault-soak-"))
@@ -254,7 +260,7 @@ def main() -> int:
                     p.start()
                 soak = Soak(cluster, proxy, seaweed, producers)
                 soak.flood = flood
-                soak.run(args.minutes)
+                soak.run(args.minutes, [k for k in args.faults.split(",") if k])
                 for p in [*producers, flood]:
                     p.stop()
                 verdicts = {p.client + ":" + p.topic: verify(p, timeout=600) for p in [*producers, flood]}

@@ -139,6 +139,10 @@ class Partition:
     def uses_log_append_time(self) -> bool:
         return self.configs.get("message.timestamp.type", "CreateTime") == "LogAppendTime"
 
+    @property
+    def is_compacted(self) -> bool:
+        return "compact" in self.configs.get("cleanup.policy", "delete").split(",")
+
     def max_message_bytes(self, default: int) -> int:
         value = self.configs.get("max.message.bytes")
         try:

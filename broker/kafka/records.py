@@ -258,6 +258,36 @@ def first_record_at_or_after(batch: bytes | bytearray | memoryview, timestamp_ms
     return header.base_offset, header.max_timestamp
 
 
+def keyless_record_index(batch: bytes | bytearray | memoryview, header: BatchHeader) -> int | None:
+    """Index in the batch of the first record with a null key, or None when all have keys.
+
+    Only produce to `cleanup.policy=compact` topics calls this (Kafka refuses keyless records
+    there with INVALID_RECORD). It is the one produce check that must look at every record:
+    the walk reads four varints per record and jumps over key, value and headers, with no
+    object made per record. A compressed batch is decompressed first (Kafka's LogValidator
+    does the same for compacted topics); the stored batch stays as the producer sent it.
+    ValueError when the records section is malformed."""
+    body = decompress_records(header.attributes & CODEC_MASK, memoryview(batch)[BATCH_HEADER_SIZE : header.size])
+    buf = body if isinstance(body, bytes) else bytes(body)
+    end = len(buf)
+    pos = 0
+    for index in range(header.record_count):
+        # record: length, attributes (1 byte), timestampDelta, offsetDelta, keyLength, ...
+        length, pos = read_varint(buf, pos)
+        record_end = pos + length
+        if length < 0 or record_end > end:
+            raise ValueError("record overruns its batch")
+        p = pos + 1
+        for _ in range(2):  # skip timestampDelta and offsetDelta without decoding them
+            while buf[p] & 0x80:
+                p += 1
+            p += 1
+        if buf[p] == 0x01:  # zigzag varint -1: a null key (a one-byte varint)
+            return index
+        pos = record_end
+    return None
+
+
 # --------------------------------------------------------------------------- record level
 # Readers outside the broker (the Spark jobs, key compaction) need the records themselves:
 # decompress a batch's records section and walk it. The broker's own hot paths never do.

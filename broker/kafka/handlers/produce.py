@@ -50,6 +50,21 @@ def _error_of(exc: BaseException) -> tuple[ErrorCode, str | None]:
     return ErrorCode.kafka_storage_error, str(exc) or type(exc).__name__
 
 
+def _check_keys(buf: Any, header: records.BatchHeader, topic: str, index: int) -> None:
+    """A compacted topic keeps the latest value per key: a record without one cannot be
+    compacted, so Kafka refuses the batch (INVALID_RECORD) and so do we."""
+    try:
+        keyless = records.keyless_record_index(buf, header)
+    except (ValueError, IndexError) as exc:
+        raise records.InvalidBatchError(ErrorCode.corrupt_message, f"malformed records in batch: {exc}") from None
+    if keyless is not None:
+        raise records.InvalidBatchError(
+            ErrorCode.invalid_record,
+            f"Compacted topic cannot accept message without key in topic partition {topic}-{index} "
+            f"(record {keyless} of the batch).",
+        )
+
+
 @handles(API_KEY)
 async def produce(request, ctx: RequestContext):
     broker = ctx.broker
@@ -82,6 +97,8 @@ async def produce(request, ctx: RequestContext):
                         ErrorCode.invalid_record,
                         "transactional and control batches are not supported (no transaction coordinator)",
                     )
+                if partition.is_compacted:
+                    _check_keys(pdata.records, header, topic, index)
             except (NotLeaderError, UnknownPartitionError) as exc:
                 outcome.append((topic, index, (_error_of(exc)[0], None), 0))
                 continue

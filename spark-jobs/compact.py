@@ -245,8 +245,8 @@ async def _rewrite(object_store_url: str, task: CompactionTask, object_id: int, 
         await store.close()
 
 
-def chunks(parts: list[bytes | memoryview], size: int) -> list[bytes]:
-    out: list[bytes] = []
+def chunks(parts: list[bytes | memoryview], size: int) -> list[bytes | memoryview]:
+    out: list[bytes | memoryview] = []
     buf = bytearray()
     for p in parts:
         buf += p

@@ -236,11 +236,14 @@ def _debezium(df: pl.DataFrame) -> tuple[pl.DataFrame, list[str | None]]:
         return pl.DataFrame(), op
     after = parts[0]
     before = parts[1] if len(parts) > 1 else None
+    before_df: pl.DataFrame | None
     if before is not None and before.dtype != after.dtype:
         # unify: fields of both sides, nulls where a side lacks one
-        names = list(dict.fromkeys([f.name for f in after.dtype.fields] + [f.name for f in before.dtype.fields]))
-        a = after.struct.unnest() if after.dtype.fields else pl.DataFrame(height=len(after))
-        b = before.struct.unnest() if before.dtype.fields else pl.DataFrame(height=len(before))
+        after_type, before_type = after.dtype, before.dtype
+        assert isinstance(after_type, pl.Struct) and isinstance(before_type, pl.Struct)
+        names = list(dict.fromkeys([f.name for f in after_type.fields] + [f.name for f in before_type.fields]))
+        a = after.struct.unnest() if after_type.fields else pl.DataFrame(height=len(after))
+        b = before.struct.unnest() if before_type.fields else pl.DataFrame(height=len(before))
         for n in names:
             if n not in a.columns:
                 a = a.with_columns(pl.lit(None).alias(n))

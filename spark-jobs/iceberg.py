@@ -122,16 +122,19 @@ def ensure_no_retries(table: Table) -> Table:
 
 
 def _transform(name: str, arg: int | None) -> Transform:
-    return {
-        "identity": lambda: IdentityTransform(),
-        "year": lambda: YearTransform(),
-        "month": lambda: MonthTransform(),
-        "day": lambda: DayTransform(),
-        "hour": lambda: HourTransform(),
-        "bucket": lambda: BucketTransform(arg or 1),
-        "truncate": lambda: TruncateTransform(arg or 1),
-        "void": lambda: VoidTransform(),
-    }[name]()
+    simple: dict[str, Transform] = {
+        "identity": IdentityTransform(),
+        "year": YearTransform(),
+        "month": MonthTransform(),
+        "day": DayTransform(),
+        "hour": HourTransform(),
+        "void": VoidTransform(),
+    }
+    if name == "bucket":
+        return BucketTransform(arg or 1)
+    if name == "truncate":
+        return TruncateTransform(arg or 1)
+    return simple[name]
 
 
 def expire_snapshots(table: Table, older_than_ms: int) -> int:

@@ -239,8 +239,8 @@ def _align(rows: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def _id_filter(ids: pa.Table, columns: tuple[str, ...]):
     if len(columns) == 1:
-        return In(columns[0], [v for v in ids[columns[0]].to_pylist() if v is not None])
-    terms = [And(*[EqualTo(c, row[c]) for c in columns]) for row in ids.to_pylist()]
+        return In(term=columns[0], literals=[v for v in ids[columns[0]].to_pylist() if v is not None])
+    terms = [And(*[EqualTo(term=c, value=row[c]) for c in columns]) for row in ids.to_pylist()]
     return terms[0] if len(terms) == 1 else Or(*terms)
 
 

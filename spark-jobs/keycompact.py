@@ -185,11 +185,11 @@ async def _rewrite_keys(object_store_url: str, kt: KeyCompactionTask, object_id:
             return None  # nothing survives: leave the objects as they are (rare; retention handles it)
         [summary] = writer.streams
         parts = writer.finish()
-        key = object_key(object_id)
+        name = object_key(object_id)
         if writer.total_size > MULTIPART_BYTES:
-            await store.put_multipart(key, chunks(parts, 8 << 20))
+            await store.put_multipart(name, chunks(parts, 8 << 20))
         else:
-            await store.put(key, b"".join(parts))
+            await store.put(name, b"".join(parts))
         return Rewritten(task, object_id, writer.total_size, summary.start_offset, summary.end_offset)
     finally:
         await store.close()

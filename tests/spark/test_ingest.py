@@ -198,6 +198,7 @@ def test_json_values_evolve_the_schema_and_bad_records_go_to_the_dead_letter_tab
             "automq.table.topic.transform.value.type": "flatten",
             "automq.table.topic.errors.tolerance": "all",
             "automq.table.topic.namespace": "lake",
+            "automq.table.topic.partition.by": "bucket(id, 4), day(_kafka_timestamp)",
         },
     )
     first = [(None, json.dumps({"id": i, "name": f"n{i}", "geo": {"lat": i / 2}}).encode(), [], 0) for i in range(20)]
@@ -216,6 +217,7 @@ def test_json_values_evolve_the_schema_and_bad_records_go_to_the_dead_letter_tab
     assert (r2.status, r2.records, r2.dead_letters) == ("committed", 5, 0)
 
     table = catalog.load_table(r1.table)
+    assert [str(f.transform) for f in table.spec().fields] == ["bucket[4]", "day"]
     names = {f.name for f in table.schema().fields}
     assert {"id", "name", "geo_lat", "extra", "_kafka_offset", "_kafka_partition"} <= names
     df = pl.scan_iceberg(table).sort("_kafka_offset").collect()

@@ -330,6 +330,21 @@ class Partition:
             await asyncio.sleep(0.01)
         await self.write_snapshot()
 
+    async def offset_of_max_timestamp(self) -> tuple[int, int] | None:
+        """ListOffsets MAX_TIMESTAMP: (offset, timestamp) of the record with the largest
+        timestamp. Appends track it per batch (no per-record work on the hot path); the one
+        batch is read and walked here, at query time."""
+        latest = self.max_timestamp
+        if latest is None:
+            return None
+        result = await self.read(latest[0], 1, self.high_watermark)
+        for batch in result.batches:
+            if batch.base_offset <= latest[0] < batch.next_offset:
+                offset, timestamp = records.offset_of_max_timestamp(batch.payload)
+                if timestamp == latest[1]:
+                    return offset, timestamp
+        return latest
+
     async def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= timestamp_ms.
 

@@ -288,6 +288,32 @@ def keyless_record_index(batch: bytes | bytearray | memoryview, header: BatchHea
     return None
 
 
+def offset_of_max_timestamp(batch: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """(offset, timestamp) of the first record of one stored batch carrying its max timestamp
+    (ListOffsets MAX_TIMESTAMP answers a record, not a batch). A LogAppendTime batch stamps
+    every record alike, so its first record. Only ListOffsets calls this, for one batch;
+    compressed batches are decompressed. Falls back to the batch's last offset when the
+    records cannot be read."""
+    header = parse_header(batch)
+    if header.attributes & TIMESTAMP_TYPE_BIT:
+        return header.base_offset, header.max_timestamp
+    try:
+        body = decompress_records(header.attributes & CODEC_MASK, memoryview(batch)[BATCH_HEADER_SIZE : header.size])
+        buf = body if isinstance(body, bytes) else bytes(body)
+        pos = 0
+        target = header.max_timestamp - header.base_timestamp
+        for _ in range(header.record_count):
+            length, pos = read_varint(buf, pos)
+            ts_delta, after = read_varint(buf, pos + 1)
+            if ts_delta == target:
+                offset_delta, _ = read_varint(buf, after)
+                return header.base_offset + offset_delta, header.max_timestamp
+            pos += length
+    except (ValueError, IndexError):
+        pass
+    return header.base_offset + header.last_offset_delta, header.max_timestamp
+
+
 # --------------------------------------------------------------------------- record level
 # Readers outside the broker (the Spark jobs, key compaction) need the records themselves:
 # decompress a batch's records section and walk it. The broker's own hot paths never do.

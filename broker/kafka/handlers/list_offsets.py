@@ -5,9 +5,9 @@ offset equals the high watermark). EARLIEST_LOCAL (-4) is the log start (all dat
 "local" in the sense that every offset is readable). By timestamp: a binary search over
 batch max timestamps, then the records of the batch it ends in (uncompressed batches; a
 compressed one answers with its base offset and max timestamp, and a consumer seeking there
-skips the earlier records itself). MAX_TIMESTAMP reports the last offset of the batch with the
-largest max timestamp seen by this leader (appends since it opened the partition and the tail
-scanned at open).
+skips the earlier records itself). MAX_TIMESTAMP reports the offset of the first record with
+the largest timestamp seen by this leader (appends since it opened the partition and the tail
+scanned at open): the batch is known from the appends, its records are read at query time.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ async def list_offsets(request, ctx: RequestContext):
                 elif req.timestamp in (EARLIEST, EARLIEST_LOCAL, EARLIEST_TIERED):
                     offset = partition.log_start_offset
                 elif req.timestamp == MAX_TIMESTAMP:
-                    if partition.max_timestamp is not None:
-                        offset, timestamp = partition.max_timestamp
+                    found = await partition.offset_of_max_timestamp()
+                    if found is not None:
+                        offset, timestamp = found
                 elif req.timestamp >= 0:
                     found = await partition.offset_for_timestamp(req.timestamp)
                     if found is not None:

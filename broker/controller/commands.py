@@ -67,7 +67,8 @@ _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 # (INVALID_CONFIG) as a Java broker does, so a typo never silently falls back to a default.
 _BOOL = ("true", "false")
 _TOPIC_CONFIGS: dict[str, object] = {
-    "cleanup.policy": ("delete", "compact", "compact,delete", "delete,compact"),
+    # "": no cleanup at all (Kafka 4.x accepts an empty list, e.g. after SUBTRACT of the last policy)
+    "cleanup.policy": ("delete", "compact", "compact,delete", "delete,compact", ""),
     "compression.type": ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
     "message.timestamp.type": ("CreateTime", "LogAppendTime"),
     "message.downconversion.enable": _BOOL,

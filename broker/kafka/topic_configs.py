@@ -278,11 +278,13 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "cleanup.policy",
             ConfigType.LIST,
             "delete",
-            _list_of("compact", "delete", allow_empty=False),
-            "The retention policy: 'delete' discards old data by time/size, 'compact' keeps the latest value per key.",
+            # Kafka 4.x accepts an empty list (neither policy: the log is kept whole)
+            _list_of("compact", "delete", allow_empty=True),
+            "The retention policy: 'delete' discards old data by time/size, 'compact' keeps the latest value per key; "
+            "empty: neither.",
             "delete: enforced by the retention task. compact: the Spark key-compaction job (automq spark compact "
             "--keys) keeps the latest record per key when it runs; retention applies only if the list also contains "
-            "delete",
+            "delete; an empty list keeps every record",
             broker_key="log.cleanup.policy",
         ),
         TopicConfigKey(

@@ -548,17 +548,17 @@ class PartitionManager:
             current = self._partitions.get(key)
             if current is None or current.leader_epoch != info.leader_epoch:
                 self._schedule(key, self._open_partition(info, topic))
-        # a moving partition we never opened (or already closed) still needs its ack
+        # a moving partition we never opened (or already closed) still needs its ack; one whose
+        # open (started from an older image) is still running is closed once that open is done,
+        # or the open would finish after this image and lead it for good (a stranded move)
         for t in image.topics:
             for p in t.partitions:
                 key = (t.name, p.partition)
-                if (
-                    p.state == "moving"
-                    and p.leader == node
-                    and key not in self._partitions
-                    and key not in self._transitions
-                ):
-                    self._schedule(key, self._ack_closed(p))
+                if p.state == "moving" and p.leader == node and key not in self._partitions:
+                    if key in self._transitions:
+                        self._schedule(key, self._settle_moving(key, p))
+                    else:
+                        self._schedule(key, self._ack_closed(p))
 
     @staticmethod
     def _moving_info(image: MetadataImage, key: tuple[str, int]) -> PartitionInfo | None:
@@ -712,6 +712,15 @@ class PartitionManager:
             log.exception("closing stream of %s-%d failed", *key)
         log.info("resigned %s-%d (epoch %d)", partition.topic, partition.partition, partition.leader_epoch)
         if moving is not None:
+            await self._ack_closed(moving)
+
+    async def _settle_moving(self, key: tuple[str, int], moving: PartitionInfo) -> None:
+        """After the transitions scheduled before a move (an open in flight): hand over
+        whatever they left led here."""
+        led = self._partitions.get(key)
+        if led is not None:
+            await self._close_partition(led, moving)
+        else:
             await self._ack_closed(moving)
 
     async def _ack_closed(self, info: PartitionInfo) -> None:

@@ -578,3 +578,43 @@ async def test_fetch_checks_the_clients_leader_epoch(cluster, make_batch):
             c.close()
 
     assert await asyncio.to_thread(scenario) == [ErrorCode.none, ErrorCode.unknown_leader_epoch, ErrorCode.none]
+
+
+async def test_a_move_requested_while_the_first_open_is_in_flight_completes(two_brokers):
+    """A reassignment that arrives while the leader is still opening the partition (right after
+    CreateTopics) must not strand it: once the open finishes, the leader hands it over."""
+    first, second = two_brokers
+    gate = asyncio.Event()
+    for service in two_brokers:
+        storage = service.broker.storage
+        original = storage.open_stream
+
+        async def slow_open(stream_id, epoch, _original=original):
+            stream = await _original(stream_id, epoch)  # opened at the controller before the move
+            await gate.wait()  # ... but the rest of the open finishes after it
+            return stream
+
+        storage.open_stream = slow_open  # type: ignore[method-assign]
+    info = await first.cluster.create_topic("late", 1, {})
+    source = first if info.partitions[0].leader == first.broker.node_id else second
+    target = second if source is first else first
+    key = ("late", 0)
+    for _ in range(200):  # the leader's open is under way (blocked at the gate)
+        if key in source.broker.partitions._transitions:
+            break
+        await asyncio.sleep(0.05)
+    assert key in source.broker.partitions._transitions
+    await first.cluster.reassign_partition("late", 0, target.broker.node_id)
+    for _ in range(200):  # the leader has seen the move while its open still waits
+        image = source.broker.partitions._image
+        topic = next((t for t in image.topics if t.name == "late"), None) if image else None
+        if topic is not None and topic.partitions[0].state == "moving":
+            break
+        await asyncio.sleep(0.05)
+    gate.set()
+    for _ in range(400):
+        if any(p.topic == "late" for p in target.broker.partitions.led()):
+            break
+        await asyncio.sleep(0.05)
+    assert any(p.topic == "late" for p in target.broker.partitions.led()), "the move stayed stranded"
+    assert not any(p.topic == "late" for p in source.broker.partitions.led())

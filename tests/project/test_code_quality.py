@@ -25,3 +25,9 @@ def test_ruff_lint_has_no_findings() -> None:
 def test_ruff_format_leaves_every_file_unchanged() -> None:
     result = _run("ruff", "format", "--check", "--no-cache", ".")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_finds_no_error() -> None:
+    # broker/, operator/ and spark-jobs/ through .namespace/ (see [tool.mypy]); strict on the pure cores
+    result = _run("mypy", "--no-incremental")
+    assert result.returncode == 0, result.stdout + result.stderr

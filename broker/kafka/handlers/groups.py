@@ -77,7 +77,16 @@ def _group_error(ctx: RequestContext, group_id: str) -> ErrorCode | None:
 async def _locate(ctx: RequestContext, key_type: int, key: str) -> tuple[ErrorCode, str | None, int, str, int]:
     """(error, message, node_id, host, port) of the coordinator of `key`."""
     if key_type == KEY_TYPE_TRANSACTION:
-        return ErrorCode.coordinator_not_available, "transactions are not supported by this cluster", -1, "", -1
+        # Not the retriable COORDINATOR_NOT_AVAILABLE: clients would retry it until their own
+        # timeout. This is what Kafka answers a client that may not use transactional ids,
+        # and every client treats it as fatal, so init_transactions() fails at once.
+        return (
+            ErrorCode.transactional_id_authorization_failed,
+            "transactions are not supported by this cluster (no transaction coordinator)",
+            -1,
+            "",
+            -1,
+        )
     if key_type != KEY_TYPE_GROUP:
         return ErrorCode.invalid_request, f"unsupported coordinator key type {key_type}", -1, "", -1
     broker = ctx.broker

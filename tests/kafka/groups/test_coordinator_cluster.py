@@ -227,9 +227,9 @@ async def test_wrong_broker_says_not_coordinator(cluster) -> None:
         assert r.error_code == ErrorCode.not_coordinator
         r = await other.call(FETCH, 8, groups=(_fetch_group(other, group, None),), require_stable=False)
         assert r.groups[0].error_code == ErrorCode.not_coordinator
-    # transactional coordinators do not exist here; unknown key types are invalid
+    # transactional coordinators do not exist here: a fatal answer, not a retriable one; unknown key types are invalid
     r = await n1.call(FIND_COORDINATOR, 4, key_type=1, coordinator_keys=("tx",))
-    assert r.coordinators[0].error_code == ErrorCode.coordinator_not_available
+    assert r.coordinators[0].error_code == ErrorCode.transactional_id_authorization_failed
     r = await n1.call(FIND_COORDINATOR, 4, key_type=7, coordinator_keys=("x", "y"))
     assert [c.error_code for c in r.coordinators] == [ErrorCode.invalid_request] * 2
 

@@ -18,5 +18,5 @@ for name, folder in ROOTS.items():
 setup(
     packages=packages,
     package_dir=ROOTS,
-    package_data={name: ["**/*.json", "**/*.yaml", "**/*.md"] for name in ROOTS},
+    package_data={name: ["py.typed", "**/*.json", "**/*.yaml", "**/*.md"] for name in ROOTS},
 )

@@ -69,3 +69,10 @@ def test_repo_root_on_sys_path_does_not_shadow_stdlib_operator():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "_operator"
+
+
+def test_each_package_is_marked_typed_and_ships_the_marker():
+    # PEP 561: users' type checkers read our annotations (and the wheel carries the marker)
+    for folder in ("broker", "operator", "spark-jobs"):
+        assert (ROOT / folder / "py.typed").is_file()
+    assert '"py.typed"' in (ROOT / "setup.py").read_text()

@@ -273,16 +273,23 @@ def keyless_record_index(batch: bytes | bytearray | memoryview, header: BatchHea
     pos = 0
     for index in range(header.record_count):
         # record: length, attributes (1 byte), timestampDelta, offsetDelta, keyLength, ...
-        length, pos = read_varint(buf, pos)
+        first = buf[pos]
+        if first < 0x80:  # the usual one-byte length, decoded inline (no call per record)
+            length = (first >> 1) ^ -(first & 1)
+            pos += 1
+        else:
+            length, pos = read_varint(buf, pos)
         record_end = pos + length
         if length < 0 or record_end > end:
             raise ValueError("record overruns its batch")
         p = pos + 1
-        for _ in range(2):  # skip timestampDelta and offsetDelta without decoding them
-            while buf[p] & 0x80:
-                p += 1
+        # skip timestampDelta and offsetDelta without decoding them
+        while buf[p] & 0x80:
             p += 1
-        if buf[p] == 0x01:  # zigzag varint -1: a null key (a one-byte varint)
+        p += 1
+        while buf[p] & 0x80:
+            p += 1
+        if buf[p + 1] == 0x01:  # zigzag varint -1: a null key (a one-byte varint)
             return index
         pos = record_end
     return None

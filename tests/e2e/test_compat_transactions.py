@@ -29,3 +29,20 @@ def test_kafka_python_init_transactions_fails(cluster, e2e):
             producer.init_transactions()
     finally:
         producer.close(timeout=5)
+
+
+def test_aiokafka_transactional_start_fails(cluster, e2e):
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import TransactionalIdAuthorizationFailed
+
+    async def start() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=cluster.bootstrap, transactional_id=e2e.topic_name("txn"))
+        try:
+            with pytest.raises(TransactionalIdAuthorizationFailed):
+                await asyncio.wait_for(producer.start(), 60)
+        finally:
+            await producer.stop()
+
+    asyncio.run(start())

@@ -61,6 +61,8 @@ def parse_duration_ms(value: Any) -> int:
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(ge=0)]
 ConnectionCount = Annotated[int, Field(ge=0)]
+# Kafka's class name is accepted too, so a server.properties value carries over
+AuthorizerName = Literal["", "standard", "org.apache.kafka.metadata.authorizer.StandardAuthorizer"]
 
 
 class _Section(BaseModel):
@@ -143,6 +145,12 @@ class KafkaConfig(_Section):
     request_frame_timeout_ms: DurationMs = Field(60_000, gt=0)  # automq only: close a frame unfinished this long
     queued_max_request_bytes: Size = 256 << 20  # unfinished request frames of all connections hold at most this
     fetch_session_cache_slots: int = Field(1000, ge=0)  # incremental fetch sessions kept (KIP-227); 0 disables
+    authorizer_class_name: AuthorizerName = ""  # "standard": every request is checked against ACLs; "": no authorizer
+    super_users: str = ""  # "User:admin;User:ops": principals every check allows (Kafka's super.users)
+    allow_everyone_if_no_acl_found: bool = False  # a resource without any ACL: allowed to all (else denied)
+    authorizer_audit_log: bool = False  # log every authorization decision (denials are always logged at INFO)
+    quota_window_num: int = Field(11, ge=2)  # client quotas: rates are measured over this many samples ...
+    quota_window_size_seconds: int = Field(1, ge=1)  # ... of this many seconds each
 
 
 class NodeConfig(_Section):

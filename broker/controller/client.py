@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 
 from automq.broker.controller import wire
+from automq.broker.controller.acls import AclBinding, AclFilter
 from automq.broker.controller.protocol import (
     CLUSTER_ERRORS_BY_CODE,
     ControllerUnavailableError,
@@ -185,6 +186,28 @@ class ControllerClient:
 
     async def alter_topic_configs(self, name: str, configs: dict[str, str | None]) -> None:
         await self.call("alter_topic_configs", {"name": name, "configs": dict(configs)})
+
+    async def create_acls(self, bindings: list[AclBinding]) -> list[tuple[str | None, str | None]]:
+        """Per binding: (None, None) when stored (or already there), else (error code, message)."""
+        data = await self.call("create_acls", {"bindings": to_wire(list(bindings))})
+        return [(code, message) for code, message in data["results"]]
+
+    async def delete_acls(
+        self, filters: list[AclFilter]
+    ) -> list[tuple[tuple[str | None, str | None], list[AclBinding]]]:
+        """Per filter: its result and the bindings it matched (and deleted)."""
+        data = await self.call("delete_acls", {"filters": to_wire(list(filters))})
+        return [((res[0], res[1]), [AclBinding(**b) for b in matched]) for res, matched in data["results"]]
+
+    async def alter_client_quotas(
+        self, entries: list[tuple[list[tuple[str, str | None]], dict[str, float | None]]], validate_only: bool
+    ) -> list[tuple[str | None, str | None]]:
+        body = {
+            "entries": [{"entity": [list(p) for p in entity], "ops": ops} for entity, ops in entries],
+            "validate_only": validate_only,
+        }
+        data = await self.call("alter_client_quotas", body)
+        return [(code, message) for code, message in data["results"]]
 
     async def reassign_partition(self, topic: str, partition: int, target_node_id: int) -> None:
         await self.call(

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from automq.broker.controller.acls import AclBinding, AclFilter
+from automq.broker.controller.quotas import ClientQuota
 from automq.broker.storage.metadata import ERRORS_BY_CODE, MetadataError
 
 
@@ -158,6 +160,8 @@ class MetadataImage:
     topics: tuple[TopicInfo, ...]
     # added after the first contract; defaulted so older constructors still work
     wal_recovery_jobs: tuple[WalRecoveryJob, ...] = ()
+    acls: tuple[AclBinding, ...] = ()
+    client_quotas: tuple[ClientQuota, ...] = ()
 
 
 @runtime_checkable
@@ -196,6 +200,19 @@ class ClusterClient(Protocol):
         """Move all partitions off a broker and place no new ones on it (scale-in, rolling restart)."""
 
     async def undrain_broker(self, node_id: int) -> None: ...
+
+    async def create_acls(self, bindings: list[AclBinding]) -> list[tuple[str | None, str | None]]:
+        """Per binding: (None, None) when stored (or already there), else (error code, message)."""
+
+    async def delete_acls(
+        self, filters: list[AclFilter]
+    ) -> list[tuple[tuple[str | None, str | None], list[AclBinding]]]:
+        """Per filter: its (error code, message) and the bindings it matched and deleted."""
+
+    async def alter_client_quotas(
+        self, entries: list[tuple[list[tuple[str, str | None]], dict[str, float | None]]], validate_only: bool
+    ) -> list[tuple[str | None, str | None]]:
+        """Per entry (entity pairs, key -> value or None to remove): (error code, message)."""
 
 
 # Every error code the controller API can return (storage contract + cluster ones).

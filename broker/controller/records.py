@@ -303,3 +303,27 @@ class WalRecoveryJobCompleted(Record):
     """Closes every stream the fenced node still held open, then drops the job."""
 
     job_id: int
+
+
+# --------------------------------------------------------------------------- ACLs and client quotas
+
+
+@_record("acls_created", visible=True)
+@dataclass(frozen=True, slots=True)
+class AclsCreated(Record):
+    """New bindings (see `acls.AclBinding`), each as its 7 fields in declaration order."""
+
+    bindings: list[list[Any]]
+
+
+@_record("acls_deleted", visible=True)
+@dataclass(frozen=True, slots=True)
+class AclsDeleted(Record):
+    bindings: list[list[Any]]
+
+
+@_record("client_quotas_altered", visible=True)
+@dataclass(frozen=True, slots=True)
+class ClientQuotasAltered(Record):
+    entity: list[list[Any]]  # [[type, name or None], ...] sorted by type
+    ops: dict[str, float | None]  # key -> value, or None to remove

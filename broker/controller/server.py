@@ -23,7 +23,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from automq.broker.controller import commands
+from automq.broker.controller import commands, security
+from automq.broker.controller.acls import AclBinding, AclFilter
 from automq.broker.controller.controller import Controller
 from automq.broker.controller.protocol import Endpoint, InvalidRequestError
 from automq.broker.controller.wire import to_wire
@@ -219,6 +220,48 @@ class Empty(_Req):
     pass
 
 
+Code = Annotated[int, Field(ge=-128, le=127)]  # Kafka's int8 ACL codes
+Text = Annotated[str, Field(max_length=32_767)]
+
+
+class AclBindingModel(_Req):
+    resource_type: Code
+    resource_name: Text
+    pattern_type: Code
+    principal: Text
+    host: Text
+    operation: Code
+    permission: Code
+
+
+class AclFilterModel(_Req):
+    resource_type: Code
+    resource_name: Text | None
+    pattern_type: Code
+    principal: Text | None
+    host: Text | None
+    operation: Code
+    permission: Code
+
+
+class CreateAcls(_Req):
+    bindings: list[AclBindingModel] = Field(max_length=100_000)
+
+
+class DeleteAcls(_Req):
+    filters: list[AclFilterModel] = Field(max_length=10_000)
+
+
+class QuotaEntry(_Req):
+    entity: list[tuple[Text, Text | None]] = Field(max_length=8)
+    ops: dict[Text, float | None]
+
+
+class AlterClientQuotas(_Req):
+    entries: list[QuotaEntry] = Field(max_length=10_000)
+    validate_only: bool = False
+
+
 # --------------------------------------------------------------------------- methods
 
 Handler = Callable[[Controller, Any], Awaitable[Any]]
@@ -402,6 +445,27 @@ async def _get_objects(c: Controller, q: GetObjects) -> dict:
 @method("get_stream_set_objects", GetStreamSetObjects)
 async def _get_stream_set_objects(c: Controller, q: GetStreamSetObjects) -> dict:
     return {"objects": to_wire(await c.read(lambda st: commands.get_stream_set_objects(st, q.node_id)))}
+
+
+@method("create_acls", CreateAcls)
+async def _create_acls(c: Controller, q: CreateAcls) -> dict:
+    bindings = [AclBinding(**b.model_dump()) for b in q.bindings]
+    results = await c.execute(lambda tx: security.create_acls(tx, bindings))
+    return {"results": [list(x) for x in results]}
+
+
+@method("delete_acls", DeleteAcls)
+async def _delete_acls(c: Controller, q: DeleteAcls) -> dict:
+    filters = [AclFilter(**f.model_dump()) for f in q.filters]
+    results = await c.execute(lambda tx: security.delete_acls(tx, filters))
+    return {"results": [[list(res), to_wire(matched)] for res, matched in results]}
+
+
+@method("alter_client_quotas", AlterClientQuotas)
+async def _alter_client_quotas(c: Controller, q: AlterClientQuotas) -> dict:
+    entries = [([(t, n) for t, n in e.entity], dict(e.ops)) for e in q.entries]
+    results = await c.execute(lambda tx: security.alter_client_quotas(tx, entries, q.validate_only))
+    return {"results": [list(x) for x in results]}
 
 
 # --------------------------------------------------------------------------- app

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from automq.broker.controller import records as r
+from automq.broker.controller.acls import AclBinding
 from automq.broker.controller.protocol import (
     BrokerInfo,
     Endpoint,
@@ -25,6 +26,7 @@ from automq.broker.controller.protocol import (
     TopicInfo,
     WalRecoveryJob,
 )
+from automq.broker.controller.quotas import ClientQuota, Entity
 from automq.broker.storage.metadata import ObjectMetadata, ObjectType, StreamMetadata, StreamOffsetRange
 
 PREPARED = "prepared"
@@ -136,6 +138,9 @@ class MetadataState:
         # derived: ids by state, so GC rounds do not scan every object
         self.prepared_ids: set[int] = set()
         self.marked_ids: set[int] = set()
+        # ACL bindings as AclBinding.key() tuples, in creation order (a dict as an ordered set)
+        self.acls: dict[tuple[Any, ...], None] = {}
+        self.client_quotas: dict[Entity, dict[str, float]] = {}
 
     # ------------------------------------------------------------------ apply
 
@@ -307,6 +312,25 @@ class MetadataState:
             if s.owner == job.node_id and s.state == "open":
                 s.state = "closed"
 
+    def _acls_created(self, rec: r.AclsCreated) -> None:
+        for b in rec.bindings:
+            self.acls[tuple(b)] = None
+
+    def _acls_deleted(self, rec: r.AclsDeleted) -> None:
+        for b in rec.bindings:
+            self.acls.pop(tuple(b), None)
+
+    def _client_quotas_altered(self, rec: r.ClientQuotasAltered) -> None:
+        entity: Entity = tuple((t, n) for t, n in rec.entity)
+        values = self.client_quotas.setdefault(entity, {})
+        for key, value in rec.ops.items():
+            if value is None:
+                values.pop(key, None)
+            else:
+                values[key] = value
+        if not values:
+            del self.client_quotas[entity]
+
     # ------------------------------------------------------------------ object helpers
 
     def _advance(self, stream_id: int, end: int) -> None:
@@ -422,7 +446,16 @@ class MetadataState:
             )
             for j in sorted(self.jobs.values(), key=lambda j: j.job_id)
         )
-        return MetadataImage(self.version, self.cluster_id, self.controller_id, brokers, topics, jobs)
+        return MetadataImage(
+            self.version,
+            self.cluster_id,
+            self.controller_id,
+            brokers,
+            topics,
+            jobs,
+            acls=tuple(AclBinding(*k) for k in self.acls),
+            client_quotas=tuple(ClientQuota(e, dict(v)) for e, v in self.client_quotas.items()),
+        )
 
     # ------------------------------------------------------------------ snapshots
 
@@ -492,6 +525,8 @@ class MetadataState:
                 ]
                 for j in self.jobs.values()
             ],
+            "acls": [list(k) for k in self.acls],
+            "client_quotas": [[[list(p) for p in e], v] for e, v in self.client_quotas.items()],
         }
 
     @classmethod
@@ -535,6 +570,10 @@ class MetadataState:
             index.sort()
         for job_id, node_id, epoch, stream_ids, state, claimed_by, at, recovery_epoch in data["jobs"]:
             st.jobs[job_id] = JobState(job_id, node_id, epoch, stream_ids, state, claimed_by, at, recovery_epoch)
+        for key in data.get("acls", ()):  # absent from snapshots written before ACLs existed
+            st.acls[tuple(key)] = None
+        for entity, values in data.get("client_quotas", ()):
+            st.client_quotas[tuple((t, n) for t, n in entity)] = dict(values)
         return st
 
     # ------------------------------------------------------------------ invariants
@@ -613,5 +652,8 @@ _HANDLERS: dict[type[r.Record], Callable[[MetadataState, Any], None]] = {
     r.WalRecoveryJobReleased: MetadataState._wal_recovery_job_released,
     r.WalRecoveryJobCancelled: MetadataState._wal_recovery_job_cancelled,
     r.WalRecoveryJobCompleted: MetadataState._wal_recovery_job_completed,
+    r.AclsCreated: MetadataState._acls_created,
+    r.AclsDeleted: MetadataState._acls_deleted,
+    r.ClientQuotasAltered: MetadataState._client_quotas_altered,
 }
 assert set(_HANDLERS) == set(r.RECORD_TYPES.values()), "every record type needs a handler"

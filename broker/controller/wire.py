@@ -12,6 +12,7 @@ import dataclasses
 import enum
 from typing import Any
 
+from automq.broker.controller.acls import AclBinding
 from automq.broker.controller.protocol import (
     BrokerInfo,
     Endpoint,
@@ -20,6 +21,7 @@ from automq.broker.controller.protocol import (
     TopicInfo,
     WalRecoveryJob,
 )
+from automq.broker.controller.quotas import ClientQuota
 from automq.broker.storage.metadata import ObjectMetadata, ObjectType, StreamMetadata, StreamOffsetRange
 
 
@@ -93,4 +95,8 @@ def metadata_image(d: dict) -> MetadataImage:
         tuple(broker_info(b) for b in d["brokers"]),
         tuple(topic_info(t) for t in d["topics"]),
         tuple(wal_recovery_job(j) for j in d.get("wal_recovery_jobs", ())),
+        acls=tuple(AclBinding(**a) for a in d.get("acls", ())),
+        client_quotas=tuple(
+            ClientQuota(tuple((t, n) for t, n in q["entity"]), dict(q["values"])) for q in d.get("client_quotas", ())
+        ),
     )

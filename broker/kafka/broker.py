@@ -8,6 +8,7 @@ Handlers reach the rest of the system through `ctx.broker`:
 - `groups`: GroupCoordinator (`await start()` / `await close()`), `producer_ids`:
   ProducerIdAllocator
 - `registry`: the prometheus CollectorRegistry, `metrics`: KafkaMetrics
+- `authorizer`: the ACL Authorizer, or None when authorization is off
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from automq.broker.config import NodeConfig
 from automq.broker.controller.protocol import ClusterClient, Endpoint, MetadataImage, TopicExistsError, TopicInfo
+from automq.broker.kafka.authorizer import Authorizer
 from automq.broker.kafka.groups import GroupCoordinator
 from automq.broker.kafka.metrics import KafkaMetrics
 from automq.broker.kafka.partitions import PartitionManager
@@ -62,6 +64,8 @@ class Broker:
         self.metrics = KafkaMetrics(self.registry)
         self.metrics_url: str | None = None  # http://host:port/metrics once the process knows it
         self.metadata: MetadataImage | None = None
+        # None without `kafka.authorizer_class_name`: handlers then skip every check
+        self.authorizer = Authorizer(config.kafka, self.registry) if config.kafka.authorizer_class_name else None
         self.partitions = PartitionManager(self)
         self.producer_ids = ProducerIdAllocator(node_id=self.node_id, node_epoch=node_epoch)
         self.groups = GroupCoordinator(self)
@@ -90,6 +94,8 @@ class Broker:
     def _on_metadata(self, image: MetadataImage) -> None:
         previous = self.metadata
         self.metadata = image
+        if self.authorizer is not None:
+            self.authorizer.update(image.acls)
         if previous is not None:
             current = {t.name for t in image.topics}
             for t in previous.topics:

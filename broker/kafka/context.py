@@ -20,3 +20,10 @@ class RequestContext:
     # their answer with it (and its module's nested classes, see codec.build/codec.nested).
     response_class: type
     broker: Broker
+    # who is asking, for the authorizer and quotas: `User:NAME` once authenticated (set by the
+    # connection), the client's IP address, and the listener the connection came in on
+    principal: str = "User:ANONYMOUS"
+    client_host: str = ""
+    listener: str = ""
+    # set by client quotas: the server mutes the connection this long after answering
+    throttle_ms: int = 0

@@ -338,6 +338,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             peer=self.peer,
             response_class=decoded.response_class,
             broker=self.broker,
+            client_host=self.ip,
         )
         concurrent = header.api_key in CONCURRENT_APIS
         if concurrent:

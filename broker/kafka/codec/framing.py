@@ -49,6 +49,9 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     20: (1, 6),  # DeleteTopics
     21: (0, 2),  # DeleteRecords
     22: (0, 5),  # InitProducerId
+    29: (1, 3),  # DescribeAcls
+    30: (1, 3),  # CreateAcls
+    31: (1, 3),  # DeleteAcls
     32: (1, 4),  # DescribeConfigs
     33: (0, 2),  # AlterConfigs
     35: (1, 4),  # DescribeLogDirs
@@ -58,6 +61,8 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     45: (0, 0),  # AlterPartitionReassignments
     46: (0, 0),  # ListPartitionReassignments
     47: (0, 0),  # OffsetDelete
+    48: (0, 1),  # DescribeClientQuotas
+    49: (0, 1),  # AlterClientQuotas
     60: (0, 2),  # DescribeCluster
 }
 

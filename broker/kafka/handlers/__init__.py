@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from automq.broker.kafka.handlers import (  # noqa: F401 - imported for their registrations
+    acls,  # CreateAcls, DescribeAcls, DeleteAcls
     admin,  # topics, configs, records, cluster, reassignments
     api_versions,
     fetch,

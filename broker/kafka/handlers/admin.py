@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from kio.schema.errors import ErrorCode
 
 from automq.broker.controller.protocol import MetadataImage, TopicInfo
+from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka import retention
 from automq.broker.kafka import topic_configs as tc
 from automq.broker.kafka.broker import INTERNAL_TOPICS
@@ -73,6 +74,19 @@ class AdminError(Exception):
         super().__init__(message or error_code.name)
         self.error_code = error_code
         self.message = message
+
+
+_DENIED: dict[int, ErrorCode] = {
+    authz.TOPIC: ErrorCode.topic_authorization_failed,
+    authz.CLUSTER: ErrorCode.cluster_authorization_failed,
+    authz.GROUP: ErrorCode.group_authorization_failed,
+}
+
+
+def _authorize(ctx: RequestContext, op: int, rtype: int, name: str) -> None:
+    """AdminError with Kafka's *_AUTHORIZATION_FAILED unless the principal may do `op`."""
+    if not authz.allowed(ctx, op, rtype, name):
+        raise AdminError(_DENIED[rtype], "Authorization failed.")
 
 
 def error_of(exc: BaseException) -> tuple[ErrorCode, str | None]:
@@ -352,6 +366,8 @@ async def create_topics(request: Any, ctx: RequestContext) -> Any:
                 f"Create topics request from client `{ctx.client_id}` contains multiple entries for the following topics: {topic.name}",
             )
         try:
+            if not authz.cluster_allowed(ctx, authz.Op.CREATE):
+                _authorize(ctx, authz.Op.CREATE, authz.TOPIC, topic.name)
             plan = plan_create_topic(topic, image, broker.config.kafka)
             info = None
             if not request.validate_only:
@@ -429,6 +445,7 @@ async def delete_topics(request: Any, ctx: RequestContext) -> Any:
                 if not name:
                     raise AdminError(ErrorCode.invalid_request, "Neither topic name nor topic id was given.")
                 info = broker.partitions.topic(name)
+            _authorize(ctx, authz.Op.DELETE, authz.TOPIC, name)
             if name in INTERNAL_TOPICS:
                 # group offsets live there; deleting it would silently drop every committed offset
                 raise AdminError(ErrorCode.invalid_request, f"Cannot delete internal topic {name}")
@@ -462,6 +479,7 @@ async def create_partitions(request: Any, ctx: RequestContext) -> Any:
         try:
             if counts[topic.name] > 1:
                 raise AdminError(ErrorCode.invalid_request, f"Duplicate topic in request: {topic.name}")
+            _authorize(ctx, authz.Op.ALTER, authz.TOPIC, topic.name)
             info, leaders = plan_create_partitions(topic, image)
             if not request.validate_only:
                 first_new = len(info.partitions)
@@ -540,6 +558,7 @@ async def describe_configs(request: Any, ctx: RequestContext) -> Any:
         try:
             if resource.resource_type == tc.ConfigResourceType.TOPIC:
                 validate_topic_name(resource.resource_name)
+                _authorize(ctx, authz.Op.DESCRIBE_CONFIGS, authz.TOPIC, resource.resource_name)
                 info = _topic(image, resource.resource_name)
                 if info is None:
                     raise AdminError(
@@ -547,6 +566,7 @@ async def describe_configs(request: Any, ctx: RequestContext) -> Any:
                     )
                 described = tc.describe_topic(info.configs, node_config, keys, include_synonyms, include_docs)
             elif resource.resource_type == tc.ConfigResourceType.BROKER:
+                _authorize(ctx, authz.Op.DESCRIBE_CONFIGS, authz.CLUSTER, authz.CLUSTER_NAME)
                 _broker_resource_is_me(ctx, resource.resource_name)
                 # the empty name is the cluster-wide dynamic default: none exist here
                 described = (
@@ -626,6 +646,7 @@ async def _alter_configs(
             if counts[(resource.resource_type, resource.resource_name)] > 1:
                 raise AdminError(ErrorCode.invalid_request, f"Duplicate resource in request: {resource.resource_name}")
             if resource.resource_type == tc.ConfigResourceType.TOPIC:
+                _authorize(ctx, authz.Op.ALTER_CONFIGS, authz.TOPIC, resource.resource_name)
                 info = _topic(image, resource.resource_name)
                 if info is None:
                     raise AdminError(
@@ -637,6 +658,7 @@ async def _alter_configs(
                     altered[info.name] = changes
                     log.info("topic %s configs changed %s (for %s)", info.name, changes, ctx.peer)
             elif resource.resource_type == tc.ConfigResourceType.BROKER:
+                _authorize(ctx, authz.Op.ALTER_CONFIGS, authz.CLUSTER, authz.CLUSTER_NAME)
                 _broker_resource_is_me(ctx, resource.resource_name)
                 names = sorted(c.name for c in resource.configs)
                 raise AdminError(
@@ -709,6 +731,7 @@ async def delete_records(request: Any, ctx: RequestContext) -> Any:
     async def one(topic: str, p: Any) -> Any:
         low = -1
         try:
+            _authorize(ctx, authz.Op.DELETE, authz.TOPIC, topic)
             partition = partitions.get(topic, p.partition_index)
             hw = partition.high_watermark
             target = hw if p.offset == -1 else p.offset
@@ -780,6 +803,12 @@ async def describe_cluster(request: Any, ctx: RequestContext) -> Any:
     # not a Kafka-protocol node here, so clients must not try to reach it.
     controller_id = broker.node_id if broker.node_id in alive or not alive else alive[0]
     operations = _CLUSTER_OPERATIONS if request.include_cluster_authorized_operations else -(1 << 31)
+    if broker.authorizer is not None and request.include_cluster_authorized_operations:
+        operations = (
+            authz.operations(ctx, True, authz.CLUSTER, authz.CLUSTER_NAME)
+            if authz.cluster_allowed(ctx, authz.Op.DESCRIBE)
+            else 0
+        )
     return build(
         cls,
         throttle_time=ZERO_THROTTLE,
@@ -800,6 +829,8 @@ async def describe_log_dirs(request: Any, ctx: RequestContext) -> Any:
     TopicEntry = nested(cls, "DescribeLogDirsTopic")
     PartitionEntry = nested(cls, "DescribeLogDirsPartition")
     broker = ctx.broker
+    if not authz.cluster_allowed(ctx, authz.Op.DESCRIBE):
+        return build(cls, throttle_time=ZERO_THROTTLE, error_code=ErrorCode.cluster_authorization_failed, results=())
     wanted: dict[str, set[int]] | None = None
     if request.topics is not None:
         wanted = {}
@@ -844,6 +875,15 @@ async def alter_partition_reassignments(request: Any, ctx: RequestContext) -> An
     TopicResult = nested(cls, "ReassignableTopicResponse")
     PartitionResult = nested(cls, "ReassignablePartitionResponse")
     broker = ctx.broker
+    if not authz.cluster_allowed(ctx, authz.Op.ALTER):
+        return build(
+            cls,
+            throttle_time=ZERO_THROTTLE,
+            allow_replication_factor_change=True,
+            error_code=ErrorCode.cluster_authorization_failed,
+            error_message="Cluster authorization failed.",
+            responses=(),
+        )
     image = await _fresh_image(ctx)
     live = live_brokers(image)
     timeout_s = _timeout_s(request)
@@ -909,6 +949,14 @@ async def list_partition_reassignments(request: Any, ctx: RequestContext) -> Any
     cls = ctx.response_class
     TopicEntry = nested(cls, "OngoingTopicReassignment")
     PartitionEntry = nested(cls, "OngoingPartitionReassignment")
+    if not authz.cluster_allowed(ctx, authz.Op.DESCRIBE):
+        return build(
+            cls,
+            throttle_time=ZERO_THROTTLE,
+            error_code=ErrorCode.cluster_authorization_failed,
+            error_message="Cluster authorization failed.",
+            topics=(),
+        )
     image = await _fresh_image(ctx)
     wanted: dict[str, set[int]] | None = None
     if request.topics is not None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka import codec
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.fetch_sessions import FINAL_EPOCH, INITIAL_EPOCH, FetchSession, SessionPartition
@@ -117,6 +118,12 @@ async def fetch(request, ctx: RequestContext):
                 if name is not None
                 else (ErrorCode.unknown_topic_id if version >= 13 else ErrorCode.unknown_topic_or_partition)
             )
+            if (
+                name is not None
+                and broker.authorizer is not None
+                and not authz.allowed(ctx, authz.Op.READ, authz.TOPIC, name)
+            ):
+                missing = ErrorCode.topic_authorization_failed  # answered once, never joins a session
             requested.append((sp, topic_id, missing))
 
     session: FetchSession | None = None
@@ -181,6 +188,9 @@ async def fetch(request, ctx: RequestContext):
 
     for read in reads:
         if read.error != ErrorCode.none:
+            continue
+        if broker.authorizer is not None and not authz.allowed(ctx, authz.Op.READ, authz.TOPIC, read.target.topic):
+            read.error = ErrorCode.topic_authorization_failed  # ACLs changed while in a session
             continue
         try:
             read.partition = broker.partitions.get(read.target.topic, read.target.partition)

@@ -20,6 +20,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka.codec import ZERO_THROTTLE, build, has_field, nested
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.groups.coordinator import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIGS, GroupCoordinator, now_ms
@@ -65,7 +66,9 @@ def _client_host(ctx: RequestContext) -> str:
     return "/" + host.strip("[]")
 
 
-def _group_error(ctx: RequestContext, group_id: str) -> ErrorCode | None:
+def _group_error(ctx: RequestContext, group_id: str, op: int = authz.Op.READ) -> ErrorCode | None:
+    if ctx.broker.authorizer is not None and not authz.allowed(ctx, op, authz.GROUP, group_id):
+        return ErrorCode.group_authorization_failed
     if not group_id:
         return None  # the state machine answers INVALID_GROUP_ID where Kafka does
     return _coordinator(ctx).coordinator_error(group_id)
@@ -89,6 +92,8 @@ async def _locate(ctx: RequestContext, key_type: int, key: str) -> tuple[ErrorCo
         )
     if key_type != KEY_TYPE_GROUP:
         return ErrorCode.invalid_request, f"unsupported coordinator key type {key_type}", -1, "", -1
+    if not authz.allowed(ctx, authz.Op.DESCRIBE, authz.GROUP, key):
+        return ErrorCode.group_authorization_failed, "Group authorization failed.", -1, "", -1
     broker = ctx.broker
     try:
         topic = await broker.ensure_topic(OFFSETS_TOPIC, configs=dict(OFFSETS_TOPIC_CONFIGS))
@@ -281,8 +286,11 @@ async def offset_commit(request: Any, ctx: RequestContext) -> Any:
         coordinator = _coordinator(ctx)
         offsets = []
         for t in request.topics:
+            readable = authz.allowed(ctx, authz.Op.READ, authz.TOPIC, t.name)
             for p in t.partitions:
-                if _known_partition(ctx, t.name, p.partition_index):
+                if not readable:
+                    errors[(t.name, p.partition_index)] = ErrorCode.topic_authorization_failed
+                elif _known_partition(ctx, t.name, p.partition_index):
                     offsets.append(
                         (
                             t.name,
@@ -321,7 +329,7 @@ def _fetch_group(
     ctx: RequestContext, group_id: str, requested: list[tuple[str, list[int]]] | None
 ) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, Any, ErrorCode]]]]]:
     """(group error, [(topic, [(partition, CommittedOffset | None, partition error)])])."""
-    error = _group_error(ctx, group_id)
+    error = _group_error(ctx, group_id, authz.Op.DESCRIBE)
     if error is None and not group_id:
         error = ErrorCode.invalid_group_id
     if error is not None:
@@ -329,10 +337,19 @@ def _fetch_group(
             return error, []
         return error, [(t, [(p, None, error) for p in ps]) for t, ps in requested]
     manager = _coordinator(ctx).manager
+    checked = ctx.broker.authorizer is not None
+    denied: list[tuple[str, list[int]]] = []
+    if checked and requested is not None:
+        denied = [(t, ps) for t, ps in requested if not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TOPIC, t)]
+        requested = [(t, ps) for t, ps in requested if authz.allowed(ctx, authz.Op.DESCRIBE, authz.TOPIC, t)]
     wanted = None if requested is None else [(t, p) for t, ps in requested for p in ps]
     by_topic: dict[str, list[tuple[int, Any, ErrorCode]]] = {}
     for t, p, committed in manager.fetch_offsets(group_id, wanted):
+        if checked and requested is None and not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TOPIC, t):
+            continue  # all of the group's offsets: only those of topics the client may see
         by_topic.setdefault(t, []).append((p, committed, ErrorCode.none))
+    for t, ps in denied:
+        by_topic.setdefault(t, []).extend((p, None, ErrorCode.topic_authorization_failed) for p in ps)
     return ErrorCode.none, list(by_topic.items())
 
 
@@ -398,13 +415,19 @@ async def offset_delete(request: Any, ctx: RequestContext) -> Any:
     cls = ctx.response_class
     topic_cls = nested(cls, "OffsetDeleteResponseTopic")
     partition_cls = nested(cls, "OffsetDeleteResponsePartition")
-    error = _group_error(ctx, request.group_id)
+    error = _group_error(ctx, request.group_id, authz.Op.DELETE)
     if error is None and not request.group_id:
         error = ErrorCode.invalid_group_id
     if error is not None:
         return build(cls, error_code=error, throttle_time=ZERO_THROTTLE, topics=())
     order = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
-    unknown = {k: ErrorCode.unknown_topic_or_partition for k in order if not _known_partition(ctx, *k)}
+    unknown = {
+        k: ErrorCode.topic_authorization_failed
+        if not authz.allowed(ctx, authz.Op.READ, authz.TOPIC, k[0])
+        else ErrorCode.unknown_topic_or_partition
+        for k in order
+        if not _known_partition(ctx, *k) or not authz.allowed(ctx, authz.Op.READ, authz.TOPIC, k[0])
+    }
     top, errors = await _coordinator(ctx).delete_offsets(request.group_id, [k for k in order if k not in unknown])
     if top != ErrorCode.none:
         return build(cls, error_code=top, throttle_time=ZERO_THROTTLE, topics=())
@@ -433,6 +456,8 @@ async def list_groups(request: Any, ctx: RequestContext) -> Any:
     states = list(getattr(request, "states_filter", ()) or ())
     types = [t.lower() for t in (getattr(request, "types_filter", ()) or ())]
     listed = coordinator.manager.list_groups(states)
+    if ctx.broker.authorizer is not None and not authz.cluster_allowed(ctx, authz.Op.DESCRIBE):
+        listed = [g for g in listed if authz.allowed(ctx, authz.Op.DESCRIBE, authz.GROUP, g[0])]
     if types and "classic" not in types:
         listed = []
     error = ErrorCode.coordinator_load_in_progress if coordinator.loading else ErrorCode.none
@@ -452,8 +477,10 @@ async def describe_groups(request: Any, ctx: RequestContext) -> Any:
     )
     out = []
     for group_id in request.groups:
+        if ctx.broker.authorizer is not None and operations != NO_AUTHORIZED_OPERATIONS:
+            operations = authz.operations(ctx, True, authz.GROUP, group_id)
         common = dict(group_id=group_id, authorized_operations=operations, error_message=None)
-        error = _group_error(ctx, group_id)
+        error = _group_error(ctx, group_id, authz.Op.DESCRIBE)
         if error is None and not group_id:
             error = ErrorCode.invalid_group_id
         if error is not None:
@@ -528,7 +555,7 @@ async def delete_groups(request: Any, ctx: RequestContext) -> Any:
     result_cls = nested(cls, "DeletableGroupResult")
     results = []
     for group_id in request.groups_names:
-        error = _group_error(ctx, group_id)
+        error = _group_error(ctx, group_id, authz.Op.DELETE)
         if error is None:
             error = ErrorCode.invalid_group_id if not group_id else await _coordinator(ctx).delete_group(group_id)
         results.append(build(result_cls, group_id=group_id, error_code=error))

@@ -16,6 +16,7 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka import codec
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.registry import handles
@@ -32,6 +33,10 @@ EARLIEST_LOCAL = -4
 EARLIEST_TIERED = -5
 
 
+class _Denied(Exception):
+    """The principal may not DESCRIBE the topic."""
+
+
 @handles(API_KEY)
 async def list_offsets(request, ctx: RequestContext):
     broker = ctx.broker
@@ -41,9 +46,12 @@ async def list_offsets(request, ctx: RequestContext):
     topics = []
     for topic in request.topics:
         parts = []
+        denied = broker.authorizer is not None and not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TOPIC, topic.name)
         for req in topic.partitions:
             error, offset, timestamp, epoch = ErrorCode.none, -1, -1, -1
             try:
+                if denied:
+                    raise _Denied
                 partition = broker.partitions.get(topic.name, req.partition_index)
                 epoch = partition.leader_epoch
                 current = getattr(req, "current_leader_epoch", -1)
@@ -69,6 +77,8 @@ async def list_offsets(request, ctx: RequestContext):
                 error = ErrorCode.not_leader_or_follower
             except UnknownPartitionError:
                 error = ErrorCode.unknown_topic_or_partition
+            except _Denied:
+                error = ErrorCode.topic_authorization_failed
             if error != ErrorCode.none:
                 offset, timestamp = -1, -1
             parts.append(

@@ -16,6 +16,7 @@ import uuid
 from kio.schema.errors import ErrorCode
 
 from automq.broker.controller.protocol import MetadataImage, TopicInfo
+from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka import codec
 from automq.broker.kafka.broker import INTERNAL_TOPICS
 from automq.broker.kafka.context import RequestContext
@@ -38,7 +39,7 @@ def topic_uuid(topic_id: str) -> uuid.UUID:
         return uuid.uuid5(uuid.NAMESPACE_OID, topic_id)
 
 
-def _topic_response(cls, topic: TopicInfo, image: MetadataImage, live: set[int]):
+def _topic_response(cls, topic: TopicInfo, image: MetadataImage, live: set[int], operations: int = authz.OMITTED):
     partition_cls = codec.nested(cls, "MetadataResponsePartition")
     topic_cls = codec.nested(cls, "MetadataResponseTopic")
     parts = []
@@ -65,7 +66,7 @@ def _topic_response(cls, topic: TopicInfo, image: MetadataImage, live: set[int])
         topic_id=topic_uuid(topic.topic_id),
         is_internal=topic.name in INTERNAL_TOPICS,
         partitions=tuple(parts),
-        topic_authorized_operations=-2147483648,
+        topic_authorized_operations=operations,
     )
 
 
@@ -94,9 +95,15 @@ async def metadata(request, ctx: RequestContext):
     allow_auto = getattr(request, "allow_auto_topic_creation", True) and broker.config.kafka.auto_create_topics_enable
 
     topics = []
+    checked = broker.authorizer is not None
+    want_ops = bool(getattr(request, "include_topic_authorized_operations", False))
     if image is not None and all_topics:
         live = {b.node_id for b in image.brokers if b.state != "fenced"}
-        topics = [_topic_response(cls, t, image, live) for t in image.topics]
+        topics = [
+            _topic_response(cls, t, image, live, authz.operations(ctx, want_ops, authz.TOPIC, t.name))
+            for t in image.topics
+            if not checked or authz.allowed(ctx, authz.Op.DESCRIBE, authz.TOPIC, t.name)  # hidden otherwise
+        ]
     elif requested:
         for wanted in requested:
             name = getattr(wanted, "name", None)
@@ -106,10 +113,17 @@ async def metadata(request, ctx: RequestContext):
                 if info is None:
                     topics.append(_error_topic(cls, None, ErrorCode.unknown_topic_id, wanted_id))
                     continue
+                if checked and not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TOPIC, info.name):
+                    topics.append(_error_topic(cls, None, ErrorCode.topic_authorization_failed, wanted_id))
+                    continue
             elif name is None:
                 topics.append(_error_topic(cls, None, ErrorCode.invalid_request))
                 continue
             else:
+                if checked and not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TOPIC, name):
+                    # existing or not: an unauthorized client learns nothing about the name
+                    topics.append(_error_topic(cls, name, ErrorCode.topic_authorization_failed))
+                    continue
                 info = broker.partitions.topic(name)
                 if info is None:
                     if not valid_topic_name(name):
@@ -117,6 +131,12 @@ async def metadata(request, ctx: RequestContext):
                         continue
                     if not allow_auto or name in INTERNAL_TOPICS:
                         topics.append(_error_topic(cls, name, ErrorCode.unknown_topic_or_partition))
+                        continue
+                    if checked and not (
+                        authz.cluster_allowed(ctx, authz.Op.CREATE)
+                        or authz.allowed(ctx, authz.Op.CREATE, authz.TOPIC, name)
+                    ):
+                        topics.append(_error_topic(cls, name, ErrorCode.topic_authorization_failed))
                         continue
                     try:
                         info = await broker.ensure_topic(name)
@@ -134,7 +154,9 @@ async def metadata(request, ctx: RequestContext):
             image = broker.metadata
             assert image is not None, "requests are served only after the first metadata image"
             live = {b.node_id for b in image.brokers if b.state != "fenced"}
-            topics.append(_topic_response(cls, info, image, live))
+            topics.append(
+                _topic_response(cls, info, image, live, authz.operations(ctx, want_ops, authz.TOPIC, info.name))
+            )
 
     image = broker.metadata
     broker_cls = codec.nested(cls, "MetadataResponseBroker")
@@ -156,5 +178,7 @@ async def metadata(request, ctx: RequestContext):
         controller_id=broker.node_id,
         topics=tuple(topics),
         error_code=ErrorCode.none,
-        cluster_authorized_operations=-2147483648,
+        cluster_authorized_operations=authz.operations(
+            ctx, bool(getattr(request, "include_cluster_authorized_operations", False)), authz.CLUSTER, "kafka-cluster"
+        ),
     )

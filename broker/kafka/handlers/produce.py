@@ -21,6 +21,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka import codec, records
 from automq.broker.kafka.broker import INTERNAL_TOPICS
 from automq.broker.kafka.context import RequestContext
@@ -76,12 +77,28 @@ async def produce(request, ctx: RequestContext):
     # (topic, index) -> either an error (code, message) or a pending append task
     # topic, index, the append task or (error, message), the batch header (0 when refused before parsing)
     outcome: list[tuple[str, int, Any, records.BatchHeader | int]] = []
+    txn_denied = (
+        broker.authorizer is not None
+        and getattr(request, "transactional_id", None) is not None
+        and not authz.allowed(ctx, authz.Op.WRITE, authz.TRANSACTIONAL_ID, request.transactional_id)
+    )
     for topic_data in request.topic_data:
         topic = topic_data.name
+        denied = broker.authorizer is not None and (
+            txn_denied or not authz.allowed(ctx, authz.Op.WRITE, authz.TOPIC, topic)
+        )
         for pdata in topic_data.partition_data:
             index = pdata.index
             if acks not in (0, 1, -1):
                 outcome.append((topic, index, (ErrorCode.invalid_required_acks, None), 0))
+                continue
+            if denied:
+                error = (
+                    ErrorCode.transactional_id_authorization_failed
+                    if txn_denied
+                    else ErrorCode.topic_authorization_failed
+                )
+                outcome.append((topic, index, (error, None), 0))
                 continue
             if topic in INTERNAL_TOPICS:
                 # only the group coordinator writes there, and not through Produce (as in Kafka)

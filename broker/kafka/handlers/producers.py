@@ -20,6 +20,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka.codec import ZERO_THROTTLE, build
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.registry import handles
@@ -43,10 +44,26 @@ def init_producer_id_answer(transactional_id: str | None, allocate) -> tuple[Err
         return ErrorCode.coordinator_load_in_progress, -1, -1  # retriable, like Kafka's id block fetch
 
 
+def _denied(request: Any, ctx: RequestContext) -> ErrorCode | None:
+    """Kafka: a transactional id needs WRITE on it; an idempotent producer needs
+    IDEMPOTENT_WRITE on the cluster or WRITE on some topic (KIP-679)."""
+    tid = request.transactional_id
+    if tid is not None:
+        if not authz.allowed(ctx, authz.Op.WRITE, authz.TRANSACTIONAL_ID, tid):
+            return ErrorCode.transactional_id_authorization_failed
+        return None
+    if authz.cluster_allowed(ctx, authz.Op.IDEMPOTENT_WRITE) or authz.allowed_on_any(ctx, authz.Op.WRITE, authz.TOPIC):
+        return None
+    return ErrorCode.cluster_authorization_failed
+
+
 @handles(INIT_PRODUCER_ID)
 async def init_producer_id(request: Any, ctx: RequestContext) -> Any:
     allocator = ctx.broker.producer_ids
-    if allocator is None:
+    denied = _denied(request, ctx) if ctx.broker.authorizer is not None else None
+    if denied is not None:
+        error, pid, epoch = denied, -1, -1
+    elif allocator is None:
         error, pid, epoch = ErrorCode.coordinator_not_available, -1, -1
     else:
         error, pid, epoch = init_producer_id_answer(request.transactional_id, allocator.next_id)

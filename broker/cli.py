@@ -103,6 +103,11 @@ def operator(
     metrics_port: int = typer.Option(
         8081, "--metrics-port", min=0, max=65535, help="Prometheus /metrics port; 0: off."
     ),
+    leader_election: bool = typer.Option(
+        True,
+        "--leader-election/--no-leader-election",
+        help="Replicas elect one active operator through the Lease automq-operator in the pod's namespace.",
+    ),
 ) -> None:
     """Run the Kubernetes operator (kube config: in-cluster, then KUBECONFIG)."""
     from automq.operator.main import run_operator
@@ -112,6 +117,7 @@ def operator(
         clusterwide=all_namespaces or not namespace,
         liveness=liveness or None,
         metrics_port=metrics_port or None,
+        leader_election=leader_election,
     )
 
 

@@ -33,7 +33,7 @@ import asyncio
 import datetime as dt
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -673,12 +673,20 @@ def _record(
 
 
 async def run(
-    ctx: ElasticContext, ref: ClusterRef, reporter: Any, stopped: Any, kick: asyncio.Event | None = None
+    ctx: ElasticContext,
+    ref: ClusterRef,
+    reporter: Any,
+    stopped: Any,
+    kick: asyncio.Event | None = None,
+    leading: Callable[[], Awaitable[bool]] | None = None,
 ) -> None:
-    """The loop: a tick every `poll_s` (sooner when kicked) until `stopped`."""
+    """The loop: a tick every `poll_s` (sooner when kicked) until `stopped`. `leading` waits
+    until this operator replica leads (automq.operator.leadership); False: stop."""
     state = ElasticState()
     try:
         while not stopped:
+            if leading is not None and not await leading():
+                break
             try:
                 await tick(ctx, state, ref, reporter)
             except asyncio.CancelledError:

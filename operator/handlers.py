@@ -17,6 +17,11 @@ A second daemon per cluster, `run_elastic`, runs the elastic loop (autoscaling a
 `automq.operator.elastic`); it only reads the cluster, scrapes brokers, moves partitions and
 writes spec.broker.replicas, status.autoscaling/balancing and its own conditions.
 
+Two operator replicas may run at once: with `OperatorContext.leader_election` set (the CLI
+sets it), the replicas elect one leader through a Lease (`automq.operator.leadership`) and every
+loop and handler that writes waits for, or checks, leadership first; watch-only handlers run on
+all of them.
+
 `register(registry)` attaches the handlers to a registry, so tests and `run_operator` each get a
 fresh one; the shared state (API client, controller API factory, locks, kicks) travels in kopf's
 memo as an `OperatorContext`.
@@ -25,6 +30,7 @@ memo as an `OperatorContext`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +42,7 @@ from automq.operator import elastic
 from automq.operator.builders import ClusterRef
 from automq.operator.controller_api import ControllerApiFactory, connect
 from automq.operator.kube import KubeApi, KubeError
+from automq.operator.leadership import LeaderElection, default_namespace
 from automq.operator.nodeloss import (
     NodeLossPass,
     NodeLossSettings,
@@ -79,6 +86,20 @@ class OperatorContext:
     address_map: Callable[[str], str] = field(default=lambda url: url)
     elastic: elastic.ElasticSettings = field(default_factory=elastic.ElasticSettings)
     elastic_kicks: dict[str, asyncio.Event] = field(default_factory=dict)
+    # Leader election between replicas: None runs standalone (one replica, tests); a dict of
+    # LeaderElection keyword settings (may be empty) elects through the Lease.
+    leader_election: dict[str, Any] | None = None
+    leader: LeaderElection | None = None
+    leader_task: asyncio.Task[None] | None = None
+
+    def is_leader(self) -> bool:
+        return self.leader is None or self.leader.is_leader()
+
+    async def wait_leading(self, stopped: Any) -> bool:
+        """True once this replica may act (at once when standalone); False when stopped first."""
+        if self.leader is None:
+            return True
+        return await self.leader.wait_leading(stopped)
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -146,7 +167,8 @@ def _node_loss_notes(live: dict[str, Any]) -> Any:
     """A last reconcile step: brokers being recovered from a lost node make the cluster Degraded."""
 
     async def step(c: Cluster) -> None:
-        c.problems[:0] = [Note(reason, message) for reason, message in degraded_notes(live)]
+        # The node-loss watch posted NodeLost when it found the loss: no second event here.
+        c.problems[:0] = [Note(reason, message, event=False) for reason, message in degraded_notes(live)]
 
     return step
 
@@ -168,6 +190,8 @@ async def run_cluster(
     last_full = float("-inf")
     full = True
     while not stopped:
+        if not await ctx.wait_leading(stopped):
+            break
         kick.clear()
         try:
             async with ctx.lock_for(uid):
@@ -210,8 +234,11 @@ async def run_node_loss(
     missing_since: dict[str, Any] = {}
     warned: set[str] = set()
     while not stopped:
+        if not await ctx.wait_leading(stopped):
+            break
         kick.clear()
         active = False
+        recovery: NodeLossPass | None = None
         try:
             live = await ctx.kube().get("AutoMQCluster", namespace, name)
             spec = parse_spec(dict((live or {}).get("spec") or {})) if live is not None else None
@@ -224,6 +251,7 @@ async def run_node_loss(
                     controller_api_factory=ctx.controller_api_factory,
                     missing_since=missing_since,
                     warned=warned,
+                    may_act=ctx.is_leader,
                 )
                 before = read_records(live)
                 active = await recovery.run()
@@ -234,7 +262,10 @@ async def run_node_loss(
         except Exception as exc:  # an API hiccup must not end the watch
             logger.exception("node-loss pass failed")
             KopfReporter(body).warn("NodeLossCheckFailed", f"{type(exc).__name__}: {exc}")
-        await _sleep(kick, stopped, min(ctx.node_loss.interval_s, 1.0) if active else ctx.node_loss.interval_s)
+        delay = min(ctx.node_loss.interval_s, 1.0) if active else ctx.node_loss.interval_s
+        if recovery is not None and recovery.wake_in_s is not None:
+            delay = min(delay, recovery.wake_in_s + 0.05)  # just after a grace period ends
+        await _sleep(kick, stopped, delay)
     ctx.node_loss_kicks.pop((namespace, name), None)
 
 
@@ -253,7 +284,7 @@ async def broker_pod_changed(body: Any, labels: Any, namespace: str, memo: Any, 
     kick = ctx.node_loss_kicks.get((namespace, instance))
     if kick is not None:
         kick.set()
-    if body.get("metadata", {}).get("name") is None:
+    if body.get("metadata", {}).get("name") is None or not ctx.is_leader():
         return
     try:
         live = await ctx.kube().get("AutoMQCluster", namespace, instance)
@@ -282,13 +313,23 @@ async def run_elastic(stopped: Any, body: Any, name: str, namespace: str, uid: s
     )
     kick = ctx.elastic_kicks.setdefault(uid, asyncio.Event())
     try:
-        await elastic.run(elastic_ctx, ClusterRef(name, namespace, uid), KopfReporter(body), stopped, kick)
+        await elastic.run(
+            elastic_ctx,
+            ClusterRef(name, namespace, uid),
+            KopfReporter(body),
+            stopped,
+            kick,
+            leading=lambda: ctx.wait_leading(stopped),
+        )
     finally:
         ctx.elastic_kicks.pop(uid, None)
 
 
 async def delete_cluster(body: Any, spec: Any, name: str, namespace: str, uid: str, memo: Any, **_: Any) -> None:
     ctx: OperatorContext = memo.automq
+    if not ctx.is_leader():
+        # The leader runs it and removes the finalizer; this replica only retries meanwhile.
+        raise kopf.TemporaryError("not the leading operator replica", delay=5)
     try:
         parsed = parse_spec(dict(spec or {}))
     except InvalidSpec:
@@ -299,19 +340,33 @@ async def delete_cluster(body: Any, spec: Any, name: str, namespace: str, uid: s
     ctx.kicks.pop(uid, None)
 
 
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Any, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
-    # One operator replica (the chart's Deployment uses the Recreate strategy): no peering CRD needed.
+    # Replicas elect a leader through a Lease (automq.operator.leadership), not kopf's peering,
+    # which pauses by priority but locks nothing.
     settings.peering.standalone = True
     settings.posting.level = logging.INFO
+    ctx: OperatorContext = memo.automq
+    if ctx.leader_election is not None and ctx.leader is None:
+        options = dict(ctx.leader_election)
+        options.setdefault("namespace", default_namespace())
+        ctx.leader = LeaderElection(api=ctx.kube(), **options)
+        ctx.leader_task = asyncio.get_running_loop().create_task(ctx.leader.run(), name="leader-election")
+        logger.info(f"leader election as {ctx.leader.identity} on Lease {ctx.leader.namespace}/{ctx.leader.name}")
 
 
 async def cleanup(memo: Any, **_: Any) -> None:
     ctx: OperatorContext = memo.automq
+    if ctx.leader_task is not None:
+        ctx.leader_task.cancel()  # releases the Lease, so another replica takes over at once
+        with contextlib.suppress(asyncio.CancelledError):
+            await ctx.leader_task
+        ctx.leader_task = None
+        ctx.leader = None
     if ctx.api is not None:
         await ctx.api.close()
         ctx.api = None

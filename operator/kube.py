@@ -63,6 +63,8 @@ KINDS: dict[str, Kind] = {
     "Job": Kind("batch/v1", "jobs"),
     "Node": Kind("v1", "nodes", namespaced=False),
     "VolumeAttachment": Kind("storage.k8s.io/v1", "volumeattachments", namespaced=False),
+    # Leader election between operator replicas (automq.operator.leadership).
+    "Lease": Kind("coordination.k8s.io/v1", "leases"),
 }
 
 

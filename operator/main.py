@@ -52,13 +52,20 @@ def run_operator(
     controller_api_factory: ControllerApiFactory = connect,
     settings: ReconcileSettings | None = None,
     metrics_port: int | None = None,
+    leader_election: bool = True,
 ) -> None:
     """Block running the operator until SIGINT/SIGTERM (called by `automq operator`).
 
-    `metrics_port` serves the operator's Prometheus metrics at http://0.0.0.0:<port>/metrics."""
+    `metrics_port` serves the operator's Prometheus metrics at http://0.0.0.0:<port>/metrics.
+    `leader_election`: replicas elect one active operator through the Lease `automq-operator`
+    in the pod's namespace (automq.operator.leadership); off, this process acts alone."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if metrics_port:
         # The operator's own metrics: node-loss recoveries, partition moves, imbalance, scale decisions.
         prometheus_client.start_http_server(metrics_port)
-    context = OperatorContext(controller_api_factory=controller_api_factory, settings=settings or ReconcileSettings())
+    context = OperatorContext(
+        controller_api_factory=controller_api_factory,
+        settings=settings or ReconcileSettings(),
+        leader_election={} if leader_election else None,
+    )
     asyncio.run(operate(namespaces, clusterwide, liveness, context=context))

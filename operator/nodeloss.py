@@ -25,6 +25,17 @@ the StatefulSet never replaces the broker and its partitions stay offline. Per b
     served    no partition is without a leader.
     (cleared) the replacement pod is Ready: the record goes, Degraded clears.
 
+Controllers on a lost node hold no data (the metadata is a log of objects in the object store)
+and the active one holds a Lease, so losing one only costs a standby, or a Lease takeover. What
+is left is the pod stuck Terminating on the dead node, which keeps its StatefulSet from making a
+replacement: after the same grace, a controller pod on a lost node is force-deleted, unless its
+controller still renewed the controller Lease after the node went NotReady (then it is alive,
+only its kubelet is unreachable: `FencingBlocked`). Force-deleting it never costs a live
+controller: a zombie that kept running cannot write the metadata log past the live leader (its
+writes are conditional). Degraded `ControllerNodeLost` says how many controllers are Ready (none:
+the metadata, and so every new partition leader, waits for the replacement) until the
+replacement pod is Ready. Progress: the `automq.io/controller-node-loss` annotation.
+
 Progress is the `automq.io/node-loss` annotation on the AutoMQCluster (JSON, per broker
 ordinal), written after every step, so an operator restart resumes where it stopped. Every
 step is idempotent (fencing twice, deleting what is gone, a Job with a fixed name), so even
@@ -52,6 +63,7 @@ from automq.operator.spec import GROUP, AutoMQClusterSpec
 log = logging.getLogger(__name__)
 
 ANNOTATION = f"{GROUP}/node-loss"
+CONTROLLER_ANNOTATION = f"{GROUP}/controller-node-loss"
 OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
 STEPS = ("fenced", "podReleased", "volumeReleased", "recovered", "served")
 
@@ -205,6 +217,12 @@ class NodeLossPass:
     warned: set[str] = field(default_factory=set)
     now: Callable[[], dt.datetime] = _now
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    controller_records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Whether this operator replica may write (leader election); checked before every step.
+    may_act: Callable[[], bool] = lambda: True
+    # Seconds until the earliest grace period seen in this pass ends (None: none running), so
+    # the daemon looks again right then instead of up to an interval later.
+    wake_in_s: float | None = None
     _controller: ControllerApi | None = None
 
     def controller(self) -> ControllerApi:
@@ -216,6 +234,15 @@ class NodeLossPass:
         if self._controller is not None:
             await self._controller.close()
             self._controller = None
+
+    async def _save_controllers(self) -> None:
+        value = json.dumps(self.controller_records, sort_keys=True) if self.controller_records else None
+        await self.api.patch(
+            "AutoMQCluster",
+            self.ref.namespace,
+            self.ref.name,
+            {"metadata": {"annotations": {CONTROLLER_ANNOTATION: value}}},
+        )
 
     async def _save(self) -> None:
         value = json.dumps(self.records, sort_keys=True) if self.records else None
@@ -241,16 +268,22 @@ class NodeLossPass:
                     await self._detect(ordinal, pod)
             for key in sorted(self.records, key=int):
                 await self._advance(int(key), pods.get(int(key)))
+            self.controller_records = read_records(live, CONTROLLER_ANNOTATION)
+            await self._controllers()
         finally:
             await self.close()
-        return bool(self.records)
+        return bool(self.records) or bool(self.controller_records)
 
     # -- detection -------------------------------------------------------------------------
 
-    async def _detect(self, ordinal: int, pod: dict[str, Any]) -> None:
+    async def _lost_past_grace(
+        self, pod: dict[str, Any], blocked_key: str
+    ) -> tuple[str, dict[str, Any] | None, dt.datetime] | None:
+        """(node name, Node or None when gone, lost since) when the pod's node has been lost for
+        longer than the grace; None otherwise (and the wake-up time noted while in the grace)."""
         node_name = (pod.get("spec") or {}).get("nodeName")
         if not node_name:
-            return  # not scheduled: nothing is stuck anywhere
+            return None  # not scheduled: nothing is stuck anywhere
         node = await self.api.get("Node", "", node_name)
         since: dt.datetime | None
         if node is None:
@@ -259,11 +292,20 @@ class NodeLossPass:
             self.missing_since.pop(node_name, None)
             since = node_lost_since(node)
         if since is None:
-            self.warned.discard(f"blocked/{ordinal}/{node_name}")
-            return
+            self.warned.discard(f"{blocked_key}/{node_name}")
+            return None
         grace = self.spec.broker.node_loss_grace_period
-        if (self.now() - since).total_seconds() < grace:
-            return  # may come back (a flapping node, a kubelet restart): nothing happens yet
+        remaining = grace - (self.now() - since).total_seconds()
+        if remaining > 0:
+            self.wake_in_s = remaining if self.wake_in_s is None else min(self.wake_in_s, remaining)
+            return None  # may come back (a flapping node, a kubelet restart): nothing happens yet
+        return node_name, node, since
+
+    async def _detect(self, ordinal: int, pod: dict[str, Any]) -> None:
+        lost = await self._lost_past_grace(pod, f"blocked/{ordinal}")
+        if lost is None:
+            return
+        node_name, node, since = lost
         node_id = builders.broker_node_id(ordinal)
         try:
             silent, why = await self.controller().broker_silent(node_id)
@@ -278,6 +320,8 @@ class NodeLossPass:
                 "FencingBlocked",
                 f"node {node_name} of broker {node_id} is {'gone' if node is None else 'not Ready'}, but {why}: not fencing it",
             )
+            return
+        if not self.may_act():
             return
         self.records[str(ordinal)] = {
             "node": node_name,
@@ -300,6 +344,78 @@ class NodeLossPass:
             self.warned.add(key)
             self.reporter.warn(reason, message)
 
+    # -- controllers -----------------------------------------------------------------------
+
+    async def _controllers(self) -> None:
+        prefix = builders.statefulset_name(self.ref, "controller") + "-"
+        pods = {
+            p["metadata"]["name"]: p
+            for p in await self.api.list("Pod", self.ref.namespace, builders.selector_labels(self.ref, "controller"))
+            if p["metadata"]["name"].startswith(prefix) and p["metadata"]["name"][len(prefix) :].isdigit()
+        }
+        total = self.spec.controller.replicas
+        for name, pod in sorted(pods.items()):  # a copy: a released pod leaves `pods`
+            key = name[len(prefix) :]
+            if key in self.controller_records or not self.may_act():
+                continue
+            lost = await self._lost_past_grace(pod, f"blocked/{name}")
+            if lost is None:
+                continue
+            node_name, node, since = lost
+            alive = await self._controller_renews_lease(name, since)
+            if alive:
+                self._warn_once(
+                    f"blocked/{name}/{node_name}",
+                    "FencingBlocked",
+                    f"node {node_name} of controller pod {name} is {'gone' if node is None else 'not Ready'}, but {alive}: "
+                    "not force-deleting it",
+                )
+                continue
+            others = [p for n, p in pods.items() if n != name and _pod_ready(p)]
+            self.controller_records[key] = {
+                "node": node_name,
+                "pod": name,
+                "podUid": pod["metadata"].get("uid"),
+                "since": _iso(since),
+                "controllers": total,
+                "readyControllers": len(others),
+            }
+            await self._save_controllers()  # before the delete: a restart resumes, never repeats blindly
+            await self.api.delete("Pod", self.ref.namespace, name, grace_period_s=0)
+            del pods[name]
+            left = f"{len(others)} of {total} controllers Ready" if others else "no controller is Ready until it is"
+            self.reporter.warn(
+                "ControllerNodeLost",
+                f"node {node_name} {'is gone' if node is None else 'is not Ready'} since {_iso(since)}: controller pod "
+                f"{name} force-deleted so its StatefulSet replaces it on a healthy node; {left}",
+            )
+        for key, record in sorted(self.controller_records.items()):
+            current = pods.get(record["pod"])
+            if current is None or current["metadata"].get("uid") == record["podUid"]:
+                if current is not None and self.may_act():  # the delete did not happen (a restart in between)
+                    await self.api.delete("Pod", self.ref.namespace, record["pod"], grace_period_s=0)
+                continue
+            if not _pod_ready(current) or not self.may_act():
+                continue
+            del self.controller_records[key]
+            await self._save_controllers()
+            self.reporter.info(
+                "ControllerNodeLossResolved", f"controller pod {record['pod']} is Ready again on a new pod"
+            )
+
+    async def _controller_renews_lease(self, pod_name: str, since: dt.datetime) -> str:
+        """Why the controller of `pod_name` is alive ('' if nothing says so): it holds the
+        controller Lease and renewed it after its node was lost (only the kubelet is cut off)."""
+        lease = await self.api.get("Lease", self.ref.namespace, builders.lease_name(self.ref))
+        spec = (lease or {}).get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        if not holder.startswith(f"{pod_name}-controller-"):
+            return ""
+        renewed = _parse(spec.get("renewTime"))
+        if renewed is None or renewed <= since:
+            return ""
+        return f"it renewed the controller Lease at {_iso(renewed)}, after the node was lost"
+
     # -- recovery --------------------------------------------------------------------------
 
     async def _step(self, ordinal: int, step: str, reason: str, message: str, **extra: Any) -> None:
@@ -313,6 +429,8 @@ class NodeLossPass:
         node_name = record["node"]
         try:
             if record["step"] == "lost":
+                if not self.may_act():
+                    return
                 epoch = await self.controller().fence_broker(node_id)
                 await self._step(
                     ordinal,
@@ -322,6 +440,8 @@ class NodeLossPass:
                     nodeEpoch=epoch,
                 )
             if record["step"] == "fenced":
+                if not self.may_act():
+                    return
                 if pod is not None and pod["metadata"].get("uid") == record["podUid"]:
                     await self.api.delete("Pod", self.ref.namespace, record["pod"], grace_period_s=0)
                 await self._step(
@@ -331,8 +451,12 @@ class NodeLossPass:
                     f"pod {record['pod']} on lost node {node_name} force-deleted; the StatefulSet replaces it",
                 )
             if record["step"] == "podReleased":
+                if not self.may_act():
+                    return
                 await self._release_volume(ordinal, record)
             if record["step"] == "volumeReleased":
+                if not self.may_act():
+                    return
                 if await self.controller().wal_recovery_pending(node_id):
                     await self._watch_job(ordinal, record)
                     return
@@ -344,6 +468,8 @@ class NodeLossPass:
                     recoveredAt=_iso(self.now()),
                 )
             if record["step"] == "recovered":
+                if not self.may_act():
+                    return
                 if await self.controller().offline_partitions() > 0:
                     return
                 since = _parse(record["since"]) or self.now()
@@ -358,6 +484,8 @@ class NodeLossPass:
                     servedAt=_iso(self.now()),
                 )
             if record["step"] == "served":
+                if not self.may_act():
+                    return
                 await self._clear(ordinal, record, pod)
         except ControllerApiError as exc:
             self._warn_once(f"controller/{ordinal}", "NodeLossWaiting", f"recovery of broker {node_id} waits: {exc}")
@@ -447,14 +575,14 @@ class NodeLossPass:
         )
 
 
-def read_records(cluster: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    raw = ((cluster.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION)
+def read_records(cluster: dict[str, Any], annotation: str = ANNOTATION) -> dict[str, dict[str, Any]]:
+    raw = ((cluster.get("metadata") or {}).get("annotations") or {}).get(annotation)
     if not raw:
         return {}
     try:
         records = json.loads(raw)
     except ValueError:
-        log.warning("ignoring unreadable %s annotation: %r", ANNOTATION, raw[:200])
+        log.warning("ignoring unreadable %s annotation: %r", annotation, raw[:200])
         return {}
     return records if isinstance(records, dict) else {}
 
@@ -469,6 +597,20 @@ def degraded_notes(cluster: dict[str, Any]) -> list[tuple[str, str]]:
                 "NodeLost",
                 f"node {record.get('node')} lost since {record.get('since')}: broker {node_id} "
                 f"({record.get('strategy')}) at step {record.get('step')}",
+            )
+        )
+    for _, record in sorted(read_records(cluster, CONTROLLER_ANNOTATION).items(), key=lambda kv: int(kv[0])):
+        ready, total = record.get("readyControllers", 0), record.get("controllers", 0)
+        quorum = (
+            "no controller is Ready: metadata changes (new leaders, topics) wait for the replacement"
+            if not ready
+            else f"{ready} of {total} controllers Ready"
+        )
+        notes.append(
+            (
+                "ControllerNodeLost",
+                f"controller pod {record.get('pod')} on node {record.get('node')} lost since "
+                f"{record.get('since')}, force-deleted; {quorum}",
             )
         )
     return notes

@@ -23,6 +23,13 @@ CLUSTER_RULES: list[dict[str, Any]] = [
     },
 ]
 
+# In the operator's own namespace: replicas elect the active one with the Lease
+# `automq-operator` (automq.operator.leadership). Cluster-wide, OPERATOR_RULES covers it; with
+# watched namespaces the chart grants it by a Role in the release namespace.
+LEADER_ELECTION_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]},
+]
+
 OPERATOR_RULES: list[dict[str, Any]] = [
     # The custom resource: watch it, add/remove kopf's finalizer and progress annotations
     # (kopf and the reconciler only ever PATCH, never PUT).

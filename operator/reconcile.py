@@ -74,6 +74,9 @@ class ReconcileSettings:
 class Note:
     reason: str
     message: str
+    # False when whoever found the problem already posted its event (node loss posts NodeLost
+    # once per incident): the status step then only puts it in the Degraded condition.
+    event: bool = True
 
 
 @dataclass
@@ -617,6 +620,8 @@ async def update_status(c: Cluster) -> None:
     if ready and not was_ready:
         c.reporter.info("ClusterReady", ready_message)
     for note in problems:
+        if not note.event:
+            continue
         # One event per problem and object, not one per pass (a restart count keeps changing).
         subject = note.message.split(":", 1)[0]
         if not any(

@@ -8,7 +8,7 @@ Sources: `crds/automqclusters.automq.io.yaml` (generated from the operator's pyd
 `automq.operator.rbac.OPERATOR_RULES`, and the Helm chart. Derived here:
 
 - `charts/automq-operator/files/operator-rules.yaml`: OPERATOR_RULES split into cluster-scoped
-  and namespaced rules, read by the chart's RBAC template (`.Files.Get`);
+  and namespaced rules, plus LEADER_ELECTION_RULES (the operator's own namespace), read by the chart's RBAC template (`.Files.Get`);
 - `manifests/operator/crd.yaml`: a copy of the CRD, because kustomize refuses files outside a
   base's directory (the chart's `crds/` holds a symlink instead: Helm follows it);
 - `manifests/operator/{serviceaccount,rbac,deployment,service}.yaml`: the kustomize base's
@@ -115,9 +115,10 @@ def chart_objects(rules_text: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def expected_files() -> dict[Path, str]:
-    from automq.operator.rbac import OPERATOR_RULES
+    from automq.operator.rbac import LEADER_ELECTION_RULES, OPERATOR_RULES
 
-    rules_text = HEADER.format(source="automq.operator.rbac.OPERATOR_RULES") + dump([split_rules(OPERATOR_RULES)])
+    rules = {**split_rules(OPERATOR_RULES), "leaderElection": LEADER_ELECTION_RULES}
+    rules_text = HEADER.format(source="automq.operator.rbac.OPERATOR_RULES and LEADER_ELECTION_RULES") + dump([rules])
     rendered = chart_objects(rules_text)
     from_chart = HEADER.format(source="charts/automq-operator (default values)")
     files = {CHART_RULES: rules_text, KUSTOMIZE_CRD: CRD.read_text()}

@@ -481,3 +481,127 @@ async def test_a_bound_broker_pod_gets_its_nodes_zone_label(kube: RecordingApi) 
     assert not await nodeloss.copy_topology_label(kube, await kube.get("Pod", NS, "demo-broker-0"), zone)
     unbound = {"metadata": {"name": "demo-broker-9", "namespace": NS}, "spec": {}}
     assert not await nodeloss.copy_topology_label(kube, unbound, zone)
+
+
+async def controllers(w: World, holder: str | None, renewed: dt.datetime) -> None:
+    """Three controller pods c0..c2 on nodes c0..c2; the controller Lease held by `holder`."""
+    for i in range(3):
+        await w.node(f"c{i}", ready=True)
+        await kube_create_pod(w, f"demo-controller-{i}", "controller", f"c{i}")
+    await w.api.create(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": builders.lease_name(w.ref), "namespace": NS, "uid": str(uuid.uuid4())},
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": 3,
+                "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            },
+        }
+    )
+    w.log.clear()
+
+
+async def kube_create_pod(w: World, name: str, role: str, node: str, ready: bool = True) -> str:
+    uid = str(uuid.uuid4())
+    await w.api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "uid": uid, "labels": builders.common_labels(w.ref, role)},
+            "spec": {"nodeName": node, "containers": [{"name": role, "image": "automq"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        }
+    )
+    return uid
+
+
+def three_controllers() -> dict[str, Any]:
+    return {**spec_with(), "controller": {"replicas": 3}}
+
+
+async def test_a_controller_on_a_lost_node_is_force_deleted_after_the_grace(kube: RecordingApi) -> None:
+    w = await world(kube, three_controllers())
+    # The active controller is c0's; c2's node dies (a standby).
+    await controllers(w, "demo-controller-0-controller-1000", T0)
+    await w.node("c2", ready=False, since=T0)
+    await kube.patch("Pod", NS, "demo-controller-2", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+    w.now = T0 + dt.timedelta(seconds=10)
+    await w.run()
+    assert w.actions() == [] and w.events.reasons() == []  # within the grace: nothing
+
+    w.now = T0 + dt.timedelta(seconds=21)
+    assert await w.run()
+    assert w.actions() == [("delete", "Pod", "demo-controller-2", 0)]
+    assert w.events.reasons() == ["ControllerNodeLost"]
+    assert "2 of 3 controllers Ready" in w.events.seen[0][1]
+    live = await kube.get("AutoMQCluster", NS, "demo")
+    [(reason, message)] = nodeloss.degraded_notes(live)
+    assert reason == "ControllerNodeLost" and "demo-controller-2" in message and "node c2" in message
+    # No broker was touched, nothing fenced.
+    assert not [e for e in w.log if e[0] == "fence"]
+
+    # Passes go on: nothing repeated while the replacement starts, one event for the incident.
+    await w.run()
+    await kube_create_pod(w, "demo-controller-2", "controller", "c0", ready=False)  # the StatefulSet's
+    await w.run()
+    assert [a for a in w.actions() if a[0] == "delete"] == [("delete", "Pod", "demo-controller-2", 0)]
+    assert w.events.reasons() == ["ControllerNodeLost"]
+    # The replacement is Ready: the condition clears.
+    await kube.patch("Pod", NS, "demo-controller-2", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    assert not await w.run()
+    assert w.events.reasons() == ["ControllerNodeLost", "ControllerNodeLossResolved"]
+    assert nodeloss.degraded_notes(await kube.get("AutoMQCluster", NS, "demo")) == []
+
+
+async def test_a_controller_still_renewing_its_lease_is_never_force_deleted(kube: RecordingApi) -> None:
+    w = await world(kube, three_controllers())
+    # c0's node is NotReady to the API server, but its controller renewed the Lease since then:
+    # alive, only its kubelet is cut off.
+    await controllers(w, "demo-controller-0-controller-1000", T0 + dt.timedelta(seconds=25))
+    await w.node("c0", ready=False, since=T0)
+    w.now = T0 + dt.timedelta(seconds=30)
+    await w.run()
+    await w.run()
+    assert w.actions() == []
+    assert w.events.reasons() == ["FencingBlocked"]
+    assert "renewed the controller Lease" in w.events.seen[0][1]
+    # The Lease went stale (the controller really died, a standby took over): now it goes.
+    await kube.patch(
+        "Lease", NS, builders.lease_name(w.ref), {"spec": {"holderIdentity": "demo-controller-1-controller-1001"}}
+    )
+    w.now += dt.timedelta(seconds=5)
+    await w.run()
+    assert w.actions() == [("delete", "Pod", "demo-controller-0", 0)]
+    assert w.events.reasons()[-1] == "ControllerNodeLost"
+
+
+async def test_the_only_controller_lost_says_metadata_waits(kube: RecordingApi) -> None:
+    w = await world(kube, spec_with())
+    await w.node("c0", ready=True)
+    await kube_create_pod(w, "demo-controller-0", "controller", "c0")
+    w.log.clear()
+    await w.node("c0", ready=False, since=T0)
+    await kube.patch("Pod", NS, "demo-controller-0", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+    w.now = T0 + dt.timedelta(seconds=21)
+    await w.run()
+    assert w.actions() == [("delete", "Pod", "demo-controller-0", 0)]
+    [(reason, message)] = nodeloss.degraded_notes(await kube.get("AutoMQCluster", NS, "demo"))
+    assert reason == "ControllerNodeLost" and "no controller is Ready" in message
+
+
+async def test_a_pass_wakes_when_the_grace_ends_and_a_follower_writes_nothing(kube: RecordingApi) -> None:
+    w = await world(kube, spec_with())
+    await w.node("n1", ready=False, since=T0)
+    w.now = T0 + dt.timedelta(seconds=12.5)
+    recovery = w.recovery()
+    await recovery.run()
+    assert recovery.wake_in_s == pytest.approx(7.5)  # the daemon looks again right at the grace's end
+    w.now = T0 + dt.timedelta(seconds=21)
+    follower = w.recovery()
+    follower.may_act = lambda: False  # another operator replica leads
+    assert not await follower.run()
+    assert w.actions() == [] and w.events.reasons() == [] and await w.records() == {}
+    assert await w.run()  # the leader acts
+    assert [a[0] for a in w.actions()] == ["fence", "delete", "patch"]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from automq.operator.rbac import OPERATOR_RULES
+from automq.operator.rbac import LEADER_ELECTION_RULES, OPERATOR_RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "automq-operator"
@@ -122,7 +122,7 @@ def test_cluster_wide_grants_exactly_operator_rules(render):
 def test_namespaced_grants_exactly_operator_rules_per_namespace(render):
     docs = documents(render(values_of(VALUES_DIR / "namespaced.yaml")))
     [cluster_role] = only(docs, "ClusterRole")
-    roles = {r["metadata"]["namespace"]: r for r in only(docs, "Role")}
+    roles = {r["metadata"]["namespace"]: r for r in only(docs, "Role") if r["metadata"]["name"] == "automq-operator"}
     assert set(roles) == {"team-a", "team-b"}
     for namespace, role in roles.items():
         granted = Counter(map(rule_key, role["rules"] + cluster_role["rules"]))
@@ -131,13 +131,30 @@ def test_namespaced_grants_exactly_operator_rules_per_namespace(render):
     # cluster-scoped nodes and volume attachments whatever namespaces are watched.
     cluster_resources = {r for rule in cluster_role["rules"] for r in rule["resources"]}
     assert cluster_resources == {"customresourcedefinitions", "namespaces", "nodes", "volumeattachments"}
-    bindings = {b["metadata"]["namespace"]: b for b in only(docs, "RoleBinding")}
+    bindings = {
+        b["metadata"]["namespace"]: b for b in only(docs, "RoleBinding") if b["metadata"]["name"] == "automq-operator"
+    }
     assert set(bindings) == {"team-a", "team-b"}
     for binding in bindings.values():
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "automq-operator", "namespace": "automq-system"}
         ]
+
+
+def test_namespaced_operator_may_hold_its_leader_lease_in_the_release_namespace(render):
+    docs = documents(render(values_of(VALUES_DIR / "namespaced.yaml")))
+    [role] = [r for r in only(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert role["metadata"]["namespace"] == "automq-system"
+    assert Counter(map(rule_key, role["rules"])) == Counter(map(rule_key, LEADER_ELECTION_RULES))
+    [binding] = [b for b in only(docs, "RoleBinding") if b["metadata"]["name"].endswith("-leader-election")]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    # Cluster-wide, the ClusterRole covers the Lease already: no extra Role.
+    wide = documents(render(values_of(VALUES_DIR / "cluster-wide.yaml")))
+    assert not only(wide, "Role")
+    # A watched release namespace gets its Lease rights from the namespace's Role.
+    same = documents(render({"watchNamespaces": ["automq-system"]}))
+    assert [r["metadata"]["name"] for r in only(same, "Role")] == ["automq-operator"]
 
 
 def test_rbac_can_be_left_to_the_user(render):
@@ -183,7 +200,15 @@ def test_operator_pod_is_locked_down_and_probed(render, values_file):
         assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(metrics)
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    # Two replicas, one leading through a Lease; a rolling upgrade never leaves none running.
+    assert dep["spec"]["replicas"] == values.get("replicas", 2)
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    affinity = dep["spec"]["template"]["spec"]["affinity"]
+    if values.get("affinity"):
+        assert affinity == values["affinity"]
+    else:  # replicas spread over nodes by default
+        term = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
 
 
@@ -217,6 +242,7 @@ def test_operator_arguments_parse_with_the_real_cli(render):
         "clusterwide": False,
         "liveness": "http://0.0.0.0:8181/healthz",
         "metrics_port": 8081,
+        "leader_election": True,  # replicas elect one active operator
     }
 
 

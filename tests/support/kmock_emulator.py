@@ -59,6 +59,9 @@ class ScalingEmulator(kmock.KubernetesEmulator):
         ):
             # kmock 0.8 ignores generateName; kopf names its Events that way.
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:10]
+        stale = await self._stale_write(request)
+        if stale is not None:
+            return stale
         if request.action in (kmock.action.CREATE, kmock.action.UPDATE) and request.data is not None:
             # kmock 0.8 keeps resourceVersion as given; kopf tells fresh watch events from stale
             # ones by it, so every write gets a new one, as on a real API server.
@@ -115,6 +118,46 @@ class ScalingEmulator(kmock.KubernetesEmulator):
                 },
                 status=exc.status,
             )
+
+    async def _stale_write(self, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
+        """Optimistic concurrency, as the API server does it: a write whose body carries a
+        `metadata.resourceVersion` other than the object's current one is refused with 409
+        Conflict (kmock 0.8 ignores it). Writes without one are unconditional, as on a server."""
+        resource = request.resource
+        data = request.data
+        if (
+            request.action != kmock.action.UPDATE
+            or resource is None
+            or not request.name
+            or request.subresource
+            or not isinstance(data, dict)
+            or not isinstance(data.get("metadata"), dict)
+            or not data["metadata"].get("resourceVersion")
+        ):
+            return None
+        key = (resource, request.namespace, request.name)
+        async with self._lock:
+            current = self._objects[key].raw if key in self._objects and not self._objects[key].deleted else None
+        if current is None:
+            return None  # the usual 404
+        have = (current.get("metadata") or {}).get("resourceVersion")
+        if have == data["metadata"]["resourceVersion"]:
+            return None
+        message = (
+            f'Operation cannot be fulfilled on {resource.plural} "{request.name}": the object has been '
+            "modified; please apply your changes to the latest version and try again"
+        )
+        return aiohttp.web.json_response(
+            {
+                "apiVersion": "v1",
+                "kind": "Status",
+                "status": "Failure",
+                "reason": "Conflict",
+                "code": 409,
+                "message": message,
+            },
+            status=409,
+        )
 
 
 KUBELET_FINALIZER = "kubelet.automq.test/terminating"

@@ -388,7 +388,16 @@ class MetadataState:
     # ------------------------------------------------------------------ queries
 
     def stream_metadata(self, s: StreamState) -> StreamMetadata:
-        return StreamMetadata(s.stream_id, s.epoch, s.start_offset, s.end_offset, s.owner, s.state, dict(s.tags))
+        return StreamMetadata(
+            s.stream_id,
+            s.epoch,
+            s.start_offset,
+            s.end_offset,
+            s.owner,
+            s.state,
+            dict(s.tags),
+            tuple((g.epoch, g.start_offset) for g in s.ranges),
+        )
 
     def object_metadata(self, obj: ObjectState) -> ObjectMetadata:
         return ObjectMetadata(

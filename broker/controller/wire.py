@@ -40,7 +40,14 @@ def to_wire(value: Any) -> Any:
 
 def stream_metadata(d: dict) -> StreamMetadata:
     return StreamMetadata(
-        d["stream_id"], d["epoch"], d["start_offset"], d["end_offset"], d["owner_node_id"], d["state"], dict(d["tags"])
+        d["stream_id"],
+        d["epoch"],
+        d["start_offset"],
+        d["end_offset"],
+        d["owner_node_id"],
+        d["state"],
+        dict(d["tags"]),
+        tuple((int(e), int(o)) for e, o in d.get("epochs", ())),
     )
 
 

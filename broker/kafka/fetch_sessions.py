@@ -33,6 +33,7 @@ class SessionPartition:
     fetch_offset: int
     max_bytes: int
     current_leader_epoch: int = -1
+    last_fetched_epoch: int = -1  # v12+: epoch of the last record the client got (diverging epoch)
     # what the client was last told, so only changes are sent
     last_high_watermark: int = -1
     last_log_start_offset: int = -1

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from automq.broker.config import NodeConfig
 from automq.broker.controller.protocol import ClusterClient, MetadataImage, PartitionInfo, TopicInfo
 from automq.broker.kafka import records
+from automq.broker.kafka.leader_epochs import LeaderEpochHistory
 from automq.broker.kafka.metrics import KafkaMetrics
 from automq.broker.kafka.producer_snapshots import ProducerSnapshot, ProducerSnapshotStore, retained
 from automq.broker.kafka.producers import ProducerStateManager
@@ -104,6 +105,9 @@ class Partition:
         self.topic_id = topic.topic_id
         self.stream = stream
         self.leader_epoch = info.leader_epoch
+        # which epoch wrote which offsets: the controller's ranges, then ours from the log end
+        self.epochs = LeaderEpochHistory(stream.epochs)
+        self.epochs.assign(info.leader_epoch, stream.end_offset)
         self.producer_state = producer_state
         self.configs = dict(topic.configs)
         self._manager = manager
@@ -142,6 +146,14 @@ class Partition:
     @property
     def is_compacted(self) -> bool:
         return "compact" in self.configs.get("cleanup.policy", "delete").split(",")
+
+    def epoch_end_offset(self, requested_epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch: (largest epoch <= requested, the offset where it ended)."""
+        return self.epochs.end_offset_for(requested_epoch, self.log_end_offset, self.log_start_offset)
+
+    def epoch_at(self, offset: int) -> int:
+        """The leader epoch that wrote `offset` (ListOffsets answers it with the offset)."""
+        return self.epochs.epoch_at(offset)
 
     def max_message_bytes(self, default: int) -> int:
         value = self.configs.get("max.message.bytes")

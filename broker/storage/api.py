@@ -72,6 +72,7 @@ class FetchResult:
 class Stream(Protocol):
     stream_id: int
     epoch: int
+    epochs: tuple[tuple[int, int], ...]  # (epoch, start offset) of each owner range, from the open
 
     @property
     def start_offset(self) -> int:

@@ -80,6 +80,7 @@ class EngineStream:
         self._engine = engine
         self.stream_id = meta.stream_id
         self.epoch = meta.epoch
+        self.epochs = meta.epochs
         self._start = meta.start_offset
         self._end = meta.end_offset
         self._confirm = meta.end_offset

@@ -167,6 +167,9 @@ class StreamMetadata:
     owner_node_id: int = -1
     state: str = "closed"  # "open" | "closed"
     tags: dict[str, str] = field(default_factory=dict)  # e.g. {"topic": "t", "partition": "0"}
+    # (epoch, start offset) of every owner range in order: a partition's leader-epoch history
+    # (stream epoch == leader epoch). Empty from metadata stores that keep no ranges.
+    epochs: tuple[tuple[int, int], ...] = ()
 
 
 def object_key(object_id: int) -> str:

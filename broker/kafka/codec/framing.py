@@ -49,6 +49,7 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     20: (1, 6),  # DeleteTopics
     21: (0, 2),  # DeleteRecords
     22: (0, 5),  # InitProducerId
+    23: (2, 4),  # OffsetForLeaderEpoch
     29: (1, 3),  # DescribeAcls
     30: (1, 3),  # CreateAcls
     31: (1, 3),  # DeleteAcls

@@ -9,6 +9,7 @@ from automq.broker.kafka.handlers import (  # noqa: F401 - imported for their re
     api_versions,
     fetch,
     groups,  # FindCoordinator and the group APIs
+    leader_epochs,  # OffsetForLeaderEpoch
     list_offsets,
     metadata,
     produce,

@@ -28,6 +28,7 @@ from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka import codec
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.fetch_sessions import FINAL_EPOCH, INITIAL_EPOCH, FetchSession, SessionPartition
+from automq.broker.kafka.handlers.leader_epochs import leader_epoch_error
 from automq.broker.kafka.handlers.metadata import topic_uuid
 from automq.broker.kafka.handlers.produce import node_endpoints
 from automq.broker.kafka.handlers.registry import handles
@@ -37,6 +38,8 @@ from automq.broker.storage.api import OffsetOutOfRangeError, StreamClosedError
 log = logging.getLogger(__name__)
 
 API_KEY = 1
+# KIP-951: the errors whose answer names the current leader, so the client skips a metadata round
+_LEADER_HINT_ERRORS = frozenset((ErrorCode.not_leader_or_follower, ErrorCode.fenced_leader_epoch))
 
 
 @dataclass(slots=True)
@@ -51,6 +54,7 @@ class _Read:
     payloads: list = field(default_factory=list)
     size: int = 0
     partition: Partition | None = None
+    diverging: tuple[int, int] | None = None  # (epoch, end offset) where the client's log diverges
 
 
 def _resolve_topic(broker, ctx_version: int, topic) -> tuple[str | None, uuid.UUID | None]:
@@ -112,6 +116,7 @@ async def fetch(request, ctx: RequestContext):
                 fetch_offset=p.fetch_offset,
                 max_bytes=p.partition_max_bytes,
                 current_leader_epoch=getattr(p, "current_leader_epoch", -1),
+                last_fetched_epoch=getattr(p, "last_fetched_epoch", -1),
             )
             missing = (
                 ErrorCode.none
@@ -159,6 +164,7 @@ async def fetch(request, ctx: RequestContext):
                     old.fetch_offset = sp.fetch_offset
                     old.max_bytes = sp.max_bytes
                     old.current_leader_epoch = sp.current_leader_epoch
+                    old.last_fetched_epoch = sp.last_fetched_epoch
                 elif err == ErrorCode.none:
                     session.partitions[key] = sp
             for forgotten in getattr(request, "forgotten_topics_data", ()):
@@ -195,14 +201,13 @@ async def fetch(request, ctx: RequestContext):
         try:
             read.partition = broker.partitions.get(read.target.topic, read.target.partition)
             # KIP-320: a client whose metadata is behind or ahead of this leader refreshes it
-            epoch = read.target.current_leader_epoch
-            if epoch >= 0 and epoch != read.partition.leader_epoch:
-                read.error = (
-                    ErrorCode.fenced_leader_epoch
-                    if epoch < read.partition.leader_epoch
-                    else ErrorCode.unknown_leader_epoch
-                )
-                read.partition = None
+            read.error = leader_epoch_error(read.partition, read.target.current_leader_epoch)
+            if read.error == ErrorCode.none:
+                read.diverging = _diverging_epoch(read.partition, read.target)
+            if read.error != ErrorCode.none or read.diverging is not None:
+                read.high_watermark = read.partition.high_watermark
+                read.log_start_offset = read.partition.log_start_offset
+                read.partition = None  # nothing to read: an error, or the client must truncate first
         except NotLeaderError:
             read.error = ErrorCode.not_leader_or_follower
         except UnknownPartitionError:
@@ -252,6 +257,7 @@ async def fetch(request, ctx: RequestContext):
             incremental
             and read.size == 0
             and read.error == ErrorCode.none
+            and read.diverging is None
             and read.high_watermark == sp.last_high_watermark
             and read.log_start_offset == sp.last_log_start_offset
         ):
@@ -262,10 +268,14 @@ async def fetch(request, ctx: RequestContext):
         data = codec.RecordSet(payloads) if len(payloads) > 1 else (payloads[0] if payloads else b"")
         if read.size:
             metrics.record_fetch(sp.topic, sp.partition, read.size)
-        extra = {}
-        if read.error == ErrorCode.not_leader_or_follower and codec.has_field(partition_cls, "current_leader"):
+        extra: dict[str, Any] = {}
+        if read.diverging is not None:
+            extra["diverging_epoch"] = codec.nested(cls, "EpochEndOffset")(
+                epoch=read.diverging[0], end_offset=read.diverging[1]
+            )
+        if read.error in _LEADER_HINT_ERRORS and codec.has_field(partition_cls, "current_leader"):
             hint = broker.leader_of(sp.topic, sp.partition)
-            if hint is not None and hint[0] != broker.node_id:
+            if hint is not None and (hint[0] != broker.node_id or read.error != ErrorCode.not_leader_or_follower):
                 extra["current_leader"] = codec.nested(cls, "LeaderIdAndEpoch")(leader_id=hint[0], leader_epoch=hint[1])
                 leaders.add(hint[0])
         part = codec.build(
@@ -328,6 +338,18 @@ async def _read_all(reads: list[_Read], max_bytes: int) -> None:
         first = False
         r.payloads, r.size = kept, size
         budget -= size
+
+
+def _diverging_epoch(partition: Partition, target: SessionPartition) -> tuple[int, int] | None:
+    """Fetch v12+ (KIP-595's check, answered to any fetcher that sends last_fetched_epoch):
+    when the epoch of the last record the client has ended before its fetch offset here, or is
+    unknown, the client's log diverges and it must truncate to (epoch, end offset) first."""
+    if target.last_fetched_epoch < 0:
+        return None
+    epoch, end_offset = partition.epoch_end_offset(target.last_fetched_epoch)
+    if epoch < target.last_fetched_epoch or end_offset < target.fetch_offset:
+        return epoch, end_offset
+    return None
 
 
 def _top_level_error(cls, error: ErrorCode):

@@ -19,6 +19,7 @@ from kio.schema.errors import ErrorCode
 from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka import codec
 from automq.broker.kafka.context import RequestContext
+from automq.broker.kafka.handlers.leader_epochs import leader_epoch_error
 from automq.broker.kafka.handlers.registry import handles
 from automq.broker.kafka.partitions import NotLeaderError, UnknownPartitionError
 from automq.broker.storage.api import StreamClosedError
@@ -53,12 +54,9 @@ async def list_offsets(request, ctx: RequestContext):
                 if denied:
                     raise _Denied
                 partition = broker.partitions.get(topic.name, req.partition_index)
-                epoch = partition.leader_epoch
-                current = getattr(req, "current_leader_epoch", -1)
-                if current >= 0 and current > partition.leader_epoch:
-                    error = ErrorCode.unknown_leader_epoch
-                elif current >= 0 and current < partition.leader_epoch:
-                    error = ErrorCode.fenced_leader_epoch
+                error = leader_epoch_error(partition, getattr(req, "current_leader_epoch", -1))
+                if error != ErrorCode.none:
+                    pass
                 elif req.timestamp == LATEST:
                     offset = partition.high_watermark
                 elif req.timestamp in (EARLIEST, EARLIEST_LOCAL, EARLIEST_TIERED):
@@ -81,6 +79,10 @@ async def list_offsets(request, ctx: RequestContext):
                 error = ErrorCode.topic_authorization_failed
             if error != ErrorCode.none:
                 offset, timestamp = -1, -1
+            elif offset >= 0:
+                # the epoch that wrote the offset (the leader's own for the log end), as Kafka
+                # answers it, so a consumer seeking there validates against the right epoch
+                epoch = partition.leader_epoch if req.timestamp == LATEST else partition.epoch_at(offset)
             parts.append(
                 codec.build(
                     partition_cls,

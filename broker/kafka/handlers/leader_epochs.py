@@ -13,6 +13,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka import codec
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.registry import handles
@@ -42,8 +43,21 @@ async def offset_for_leader_epoch(request: Any, ctx: RequestContext) -> Any:
     topics = []
     for topic in request.topics:
         answers = []
+        # Kafka asks DESCRIBE on the topic for this (a consumer's offset validation)
+        denied = not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TOPIC, topic.topic)
         for req in topic.partitions:
             error, epoch, end_offset = ErrorCode.none, UNDEFINED_EPOCH, UNDEFINED_OFFSET
+            if denied:
+                answers.append(
+                    codec.build(
+                        partition_cls,
+                        error_code=ErrorCode.topic_authorization_failed,
+                        partition=req.partition,
+                        leader_epoch=epoch,
+                        end_offset=end_offset,
+                    )
+                )
+                continue
             try:
                 partition = partitions.get(topic.topic, req.partition)
                 error = leader_epoch_error(partition, req.current_leader_epoch)

@@ -9,6 +9,7 @@ Handlers reach the rest of the system through `ctx.broker`:
   ProducerIdAllocator
 - `registry`: the prometheus CollectorRegistry, `metrics`: KafkaMetrics
 - `authorizer`: the ACL Authorizer, or None when authorization is off
+- `quotas`: ClientQuotas (client quotas from the metadata image; `active` once one exists)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from automq.broker.kafka.groups import GroupCoordinator
 from automq.broker.kafka.metrics import KafkaMetrics
 from automq.broker.kafka.partitions import PartitionManager
 from automq.broker.kafka.producers import ProducerIdAllocator
+from automq.broker.kafka.quotas import ClientQuotas
 from automq.broker.storage.api import StreamClient
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class Broker:
         self.metadata: MetadataImage | None = None
         # None without `kafka.authorizer_class_name`: handlers then skip every check
         self.authorizer = Authorizer(config.kafka, self.registry) if config.kafka.authorizer_class_name else None
+        self.quotas = ClientQuotas(config.kafka, self.registry)  # inactive until a client quota exists
         self.partitions = PartitionManager(self)
         self.producer_ids = ProducerIdAllocator(node_id=self.node_id, node_epoch=node_epoch)
         self.groups = GroupCoordinator(self)
@@ -96,6 +99,7 @@ class Broker:
         self.metadata = image
         if self.authorizer is not None:
             self.authorizer.update(image.acls)
+        self.quotas.update(image.client_quotas)
         if previous is not None:
             current = {t.name for t in image.topics}
             for t in previous.topics:

@@ -45,6 +45,8 @@ import asyncio
 import collections
 import ctypes
 import ctypes.util
+import dataclasses
+import datetime
 import functools
 import logging
 import socket
@@ -55,7 +57,7 @@ from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
-from automq.broker.kafka import codec
+from automq.broker.kafka import codec, quotas
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers import registry
 
@@ -107,7 +109,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         "_reading_paused",
         "_slots",
         "_tasks",
+        "_throttled",
         "_timer",
+        "_unmute",
         "_writing_paused",
         "broker",
         "ip",
@@ -137,6 +141,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._reading_paused = False
         self._writing_paused = False
+        self._throttled = False  # muted while a client quota's throttle time runs (KIP-219)
+        self._unmute: asyncio.TimerHandle | None = None
         self._closing = False
         self._closing_gracefully = False  # shutting down: read nothing more, answer what is in flight
         self._counted = False  # in the server's connection counts
@@ -174,6 +180,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._unmute is not None:
+            self._unmute.cancel()
+            self._unmute = None
         for task in self._tasks:
             task.cancel()
 
@@ -345,7 +354,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             waits_for = [self._last_serial] if self._last_serial is not None and not self._last_serial.done() else []
         else:
             waits_for = [t for t in self._tasks if not t.done()]
-        task = asyncio.get_running_loop().create_task(self._handle(decoded, ctx, slot, waits_for))
+        task = asyncio.get_running_loop().create_task(self._handle(decoded, ctx, slot, waits_for, len(frame)))
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         if not concurrent:
@@ -356,7 +365,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._update_reading()
 
     async def _handle(
-        self, decoded: codec.DecodedRequest, ctx: RequestContext, slot: _Slot, waits_for: list[asyncio.Task[None]]
+        self,
+        decoded: codec.DecodedRequest,
+        ctx: RequestContext,
+        slot: _Slot,
+        waits_for: list[asyncio.Task[None]],
+        size: int = 0,
     ) -> None:
         if waits_for:
             await asyncio.gather(*waits_for, return_exceptions=True)
@@ -365,13 +379,20 @@ class KafkaConnection(asyncio.BufferedProtocol):
         metrics = self.broker.metrics
         started = time.perf_counter()
         payload: list[bytes | bytearray | memoryview] | None
+        limits = self.broker.quotas
+        spent = [0.0]
         try:
-            response = await reg.handler(decoded.request, ctx)  # type: ignore[union-attr]
+            if limits.request_quotas:
+                response = await quotas.timed(reg.handler(decoded.request, ctx), spent)  # type: ignore[union-attr]
+            else:
+                response = await reg.handler(decoded.request, ctx)  # type: ignore[union-attr]
             if response is codec.CLOSE_CONNECTION:
                 slot.close_after = True
                 payload = None
             else:
                 payload = None if response is None else codec.encode_response_chunks(ctx.correlation_id, response)
+                if limits.active:
+                    payload = self._throttle(ctx, response, payload, size, spent[0])
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -394,9 +415,46 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 slot.close_after = True
                 payload = None
         metrics.record_request(api, time.perf_counter() - started)
+        if ctx.throttle_ms and not quotas.client_throttles(ctx.api_key, ctx.api_version):
+            await asyncio.sleep(ctx.throttle_ms / 1000)  # an old client does not throttle itself: answer late
         slot.payload = payload
         slot.done = True
         self._flush()
+        if ctx.throttle_ms and quotas.client_throttles(ctx.api_key, ctx.api_version):
+            self._mute(ctx.throttle_ms / 1000)
+
+    def _throttle(self, ctx: RequestContext, response, payload, size: int, spent_s: float):
+        """Record this request against the client's quotas; when over one, put the throttle time
+        in the response (re-encoded) and in ctx.throttle_ms."""
+        limits = self.broker.quotas
+        user, client = quotas.user_of(ctx.principal), ctx.client_id or ""
+        throttle = 0
+        if ctx.api_key == 0:
+            throttle = limits.record(quotas.PRODUCE, user, client, size)
+        elif ctx.api_key == 1 and payload is not None:
+            throttle = limits.record(quotas.FETCH, user, client, sum(len(c) for c in payload))
+        if limits.request_quotas and ctx.api_key not in quotas.REQUEST_QUOTA_EXEMPT:
+            throttle = max(throttle, limits.record(quotas.REQUEST, user, client, spent_s * 100))
+        if throttle <= 0:
+            return payload
+        ctx.throttle_ms = throttle
+        if response is None or not codec.has_field(type(response), "throttle_time"):
+            return payload
+        throttled = dataclasses.replace(response, throttle_time=datetime.timedelta(milliseconds=throttle))
+        return codec.encode_response_chunks(ctx.correlation_id, throttled)
+
+    def _mute(self, seconds: float) -> None:
+        """Read nothing from this client for `seconds` (Kafka mutes a throttled channel)."""
+        if self._unmute is not None:
+            self._unmute.cancel()
+        self._throttled = True
+        self._unmute = asyncio.get_running_loop().call_later(seconds, self._end_mute)
+        self._update_reading()
+
+    def _end_mute(self) -> None:
+        self._unmute = None
+        self._throttled = False
+        self._update_reading()
 
     def _answer_unsupported_api_versions(self, correlation_id: int) -> None:
         from kio.schema.api_versions.v0.response import ApiVersionsResponse
@@ -430,7 +488,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if transport is None or transport.is_closing():
             return
         should_pause = (
-            self._writing_paused or self._memory_wait or len(self._tasks) >= MAX_IN_FLIGHT or self._closing_gracefully
+            self._writing_paused
+            or self._memory_wait
+            or self._throttled
+            or len(self._tasks) >= MAX_IN_FLIGHT
+            or self._closing_gracefully
         )
         if should_pause and not self._reading_paused:
             transport.pause_reading()

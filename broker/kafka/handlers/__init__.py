@@ -14,6 +14,7 @@ from automq.broker.kafka.handlers import (  # noqa: F401 - imported for their re
     metadata,
     produce,
     producers,  # InitProducerId
+    quotas,  # AlterClientQuotas, DescribeClientQuotas
 )
 from automq.broker.kafka.handlers.registry import handles, lookup, registrations
 

@@ -1,0 +1,193 @@
+"""Client quotas on the broker: measuring each client's rates and deciding throttle times.
+
+The quota table comes from the controller with the metadata image (AlterClientQuotas stores
+it there). Three quotas, as Kafka's:
+- `producer_byte_rate`: Produce request bytes per second;
+- `consumer_byte_rate`: Fetch response bytes per second;
+- `request_percentage`: time the broker spends on the client's requests, as a percentage of
+  one thread (100 = one full core). Measured exactly: the handler coroutine is driven step
+  by step (`timed()`) and only the time inside its steps counts, never its waits (a WAL sync,
+  a long poll).
+
+A connection's quota is resolved from its user (the principal's name, `ANONYMOUS` without
+authentication) and client id by Kafka's precedence (`controller/quotas.resolve`); every
+connection resolving to the same entity shares one rate. Rates are Kafka's: samples of
+`quota_window_size_seconds`, `quota_window_num` of them, the elapsed time never counted below
+num-1 windows; a client over its quota is throttled for (rate - quota) / quota x window,
+at most the whole window. The throttle goes into the response's throttle_time_ms and the
+server mutes the connection that long (KIP-219); requests of versions older than KIP-219
+get their response delayed instead.
+
+With no client quota defined anywhere `active` is False and the server does nothing more
+per request than read that flag.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+from automq.broker.controller.quotas import (
+    CONSUMER_BYTE_RATE,
+    IP,
+    PRODUCER_BYTE_RATE,
+    REQUEST_PERCENTAGE,
+    ClientQuota,
+    Entity,
+    resolve,
+)
+
+if TYPE_CHECKING:
+    from automq.broker.config import KafkaConfig
+
+PRODUCE = "produce"
+FETCH = "fetch"
+REQUEST = "request"
+_KEY_OF = {PRODUCE: PRODUCER_BYTE_RATE, FETCH: CONSUMER_BYTE_RATE, REQUEST: REQUEST_PERCENTAGE}
+CACHE_ENTRIES = 10_000
+
+
+@dataclass(slots=True)
+class Rate:
+    """A sampled rate: per-sample totals over the last `num` windows."""
+
+    window_s: float
+    num: int
+    starts: list[float] = field(default_factory=list)
+    totals: list[float] = field(default_factory=list)
+
+    def record(self, value: float, now: float) -> None:
+        if self.starts and now < self.starts[-1] + self.window_s:
+            self.totals[-1] += value
+        else:
+            self.starts.append(now)
+            self.totals.append(value)
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.window_s * self.num
+        while len(self.starts) > 1 and self.starts[0] + self.window_s <= horizon:
+            del self.starts[0], self.totals[0]
+
+    def measure(self, now: float) -> tuple[float, float]:
+        """(rate per second, the window it was measured over in seconds)."""
+        self._expire(now)
+        if not self.starts:
+            return 0.0, self.window_s * (self.num - 1)
+        elapsed = max(now - self.starts[0], self.window_s * (self.num - 1))
+        return sum(self.totals) / elapsed, elapsed
+
+
+def user_of(principal: str) -> str:
+    return principal.partition(":")[2] or principal
+
+
+class ClientQuotas:
+    def __init__(self, config: KafkaConfig, registry: CollectorRegistry | None = None) -> None:
+        self.window_s = float(config.quota_window_size_seconds)
+        self.num = config.quota_window_num
+        self.max_throttle_s = self.window_s * self.num
+        self.entries: tuple[ClientQuota, ...] = ()
+        self.table: dict[Entity, dict[str, float]] = {}
+        self.active = False
+        self.request_quotas = False  # any request_percentage: handlers are then timed
+        self._resolved: dict[tuple[str, str, str], tuple[Entity, float] | None] = {}
+        self._rates: dict[tuple[str, Entity], Rate] = {}
+        registry = registry if registry is not None else CollectorRegistry()
+        self.throttled = Counter(
+            "kafka_quota_throttled_requests",
+            "Responses that carried a throttle time because a client quota was exceeded, by quota type",
+            ["quota_type"],
+            registry=registry,
+        )
+        self.throttle_seconds = Counter(
+            "kafka_quota_throttle_seconds",
+            "Throttle time handed to clients over their quota (seconds), by quota type",
+            ["quota_type"],
+            registry=registry,
+        )
+
+    def update(self, entries: tuple[ClientQuota, ...]) -> None:
+        if entries == self.entries:
+            return
+        self.entries = entries
+        self.table = {q.entity: dict(q.values) for q in entries if q.entity[0][0] != IP}
+        self.active = any(self.table.values())
+        self.request_quotas = any(REQUEST_PERCENTAGE in v for v in self.table.values())
+        self._resolved = {}
+        live = {(kind, e) for kind in _KEY_OF for e in self.table}
+        self._rates = {k: v for k, v in self._rates.items() if k in live}
+
+    def quota(self, kind: str, user: str, client_id: str) -> tuple[Entity, float] | None:
+        key = (kind, user, client_id)
+        try:
+            return self._resolved[key]
+        except KeyError:
+            pass
+        found = resolve(self.table, user, client_id, _KEY_OF[kind])
+        if len(self._resolved) >= CACHE_ENTRIES:
+            self._resolved = {}
+        self._resolved[key] = found
+        return found
+
+    def record(self, kind: str, user: str, client_id: str, value: float, now: float | None = None) -> int:
+        """Record `value` (bytes, or percent-seconds for REQUEST); the throttle time in ms."""
+        found = self.quota(kind, user, client_id)
+        if found is None:
+            return 0
+        entity, limit = found
+        now = time.monotonic() if now is None else now
+        rate = self._rates.get((kind, entity))
+        if rate is None:
+            rate = self._rates[(kind, entity)] = Rate(self.window_s, self.num)
+        rate.record(value, now)
+        observed, window = rate.measure(now)
+        if observed <= limit:
+            return 0
+        throttle_s = min((observed - limit) / limit * window, self.max_throttle_s)
+        self.throttled.labels(kind).inc()
+        self.throttle_seconds.labels(kind).inc(throttle_s)
+        return int(throttle_s * 1000)
+
+
+# KIP-219: from these versions on the client throttles itself after a response carrying a
+# throttle time; before them the broker delays the response. (APIs not listed: every version
+# this broker serves is past the change.)
+CLIENT_SIDE_THROTTLE_FROM = {
+    **{0: 6, 1: 8, 2: 3, 3: 6, 8: 4, 9: 4, 10: 2, 11: 3, 12: 2, 13: 2, 14: 2, 15: 2, 16: 2, 18: 2},
+    **{19: 3, 20: 2, 21: 1, 22: 1, 29: 1, 30: 1, 31: 1, 32: 2, 33: 1, 35: 1, 37: 1, 42: 1},
+}
+# never counted against request_percentage (Kafka exempts the handshake APIs)
+REQUEST_QUOTA_EXEMPT = frozenset({17, 18, 36})
+
+
+def client_throttles(api_key: int, api_version: int) -> bool:
+    return api_version >= CLIENT_SIDE_THROTTLE_FROM.get(api_key, 0)
+
+
+@types.coroutine
+def timed(coro: Any, spent: list[float]) -> Generator[Any, Any, Any]:
+    """Run `coro`, adding to spent[0] the seconds spent inside its steps (not its waits)."""
+    send_value: Any = None
+    error: BaseException | None = None
+    clock = time.perf_counter
+    while True:
+        started = clock()
+        try:
+            yielded = coro.send(send_value) if error is None else coro.throw(error)
+        except StopIteration as done:
+            spent[0] += clock() - started
+            return done.value
+        except BaseException:
+            spent[0] += clock() - started
+            raise
+        spent[0] += clock() - started
+        try:
+            send_value, error = (yield yielded), None
+        except BaseException as exc:  # cancellation and the like go into the coroutine
+            send_value, error = None, exc

@@ -7,11 +7,15 @@ harness: real controller and broker processes, the real operator, a confluent-ka
 (acks=all, idempotent, 300 records/s), and the node under a broker that leads partitions marked
 NotReady with its processes SIGKILLed. Reported per strategy:
 
-    served     NotReady -> the operator's PartitionsServed event (every partition has a leader)
+    served     NotReady -> the operator's PartitionsServed event time (every partition has a
+               leader); "seen" is when the benchmark's polling of events noticed it
     grace      spec.broker.nodeLossGracePeriod, included in `served`
     after      served - grace: what detection (controller agreement), fencing, release and WAL
                recovery cost on top of the grace
     resolved   NotReady -> the replacement pod Ready (Degraded cleared)
+    where the time goes: seconds after NotReady of each step's event (NodeLost, BrokerFenced,
+               PodReleased, VolumeReleased, WalRecovered, PartitionsServed, NodeLossResolved)
+               and of the replacement pod's creation and readiness
 
 Baseline, same run: a broker process kill -9'd WITHOUT node loss (the kubelet restarts it in
 place and it recovers its own WAL): seconds from the kill until every partition has a leader.
@@ -86,9 +90,15 @@ def main() -> int:
                 checked = check_exactly_once(k8s.bootstrap("demo"), "orders", [run.load])
                 print(
                     f"{strategy:12s} served {run.seconds_to_served:5.1f} s  (grace {args.grace} s, after grace "
-                    f"{run.seconds_to_served - args.grace:5.1f} s)  resolved {run.resolved_at - run.lost_at:5.1f} s  "
+                    f"{run.seconds_to_served - args.grace:5.1f} s, seen {run.served_at - run.lost_at:5.1f} s)  "
+                    f"resolved {run.resolved_at - run.lost_at:5.1f} s  "
                     f"{checked} acknowledged records read back once"
                     + (f"  [job: {run.job_output.splitlines()[1][:90]}]" if run.job_output else "")
+                )
+                steps = sorted(run.timeline.items(), key=lambda kv: kv[1])
+                print(
+                    "             where the time goes (s after NotReady): "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in steps)
                 )
     return 0
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from automq.broker.config import Listener, NodeConfig, dump_config
+from automq.operator import quantity
 from automq.operator.rbac import CLUSTER_RULES
 from automq.operator.spec import (
     BROKER_HTTP_PORT,
@@ -180,14 +181,6 @@ def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def wal_capacity_bytes(size: str) -> int:
-    """Ring size for a WAL volume of `size`: 90 % of it, whole MiB, leaving the filesystem room."""
-    from kubernetes.utils.quantity import parse_quantity
-
-    total = int(parse_quantity(size))
-    return max(1 << 20, (total * 9 // 10) >> 20 << 20)
-
-
 def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeConfig:
     """The role's config template (node_id 0; each pod fills in its own, see podconfig)."""
     role_spec = spec.controller if role == "controller" else spec.broker
@@ -208,7 +201,7 @@ def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeCon
         wal = spec.broker.wal
         raw["wal"] = {"kind": wal.kind}
         if wal.kind == "volume":
-            raw["wal"].update(path=f"{WAL_DIR}/wal", capacity=wal_capacity_bytes(wal.size or "0"))
+            raw["wal"].update(path=f"{WAL_DIR}/wal", capacity=quantity.wal_capacity_bytes(wal.size or "0"))
     else:
         raw["listeners"] = []
         # On Kubernetes the active controller holds a Lease (CLUSTER_RULES grants exactly that).

@@ -24,6 +24,12 @@ def quantity_value(value: Any) -> Decimal:
     return parse_quantity(value)
 
 
+def wal_capacity_bytes(size: Any) -> int:
+    """Ring size for a WAL volume of `size`: 90 % of it, whole MiB, leaving the filesystem room."""
+    total = int(quantity_value(size))
+    return max(1 << 20, (total * 9 // 10) >> 20 << 20)
+
+
 def same_quantity(a: Any, b: Any) -> bool:
     """True when both are quantities of the same value (`10240Mi` == `10Gi`); plain equality
     for anything that does not parse (a wrong value must still read as a difference)."""

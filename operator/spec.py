@@ -499,6 +499,40 @@ def nest_overrides(overrides: dict[str, str]) -> dict[str, Any]:
     return nested
 
 
+def check_wal_size(spec: AutoMQClusterSpec) -> None:
+    """A volume WAL must hold two of the largest batches a broker accepts (the broker's own start
+    check, broker.config.check_broker_config): refuse the spec here, naming both settings,
+    instead of rendering brokers that crash-loop on start."""
+    from automq.broker.config import WAL_RECORD_HEADER_BYTES, ConfigError, NodeConfig, check_broker_config
+    from automq.operator.quantity import wal_capacity_bytes
+
+    wal = spec.broker.wal
+    if wal.kind != "volume" or wal.size is None:
+        return
+    try:
+        capacity = wal_capacity_bytes(wal.size)
+    except (ValueError, TypeError, ArithmeticError):
+        return  # the Quantity type reports a malformed size
+    config = NodeConfig.model_validate(
+        {
+            "node_id": 0,
+            **nest_overrides({**spec.config, **spec.broker.config}),
+            "wal": {"kind": "volume", "capacity": capacity},
+        }
+    )
+    try:
+        check_broker_config(config)
+    except ConfigError:
+        largest = config.kafka.message_max_bytes
+        needed_mib = -(-2 * (largest + WAL_RECORD_HEADER_BYTES) // (1 << 20))
+        smallest = -(-needed_mib * 10 // 9)  # the ring is 90 % of the volume, whole MiB
+        raise ValueError(
+            f"spec.broker.wal.size {wal.size} is too small: its WAL ring ({capacity} bytes, 90 % of the volume) must "
+            f"hold two batches of kafka.message_max_bytes ({largest} bytes) plus their {WAL_RECORD_HEADER_BYTES}-byte "
+            f"record headers; set spec.broker.wal.size to at least {smallest}Mi or lower kafka.message_max_bytes"
+        ) from None
+
+
 def check_overrides(overrides: dict[str, str], where: str) -> None:
     """Raise ValueError naming the first key that the node config would reject."""
     from automq.broker.config import NodeConfig
@@ -646,6 +680,7 @@ class AutoMQClusterSpec(_Model):
         check_overrides(self.controller.config, "spec.controller.config")
         check_overrides(self.broker.config, "spec.broker.config")
         check_overrides({**self.config, **self.broker.config}, "spec.broker.config")
+        check_wal_size(self)
         return self
 
     def placeholders_enabled(self) -> list[str]:

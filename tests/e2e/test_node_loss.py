@@ -54,3 +54,22 @@ def test_lost_node_broker_is_fenced_recovered_and_every_ack_read_once(k8s: Kubel
     cluster = k8s.get("AutoMQCluster", "demo")
     degraded = next(c for c in cluster["status"]["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] != "NodeLost"
+
+
+@pytest.mark.parametrize("failover", ["forceDetach"])
+def test_a_frozen_broker_resumed_after_fencing_cannot_append(k8s: KubeletHarness, failover: str) -> None:
+    """A zombie: the lost node's broker was frozen, not dead. Once the operator fenced it and
+    released its volume it resumes, with producers still sending to its address and the WAL
+    file (shared here, as a volume on a node back from a partition) open: it must acknowledge
+    nothing that is not read back, and stop by itself (its node epoch is refused)."""
+    run = run_node_loss(k8s, {"kind": "volume", "size": "64Mi", "failover": failover}, grace_s=2, zombie=True)
+    assert run.zombie is not None and run.load is not None
+    assert run.events[: len(NODE_LOSS_STEPS)] == NODE_LOSS_STEPS, run.events
+    k8s.wait_for("the zombie to stop by itself", lambda: run.zombie.poll() is not None, timeout=120)
+    assert run.zombie.returncode not in (-9, -15), run.zombie.returncode  # not signalled by the harness
+    log = (k8s.root / "logs" / f"{run.victim}.log").read_text(errors="replace")
+    assert "was fenced" in log, log[-2000:]
+    before = run.load.acked_count()
+    k8s.wait_for("producing after recovery", lambda: run.load.acked_count() > before + 200)
+    run.load.stop()
+    assert check_exactly_once(k8s.bootstrap("demo"), "orders", [run.load]) == run.load.acked_count()

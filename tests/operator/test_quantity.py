@@ -108,3 +108,49 @@ async def test_non_canonical_wal_size_is_not_a_wal_change(api: KubeApi) -> None:
     cluster.spec = bigger
     await broker_statefulset(cluster)
     assert [p.reason for p in cluster.problems] == ["WalChangeNotSupported"]
+
+
+@pytest.mark.parametrize(
+    ("size", "overrides"),
+    [
+        ("2Mi", {}),
+        ("3Mi", {}),
+        ("4Mi", {}),
+        ("5Mi", {}),
+        ("64Mi", {"kafka.message_max_bytes": "40000000"}),
+        ("85Mi", {"kafka.message_max_bytes": "40000000"}),
+        ("86Mi", {"kafka.message_max_bytes": "40000000"}),
+        ("1Gi", {"kafka.message_max_bytes": "600MiB"}),
+    ],
+)
+def test_a_wal_too_small_for_the_largest_batch_is_refused_where_the_broker_would_crash(
+    size: str, overrides: dict[str, str]
+) -> None:
+    """The operator refuses (InvalidSpec: status Degraded, a Warning event) exactly the WAL sizes
+    whose rendered broker config the broker's own start check rejects, instead of rendering
+    brokers that crash-loop; the message names the setting and the smallest size that works."""
+    from automq.broker.config import ConfigError, check_broker_config
+    from automq.operator.spec import InvalidSpec
+
+    raw = {"objectStore": {"bucket": "bkt"}, "broker": {"wal": {"kind": "volume", "size": size}, "config": overrides}}
+    try:
+        spec = parse_spec(raw)
+    except InvalidSpec as exc:
+        message = str(exc)
+        assert f"spec.broker.wal.size {size} is too small" in message and "kafka.message_max_bytes" in message
+        smallest = message.split("at least ")[1].split(" ")[0]
+        assert parse_spec({**raw, "broker": {**raw["broker"], "wal": {"kind": "volume", "size": smallest}}})
+        smaller = f"{int(smallest[:-2]) - 1}Mi"
+        with pytest.raises(InvalidSpec):
+            parse_spec({**raw, "broker": {**raw["broker"], "wal": {"kind": "volume", "size": smaller}}})
+        # ... and the broker would indeed have refused to start with it.
+        unchecked = parse_spec({**raw, "broker": {"config": overrides, "wal": {"kind": "s3"}}})
+        unchecked.broker.wal = unchecked.broker.wal.model_copy(update={"kind": "volume", "size": size})
+        with pytest.raises(ConfigError):
+            check_broker_config(builders.node_config(unchecked, ClusterRef("c", "ns", "u"), "broker"))
+    else:
+        check_broker_config(builders.node_config(spec, ClusterRef("c", "ns", "u"), "broker"))
+
+
+def test_the_s3_wal_has_no_size_to_check() -> None:
+    assert parse_spec({"objectStore": {"bucket": "bkt"}, "broker": {"wal": {"kind": "s3"}}})

@@ -11,6 +11,9 @@ for the multiAttach strategy) and runs the operator's WAL-recovery Job as a real
 
 from __future__ import annotations
 
+import datetime as dt
+import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,10 +45,18 @@ class NodeLossRun:
     degraded_seen: str = ""
     job_output: str = ""
     load: SequencedProducer | None = None
+    # Seconds after NotReady of each step's event (first occurrence) and of the replacement
+    # pod's creation and readiness: where the time goes.
+    timeline: dict[str, float] = field(default_factory=dict)
+    # zombie=True: the lost broker's process, frozen while its node was lost, resumed once the
+    # operator released its volume.
+    zombie: subprocess.Popen[bytes] | None = None
 
     @property
     def seconds_to_served(self) -> float:
-        return self.served_at - self.lost_at
+        """NotReady -> the operator's PartitionsServed event (its eventTime: the moment the
+        operator saw every partition led), else when the test noticed it."""
+        return self.timeline.get("PartitionsServed", self.served_at - self.lost_at)
 
 
 def leaders(bootstrap: str, topic: str) -> dict[int, int]:
@@ -77,10 +88,17 @@ def _recovery_job_output(k8s: KubeletHarness, name: str, ordinal: int) -> str:
     return f"exit {run.exit_code}\n" + "\n".join(lines[-2:])
 
 
-def run_node_loss(k8s: KubeletHarness, wal: dict[str, Any], grace_s: int, rate: float = 300.0) -> NodeLossRun:
+def run_node_loss(
+    k8s: KubeletHarness, wal: dict[str, Any], grace_s: int, rate: float = 300.0, zombie: bool = False
+) -> NodeLossRun:
     """Create a 2-broker cluster, produce, lose the node of a broker leading partitions, wait
     until the partitions are served again and the replacement is Ready. The load keeps running
-    (stop it and check it with `check_exactly_once`)."""
+    (stop it and check it with `check_exactly_once`).
+
+    `zombie=True`: the lost node's broker is not killed but frozen (SIGSTOP: a hung or
+    partitioned node), and resumed (SIGCONT) once the operator has fenced it and released its
+    volume, while clients still send it requests; it holds the WAL file and the listen address
+    the replacement needs, as a node that comes back from a partition would."""
     name = "demo"
     strategy = "s3" if wal.get("kind") == "s3" else wal.get("failover", "forceDetach")
     run = NodeLossRun(strategy)
@@ -96,8 +114,14 @@ def run_node_loss(k8s: KubeletHarness, wal: dict[str, Any], grace_s: int, rate: 
     ordinal = max(placed.values())  # a broker that leads partitions
     run.victim = f"{name}-broker-{ordinal}"
     run.node = k8s.node_of(run.victim)
+    if zombie:
+        state = k8s.pod_process(run.victim)
+        assert state is not None and state.process is not None
+        run.zombie = state.process
+        k8s.signal_pod(run.victim, signal.SIGSTOP)
     run.lost_at = time.monotonic()
-    k8s.node_down(run.node, kill=True)
+    lost_wall = time.time()
+    k8s.node_down(run.node, kill=not zombie)
 
     def degraded() -> str:
         status = (k8s.get("AutoMQCluster", name) or {}).get("status") or {}
@@ -107,6 +131,9 @@ def run_node_loss(k8s: KubeletHarness, wal: dict[str, Any], grace_s: int, rate: 
         return ""
 
     run.degraded_seen = k8s.wait_for("Degraded NodeLost", degraded, timeout=120)
+    if run.zombie is not None:
+        k8s.wait_for("volume released", lambda: "VolumeReleased" in _events(k8s, name), timeout=120)
+        run.zombie.send_signal(signal.SIGCONT)
     if strategy == "multiAttach":
         run.job_output = _recovery_job_output(k8s, name, ordinal)
 
@@ -123,4 +150,12 @@ def run_node_loss(k8s: KubeletHarness, wal: dict[str, Any], grace_s: int, rate: 
         if reason in [*NODE_LOSS_STEPS, "NodeLossResolved"] and reason not in seen:
             seen.append(reason)
     run.events = seen
+    for event in k8s.events(name):
+        reason, stamp = event.get("reason", ""), event.get("eventTime") or event.get("firstTimestamp")
+        if reason in [*NODE_LOSS_STEPS, "NodeLossResolved"] and reason not in run.timeline and stamp:
+            at = dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+            run.timeline[reason] = at - lost_wall
+    for at, what, _ in k8s.history(run.victim):
+        if at > run.lost_at and what in ("created", "ready"):
+            run.timeline.setdefault(f"replacement {what}", at - run.lost_at)
     return run

@@ -271,6 +271,19 @@ class ControllerClient:
         ) as resp:
             return await resp.json()
 
+    async def controller_status(self, url: str, timeout_s: float) -> dict[str, Any] | None:
+        """`GET /v1/status` of one controller (any of `urls`); None when it does not answer."""
+        try:
+            async with self._http().get(
+                f"{url.rstrip('/')}/v1/status", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                body = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        return body if isinstance(body, dict) else None
+
     # ------------------------------------------------------------------ StreamManager
 
     async def create_stream(self, tags: dict[str, str] | None = None) -> int:

@@ -20,7 +20,7 @@ opens. A fenced broker's partitions move only after its WAL was recovered.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from automq.broker.controller.acls import AclBinding, AclFilter
 from automq.broker.controller.quotas import ClientQuota
@@ -200,6 +200,9 @@ class ClusterClient(Protocol):
         """Move all partitions off a broker and place no new ones on it (scale-in, rolling restart)."""
 
     async def undrain_broker(self, node_id: int) -> None: ...
+
+    async def controller_status(self, url: str, timeout_s: float) -> dict[str, Any] | None:
+        """One controller's status (role, term, log position), None when it does not answer."""
 
     async def create_acls(self, bindings: list[AclBinding]) -> list[tuple[str | None, str | None]]:
         """Per binding: (None, None) when stored (or already there), else (error code, message)."""

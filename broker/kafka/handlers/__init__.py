@@ -7,6 +7,7 @@ from automq.broker.kafka.handlers import (  # noqa: F401 - imported for their re
     acls,  # CreateAcls, DescribeAcls, DeleteAcls
     admin,  # topics, configs, records, cluster, reassignments
     api_versions,
+    cluster_info,  # ElectLeaders, DescribeTopicPartitions, DescribeQuorum, AlterReplicaLogDirs, telemetry
     fetch,
     groups,  # FindCoordinator and the group APIs
     leader_epochs,  # OffsetForLeaderEpoch

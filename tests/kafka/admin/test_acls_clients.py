@@ -250,3 +250,44 @@ def test_acl_apis_without_authorizer_answer_security_disabled(inprocess_cluster)
         next(iter(admin.create_acls([grant]).values())).result(timeout=15)
     assert exc.value.args[0].code() == KafkaError.SECURITY_DISABLED
     assert produce(inprocess_cluster.bootstrap, "open-topic", 2) == [None, None]
+
+
+@pytest.mark.parametrize("inprocess_cluster", [{"brokers": 1, "kafka": SECURE["kafka"]}], indirect=True)
+def test_denied_for_aiokafka_kcat_and_idempotent_librdkafka(inprocess_cluster) -> None:
+    import asyncio
+    import shutil
+    import subprocess
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    bs = inprocess_cluster.bootstrap
+
+    async def aiokafka_send() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bs, request_timeout_ms=10_000)
+        await producer.start()
+        try:
+            with pytest.raises(TopicAuthorizationFailedError):
+                await producer.send_and_wait("closed", b"v")
+        finally:
+            await producer.stop()
+
+    asyncio.run(aiokafka_send())
+
+    # an idempotent producer needs IDEMPOTENT_WRITE on the cluster or WRITE on some topic
+    p = Producer({"bootstrap.servers": bs, "enable.idempotence": True, "message.timeout.ms": 5000})
+    p.produce("closed", b"v")
+    deadline = time.monotonic() + 20
+    with pytest.raises(KafkaException) as fatal:  # librdkafka raises its fatal error from poll()
+        while time.monotonic() < deadline:
+            p.poll(0.2)
+    error = fatal.value.args[0]
+    assert error.fatal() and error.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED, error
+
+    kcat = shutil.which("kcat")
+    if kcat is not None:  # installed by scripts/install-system-deps.sh
+        done = subprocess.run(
+            [kcat, "-b", bs, "-P", "-t", "closed", "-m", "10"], input=b"v\n", capture_output=True, timeout=60
+        )
+        assert done.returncode != 0
+        assert b"authorization failed" in done.stderr.lower(), done.stderr

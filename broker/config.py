@@ -138,6 +138,11 @@ class KafkaConfig(_Section):
     transactional_id_expiration_ms: int = 7 * 24 * 3_600_000
     producer_id_expiration_ms: int = 24 * 3_600_000
     offsets_topic_num_partitions: int = Field(8, ge=1)  # partitions of the internal __consumer_offsets topic
+    transaction_state_log_num_partitions: int = Field(8, ge=1)  # partitions of the internal __transaction_state topic
+    transaction_max_timeout_ms: DurationMs = Field(
+        900_000, gt=0
+    )  # a producer's transaction.timeout.ms may not exceed it
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: DurationMs = Field(10_000, gt=0)  # timeout checks
     connections_max_idle_ms: DurationMs = 600_000  # close client connections idle this long (Kafka's default)
     max_connections: int = Field(10_000, ge=1)  # more client connections are closed at once (Kafka: unlimited)
     max_connections_per_ip: int = Field(2_147_483_647, ge=1)  # connections from one address beyond this are closed

@@ -5,8 +5,8 @@ Handlers reach the rest of the system through `ctx.broker`:
 - `config`, `node_id`, `node_epoch`
 - `cluster`: the controller (ClusterClient), `storage`: the stream storage engine (StreamClient)
 - `metadata`: latest MetadataImage, `partitions`: PartitionManager (led partitions)
-- `groups`: GroupCoordinator (`await start()` / `await close()`), `producer_ids`:
-  ProducerIdAllocator
+- `groups`: GroupCoordinator (`await start()` / `await close()`), `transactions`:
+  TransactionCoordinator (the same), `producer_ids`: ProducerIdAllocator
 - `registry`: the prometheus CollectorRegistry, `metrics`: KafkaMetrics
 - `authorizer`: the ACL Authorizer, or None when authorization is off
 - `quotas`: ClientQuotas (client quotas from the metadata image; `active` once one exists)
@@ -27,12 +27,13 @@ from automq.broker.kafka.metrics import KafkaMetrics
 from automq.broker.kafka.partitions import PartitionManager
 from automq.broker.kafka.producers import ProducerIdAllocator
 from automq.broker.kafka.quotas import ClientQuotas
+from automq.broker.kafka.transactions.coordinator import TXN_TOPIC, TransactionCoordinator
 from automq.broker.storage.api import StreamClient
 
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_TOPIC})
 
 
 def advertised_endpoints(config: NodeConfig, bound_ports: dict[str, int] | None = None) -> list[Endpoint]:
@@ -72,6 +73,7 @@ class Broker:
         self.partitions = PartitionManager(self)
         self.producer_ids = ProducerIdAllocator(node_id=self.node_id, node_epoch=node_epoch)
         self.groups = GroupCoordinator(self)
+        self.transactions = TransactionCoordinator(self)
         from automq.broker.kafka.fetch_sessions import FetchSessionCache
 
         self.fetch_sessions = FetchSessionCache(config.kafka.fetch_session_cache_slots, self.metrics)
@@ -86,8 +88,13 @@ class Broker:
         if image is None:
             raise RuntimeError(f"no metadata from the controller within {metadata_timeout:.0f}s")
         await self.groups.start()
+        await self.transactions.start()
 
     async def close(self) -> None:
+        try:
+            await self.transactions.close()
+        except Exception:
+            log.exception("closing the transaction coordinator failed")
         try:
             await self.groups.close()
         except Exception:
@@ -151,11 +158,12 @@ class Broker:
         self, name: str, partitions: int | None, configs: dict[str, str], wait: float
     ) -> TopicInfo | None:
         if partitions is None:
-            partitions = (
-                self.config.kafka.offsets_topic_num_partitions
-                if name == OFFSETS_TOPIC
-                else self.config.kafka.num_partitions
-            )
+            if name == OFFSETS_TOPIC:
+                partitions = self.config.kafka.offsets_topic_num_partitions
+            elif name == TXN_TOPIC:
+                partitions = self.config.kafka.transaction_state_log_num_partitions
+            else:
+                partitions = self.config.kafka.num_partitions
         try:
             await self.cluster.create_topic(name, partitions, configs)
             log.info("created topic %s with %d partitions", name, partitions)

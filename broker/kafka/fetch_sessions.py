@@ -37,6 +37,7 @@ class SessionPartition:
     # what the client was last told, so only changes are sent
     last_high_watermark: int = -1
     last_log_start_offset: int = -1
+    last_stable_offset: int = -1
 
 
 @dataclass(slots=True)

@@ -29,6 +29,7 @@ from automq.broker.kafka.leader_epochs import LeaderEpochHistory
 from automq.broker.kafka.metrics import KafkaMetrics
 from automq.broker.kafka.producer_snapshots import ProducerSnapshot, ProducerSnapshotStore, retained
 from automq.broker.kafka.producers import ProducerStateManager
+from automq.broker.kafka.txn_state import AbortedTxn, PartitionTxnState
 from automq.broker.storage.api import FetchResult, Stream, StreamClient, StreamClosedError
 from automq.broker.storage.metadata import NodeFencedError, StreamFencedError, StreamNotFoundError
 
@@ -116,6 +117,8 @@ class Partition:
         # (offset, timestamp) of the largest batch maxTimestamp seen (appends since open and
         # the tail scanned on open): ListOffsets MAX_TIMESTAMP without scanning the log
         self.max_timestamp: tuple[int, int] | None = None
+        # open transactions and aborted ranges (read_committed): txn_state.py
+        self.txns = PartitionTxnState()
         # Producer-state snapshots: base offsets of appends between their offset reservation
         # and their producer-state record (a snapshot may only cover offsets below all of
         # them), the offset of the newest snapshot, and the task writing one.
@@ -138,6 +141,20 @@ class Partition:
     @property
     def log_end_offset(self) -> int:
         return self.stream.end_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        """read_committed consumers read below this: the oldest open transaction's first offset."""
+        txns = self.txns
+        hw = self.stream.confirm_offset
+        return txns.last_stable_offset(hw) if txns.ongoing else hw
+
+    def aborted_transactions(self, fetch_offset: int, upper_offset: int) -> list[AbortedTxn]:
+        txns = self.txns
+        if not txns:
+            return []
+        txns.prune(self.stream.start_offset)
+        return txns.aborted_between(fetch_offset, upper_offset)
 
     @property
     def uses_log_append_time(self) -> bool:
@@ -164,16 +181,20 @@ class Partition:
 
     # ---------------------------------------------------------------- appends
 
-    async def append_batch(self, batch: bytearray | memoryview, header: records.BatchHeader) -> AppendResult:
+    async def append_batch(
+        self, batch: bytearray | memoryview, header: records.BatchHeader, *, sequenced: bool = True
+    ) -> AppendResult:
         """Append one validated v2 batch (a private, mutable copy): offsets assigned here.
 
         Between the producer-state check and the stream's synchronous offset reservation
         there is no await, so two retries of one idempotent batch cannot both append.
+        `sequenced=False`: a coordinator's own transactional batch (TxnOffsetCommit), which
+        carries the producer id without a sequence, as in Kafka.
         """
         if self.closed:
             raise NotLeaderError(f"{self.topic}-{self.partition} is no longer led here")
         state = self.producer_state
-        idempotent = header.producer_id >= 0 and state is not None
+        idempotent = header.producer_id >= 0 and state is not None and sequenced
         if idempotent:
             original = state.check(header.producer_id, header.producer_epoch, header.base_sequence, header.record_count)
             if original is not None:
@@ -185,6 +206,8 @@ class Partition:
         records.assign_offsets(batch, base_offset, self.leader_epoch, append_time)
         unrecorded = self._unrecorded
         unrecorded.add(base_offset)
+        # a transaction's first batch here holds the last stable offset back from now on
+        opened = header.is_transactional and self.txns.on_data(header.producer_id, base_offset)
         try:
             # stream.append reserves [end_offset, end_offset+count) before its first await
             # a bytearray batch is stored as it is (bytes-like, not copied); the storage API is
@@ -192,6 +215,8 @@ class Partition:
             await self.stream.append(batch, header.record_count)  # type: ignore[arg-type]
         except BaseException as exc:
             unrecorded.discard(base_offset)
+            if opened:
+                self.txns.undo_open(header.producer_id, base_offset)
             if idempotent:
                 state.discard(header.producer_id, header.producer_epoch, header.base_sequence, header.record_count)
             if isinstance(exc, StreamClosedError):
@@ -219,6 +244,38 @@ class Partition:
             self._start_snapshot()
         self._wake()
         return AppendResult(base_offset, append_time)
+
+    async def append_marker(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int) -> int:
+        """Write a transaction marker (WriteTxnMarkers); returns its offset once durable. The
+        transaction is closed here as soon as the marker has its offset (no await between),
+        so no later batch of the producer can join the finished transaction."""
+        if self.closed:
+            raise NotLeaderError(f"{self.topic}-{self.partition} is no longer led here")
+        state = self.producer_state
+        if state is not None:
+            state.check_marker(producer_id, producer_epoch)
+        now = int(time.time() * 1000)
+        batch = records.control_batch(producer_id, producer_epoch, commit, coordinator_epoch, now)
+        offset = self.stream.end_offset
+        records.assign_offsets(batch, offset, self.leader_epoch, now if self.uses_log_append_time else -1)
+        self._unrecorded.add(offset)
+        first = self.txns.ongoing.get(producer_id)
+        self.txns.on_marker(producer_id, commit, offset)
+        try:
+            await self.stream.append(batch, 1)  # type: ignore[arg-type]
+        except BaseException as exc:
+            self._unrecorded.discard(offset)
+            # not written: the transaction is still open here (the coordinator retries)
+            self.txns.undo_marker(producer_id, first, offset)
+            if isinstance(exc, StreamClosedError):
+                self._fenced()
+                raise NotLeaderError(f"{self.topic}-{self.partition}: stream closed or fenced") from None
+            raise
+        if state is not None:
+            state.record_marker(producer_id, producer_epoch, now)
+        self._unrecorded.discard(offset)
+        self._wake()
+        return offset
 
     # append_batches is the name in the seams doc: several batches, in order.
     async def append_batches(self, batches: Iterable[tuple[bytearray, records.BatchHeader]]) -> list[AppendResult]:
@@ -324,8 +381,10 @@ class Partition:
             offset,
             state.snapshot(offset) if state is not None else [],
             latest if latest is not None and latest[0] < offset else None,
+            transactions=self.txns.at(offset),
         )
         await store.write(snapshot)
+        self.txns.snapshot_written(offset)
         self.snapshot_offset = max(self.snapshot_offset, offset)
         try:
             await store.collect(self.stream.stream_id)
@@ -401,6 +460,7 @@ class Partition:
                 self.max_timestamp = snapshot.max_timestamp
             self.snapshot_offset = covered = snapshot.offset
             start = max(start, snapshot.offset)
+            self.txns.load(snapshot.transactions)
         offset = start
         while offset < end:
             result = await stream.fetch(offset, end, PRODUCER_STATE_REBUILD_BYTES)
@@ -409,9 +469,27 @@ class Partition:
             for data in result.batches:
                 if data.base_offset < covered:
                     continue  # already in the snapshot
-                if state is not None:
-                    for pid, epoch, seq, count, base, ts in records.producer_entries(data.payload):
-                        state.record(pid, epoch, seq, count, base, ts)
+                for _pos, h in records.iter_headers(data.payload):
+                    if h.producer_id < 0:
+                        continue
+                    if h.is_control:
+                        kind = records.control_type(data.payload[_pos : _pos + h.size], h)
+                        if kind is not None:
+                            self.txns.on_marker(h.producer_id, kind == records.CONTROL_COMMIT, h.base_offset)
+                            if state is not None:
+                                state.record_marker(h.producer_id, h.producer_epoch, h.max_timestamp)
+                        continue
+                    if h.is_transactional:
+                        self.txns.on_data(h.producer_id, h.base_offset)
+                    if state is not None and h.base_sequence >= 0:
+                        state.record(
+                            h.producer_id,
+                            h.producer_epoch,
+                            h.base_sequence,
+                            h.record_count,
+                            h.base_offset,
+                            h.max_timestamp,
+                        )
                 latest = records.max_timestamp(data.payload)
                 if latest is not None and (self.max_timestamp is None or latest[1] > self.max_timestamp[1]):
                     self.max_timestamp = latest

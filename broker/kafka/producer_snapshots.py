@@ -9,16 +9,19 @@ snapshot at or below the stream's end and replays only the batches after it.
 Object key: `producer-snapshots/<md5(stream id)[:8]>/<stream id>/<offset, 20 digits>` (a hashed
 prefix spreads keys; zero-padded offsets list in offset order).
 
-Format (big-endian), version 1:
+Format (big-endian), version 2 (version 1 is the same without the transaction section):
 
     magic "AQPS" | version u16 | flags u16 | crc32c u32 (of everything after it)
     stream_id i64 | offset i64 | written_ms i64 | max_ts_offset i64 | max_ts i64 | producer_count u32
     producer: producer_id i64 | epoch i16 | last_timestamp i64 | baseline_last_seq i32
               | coordinator_epoch i32 | txn_first_offset i64 | batch_count u8
               batch: first_seq i32 | last_seq i32 | base_offset i64 | timestamp i64
+    ongoing_count u32 | ongoing: producer_id i64 | first_offset i64
+    aborted_count u32 | aborted: producer_id i64 | first_offset i64 | last_offset i64
 
-`coordinator_epoch` and `txn_first_offset` are -1 today: room for transactional state (an
-open transaction's first offset, as Kafka keeps), without a format change. Readers refuse
+`coordinator_epoch` and `txn_first_offset` are -1: the transaction section holds the open
+transactions (first offsets) and aborted ranges below the snapshot's offset (txn_state.py),
+what Kafka keeps in its snapshot and transaction index files. Readers refuse
 other magics, unknown versions and CRC mismatches (`SnapshotFormatError`); the loader then
 falls back to the next older snapshot, and finally to replaying the whole log.
 """
@@ -35,12 +38,14 @@ from dataclasses import dataclass, field
 import crc32c
 
 from automq.broker.kafka.producers import BATCHES_TO_RETAIN, ProducerEntry, StoredBatch
+from automq.broker.kafka.txn_state import AbortedTxn, TxnSnapshotState
 from automq.broker.objectstore import ObjectNotFound, ObjectStore
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"AQPS"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 KEY_PREFIX = "producer-snapshots/"
 SNAPSHOTS_KEPT = 2  # the newest and the one before it (a torn/corrupt newest still has a fallback)
 
@@ -48,6 +53,9 @@ _HEAD = struct.Struct(">4sHHI")
 _BODY = struct.Struct(">qqqqqI")
 _PRODUCER = struct.Struct(">qhqiiqB")
 _BATCH = struct.Struct(">iiqq")
+_COUNT = struct.Struct(">I")
+_ONGOING = struct.Struct(">qq")
+_ABORTED = struct.Struct(">qqq")
 _NO_TIMESTAMP = (-1, -1)
 
 
@@ -62,6 +70,7 @@ class ProducerSnapshot:
     producers: list[ProducerEntry] = field(default_factory=list)
     max_timestamp: tuple[int, int] | None = None  # (offset, timestamp) of the largest batch maxTimestamp
     written_ms: int = 0
+    transactions: TxnSnapshotState = field(default_factory=TxnSnapshotState)
 
 
 def snapshot_prefix(stream_id: int) -> str:
@@ -93,6 +102,11 @@ def encode(snapshot: ProducerSnapshot) -> bytes:
             )
         )
         parts.extend(_BATCH.pack(b.first_seq, b.last_seq, b.base_offset, b.timestamp_ms) for b in batches)
+    txns = snapshot.transactions
+    parts.append(_COUNT.pack(len(txns.ongoing)))
+    parts.extend(_ONGOING.pack(pid, first) for pid, first in txns.ongoing.items())
+    parts.append(_COUNT.pack(len(txns.aborted)))
+    parts.extend(_ABORTED.pack(a.producer_id, a.first_offset, a.last_offset) for a in txns.aborted)
     body = b"".join(parts)
     return _HEAD.pack(MAGIC, VERSION, 0, crc32c.crc32c(body)) + body
 
@@ -104,7 +118,7 @@ def decode(data: bytes | memoryview) -> ProducerSnapshot:
     magic, version, _flags, crc = _HEAD.unpack_from(data, 0)
     if magic != MAGIC:
         raise SnapshotFormatError(f"not a producer snapshot (magic {bytes(magic)!r})")
-    if version != VERSION:
+    if version not in READABLE_VERSIONS:
         raise SnapshotFormatError(f"producer snapshot version {version} is not supported (this broker reads {VERSION})")
     body = data[_HEAD.size :]
     if crc32c.crc32c(body) != crc:
@@ -122,12 +136,25 @@ def decode(data: bytes | memoryview) -> ProducerSnapshot:
                 position += _BATCH.size
                 batches.append(StoredBatch(first, last, base, batch_ts))
             producers.append(ProducerEntry(pid, epoch, batches, last_ts, baseline))
+        txns = TxnSnapshotState()
+        if version >= 2:
+            (n,) = _COUNT.unpack_from(body, position)
+            position += _COUNT.size
+            for _ in range(n):
+                pid, first = _ONGOING.unpack_from(body, position)
+                position += _ONGOING.size
+                txns.ongoing[pid] = first
+            (n,) = _COUNT.unpack_from(body, position)
+            position += _COUNT.size
+            for _ in range(n):
+                txns.aborted.append(AbortedTxn(*_ABORTED.unpack_from(body, position)))
+                position += _ABORTED.size
     except struct.error as exc:
         raise SnapshotFormatError(f"producer snapshot is truncated: {exc}") from None
     if position != len(body):
         raise SnapshotFormatError(f"producer snapshot has {len(body) - position} trailing bytes")
     max_timestamp = None if (ts_offset, ts) == _NO_TIMESTAMP else (ts_offset, ts)
-    return ProducerSnapshot(stream_id, offset, producers, max_timestamp, written_ms)
+    return ProducerSnapshot(stream_id, offset, producers, max_timestamp, written_ms, txns)
 
 
 class ProducerSnapshotStore:

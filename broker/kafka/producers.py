@@ -209,6 +209,28 @@ class ProducerStateManager:
             self._records_until_expiry = EXPIRE_CHECK_EVERY
             self.expire(self._clock())
 
+    def check_marker(self, producer_id: int, producer_epoch: int) -> None:
+        """A transaction marker from the coordinator: refused if the producer already wrote
+        under a newer epoch here (the coordinator is behind), else its epoch becomes current."""
+        entry = self._producers.get(producer_id)
+        if entry is not None and producer_epoch < entry.epoch:
+            raise ProducerStateError(
+                ErrorCode.invalid_producer_epoch,
+                f"marker of producer {producer_id} has epoch {producer_epoch}, older than {entry.epoch}",
+            )
+
+    def record_marker(self, producer_id: int, producer_epoch: int, timestamp_ms: int) -> None:
+        """A durable marker. A higher epoch (the coordinator fenced the producer) fences
+        batches of older epochs; the producer's next epoch starts at sequence 0."""
+        entry = self._producers.get(producer_id)
+        if entry is None:
+            entry = self._producers[producer_id] = ProducerEntry(producer_id, producer_epoch)
+        elif producer_epoch > entry.epoch:
+            entry.epoch = producer_epoch
+            entry.batches = [b for b in entry.batches if b.base_offset is None]
+            entry.baseline_last_seq = NO_SEQUENCE
+        entry.last_timestamp_ms = max(entry.last_timestamp_ms, timestamp_ms)
+
     def discard(self, producer_id: int, producer_epoch: int, base_sequence: int, record_count: int) -> None:
         """The append of a batch accepted by `check` failed: forget it so a retry is checked afresh."""
         entry = self._producers.get(producer_id)

@@ -501,3 +501,48 @@ def build_batch(
     batch = bytearray(head + body)
     _CRC.pack_into(batch, CRC_OFFSET, crc32c.crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
     return bytes(batch)
+
+
+# ---------------------------------------------------------------- transaction markers (control batches)
+
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+_CONTROL_KEY = struct.Struct(">hh")  # version 0, type (0 abort, 1 commit)
+_CONTROL_VALUE = struct.Struct(">hi")  # version 0, coordinator epoch
+
+
+def control_batch(
+    producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int, timestamp_ms: int
+) -> bytearray:
+    """A transaction marker as Kafka writes it: a control + transactional batch of one record
+    whose key says COMMIT or ABORT (baseOffset 0: assign_offsets sets the real one)."""
+    key = _CONTROL_KEY.pack(0, CONTROL_COMMIT if commit else CONTROL_ABORT)
+    value = _CONTROL_VALUE.pack(0, coordinator_epoch)
+    return bytearray(
+        build_batch(
+            0,
+            [encode_record(0, 0, key, value)],
+            last_offset_delta=0,
+            base_timestamp=timestamp_ms,
+            max_timestamp=timestamp_ms,
+            attributes=TRANSACTIONAL_BIT | CONTROL_BIT,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+        )
+    )
+
+
+def control_type(batch: bytes | bytearray | memoryview, header: BatchHeader | None = None) -> int | None:
+    """CONTROL_COMMIT / CONTROL_ABORT of a marker batch; None for anything else."""
+    h = header or parse_header(batch)
+    if not h.is_control or h.record_count < 1:
+        return None
+    try:
+        records = decode_records(batch, h)
+    except ValueError:
+        return None
+    key = records[0][2] if records else None
+    if key is None or len(key) < _CONTROL_KEY.size:
+        return None
+    version, kind = _CONTROL_KEY.unpack_from(key, 0)
+    return kind if version == 0 and kind in (CONTROL_ABORT, CONTROL_COMMIT) else None

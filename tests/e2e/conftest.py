@@ -34,7 +34,13 @@ class LocalCluster:
     port: int
     object_store_url: str | None = None
     # Kafka's 3 s first-join delay would only slow the tests down; tests of it set their own
-    sets: list[str] = field(default_factory=lambda: ["group.initial.rebalance.delay.ms=0"])
+    # (transaction timeouts are checked every second instead of every 10 s for the same reason)
+    sets: list[str] = field(
+        default_factory=lambda: [
+            "group.initial.rebalance.delay.ms=0",
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms=1000",
+        ]
+    )
     process: subprocess.Popen[str] | None = None
     bootstrap: str = ""
     output: list[str] = field(default_factory=list)

@@ -50,6 +50,11 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     21: (0, 2),  # DeleteRecords
     22: (0, 5),  # InitProducerId
     23: (2, 4),  # OffsetForLeaderEpoch
+    24: (0, 5),  # AddPartitionsToTxn
+    25: (0, 4),  # AddOffsetsToTxn
+    26: (0, 5),  # EndTxn
+    27: (1, 1),  # WriteTxnMarkers
+    28: (0, 5),  # TxnOffsetCommit
     29: (1, 3),  # DescribeAcls
     30: (1, 3),  # CreateAcls
     31: (1, 3),  # DeleteAcls

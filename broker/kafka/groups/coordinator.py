@@ -13,6 +13,11 @@ It owns, for this broker:
 Requests for groups whose partition this broker does not lead get NOT_COORDINATOR (clients
 then ask FindCoordinator again).
 
+Transactional offsets (TxnOffsetCommit, KIP-98/KIP-447): written to the group's partition as a
+transactional batch under the producer's id and epoch, held as *pending* until the
+transaction's marker reaches that partition: COMMIT makes them the group's committed offsets,
+ABORT drops them. Replay does the same with the markers it finds in the log.
+
 Log compaction: Kafka compacts `__consumer_offsets`; here, when a partition's log holds many
 more records than live state, the coordinator appends a checkpoint (every live record again)
 and trims the stream below it, so replay stays proportional to the live state.
@@ -27,9 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker.kafka import records as batches
 from automq.broker.kafka.groups import log as grouplog
 from automq.broker.kafka.groups.model import (
+    OFFSET_METADATA_MAX_BYTES,
     CommitPlan,
+    CommittedOffset,
     Effects,
     GroupConfig,
     GroupState,
@@ -128,6 +136,8 @@ class GroupCoordinator:
         self._records_since_checkpoint: dict[int, int] = {}
         self._inflight: dict[int, int] = {}  # partition -> appends not yet durable
         self._checkpointing: set[int] = set()
+        # pending transactional offsets: partition -> producer id -> group -> {(topic, partition): offset}
+        self._txn_offsets: dict[int, dict[int, dict[str, dict[tuple[str, int], CommittedOffset]]]] = {}
         self._wakeup = asyncio.Event()
         self._closing = False
         self._timer: asyncio.Task[None] | None = None
@@ -211,7 +221,7 @@ class GroupCoordinator:
         try:
             while not getattr(partition, "closed", False) and not self._closing:
                 try:
-                    records = await self._read_all(partition)
+                    records, pending = await self._read_all(partition)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -220,6 +230,8 @@ class GroupCoordinator:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 self.manager.load(index, records, now_ms())
+                if pending:
+                    self._txn_offsets[index] = pending
                 self._partitions[index] = partition
                 self._records_since_checkpoint[index] = len(records)
                 log.info("coordinating %s-%d: %d records replayed", OFFSETS_TOPIC, index, len(records))
@@ -239,11 +251,15 @@ class GroupCoordinator:
         self._partitions.pop(partition, None)
         self._loading.discard(partition)
         self._records_since_checkpoint.pop(partition, None)
+        self._txn_offsets.pop(partition, None)
         self._deliver(self.manager.unload(partition).replies)
         log.info("no longer coordinating %s-%d", OFFSETS_TOPIC, partition)
 
-    async def _read_all(self, partition: Any) -> list[tuple[object, object | None]]:
+    async def _read_all(self, partition: Any) -> tuple[list[tuple[object, object | None]], dict[int, Any]]:
+        """The partition's records in log order, transactional ones placed where their
+        COMMIT marker is (aborted ones dropped), and the still-pending transactional offsets."""
         out: list[tuple[object, object | None]] = []
+        txn: dict[int, list[tuple[object, object | None]]] = {}
         offset = partition.log_start_offset
         end = partition.high_watermark
         while offset < end:
@@ -251,9 +267,17 @@ class GroupCoordinator:
             if not result.batches:
                 break
             for data in result.batches:
+                if data.base_offset < offset:
+                    continue  # the first batch may start before where we asked
+                header = batches.parse_header(data.payload)
+                if header.is_control:
+                    kind = batches.control_type(data.payload, header)
+                    done = txn.pop(header.producer_id, [])
+                    if kind == batches.CONTROL_COMMIT:
+                        out.extend(done)
+                    continue
+                target = txn.setdefault(header.producer_id, []) if header.is_transactional else out
                 for record_offset, key, value in grouplog.decode_batches(data.payload):
-                    if record_offset < offset:
-                        continue  # the first batch may start before where we asked
                     try:
                         k = grouplog.decode_key(key)
                         v = None
@@ -272,9 +296,16 @@ class GroupCoordinator:
                             exc,
                         )
                         continue
-                    out.append((k, v))
+                    target.append((k, v))
             offset = max(offset, result.batches[-1].next_offset)
-        return out
+        pending: dict[int, dict[str, dict[tuple[str, int], CommittedOffset]]] = {}
+        for producer_id, recs in txn.items():
+            for rk, rv in recs:
+                if isinstance(rk, grouplog.OffsetKey) and isinstance(rv, grouplog.OffsetValue):
+                    pending.setdefault(producer_id, {}).setdefault(rk.group_id, {})[(rk.topic, rk.partition)] = (
+                        CommittedOffset(rv.offset, rv.leader_epoch, rv.metadata, rv.commit_timestamp_ms)
+                    )
+        return out, pending
 
     # ---------------------------------------------------------------- routing
 
@@ -420,8 +451,8 @@ class GroupCoordinator:
 
     def _maybe_checkpoint(self, index: int) -> None:
         written = self._records_since_checkpoint.get(index, 0)
-        if written < CHECKPOINT_MIN_RECORDS or index in self._checkpointing:
-            return
+        if written < CHECKPOINT_MIN_RECORDS or index in self._checkpointing or self._txn_offsets.get(index):
+            return  # (pending transactional offsets live only in the log: no trimming under them)
         live = sum(len(g.offsets) + 1 for g in self.manager.groups.values() if g.partition == index)
         if written < CHECKPOINT_FACTOR * live:
             return
@@ -518,6 +549,98 @@ class GroupCoordinator:
         if not await self.write(plan.writes, on_durable=durable):
             return {k: (ErrorCode.not_coordinator if v == ErrorCode.none else v) for k, v in plan.errors.items()}
         return plan.errors
+
+    # ---------------------------------------------------------------- transactional offsets
+
+    async def txn_commit(
+        self,
+        *,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        offsets: list[tuple[str, int, int, int, str | None]],
+    ) -> dict[tuple[str, int], ErrorCode]:
+        """TxnOffsetCommit: validate (KIP-447: the member and generation when given), write
+        the offsets as the producer's transactional batch, hold them until its marker."""
+        now = now_ms()
+        if generation_id >= 0 or member_id or group_instance_id is not None:
+            if group_id not in self.manager.groups:
+                return {(t, p): ErrorCode.illegal_generation for t, p, *_ in offsets}
+            plan = self.manager.prepare_commit(
+                now,
+                group_id=group_id,
+                generation_id=generation_id,
+                member_id=member_id,
+                group_instance_id=group_instance_id,
+                offsets=offsets,
+            )
+        elif not group_id:
+            return {(t, p): ErrorCode.invalid_group_id for t, p, *_ in offsets}
+        else:
+            # no member information (TxnOffsetCommit v0-v2): any producer may commit, as in Kafka
+            plan = CommitPlan(group_id, {}, {}, [])
+            index = self.partition_for(group_id)
+            for topic, partition, offset, leader_epoch, metadata in offsets:
+                meta = metadata or ""
+                if len(meta.encode()) > OFFSET_METADATA_MAX_BYTES:
+                    plan.errors[(topic, partition)] = ErrorCode.offset_metadata_too_large
+                    continue
+                plan.errors[(topic, partition)] = ErrorCode.none
+                plan.accepted[(topic, partition)] = CommittedOffset(offset, leader_epoch, meta, now)
+                plan.writes.append(
+                    Write(
+                        index,
+                        grouplog.OffsetKey(group_id, topic, partition).encode(),
+                        grouplog.OffsetValue(offset, leader_epoch, meta, now).encode(),
+                    )
+                )
+        if not plan.writes:
+            return plan.errors
+        index = plan.writes[0].partition
+        led = self._partitions.get(index)
+        if led is None:
+            return dict.fromkeys(plan.errors, ErrorCode.not_coordinator)
+        batch = bytearray(
+            grouplog.encode_batch(
+                [(w.key, w.value) for w in plan.writes], now, producer_id=producer_id, producer_epoch=producer_epoch
+            )
+        )
+        self._inflight[index] = self._inflight.get(index, 0) + 1
+        try:
+            await led.append_batch(batch, batches.parse_header(batch), sequenced=False)
+        except Exception as exc:
+            log.warning("writing transactional offsets of %r failed: %r", group_id, exc)
+            return {k: (ErrorCode.not_coordinator if v == ErrorCode.none else v) for k, v in plan.errors.items()}
+        finally:
+            self._inflight[index] -= 1
+        if self._partitions.get(index) is led:
+            by_group = self._txn_offsets.setdefault(index, {}).setdefault(producer_id, {})
+            by_group.setdefault(group_id, {}).update(plan.accepted)
+        return plan.errors
+
+    def complete_txn_offsets(self, index: int, producer_id: int, commit: bool) -> None:
+        """A marker of `producer_id` is durable in partition `index`."""
+        pending = self._txn_offsets.get(index)
+        if not pending:
+            return
+        groups = pending.pop(producer_id, None)
+        if not pending:
+            del self._txn_offsets[index]
+        if not commit or not groups:
+            return
+        now = now_ms()
+        for group_id, offsets in groups.items():
+            self.manager.complete_commit(CommitPlan(group_id, {}, offsets, []), now)
+            self.metrics.commits += len(offsets)
+
+    def has_pending_txn_offset(self, group_id: str, topic: str, partition: int) -> bool:
+        pending = self._txn_offsets.get(self.partition_for(group_id))
+        if not pending:
+            return False
+        return any((topic, partition) in groups.get(group_id, {}) for groups in pending.values())
 
     async def delete_group(self, group_id: str) -> ErrorCode:
         error, fx = self.manager.delete_group(group_id, now_ms())

@@ -34,9 +34,11 @@ import crc32c
 from automq.broker.kafka.records import (
     ATTRIBUTES_OFFSET,
     BATCH_HEADER_SIZE,
+    CONTROL_BIT,
     CRC_OFFSET,
     HEADER,
     LOG_OVERHEAD,
+    TRANSACTIONAL_BIT,
     read_varint,
     write_varint,
 )
@@ -235,8 +237,17 @@ def decode_key(buf: bytes) -> OffsetKey | GroupKey:
 # ---------------------------------------------------------------- v2 record batches
 
 
-def encode_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms: int, base_offset: int = 0) -> bytes:
-    """A plain v2 batch of (key, value) records; value None is a tombstone."""
+def encode_batch(
+    records: list[tuple[bytes, bytes | None]],
+    timestamp_ms: int,
+    base_offset: int = 0,
+    *,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+) -> bytes:
+    """A plain v2 batch of (key, value) records; value None is a tombstone. With a producer
+    id it is a transactional batch (TxnOffsetCommit: the offsets count once the producer's
+    transaction commits)."""
     if not records:
         raise ValueError("a batch needs at least one record")
     body = bytearray()
@@ -248,8 +259,21 @@ def encode_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms: int, b
         rec += write_varint(-1) if value is None else write_varint(len(value)) + value
         rec += write_varint(0)  # headers
         body += write_varint(len(rec)) + rec
+    attributes = TRANSACTIONAL_BIT if producer_id >= 0 else 0
     header = HEADER.pack(
-        base_offset, 0, -1, 2, 0, 0, len(records) - 1, timestamp_ms, timestamp_ms, -1, -1, -1, len(records)
+        base_offset,
+        0,
+        -1,
+        2,
+        0,
+        attributes,
+        len(records) - 1,
+        timestamp_ms,
+        timestamp_ms,
+        producer_id,
+        producer_epoch,
+        -1,
+        len(records),
     )
     batch = bytearray(header) + body
     struct.pack_into(">i", batch, 8, len(batch) - LOG_OVERHEAD)
@@ -272,7 +296,7 @@ def decode_batches(buf: bytes | memoryview) -> Iterator[tuple[int, bytes, bytes 
             return
         if magic != 2 or crc32c.crc32c(buf[pos + ATTRIBUTES_OFFSET : end]) != crc:
             log.warning("__consumer_offsets: corrupt batch at offset %d skipped", base_offset)
-        elif attributes & 0x07 or attributes & 0x20:
+        elif attributes & 0x07 or attributes & CONTROL_BIT:
             log.warning("__consumer_offsets: compressed or control batch at offset %d skipped", base_offset)
         else:
             try:

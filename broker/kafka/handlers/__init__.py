@@ -16,6 +16,7 @@ from automq.broker.kafka.handlers import (  # noqa: F401 - imported for their re
     produce,
     producers,  # InitProducerId
     quotas,  # AlterClientQuotas, DescribeClientQuotas
+    transactions,  # AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, WriteTxnMarkers, TxnOffsetCommit
 )
 from automq.broker.kafka.handlers.registry import handles, lookup, registrations
 

@@ -4,9 +4,10 @@
   append to any of its partitions to become durable (a future per request, woken by the
   partitions; no polling), then reads again.
 - Only durable data is served: reads stop at the high watermark (= the stream's confirm
-  offset). isolation_level read_committed behaves as read_uncommitted because there are no
-  transactions; the last stable offset is the high watermark and no aborted transactions are
-  reported.
+  offset). isolation_level read_committed (1) stops at the last stable offset (the first
+  offset of the oldest open transaction) and reports the aborted transactions overlapping the
+  data returned, so the client drops their batches (and skips the control batches, as every
+  client does). read_uncommitted serves everything and reports no aborted transactions.
 - OFFSET_OUT_OF_RANGE below the log start offset or past the log end offset (an offset
   between the high watermark and the log end is a normal wait, as in Kafka).
 - partition_max_bytes and the response max_bytes bound the data, except that the first
@@ -51,6 +52,8 @@ class _Read:
     error: ErrorCode = ErrorCode.none
     high_watermark: int = -1
     log_start_offset: int = -1
+    last_stable_offset: int = -1
+    aborted: list | None = None  # read_committed: [(producer id, first offset)]
     payloads: list = field(default_factory=list)
     size: int = 0
     partition: Partition | None = None
@@ -67,27 +70,37 @@ def _resolve_topic(broker, ctx_version: int, topic) -> tuple[str | None, uuid.UU
     return name, (topic_uuid(info.topic_id) if info is not None else None)
 
 
-async def _read_partition(read: _Read, max_bytes: int) -> None:
-    """Fill `read` with up to max_bytes of batches (at least one if any) or an error."""
+async def _read_partition(read: _Read, max_bytes: int, committed: bool = False) -> None:
+    """Fill `read` with up to max_bytes of batches (at least one if any) or an error;
+    `committed`: read_committed (stop at the last stable offset, report aborted ranges)."""
     partition = read.partition
     if partition is None:
         return
     target = read.target
     try:
         hw = partition.high_watermark
+        lso = partition.last_stable_offset
         read.high_watermark = hw
+        read.last_stable_offset = lso
         read.log_start_offset = partition.log_start_offset
+        if committed:
+            read.aborted = []
         offset = target.fetch_offset
         if offset < read.log_start_offset or offset > partition.log_end_offset:
             read.error = ErrorCode.offset_out_of_range
             return
-        if offset >= hw or max_bytes <= 0:
+        end = lso if committed else hw
+        if offset >= end or max_bytes <= 0:
             return
-        result = await partition.read(offset, max_bytes, hw)
+        result = await partition.read(offset, max_bytes, end)
         read.payloads = [b.payload for b in result.batches]
         read.size = sum(len(p) for p in read.payloads)
         read.high_watermark = partition.high_watermark
+        read.last_stable_offset = partition.last_stable_offset
         read.log_start_offset = partition.log_start_offset
+        if committed and result.batches:
+            upper = result.batches[-1].next_offset
+            read.aborted = [(a.producer_id, a.first_offset) for a in partition.aborted_transactions(offset, upper)]
     except OffsetOutOfRangeError as exc:
         read.error = ErrorCode.offset_out_of_range
         read.log_start_offset = exc.start_offset
@@ -215,11 +228,12 @@ async def fetch(request, ctx: RequestContext):
 
     # ---- read, long-poll until min_bytes or max_wait
     max_bytes = getattr(request, "max_bytes", 0x7FFFFFFF)
+    committed = getattr(request, "isolation_level", 0) == 1
     min_bytes = request.min_bytes
     loop = asyncio.get_running_loop()
     deadline = loop.time() + request.max_wait.total_seconds()
     while True:
-        await _read_all(reads, max_bytes)
+        await _read_all(reads, max_bytes, committed)
         total = sum(r.size for r in reads)
         any_error = any(r.error != ErrorCode.none for r in reads)
         remaining = deadline - loop.time()
@@ -240,13 +254,14 @@ async def fetch(request, ctx: RequestContext):
             for p in led:
                 p.remove_waiter(waiter)
         if loop.time() >= deadline:
-            await _read_all(reads, max_bytes)
+            await _read_all(reads, max_bytes, committed)
             break
 
     # ---- answer
     metrics = broker.metrics
     partition_cls = codec.nested(cls, "PartitionData")
     topic_cls = codec.nested(cls, "FetchableTopicResponse")
+    aborted_cls = codec.nested(cls, "AbortedTransaction")
     topics: list = []
     leaders: set[int] = set()
     current_key: Any = None  # topic name, or topic id (v13+)
@@ -260,10 +275,12 @@ async def fetch(request, ctx: RequestContext):
             and read.diverging is None
             and read.high_watermark == sp.last_high_watermark
             and read.log_start_offset == sp.last_log_start_offset
+            and read.last_stable_offset == sp.last_stable_offset
         ):
             continue  # nothing new for this partition: incremental responses leave it out
         sp.last_high_watermark = read.high_watermark
         sp.last_log_start_offset = read.log_start_offset
+        sp.last_stable_offset = read.last_stable_offset
         payloads = read.payloads
         data = codec.RecordSet(payloads) if len(payloads) > 1 else (payloads[0] if payloads else b"")
         if read.size:
@@ -284,9 +301,13 @@ async def fetch(request, ctx: RequestContext):
             partition_index=sp.partition,
             error_code=read.error,
             high_watermark=read.high_watermark,
-            last_stable_offset=read.high_watermark,
+            last_stable_offset=read.last_stable_offset,
             log_start_offset=read.log_start_offset,
-            aborted_transactions=None,
+            aborted_transactions=(
+                tuple(aborted_cls(producer_id=pid, first_offset=first) for pid, first in read.aborted)
+                if read.aborted is not None and read.error == ErrorCode.none
+                else None
+            ),
             preferred_read_replica=-1,
             records=data,
         )
@@ -312,7 +333,7 @@ async def fetch(request, ctx: RequestContext):
     )
 
 
-async def _read_all(reads: list[_Read], max_bytes: int) -> None:
+async def _read_all(reads: list[_Read], max_bytes: int, committed: bool) -> None:
     """Read every partition that has nothing yet; then cut to the response's max_bytes in
     request order, keeping at least the first batch found."""
     pending = [r for r in reads if r.partition is not None and r.size == 0 and r.error == ErrorCode.none]
@@ -320,9 +341,9 @@ async def _read_all(reads: list[_Read], max_bytes: int) -> None:
         return
     limits = [min(r.target.max_bytes, max_bytes) for r in pending]
     if len(pending) == 1:
-        await _read_partition(pending[0], limits[0])
+        await _read_partition(pending[0], limits[0], committed)
     else:
-        await asyncio.gather(*(_read_partition(r, lim) for r, lim in zip(pending, limits, strict=False)))
+        await asyncio.gather(*(_read_partition(r, lim, committed) for r, lim in zip(pending, limits, strict=False)))
     budget = max_bytes
     first = True
     for r in reads:

@@ -4,9 +4,8 @@ into GroupCoordinator calls and build the version's response.
 Which broker coordinates a group is Kafka's rule: the leader of `__consumer_offsets`
 partition abs(javaHashCode(group_id)) % partitions (the topic is created on first use).
 A broker asked about a group it does not coordinate says NOT_COORDINATOR; while it replays
-the partition it says COORDINATOR_LOAD_IN_PROGRESS. Transactions are not supported here:
-FindCoordinator for a transactional id says COORDINATOR_NOT_AVAILABLE, as a Kafka cluster
-whose transaction coordinator cannot be placed would.
+the partition it says COORDINATOR_LOAD_IN_PROGRESS. A transactional id (key type 1) is placed
+the same way on `__transaction_state` (transactions/coordinator.py).
 
 OffsetCommit/OffsetFetch are served up to v9 (v10 identifies topics by id only, a Kafka 4.1
 addition this broker does not implement; clients negotiate v9).
@@ -26,6 +25,7 @@ from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.groups.coordinator import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIGS, GroupCoordinator, now_ms
 from automq.broker.kafka.groups.state import partition_for
 from automq.broker.kafka.handlers.registry import handles
+from automq.broker.kafka.transactions.coordinator import TXN_TOPIC, TXN_TOPIC_CONFIGS
 
 log = logging.getLogger(__name__)
 
@@ -80,28 +80,32 @@ def _group_error(ctx: RequestContext, group_id: str, op: int = authz.Op.READ) ->
 async def _locate(ctx: RequestContext, key_type: int, key: str) -> tuple[ErrorCode, str | None, int, str, int]:
     """(error, message, node_id, host, port) of the coordinator of `key`."""
     if key_type == KEY_TYPE_TRANSACTION:
-        # Not the retriable COORDINATOR_NOT_AVAILABLE: clients would retry it until their own
-        # timeout. This is what Kafka answers a client that may not use transactional ids,
-        # and every client treats it as fatal, so init_transactions() fails at once.
-        return (
-            ErrorCode.transactional_id_authorization_failed,
-            "transactions are not supported by this cluster (no transaction coordinator)",
-            -1,
-            "",
-            -1,
-        )
-    if key_type != KEY_TYPE_GROUP:
+        if not key:
+            return ErrorCode.invalid_request, "the transactional id is empty", -1, "", -1
+        internal, configs = TXN_TOPIC, TXN_TOPIC_CONFIGS
+    elif key_type == KEY_TYPE_GROUP:
+        internal, configs = OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIGS
+    else:
         return ErrorCode.invalid_request, f"unsupported coordinator key type {key_type}", -1, "", -1
-    if not authz.allowed(ctx, authz.Op.DESCRIBE, authz.GROUP, key):
+    if key_type == KEY_TYPE_TRANSACTION:
+        if not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TRANSACTIONAL_ID, key):
+            return (
+                ErrorCode.transactional_id_authorization_failed,
+                "Transactional Id authorization failed.",
+                -1,
+                "",
+                -1,
+            )
+    elif not authz.allowed(ctx, authz.Op.DESCRIBE, authz.GROUP, key):
         return ErrorCode.group_authorization_failed, "Group authorization failed.", -1, "", -1
     broker = ctx.broker
     try:
-        topic = await broker.ensure_topic(OFFSETS_TOPIC, configs=dict(OFFSETS_TOPIC_CONFIGS))
+        topic = await broker.ensure_topic(internal, configs=dict(configs))
     except Exception as exc:  # the controller is unreachable or refused: clients retry
-        log.warning("cannot create %s: %s", OFFSETS_TOPIC, exc)
+        log.warning("cannot create %s: %s", internal, exc)
         topic = None
     if topic is None or not topic.partitions:
-        return ErrorCode.coordinator_not_available, f"{OFFSETS_TOPIC} is not available yet", -1, "", -1
+        return ErrorCode.coordinator_not_available, f"{internal} is not available yet", -1, "", -1
     info = topic.partitions[partition_for(key, len(topic.partitions))]
     if info.leader < 0 or info.state != "online":
         return ErrorCode.coordinator_not_available, "the coordinator is moving", -1, "", -1
@@ -326,7 +330,7 @@ async def offset_commit(request: Any, ctx: RequestContext) -> Any:
 
 
 def _fetch_group(
-    ctx: RequestContext, group_id: str, requested: list[tuple[str, list[int]]] | None
+    ctx: RequestContext, group_id: str, requested: list[tuple[str, list[int]]] | None, require_stable: bool = False
 ) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, Any, ErrorCode]]]]]:
     """(group error, [(topic, [(partition, CommittedOffset | None, partition error)])])."""
     error = _group_error(ctx, group_id, authz.Op.DESCRIBE)
@@ -336,7 +340,8 @@ def _fetch_group(
         if requested is None:
             return error, []
         return error, [(t, [(p, None, error) for p in ps]) for t, ps in requested]
-    manager = _coordinator(ctx).manager
+    coordinator = _coordinator(ctx)
+    manager = coordinator.manager
     checked = ctx.broker.authorizer is not None
     denied: list[tuple[str, list[int]]] = []
     if checked and requested is not None:
@@ -347,6 +352,10 @@ def _fetch_group(
     for t, p, committed in manager.fetch_offsets(group_id, wanted):
         if checked and requested is None and not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TOPIC, t):
             continue  # all of the group's offsets: only those of topics the client may see
+        if require_stable and coordinator.has_pending_txn_offset(group_id, t, p):
+            # an open transaction holds an offset for it: the client retries (KIP-447)
+            by_topic.setdefault(t, []).append((p, None, ErrorCode.unstable_offset_commit))
+            continue
         by_topic.setdefault(t, []).append((p, committed, ErrorCode.none))
     for t, ps in denied:
         by_topic.setdefault(t, []).extend((p, None, ErrorCode.topic_authorization_failed) for p in ps)
@@ -356,7 +365,9 @@ def _fetch_group(
 @handles(OFFSET_FETCH, max_version=9)
 async def offset_fetch(request: Any, ctx: RequestContext) -> Any:
     cls = ctx.response_class
-    # require_stable (v7+) asks to wait for pending transactional offsets; there are none here.
+    # require_stable (v7+): a partition with a pending transactional offset answers
+    # UNSTABLE_OFFSET_COMMIT (retriable) until the transaction ends
+    stable = bool(getattr(request, "require_stable", False))
     if has_field(cls, "groups"):
         group_cls = nested(cls, "OffsetFetchResponseGroup")
         topic_cls = nested(cls, "OffsetFetchResponseTopics")
@@ -364,7 +375,7 @@ async def offset_fetch(request: Any, ctx: RequestContext) -> Any:
         groups = []
         for g in request.groups:
             requested = None if g.topics is None else [(t.name, list(t.partition_indexes)) for t in g.topics]
-            error, topics = _fetch_group(ctx, g.group_id, requested)
+            error, topics = _fetch_group(ctx, g.group_id, requested, stable)
             groups.append(
                 build(
                     group_cls,
@@ -377,7 +388,7 @@ async def offset_fetch(request: Any, ctx: RequestContext) -> Any:
     topic_cls = nested(cls, "OffsetFetchResponseTopic")
     partition_cls = nested(cls, "OffsetFetchResponsePartition")
     requested = None if request.topics is None else [(t.name, list(t.partition_indexes)) for t in request.topics]
-    error, topics = _fetch_group(ctx, request.group_id, requested)
+    error, topics = _fetch_group(ctx, request.group_id, requested, stable)
     if has_field(cls, "error_code") and error != ErrorCode.none:
         topics = []  # v2+: a group-level error is reported once, at the top, with no partitions
     return build(

@@ -1,7 +1,7 @@
 """ListOffsets: earliest (-2), latest (-1), by timestamp, max timestamp (-3).
 
-Latest is the high watermark for both isolation levels (no transactions: the last stable
-offset equals the high watermark). EARLIEST_LOCAL (-4) is the log start (all data is
+Latest is the high watermark for read_uncommitted and the last stable offset (the first
+offset of the oldest open transaction) for read_committed, as in Kafka. EARLIEST_LOCAL (-4) is the log start (all data is
 "local" in the sense that every offset is readable). By timestamp: a binary search over
 batch max timestamps, then the records of the batch it ends in (uncompressed batches; a
 compressed one answers with its base offset and max timestamp, and a consumer seeking there
@@ -44,6 +44,7 @@ async def list_offsets(request, ctx: RequestContext):
     cls = ctx.response_class
     partition_cls = codec.nested(cls, "ListOffsetsPartitionResponse")
     topic_cls = codec.nested(cls, "ListOffsetsTopicResponse")
+    committed = getattr(request, "isolation_level", 0) == 1
     topics = []
     for topic in request.topics:
         parts = []
@@ -58,7 +59,7 @@ async def list_offsets(request, ctx: RequestContext):
                 if error != ErrorCode.none:
                     pass
                 elif req.timestamp == LATEST:
-                    offset = partition.high_watermark
+                    offset = partition.last_stable_offset if committed else partition.high_watermark
                 elif req.timestamp in (EARLIEST, EARLIEST_LOCAL, EARLIEST_TIERED):
                     offset = partition.log_start_offset
                 elif req.timestamp == MAX_TIMESTAMP:

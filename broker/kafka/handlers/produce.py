@@ -4,8 +4,9 @@ acks=1 and acks=-1 (all) both wait for WAL durability: a partition has no follow
 and the object store are its replicas. acks=0 gets no response; as in Kafka, a failed acks=0
 produce closes the connection so the client notices. Batches stay bytes: one copy into a
 bytearray to rewrite baseOffset/partitionLeaderEpoch (and maxTimestamp for LogAppendTime
-topics), never per-record work. Transactions are not supported (no transaction coordinator
-APIs are advertised), so transactional/control batches are rejected with INVALID_RECORD.
+topics), never per-record work. Transactional batches are accepted (the partition notes the
+transaction it opens: txn_state.py); control batches come only from the transaction
+coordinator (WriteTxnMarkers), so a client's is refused with INVALID_RECORD, as in Kafka.
 
 Ordering: every partition append is started as a task before the handler's first await, and
 request handlers start in arrival order, so pipelined produce requests of one connection
@@ -109,10 +110,13 @@ async def produce(request, ctx: RequestContext):
             try:
                 partition = partitions.get(topic, index)
                 header = records.validate_produce_records(pdata.records, partition.max_message_bytes(default_max))
-                if header.is_transactional or header.is_control:
+                if header.is_control:
                     raise records.InvalidBatchError(
-                        ErrorCode.invalid_record,
-                        "transactional and control batches are not supported (no transaction coordinator)",
+                        ErrorCode.invalid_record, "control batches are written by the transaction coordinator only"
+                    )
+                if header.is_transactional and header.producer_id < 0:
+                    raise records.InvalidBatchError(
+                        ErrorCode.invalid_record, "a transactional batch must carry a producer id"
                     )
                 if partition.is_compacted:
                     _check_keys(pdata.records, header, topic, index)

@@ -1,16 +1,14 @@
-"""InitProducerId: producer ids for idempotent producers.
+"""InitProducerId: producer ids for idempotent and transactional producers.
 
 Without a transactional id (an idempotent producer), every call gets a fresh producer id with
 epoch 0, as Kafka's coordinator does ("blindly accept and return a new producer id"), also
 when the client passes its current id/epoch (v3+, KIP-360) to recover from an error: a new id
 is always a safe answer for a producer that only needs idempotence.
 
-With a transactional id: this cluster runs no transaction coordinator. A Kafka broker that
-does not coordinate a transactional id answers NOT_COORDINATOR (and FindCoordinator for it
-answers COORDINATOR_NOT_AVAILABLE when no coordinator can be placed), so clients keep looking
-and `initTransactions()` times out rather than failing with a misleading authorization error
-(TRANSACTIONAL_ID_AUTHORIZATION_FAILED would tell the user to fix ACLs that do not exist).
-An empty transactional id is INVALID_REQUEST, as in Kafka.
+With a transactional id the transaction coordinator answers (transactions/coordinator.py):
+the id's producer id with a bumped epoch, fencing older instances. An empty transactional id
+is INVALID_REQUEST, as in Kafka; PRODUCER_FENCED goes to clients before v4 as
+INVALID_PRODUCER_EPOCH.
 """
 
 from __future__ import annotations
@@ -32,11 +30,10 @@ INIT_PRODUCER_ID = 22
 
 
 def init_producer_id_answer(transactional_id: str | None, allocate) -> tuple[ErrorCode, int, int]:
-    """(error, producer_id, producer_epoch) for a request; `allocate()` gives a new id."""
+    """(error, producer_id, producer_epoch) for a request without a transactional id;
+    `allocate()` gives a new id."""
     if transactional_id is not None:
-        if transactional_id == "":
-            return ErrorCode.invalid_request, -1, -1
-        return ErrorCode.not_coordinator, -1, -1
+        return ErrorCode.invalid_request, -1, -1
     try:
         return ErrorCode.none, allocate(), 0
     except ProducerIdExhaustedError as exc:
@@ -61,10 +58,24 @@ def _denied(request: Any, ctx: RequestContext) -> ErrorCode | None:
 async def init_producer_id(request: Any, ctx: RequestContext) -> Any:
     allocator = ctx.broker.producer_ids
     denied = _denied(request, ctx) if ctx.broker.authorizer is not None else None
+    tid = request.transactional_id
     if denied is not None:
         error, pid, epoch = denied, -1, -1
     elif allocator is None:
         error, pid, epoch = ErrorCode.coordinator_not_available, -1, -1
+    elif tid:
+        try:
+            error, pid, epoch = await ctx.broker.transactions.init_producer_id(
+                tid,
+                int(request.transaction_timeout.total_seconds() * 1000),
+                getattr(request, "producer_id", -1),
+                getattr(request, "producer_epoch", -1),
+            )
+        except ProducerIdExhaustedError as exc:
+            log.error("%s", exc)
+            error, pid, epoch = ErrorCode.coordinator_load_in_progress, -1, -1
+        if error == ErrorCode.producer_fenced and ctx.api_version < 4:
+            error = ErrorCode.invalid_producer_epoch
     else:
         error, pid, epoch = init_producer_id_answer(request.transactional_id, allocator.next_id)
     return build(

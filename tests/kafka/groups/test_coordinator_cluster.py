@@ -227,9 +227,12 @@ async def test_wrong_broker_says_not_coordinator(cluster) -> None:
         assert r.error_code == ErrorCode.not_coordinator
         r = await other.call(FETCH, 8, groups=(_fetch_group(other, group, None),), require_stable=False)
         assert r.groups[0].error_code == ErrorCode.not_coordinator
-    # transactional coordinators do not exist here: a fatal answer, not a retriable one; unknown key types are invalid
-    r = await n1.call(FIND_COORDINATOR, 4, key_type=1, coordinator_keys=("tx",))
-    assert r.coordinators[0].error_code == ErrorCode.transactional_id_authorization_failed
+    # a transactional id is placed on __transaction_state the same way; unknown key types are invalid
+    r = await n1.call(FIND_COORDINATOR, 4, key_type=1, coordinator_keys=("tx", ""))
+    assert [c.error_code for c in r.coordinators] == [ErrorCode.none, ErrorCode.invalid_request]
+    txn_topic = n1.broker.partitions.topic("__transaction_state")
+    assert txn_topic is not None
+    assert r.coordinators[0].node_id == txn_topic.partitions[partition_for("tx", len(txn_topic.partitions))].leader
     r = await n1.call(FIND_COORDINATOR, 4, key_type=7, coordinator_keys=("x", "y"))
     assert [c.error_code for c in r.coordinators] == [ErrorCode.invalid_request] * 2
 

@@ -61,6 +61,7 @@ KINDS: dict[str, Kind] = {
     "AutoMQCluster": Kind(f"{GROUP}/{VERSION}", PLURAL),
     # Node loss (automq.operator.nodeloss).
     "Job": Kind("batch/v1", "jobs"),
+    "CronJob": Kind("batch/v1", "cronjobs"),  # the Spark jobs (automq.operator.sparkjobs)
     "Node": Kind("v1", "nodes", namespaced=False),
     "VolumeAttachment": Kind("storage.k8s.io/v1", "volumeattachments", namespaced=False),
     # Leader election between operator replicas (automq.operator.leadership).

@@ -65,7 +65,10 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": ["storage.k8s.io"], "resources": ["volumeattachments"], "verbs": ["get", "list", "delete"]},
     # Node loss with multiAttach: the WAL-recovery Job that replays the lost broker's volume.
+    # Spark jobs: their status reads the Jobs (list) of the CronJobs it owns.
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "create", "delete"]},
+    # The Spark jobs' CronJobs: applied like every owned object; deleted when a job is disabled.
+    {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": ["get", "create", "patch", "delete"]},
     # The autoscaler stands down while an HPA (KEDA makes one too) targets the same cluster.
     {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["list"]},
     *CLUSTER_RULES,

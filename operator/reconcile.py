@@ -1,8 +1,8 @@
 """Reconciliation of one AutoMQCluster: a chain of small named steps over the pure builders.
 
-    configMap → services → serviceAccountAndRbac → podDisruptionBudgets
+    configMap → services → serviceAccountAndRbac → podDisruptionBudgets → sparkCronJobs
       → controllerStatefulSet → brokerStatefulSet (scale-in drains first)
-      → rollingUpdate → podsReady → updateStatus
+      → rollingUpdate → podsReady → sparkJobsStatus → updateStatus
 
 Each step is an async function of a `Cluster` (what the steps share: the API, the spec, what was
 observed, what is still in progress, what is wrong). A pass applies what differs, advances a
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from automq.broker.balancer.planner import Move
-from automq.operator import builders
+from automq.operator import builders, sparkjobs
 from automq.operator.builders import ClusterRef, Role
 from automq.operator.controller_api import ControllerApi, ControllerApiError, ControllerApiFactory
 from automq.operator.kube import KubeApi, apply, wait_until
@@ -205,6 +205,43 @@ async def service_account_and_rbac(c: Cluster) -> None:
 async def pod_disruption_budgets(c: Cluster) -> None:
     for role in builders.ROLES:
         await _apply(c, builders.pod_disruption_budget(c.spec, c.ref, role))
+
+
+async def spark_cron_jobs(c: Cluster) -> None:
+    """A CronJob per enabled Spark job; a disabled job's CronJob (and with it its Jobs) goes."""
+    desired = sparkjobs.desired_cron_jobs(c.spec, c.ref)
+    if desired:
+        await _apply(c, sparkjobs.service_account(c.ref))
+    for job in sparkjobs.JOBS:
+        if job in desired:
+            await _apply(c, desired[job])
+        elif await c.api.get("CronJob", c.ref.namespace, sparkjobs.cron_job_name(c.ref, job)) is not None:
+            await c.api.delete("CronJob", c.ref.namespace, sparkjobs.cron_job_name(c.ref, job))
+            c.reporter.info(
+                "SparkJobRemoved", f"{job} is disabled: CronJob {sparkjobs.cron_job_name(c.ref, job)} deleted"
+            )
+
+
+async def spark_jobs_status(c: Cluster) -> None:
+    """Each enabled job's last runs into status.sparkJobs; a Warning event per failed run."""
+    previous = c.previous_status.get("sparkJobs") or {}
+    observed: dict[str, Any] = {}
+    for plan in sparkjobs.enabled_jobs(c.spec, c.ref):
+        name = sparkjobs.cron_job_name(c.ref, plan.name)
+        cron = await c.api.get("CronJob", c.ref.namespace, name)
+        if cron is None:
+            continue
+        jobs = await c.api.list("Job", c.ref.namespace, sparkjobs.job_labels(c.ref, plan.name))
+        status = sparkjobs.job_status(cron, jobs)
+        before = previous.get(plan.name) or {}
+        if status.last_failed_job and status.last_failed_job != before.get("lastFailedJob"):
+            c.reporter.warn(
+                "SparkJobFailed",
+                f"{plan.name} run {status.last_failed_job} failed: {status.last_failure_message} "
+                f"(kubectl logs job/{status.last_failed_job})",
+            )
+        observed[plan.name] = status
+    c.status["sparkJobs"] = observed
 
 
 def _claims(sts: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -610,12 +647,6 @@ async def update_status(c: Cluster) -> None:
     conditions = _conditions(c, _now())
     ready = conditions[0].status == "True"
     ready_message = conditions[0].message
-    enabled = c.spec.placeholders_enabled()
-    newly = [name for name in enabled if name not in (c.previous_status.get("notImplemented") or [])]
-    if newly:
-        c.reporter.warn(
-            "NotImplemented", f"spec.{', spec.'.join(newly)} accepted but not implemented yet: it has no effect"
-        )
     was_ready = any(p.get("type") == "Ready" and p.get("status") == "True" for p in previous)
     if ready and not was_ready:
         c.reporter.info("ClusterReady", ready_message)
@@ -638,27 +669,35 @@ async def update_status(c: Cluster) -> None:
         controller_endpoint=builders.controller_service_url(c.ref),
         broker_selector=builders.broker_selector(c.ref),
         drained_brokers=sorted(c.drained),
-        not_implemented=enabled,
+        # A pass that stopped before sparkJobsStatus keeps what the last one saw.
+        spark_jobs=c.status.get("sparkJobs", c.previous_status.get("sparkJobs") or {}),
     )
     # balancing/autoscaling are the elastic loop's to write: leave them out of this patch.
     c.status["document"] = status.model_dump(by_alias=True, mode="json", exclude={"balancing", "autoscaling"})
-    await c.api.patch(
-        "AutoMQCluster", c.ref.namespace, c.ref.name, {"status": copy.deepcopy(c.status["document"])}, "status"
-    )
+    patch = copy.deepcopy(c.status["document"])
+    # A merge patch keeps keys it does not name: drop disabled jobs' entries and the field that
+    # listed placeholders before the Spark jobs existed.
+    gone = {name: None for name in c.previous_status.get("sparkJobs") or {} if name not in patch["sparkJobs"]}
+    patch["sparkJobs"] = {**patch["sparkJobs"], **gone}
+    if "notImplemented" in c.previous_status:
+        patch["notImplemented"] = None
+    await c.api.patch("AutoMQCluster", c.ref.namespace, c.ref.name, {"status": patch}, "status")
 
 
 # What a status refresh between changes runs: observe, then write the status.
-STATUS_STEPS: tuple[tuple[str, Step], ...] = (("podsReady", pods_ready),)
+STATUS_STEPS: tuple[tuple[str, Step], ...] = (("podsReady", pods_ready), ("sparkJobsStatus", spark_jobs_status))
 
 STEPS: tuple[tuple[str, Step], ...] = (
     ("configMap", config_map),
     ("services", services),
     ("serviceAccountAndRbac", service_account_and_rbac),
     ("podDisruptionBudgets", pod_disruption_budgets),
+    ("sparkCronJobs", spark_cron_jobs),
     ("controllerStatefulSet", controller_statefulset),
     ("brokerStatefulSet", broker_statefulset),
     ("rollingUpdate", rolling_update),
     ("podsReady", pods_ready),
+    ("sparkJobsStatus", spark_jobs_status),
 )
 
 

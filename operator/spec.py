@@ -7,10 +7,8 @@ reconciles through them again, because a CRD schema cannot express everything (c
 rules run as CEL in the API server where it supports them, and always here).
 
 Field names are camelCase on the wire (Kubernetes convention) and snake_case in Python.
-Placeholders for features that come later (compaction, lake ingestion) are validated now so
-that manifests written today keep working; enabling one is reported as "not implemented yet" in
-an event and in the status, and changes nothing else. Autoscaling and balancing are real (see
-`automq.operator.elastic`).
+Autoscaling and balancing are real (see `automq.operator.elastic`), and so are the Spark jobs
+(`compaction`, `lakeIngestion`: CronJobs, see `automq.operator.sparkjobs`).
 """
 
 from __future__ import annotations
@@ -440,24 +438,182 @@ class BalancingSpec(_Model):
     )
 
 
-_CRON = r"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|(\S+\s+){4}\S+)$"
+def _schedule(value: Any) -> Any:
+    from automq.operator.cron import check_schedule
+
+    return check_schedule(value) if isinstance(value, str) else value
 
 
-class CompactionSpec(_Model):
-    """Placeholder: object compaction as a Spark CronJob (not implemented yet; validated, otherwise inert)."""
+def _duration(value: Any) -> Any:
+    from automq.broker.config import parse_duration_ms
 
-    enabled: bool = Field(False, description="Not implemented yet: enabling it only reports that in status and events.")
-    schedule: str = Field("*/5 * * * *", pattern=_CRON, description="Cron schedule of the compaction job.")
+    if isinstance(value, str):
+        parse_duration_ms(value)
+    return value
 
 
-class LakeIngestionSpec(_Model):
-    """Placeholder: topics to Apache Iceberg tables as a Spark CronJob (not implemented yet; validated, otherwise inert)."""
+def _size(value: Any) -> Any:
+    from automq.broker.config import parse_size
 
-    enabled: bool = Field(False, description="Not implemented yet: enabling it only reports that in status and events.")
-    schedule: str = Field("*/10 * * * *", pattern=_CRON, description="Cron schedule of the ingestion job.")
-    topics: list[str] = Field(default_factory=list, description="Topics to ingest.")
-    catalog_uri: str | None = Field(None, description="Iceberg catalog URI (REST or SQL).")
-    warehouse: str | None = Field(None, description="Iceberg warehouse location, e.g. s3://bucket/warehouse.")
+    if isinstance(value, str):
+        parse_size(value)
+    return value
+
+
+def _schedule_schema() -> dict[str, Any]:
+    from automq.operator.cron import SCHEDULE_PATTERN
+
+    return {"type": "string", "pattern": SCHEDULE_PATTERN}
+
+
+Schedule = Annotated[str, BeforeValidator(_schedule), WithJsonSchema(_schedule_schema())]
+# The job's own flags take these (`automq spark compact --min-age 5m`): validated the same way.
+Duration = Annotated[
+    str, BeforeValidator(_duration), WithJsonSchema({"type": "string", "pattern": r"^[0-9]+ *(ms|s|m|h|d)?$"})
+]
+Size = Annotated[
+    str,
+    BeforeValidator(_size),
+    WithJsonSchema({"type": "string", "pattern": r"^[0-9]+ *([kKmMgGtT]i?[bB]?|[bB])?$"}),
+]
+DEFAULT_SPARK_IMAGE = "ghcr.io/automq-py/automq-spark:0.1.0"  # the Dockerfile's `spark` target
+
+
+class SecretKeySelector(_Model):
+    """One key of a Secret in the cluster's namespace."""
+
+    name: str = Field(..., pattern=_DNS_SUBDOMAIN, description="Secret name.")
+    key: str = Field(..., min_length=1, pattern=r"^[-._a-zA-Z0-9]+$", description="Key in the Secret.")
+
+
+class SparkJobSpec(_Model):
+    """What every Spark CronJob shares: when it runs, with which image and how much of a node.
+
+    The job's pod runs spark-submit in client mode with the driver in the pod and local
+    executors (`local[cores]`); it reads and writes the object store with the brokers'
+    credentials (spec.objectStore.credentialsSecret) and needs no Kubernetes API access."""
+
+    enabled: bool = Field(False, description="Run this job on its schedule (the CronJob is removed when false).")
+    schedule: Schedule = Field("*/5 * * * *", description="Cron schedule (5 fields or @hourly, @daily, ...).")
+    time_zone: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+)*$",
+        description="IANA time zone of the schedule, e.g. Europe/Berlin; the controller manager's zone when empty.",
+    )
+    suspend: bool = Field(False, description="Keep the CronJob but start no new runs.")
+    image: str | None = Field(
+        None,
+        min_length=1,
+        description=f"Image with the Spark jobs (the Dockerfile's spark target); default {DEFAULT_SPARK_IMAGE}.",
+    )
+    cores: int = Field(2, ge=1, le=64, description="Spark local executor threads (local[cores]) in the job's pod.")
+    driver_memory: str = Field(
+        "1g",
+        pattern=r"^[1-9][0-9]*[kmgKMG]$",
+        description="JVM heap of the Spark driver (spark-submit --driver-memory); keep it below the memory limit.",
+    )
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="Compute resources of the job's pod; default requests cpu 1, memory 2Gi, limit memory 2Gi.",
+    )
+    scheduling: Scheduling = Field(default_factory=Scheduling, description="Placement of the job's pods.")
+    backoff_limit: int = Field(1, ge=0, le=10, description="Retries of a failed run before the Job fails.")
+    active_deadline_seconds: int = Field(
+        3600, ge=60, le=604800, description="A run still going after this long is stopped and counted as failed."
+    )
+    starting_deadline_seconds: int = Field(
+        300, ge=10, le=86400, description="A run that could not start within this long of its time is skipped."
+    )
+    successful_jobs_history_limit: int = Field(3, ge=0, le=100, description="Finished Jobs kept for inspection.")
+    failed_jobs_history_limit: int = Field(3, ge=0, le=100, description="Failed Jobs kept for inspection.")
+
+
+class KeyCompactionSpec(_Model):
+    """Key compaction of cleanup.policy=compact topics (`automq spark compact --keys`): the
+    latest record per key survives, tombstones go after delete.retention.ms."""
+
+    enabled: bool = Field(True, description="Run key compaction too (a CronJob of its own) when compaction is enabled.")
+    schedule: Schedule = Field(
+        "*/30 * * * *", description="Cron schedule; more often than the topics' max.compaction.lag.ms."
+    )
+
+
+class CompactionSpec(SparkJobSpec):
+    """Object compaction as a Spark CronJob (`automq spark compact`): small stream-set and stream
+    objects are rewritten into large per-stream objects, committed through the controller."""
+
+    enabled: bool = Field(False, description="Run object compaction on its schedule.")
+    schedule: Schedule = Field("*/5 * * * *", description="Cron schedule of object compaction.")
+    min_age: Duration = Field("5m", description="Objects younger than this are left alone (--min-age).")
+    target_size: Size = Field("256MiB", description="Size of the objects written (--target-size).")
+    small_size: Size = Field("16MiB", description="Stream objects below this are merged (--small-size).")
+    force_split_age: Duration = Field(
+        "2h", description="A lone stream-set object older than this is split into stream objects (--force-split-age)."
+    )
+    max_objects: int = Field(500, ge=2, le=100000, description="Source objects per run (--max-objects).")
+    keys: KeyCompactionSpec = Field(
+        default_factory=KeyCompactionSpec, description="Key compaction of compacted topics."
+    )
+
+
+class LakeIngestionSpec(SparkJobSpec):
+    """Topics to Apache Iceberg tables as a Spark CronJob (`automq spark ingest`), exactly once."""
+
+    enabled: bool = Field(False, description="Run lake ingestion on its schedule.")
+    schedule: Schedule = Field("*/10 * * * *", description="Cron schedule of the ingestion job.")
+    topics: list[Annotated[str, Field(pattern=r"^[a-zA-Z0-9._-]{1,249}$")]] = Field(
+        default_factory=list,
+        description="Topics ingested besides those with the topic config automq.table.topic.enable=true.",
+    )
+    only_listed_topics: bool = Field(
+        False, description="Ingest only `topics`, not every topic with automq.table.topic.enable=true."
+    )
+    catalog_uri: str | None = Field(
+        None,
+        pattern=r"^(sqlite|postgresql(\+[a-z0-9]+)?|mysql(\+[a-z0-9]+)?|https?)://\S+$",
+        description="Iceberg catalog: http(s):// (REST) or a SQLAlchemy URL (postgresql+psycopg://...). "
+        "Use catalogUriSecret when it holds a password.",
+    )
+    catalog_uri_secret: SecretKeySelector | None = Field(
+        None, description="A Secret key holding the catalog URI (instead of catalogUri)."
+    )
+    warehouse: str | None = Field(
+        None,
+        pattern=r"^(s3|file)://\S+$",
+        description="Warehouse location of new tables; default s3://<objectStore.bucket>/warehouse (same credentials).",
+    )
+    expire_snapshots_older_than: Duration | None = Field(
+        None, description="After each run drop table snapshots older than this, e.g. 168h (the current one stays)."
+    )
+
+    @model_validator(mode="after")
+    def _one_catalog(self) -> LakeIngestionSpec:
+        if self.catalog_uri is not None and self.catalog_uri_secret is not None:
+            raise ValueError("spec.lakeIngestion: set catalogUri or catalogUriSecret, not both")
+        if self.enabled and self.catalog_uri is None and self.catalog_uri_secret is None:
+            raise ValueError("spec.lakeIngestion: enabled needs catalogUri or catalogUriSecret (the Iceberg catalog)")
+        if self.only_listed_topics and not self.topics:
+            raise ValueError("spec.lakeIngestion: onlyListedTopics needs topics")
+        return self
+
+
+LakeIngestionSpec.model_config["json_schema_extra"] = {
+    "x-kubernetes-validations": [
+        {
+            "rule": "!(has(self.catalogUri) && has(self.catalogUriSecret))",
+            "message": "spec.lakeIngestion: set catalogUri or catalogUriSecret, not both",
+        },
+        {
+            "rule": "!(has(self.enabled) && self.enabled) || has(self.catalogUri) || has(self.catalogUriSecret)",
+            "message": "spec.lakeIngestion: enabled needs catalogUri or catalogUriSecret (the Iceberg catalog)",
+        },
+        {
+            "rule": "!(has(self.onlyListedTopics) && self.onlyListedTopics) || (has(self.topics) && size(self.topics) > 0)",
+            "message": "spec.lakeIngestion: onlyListedTopics needs topics",
+        },
+    ]
+}
+LakeIngestionSpec.model_rebuild(force=True)
 
 
 # Node config keys the operator derives from the spec or the pod; an override would break the
@@ -649,9 +805,13 @@ class AutoMQClusterSpec(_Model):
         "tolerancePercent of the mean; a new broker gets its share as soon as it is Ready. Annotation "
         "automq.io/rebalance: now | dry-run asks for one evaluation.",
     )
-    compaction: CompactionSpec = Field(default_factory=CompactionSpec, description="Placeholder, not implemented yet.")
+    compaction: CompactionSpec = Field(
+        default_factory=CompactionSpec,
+        description="Object compaction (and key compaction of compacted topics) as Spark CronJobs.",
+    )
     lake_ingestion: LakeIngestionSpec = Field(
-        default_factory=LakeIngestionSpec, description="Placeholder, not implemented yet."
+        default_factory=LakeIngestionSpec,
+        description="Topics to Apache Iceberg tables, exactly once, as a Spark CronJob.",
     )
     deletion_policy: Literal["Retain", "Delete"] = Field(
         "Retain",
@@ -682,14 +842,6 @@ class AutoMQClusterSpec(_Model):
         check_overrides({**self.config, **self.broker.config}, "spec.broker.config")
         check_wal_size(self)
         return self
-
-    def placeholders_enabled(self) -> list[str]:
-        """Spec sections that are accepted but do nothing yet."""
-        sections: dict[str, CompactionSpec | LakeIngestionSpec] = {
-            "compaction": self.compaction,
-            "lakeIngestion": self.lake_ingestion,
-        }
-        return [name for name, section in sections.items() if section.enabled]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -769,6 +921,20 @@ class AutoscalingStatus(_Model):
     last_scale_reason: str | None = Field(None, description="Why it last changed replicas.")
 
 
+class SparkJobStatus(_Model):
+    """What the operator last saw of one Spark CronJob and its Jobs."""
+
+    cron_job: str = Field(..., description="The CronJob's name.")
+    schedule: str = Field(..., description="Its schedule.")
+    suspended: bool = Field(False, description="No new runs start while true.")
+    active: int = Field(0, ge=0, description="Runs in progress.")
+    last_schedule_time: str | None = Field(None, description="When a run was last started (RFC 3339).")
+    last_successful_time: str | None = Field(None, description="When a run last succeeded (RFC 3339).")
+    last_failure_time: str | None = Field(None, description="When a run last failed (RFC 3339).")
+    last_failed_job: str | None = Field(None, description="The Job of the last failed run.")
+    last_failure_message: str | None = Field(None, description="Why it failed (the Job's condition).")
+
+
 class AutoMQClusterStatus(_Model):
     """Observed state, written by the operator."""
 
@@ -789,8 +955,9 @@ class AutoMQClusterStatus(_Model):
         default_factory=list,
         description="Broker node ids the operator drained for a restart or scale-in and will undrain once they are back.",
     )
-    not_implemented: list[str] = Field(
-        default_factory=list, description="Enabled spec sections that are accepted but do nothing yet."
+    spark_jobs: dict[str, SparkJobStatus] = Field(
+        default_factory=dict,
+        description="Per enabled Spark job (compaction, keyCompaction, lakeIngestion): its CronJob's last runs.",
     )
     balancing: BalancingStatus | None = Field(None, description="What the balancer saw and did last.")
     autoscaling: AutoscalingStatus | None = Field(None, description="What the autoscaler saw and decided last.")

@@ -48,7 +48,13 @@ def ingest_command(
     catalog: str | None = typer.Option(
         None,
         "--catalog",
+        envvar="AUTOMQ_SPARK_CATALOG",
         help="Iceberg catalog: sqlite:///path.db (default: <data-dir>/lake/catalog.db), a SQLAlchemy URL, or http(s):// (REST).",
+    ),
+    catalog_property: list[str] | None = typer.Option(
+        None,
+        "--catalog-property",
+        help="KEY=VALUE passed to the pyiceberg catalog (repeatable), e.g. s3.endpoint=http://minio:9000.",
     ),
     warehouse: str | None = typer.Option(
         None, "--warehouse", help="Warehouse location (default: next to a sqlite catalog)."
@@ -75,8 +81,15 @@ def ingest_command(
             typer.echo("error: pass --catalog (or --data-dir for the embedded sqlite catalog)", err=True)
             raise typer.Exit(2)
         catalog = f"sqlite:///{(data_dir / 'lake' / 'catalog.db').resolve()}"
+    properties = {}
+    for item in catalog_property or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            typer.echo(f"error: --catalog-property {item!r}: expected KEY=VALUE", err=True)
+            raise typer.Exit(2)
+        properties[key] = value
     try:
-        cat = open_catalog(catalog, warehouse)
+        cat = open_catalog(catalog, warehouse, properties)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

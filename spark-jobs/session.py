@@ -23,10 +23,14 @@ def spark_session(master: str | None = None, app_name: str = "automq", shuffle_p
         # Python workers (data source planning and reads, UDFs) must run this interpreter:
         # the one with the project installed
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = SparkSession.builder.appName(app_name)
+        master = master or os.environ.get("AUTOMQ_SPARK_MASTER")
+        # Under spark-submit (the CronJobs) its --master is already in the JVM's conf; a master
+        # set here would override it.
+        if master is not None or "PYSPARK_GATEWAY_PORT" not in os.environ:
+            builder = builder.master(master or "local[*]")
         builder = (
-            SparkSession.builder.appName(app_name)
-            .master(master or os.environ.get("AUTOMQ_SPARK_MASTER", "local[*]"))
-            .config("spark.ui.enabled", "false")
+            builder.config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")  # job logs, not a terminal
             .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")

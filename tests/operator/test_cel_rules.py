@@ -10,6 +10,7 @@ supplied with Kubernetes' own quantity parser, as the API server's library does.
 from __future__ import annotations
 
 import copy
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -199,3 +200,41 @@ def test_scale_subresource_path_exists_when_spec_broker_is_omitted() -> None:
     assert node == 1
     # Only scalar defaults are filled in, never whole sections the user did not write.
     assert not [k for k, v in obj["spec"]["broker"].items() if isinstance(v, (dict, list))]
+
+
+# ------------------------------------------------------------------------------------------
+# Spark jobs (spec.lakeIngestion): the catalog rules, refused by the API server as by the model.
+
+LAKE = {"enabled": True, "catalogUri": "https://iceberg-rest:8181"}
+LAKE_SAMPLES: dict[str, tuple[dict[str, Any], str | None]] = {
+    "catalog-uri": ({**MINIMAL, "lakeIngestion": LAKE}, None),
+    "catalog-secret": (
+        {**MINIMAL, "lakeIngestion": {"enabled": True, "catalogUriSecret": {"name": "c", "key": "u"}}},
+        None,
+    ),
+    "disabled-without-catalog": ({**MINIMAL, "lakeIngestion": {"topics": ["orders"]}}, None),
+    "only-listed": ({**MINIMAL, "lakeIngestion": {**LAKE, "onlyListedTopics": True, "topics": ["a"]}}, None),
+    "enabled-without-catalog": (
+        {**MINIMAL, "lakeIngestion": {"enabled": True}},
+        "spec.lakeIngestion: enabled needs catalogUri or catalogUriSecret (the Iceberg catalog)",
+    ),
+    "two-catalogs": (
+        {**MINIMAL, "lakeIngestion": {**LAKE, "catalogUriSecret": {"name": "c", "key": "u"}}},
+        "spec.lakeIngestion: set catalogUri or catalogUriSecret, not both",
+    ),
+    "only-listed-without-topics": (
+        {**MINIMAL, "lakeIngestion": {**LAKE, "onlyListedTopics": True}},
+        "spec.lakeIngestion: onlyListedTopics needs topics",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAKE_SAMPLES))
+def test_lake_ingestion_rules_agree_with_the_model(name: str) -> None:
+    spec, message = LAKE_SAMPLES[name]
+    assert validate(spec) == ([] if message is None else [message])
+    if message is None:
+        parse_spec(spec)
+    else:
+        with pytest.raises(InvalidSpec, match=re.escape(message)):
+            parse_spec(spec)

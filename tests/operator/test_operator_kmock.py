@@ -564,17 +564,110 @@ def test_no_broker_restarts_while_the_controller_cannot_drain(k8s: Harness) -> N
     ]
 
 
-def test_placeholder_is_reported_not_implemented(k8s: Harness) -> None:
-    k8s.patch_spec("demo", {"lakeIngestion": {"enabled": True, "topics": ["orders"]}})
-    k8s.wait_for(
-        "notImplemented in status",
-        lambda: k8s.get("AutoMQCluster", "demo")["status"].get("notImplemented") == ["lakeIngestion"],
+def _spark_job(k8s: Harness, cron: dict[str, Any], name: str, condition: str, at: str) -> None:
+    """What the CronJob controller does on a schedule tick: a Job from the jobTemplate (its
+    labels, an owner reference), here already finished with `condition`."""
+    template = cron["spec"]["jobTemplate"]
+    status: dict[str, Any] = {
+        "startTime": at,
+        "conditions": [{"type": condition, "status": "True", "lastTransitionTime": at}],
+    }
+    if condition == "Failed":
+        status["conditions"][0].update(
+            reason="BackoffLimitExceeded", message="Job has reached the specified backoff limit"
+        )
+    k8s.call(
+        k8s.api.create(
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {
+                    "name": name,
+                    "namespace": NS,
+                    "uid": str(uuid.uuid4()),
+                    "labels": dict(template["metadata"]["labels"]),
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "batch/v1",
+                            "kind": "CronJob",
+                            "name": cron["metadata"]["name"],
+                            "uid": "x",
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": copy.deepcopy(template["spec"]),
+                "status": status,
+            }
+        )
     )
-    k8s.wait_for(
-        "NotImplemented event",
-        lambda: any(e["reason"] == "NotImplemented" and "lakeIngestion" in e["message"] for e in k8s.events("demo")),
+
+
+def test_spark_jobs_become_cron_jobs_with_run_status_and_go_when_disabled(k8s: Harness) -> None:
+    k8s.patch_spec(
+        "demo",
+        {
+            "compaction": {"enabled": True, "schedule": "*/15 * * * *"},
+            "lakeIngestion": {"enabled": True, "topics": ["orders"], "catalogUri": "https://iceberg-rest:8181"},
+        },
     )
-    assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 2  # inert
+    crons = k8s.wait_for(
+        "three CronJobs",
+        lambda: (
+            [c for c in (k8s.get("CronJob", n) for n in ("demo-compact", "demo-keycompact", "demo-ingest")) if c]
+            if all(k8s.get("CronJob", n) for n in ("demo-compact", "demo-keycompact", "demo-ingest"))
+            else None
+        ),
+    )
+    uid = k8s.get("AutoMQCluster", "demo")["metadata"]["uid"]
+    for cron in crons:
+        assert cron["metadata"]["ownerReferences"][0]["uid"] == uid
+        assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    assert crons[0]["spec"]["schedule"] == "*/15 * * * *"
+    assert k8s.get("ServiceAccount", "demo-spark")["automountServiceAccountToken"] is False
+    k8s.wait_for(
+        "sparkJobs in status",
+        lambda: (
+            set(k8s.get("AutoMQCluster", "demo")["status"].get("sparkJobs") or {})
+            == {"compaction", "keyCompaction", "lakeIngestion"}
+        ),
+    )
+    assert "notImplemented" not in k8s.get("AutoMQCluster", "demo")["status"]
+
+    # Runs finish (the CronJob controller's part): the status says when, a failure is an event.
+    _spark_job(k8s, crons[0], "demo-compact-1", "Complete", "2026-01-01T10:00:00Z")
+    _spark_job(k8s, crons[0], "demo-compact-2", "Failed", "2026-01-01T10:15:00Z")
+    compaction = k8s.wait_for(
+        "compaction run status",
+        lambda: (s := k8s.get("AutoMQCluster", "demo")["status"]["sparkJobs"]["compaction"]).get("lastFailedJob") and s,
+    )
+    assert compaction["lastSuccessfulTime"] == "2026-01-01T10:00:00Z"
+    assert compaction["lastFailureTime"] == "2026-01-01T10:15:00Z"
+    assert compaction["lastFailedJob"] == "demo-compact-2"
+    assert "BackoffLimitExceeded" in compaction["lastFailureMessage"]
+    assert compaction["cronJob"] == "demo-compact" and compaction["schedule"] == "*/15 * * * *"
+    k8s.wait_for(
+        "SparkJobFailed event",
+        lambda: any(e["reason"] == "SparkJobFailed" and "demo-compact-2" in e["message"] for e in k8s.events("demo")),
+    )
+    ingest = k8s.get("AutoMQCluster", "demo")["status"]["sparkJobs"]["lakeIngestion"]
+    assert ingest.get("lastFailedJob") is None and ingest.get("lastSuccessfulTime") is None  # its own Jobs only
+
+    k8s.patch_spec("demo", {"lakeIngestion": {"enabled": False}, "compaction": {"keys": {"enabled": False}}})
+    k8s.wait_for(
+        "disabled jobs' CronJobs deleted",
+        lambda: k8s.get("CronJob", "demo-ingest") is None and k8s.get("CronJob", "demo-keycompact") is None,
+    )
+    assert k8s.get("CronJob", "demo-compact") is not None
+    k8s.wait_for(
+        "disabled jobs gone from status",
+        lambda: set(k8s.get("AutoMQCluster", "demo")["status"].get("sparkJobs") or {}) == {"compaction"},
+    )
+    failed_events = [e for e in k8s.events("demo") if e["reason"] == "SparkJobFailed"]
+    assert len(failed_events) == 1, failed_events  # once per failed run, not once per pass
+    k8s.patch_spec("demo", {"compaction": {"enabled": False}})
+    k8s.wait_for("compaction CronJob deleted", lambda: k8s.get("CronJob", "demo-compact") is None)
+    assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 2  # nothing else changed
 
 
 def test_scale_in_waits_for_the_drain(k8s: Harness) -> None:

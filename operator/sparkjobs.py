@@ -1,0 +1,310 @@
+"""The Spark jobs of one AutoMQCluster as CronJobs: pure builders and the status they report.
+
+Per enabled job (`spec.compaction`, its `keys`, `spec.lakeIngestion`) one CronJob, for a
+cluster `demo`:
+    demo-compact        automq spark compact          (object compaction)
+    demo-keycompact     automq spark compact --keys   (cleanup.policy=compact topics)
+    demo-ingest         automq spark ingest           (topics -> Iceberg)
+    demo-spark          ServiceAccount of their pods: no token mounted, no Role bound
+
+Each run is spark-submit in client mode with the driver in the Job's pod and local executors
+(`local[cores]`), through the spark image's entrypoint (`spark-entrypoint.sh driver ...`), on
+`SPARK_JOB_FILE` (spark-submit needs a Python file, not a module). The pod talks to the
+controllers over HTTP and to the object store with the brokers' credentials (the same Secret);
+it never calls the Kubernetes API, so its ServiceAccount has no permissions at all.
+
+`concurrencyPolicy: Forbid`: two runs of one job never overlap (a racing pair is safe, the
+controller or the Iceberg commit refuses the loser, but it is wasted work).
+
+Status: `job_status` turns the CronJob and its Jobs into `status.sparkJobs.<job>`: last run,
+last success (the CronJob's `lastSuccessfulTime`, or the newest Complete Job), and the newest
+Failed Job with its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from automq.operator.builders import (
+    USER_ID,
+    ClusterRef,
+    _credentials_env,
+    _metadata,
+    _scheduling,
+    common_labels,
+    controller_urls,
+)
+from automq.operator.spec import (
+    DEFAULT_SPARK_IMAGE,
+    GROUP,
+    AutoMQClusterSpec,
+    CompactionSpec,
+    LakeIngestionSpec,
+    Resources,
+    SparkJobSpec,
+    SparkJobStatus,
+)
+
+JobName = Literal["compaction", "keyCompaction", "lakeIngestion"]
+JOBS: tuple[JobName, ...] = ("compaction", "keyCompaction", "lakeIngestion")
+JOB_LABEL = f"{GROUP}/spark-job"  # on CronJobs, their Jobs and pods: which job this is
+
+# Paths inside the spark image (Dockerfile `spark` target): tini and the entrypoint, and the
+# file spark-submit runs (automq.spark.submit, in the image's site-packages next to pyspark,
+# whose path the Dockerfile's SPARK_HOME names too).
+ENTRYPOINT = ["/usr/bin/tini", "--", "/usr/local/bin/spark-entrypoint.sh"]
+SPARK_JOB_FILE = "/usr/local/lib/python3.11/site-packages/automq/spark/submit.py"
+SCRATCH_DIR = "/tmp"  # Spark's local dir and HOME: the root filesystem is read-only
+CATALOG_ENV = "AUTOMQ_SPARK_CATALOG"  # read by `automq spark ingest --catalog`
+
+DEFAULT_JOB_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
+_SUFFIX: dict[JobName, str] = {"compaction": "compact", "keyCompaction": "keycompact", "lakeIngestion": "ingest"}
+
+
+def cron_job_name(ref: ClusterRef, job: JobName) -> str:
+    # CronJob names are at most 52 characters (Job names add 11); cluster names at most 40.
+    return f"{ref.name}-{_SUFFIX[job]}"
+
+
+def service_account_name(ref: ClusterRef) -> str:
+    return f"{ref.name}-spark"
+
+
+def job_labels(ref: ClusterRef, job: JobName) -> dict[str, str]:
+    return {**common_labels(ref), "app.kubernetes.io/component": "spark-job", JOB_LABEL: job}
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlan:
+    """One job's settings: its section of the spec, its schedule and the CLI arguments."""
+
+    name: JobName
+    section: SparkJobSpec
+    schedule: str
+    args: list[str]
+    env: list[dict[str, Any]]
+
+
+def enabled_jobs(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[JobPlan]:
+    """The jobs the spec turns on, each with what `automq spark ...` gets."""
+    location = ["--controller", ",".join(controller_urls(spec, ref)), "--object-store", spec.object_store.url()]
+    plans: list[JobPlan] = []
+    compaction = spec.compaction
+    if compaction.enabled:
+        plans.append(
+            JobPlan(
+                "compaction", compaction, compaction.schedule, ["compact", *location, *_compact_args(compaction)], []
+            )
+        )
+        if compaction.keys.enabled:
+            plans.append(
+                JobPlan(
+                    "keyCompaction",
+                    compaction,
+                    compaction.keys.schedule,
+                    ["compact", "--keys", *location, "--min-age", compaction.min_age],
+                    [],
+                )
+            )
+    lake = spec.lake_ingestion
+    if lake.enabled:
+        args, env = _ingest_args(spec, lake)
+        plans.append(JobPlan("lakeIngestion", lake, lake.schedule, ["ingest", *location, *args], env))
+    return plans
+
+
+def _compact_args(c: CompactionSpec) -> list[str]:
+    return [
+        "--min-age",
+        c.min_age,
+        "--target-size",
+        c.target_size,
+        "--small-size",
+        c.small_size,
+        "--force-split-age",
+        c.force_split_age,
+        "--max-objects",
+        str(c.max_objects),
+    ]
+
+
+def _ingest_args(spec: AutoMQClusterSpec, lake: LakeIngestionSpec) -> tuple[list[str], list[dict[str, Any]]]:
+    args: list[str] = []
+    env: list[dict[str, Any]] = []
+    if lake.catalog_uri is not None:
+        args += ["--catalog", lake.catalog_uri]
+    elif lake.catalog_uri_secret is not None:
+        # Kept out of the pod spec (it may carry a password): the CLI reads it from the environment.
+        ref = lake.catalog_uri_secret
+        env.append({"name": CATALOG_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    store = spec.object_store
+    warehouse = lake.warehouse or f"s3://{store.bucket}/warehouse"
+    args += ["--warehouse", warehouse]
+    if warehouse.startswith("s3://"):
+        # pyiceberg's S3 file IO: same endpoint and region as the brokers; keys from the environment.
+        if store.endpoint:
+            args += ["--catalog-property", f"s3.endpoint={store.endpoint}"]
+        args += ["--catalog-property", f"s3.region={store.region}"]
+        if store.path_style:
+            args += ["--catalog-property", "s3.force-virtual-addressing=false"]
+    for topic in lake.topics:
+        args += ["--topic", topic]
+    if lake.only_listed_topics:
+        args.append("--only")
+    if lake.expire_snapshots_older_than:
+        args += ["--expire-snapshots-older-than", lake.expire_snapshots_older_than]
+    return args, env
+
+
+def _resources(resources: Resources) -> dict[str, Any]:
+    requests = dict(resources.requests) or dict(DEFAULT_JOB_RESOURCES["requests"])
+    limits = dict(resources.limits)
+    if not resources.requests and not resources.limits:
+        limits = dict(DEFAULT_JOB_RESOURCES["limits"])
+    out: dict[str, Any] = {"requests": dict(sorted(requests.items()))}
+    if limits:
+        out["limits"] = dict(sorted(limits.items()))
+    return out
+
+
+def submit_args(plan: JobPlan, ref: ClusterRef) -> list[str]:
+    """The container's args: the entrypoint's `driver` mode (spark-submit, client mode)."""
+    section = plan.section
+    return [
+        "driver",
+        "--master",
+        f"local[{section.cores}]",
+        "--name",
+        f"{ref.name}-{_SUFFIX[plan.name]}",
+        "--driver-memory",
+        section.driver_memory,
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        f"spark.local.dir={SCRATCH_DIR}",
+        SPARK_JOB_FILE,
+        *plan.args,
+    ]
+
+
+def cron_job(spec: AutoMQClusterSpec, ref: ClusterRef, plan: JobPlan) -> dict[str, Any]:
+    section = plan.section
+    labels = job_labels(ref, plan.name)
+    container: dict[str, Any] = {
+        "name": "spark",
+        "image": section.image or DEFAULT_SPARK_IMAGE,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": list(ENTRYPOINT),
+        "args": submit_args(plan, ref),
+        "env": [
+            {"name": "HOME", "value": SCRATCH_DIR},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *_credentials_env(spec),
+            *plan.env,
+        ],
+        "resources": _resources(section.resources),
+        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_DIR}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": service_account_name(ref),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": USER_ID,
+            "runAsGroup": USER_ID,
+            "fsGroup": USER_ID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        **_scheduling(section.scheduling),
+    }
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
+    cron_spec: dict[str, Any] = {
+        "schedule": plan.schedule,
+        "suspend": section.suspend,
+        "concurrencyPolicy": "Forbid",
+        "startingDeadlineSeconds": section.starting_deadline_seconds,
+        "successfulJobsHistoryLimit": section.successful_jobs_history_limit,
+        "failedJobsHistoryLimit": section.failed_jobs_history_limit,
+        "jobTemplate": {
+            "metadata": {"labels": labels},
+            "spec": {
+                "backoffLimit": section.backoff_limit,
+                "activeDeadlineSeconds": section.active_deadline_seconds,
+                "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            },
+        },
+    }
+    if section.time_zone:
+        cron_spec["timeZone"] = section.time_zone
+    meta = _metadata(ref, cron_job_name(ref, plan.name))
+    meta["labels"] = labels
+    return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": meta, "spec": cron_spec}
+
+
+def service_account(ref: ClusterRef) -> dict[str, Any]:
+    meta = _metadata(ref, service_account_name(ref))
+    meta["labels"] = {**common_labels(ref), "app.kubernetes.io/component": "spark-job"}
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False}
+
+
+def desired_cron_jobs(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[JobName, dict[str, Any]]:
+    return {plan.name: cron_job(spec, ref, plan) for plan in enabled_jobs(spec, ref)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Status
+
+
+def _condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def _finished_at(job: dict[str, Any], cond: dict[str, Any]) -> str:
+    status = job.get("status") or {}
+    return str(cond.get("lastTransitionTime") or status.get("completionTime") or status.get("startTime") or "")
+
+
+def job_status(cron: dict[str, Any], jobs: list[dict[str, Any]]) -> SparkJobStatus:
+    """What `status.sparkJobs.<job>` says, from the CronJob and the Jobs it started."""
+    status = cron.get("status") or {}
+    last_success = status.get("lastSuccessfulTime")
+    failure: tuple[str, str, str] | None = None  # (time, job, message)
+    for job in jobs:
+        done = _condition(job, "Complete")
+        if done is not None:
+            at = _finished_at(job, done)
+            if last_success is None or at > last_success:
+                last_success = at
+        failed = _condition(job, "Failed")
+        if failed is not None:
+            at = _finished_at(job, failed)
+            if failure is None or at > failure[0]:
+                reason = failed.get("reason") or "Failed"
+                message = f"{reason}: {failed['message']}" if failed.get("message") else reason
+                failure = (at, job["metadata"]["name"], message)
+    return SparkJobStatus(
+        cron_job=cron["metadata"]["name"],
+        schedule=cron["spec"]["schedule"],
+        suspended=bool(cron["spec"].get("suspend")),
+        active=len(status.get("active") or []),
+        last_schedule_time=status.get("lastScheduleTime"),
+        last_successful_time=last_success,
+        last_failure_time=failure[0] if failure else None,
+        last_failed_job=failure[1] if failure else None,
+        last_failure_message=failure[2] if failure else None,
+    )

@@ -1,5 +1,13 @@
 """Jobs for the kubelet harness: the Job controller and kubelet for `batch/v1` Jobs (e.g. the
-operator's WAL-recovery Job), each attempt a real `python -m automq.broker.cli <args>` process.
+operator's WAL-recovery Job), each attempt a real process: `python -m automq.broker.cli <args>`
+for the runtime image (its entrypoint is `automq`), and for a container that names its `command`
+(the Spark CronJobs' `tini -- spark-entrypoint.sh driver ... submit.py compact ...`) exactly that
+command and those args, with the image's files mapped to this checkout (`IMAGE_FILES`: the
+entrypoint script, the job file spark-submit runs) and the image's environment (`SPARK_HOME`,
+`PYSPARK_PYTHON`); `tini --` is left out (the harness is the process's parent and reaps it).
+`trigger_cron_job(name)` is `kubectl create job --from=cronjob/<name>`: a Job from the
+CronJob's jobTemplate (labels, owner reference), with the CronJob's `lastScheduleTime`/`active`
+kept as the CronJob controller keeps them (and `lastSuccessfulTime` once a run succeeds).
 
 Per Job in the namespace without a Complete/Failed condition and no attempt running: a Pod
 `<job>-<n>` (labels `job-name`, restartPolicy Never) scheduled on a Ready Node its
@@ -16,6 +24,7 @@ condition Failed. The attempt's output: `<root>/logs/<pod>.log`; `JobRunner.runs
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -25,6 +34,24 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pyspark
+
+from automq.operator import sparkjobs
+
+REPO = Path(__file__).resolve().parents[2]
+# Files of the images, and where the same code is in this checkout.
+IMAGE_FILES = {
+    "/usr/local/bin/spark-entrypoint.sh": str(REPO / "scripts" / "spark-entrypoint.sh"),
+    sparkjobs.SPARK_JOB_FILE: str(Path(importlib.util.find_spec("automq.spark.submit").origin)),  # type: ignore[arg-type, union-attr]
+}
+# The spark image's ENV (Dockerfile `spark` target), for this machine.
+SPARK_IMAGE_ENV = {
+    "SPARK_HOME": str(Path(pyspark.__file__).parent),
+    "PYSPARK_PYTHON": sys.executable,
+    "PYSPARK_DRIVER_PYTHON": sys.executable,
+    "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+}
 
 
 @dataclass
@@ -44,6 +71,7 @@ class JobRunner:
         self._running: dict[str, JobRun] = {}
         self._blocked: dict[str, str] = {}  # job -> why its pod cannot start yet
         self._not_before: dict[str, float] = {}  # job -> retry back-off after a failed attempt
+        self._triggered: dict[str, list[str]] = {}  # CronJob -> Jobs created from it
 
     async def step(self) -> None:
         api, ns = self.h.api, self.h.namespace
@@ -135,11 +163,19 @@ class JobRunner:
         mounts = self._mounts(spec, container, pod_name)
         args = [self._translate(a, mounts, job) for a in container.get("args") or []]
         env = await self.h._container_env(pod, container)
+        command = [c for c in container.get("command") or [] if c not in ("/usr/bin/tini", "--")]
+        if command:
+            argv = [IMAGE_FILES.get(c, c) for c in command] + args
+            if argv[0].endswith(".sh"):
+                argv.insert(0, "bash")
+            env = {**SPARK_IMAGE_ENV, **env}
+        else:
+            argv = [sys.executable, "-m", "automq.broker.cli", *args]
         log_path = self.h.root / "logs" / f"{pod_name}.log"
         run = JobRun(job=name, pod=pod_name, node=node, args=args)
         with open(log_path, "ab", buffering=0) as out:
             run.process = subprocess.Popen(
-                [sys.executable, "-m", "automq.broker.cli", *args],
+                argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -166,6 +202,10 @@ class JobRunner:
         return out
 
     def _translate(self, arg: str, mounts: dict[str, Path], job: dict[str, Any]) -> str:
+        if arg in IMAGE_FILES:
+            return IMAGE_FILES[arg]
+        if "," in arg and re.match(r"^https?://[^/]+\.svc", arg):  # a list of controller URLs
+            return ",".join(self.h.map_url(u) for u in arg.split(","))
         for mount_path in sorted(mounts, key=len, reverse=True):
             if arg == mount_path or arg.startswith(mount_path.rstrip("/") + "/"):
                 return str(mounts[mount_path]) + arg[len(mount_path.rstrip("/")) :]
@@ -214,6 +254,53 @@ class JobRunner:
             else:
                 self._not_before[name] = time.monotonic() + min(10.0, 0.5 * 2**failed)
         await self.h.api.patch("Job", self.h.namespace, name, {"status": patch})
+        cron = next(
+            (o["name"] for o in job["metadata"].get("ownerReferences") or [] if o.get("kind") == "CronJob"), None
+        )
+        if cron is not None and (ok or "conditions" in patch):
+            cron_status: dict[str, Any] = {"active": None}
+            if ok:
+                cron_status["lastSuccessfulTime"] = _now()
+            await self.h.api.patch("CronJob", self.h.namespace, cron, {"status": cron_status})
+
+    async def trigger_cron_job(self, name: str) -> str:
+        """`kubectl create job --from=cronjob/<name>`: the Job the CronJob controller would start."""
+        api, ns = self.h.api, self.h.namespace
+        cron = await api.get("CronJob", ns, name)
+        assert cron is not None, f"no CronJob {name}"
+        n = len(self._triggered.setdefault(name, []))
+        job_name = f"{name}-{n}"
+        template = cron["spec"]["jobTemplate"]
+        await api.create(
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {
+                    "name": job_name,
+                    "namespace": ns,
+                    "uid": str(uuid.uuid4()),
+                    "labels": dict((template.get("metadata") or {}).get("labels") or {}),
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "batch/v1",
+                            "kind": "CronJob",
+                            "name": name,
+                            "uid": cron["metadata"].get("uid", ""),
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": template["spec"],
+            }
+        )
+        self._triggered[name].append(job_name)
+        await api.patch(
+            "CronJob",
+            ns,
+            name,
+            {"status": {"lastScheduleTime": _now(), "active": [{"kind": "Job", "name": job_name, "namespace": ns}]}},
+        )
+        return job_name
 
     def kill_all(self) -> None:
         for run in self._running.values():

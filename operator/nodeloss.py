@@ -409,7 +409,10 @@ class NodeLossPass:
         lease = await self.api.get("Lease", self.ref.namespace, builders.lease_name(self.ref))
         spec = (lease or {}).get("spec") or {}
         holder = str(spec.get("holderIdentity") or "")
-        if not holder.startswith(f"{pod_name}-controller-"):
+        # A controller's identity is "<host>-controller-<node id>" (broker/controller/lease.py);
+        # the node id is the pod's (ids are unique in a cluster, host names need not be).
+        node_id = builders.CONTROLLER_NODE_ID_BASE + int(pod_name.rsplit("-", 1)[1])
+        if not holder.endswith(f"-controller-{node_id}"):
             return ""
         renewed = _parse(spec.get("renewTime"))
         if renewed is None or renewed <= since:

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 from kubelet_harness import KubeletHarness
-from node_loss_scenario import NODE_LOSS_STEPS, run_node_loss
-from sequenced_load import check_exactly_once
+from node_loss_scenario import NODE_LOSS_STEPS, cluster_spec, run_node_loss
+from sequenced_load import SequencedProducer, check_exactly_once, create_topic
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -73,3 +73,60 @@ def test_a_frozen_broker_resumed_after_fencing_cannot_append(k8s: KubeletHarness
     k8s.wait_for("producing after recovery", lambda: run.load.acked_count() > before + 200)
     run.load.stop()
     assert check_exactly_once(k8s.bootstrap("demo"), "orders", [run.load]) == run.load.acked_count()
+
+
+@pytest.mark.parametrize("failover", ["forceDetach"])
+def test_a_controller_on_a_lost_node_is_replaced_and_the_cluster_keeps_serving(
+    k8s: KubeletHarness, failover: str
+) -> None:
+    """Two real controllers (one holds the Lease) and a broker; the node under the active
+    controller dies. A standby takes over the Lease; the operator force-deletes the pod stuck
+    on the dead node after the grace, so the StatefulSet starts it again on a healthy node;
+    Degraded ControllerNodeLost until it is Ready; producing and reading back goes on."""
+    spec = cluster_spec({"kind": "volume", "size": "64Mi", "failover": failover}, grace_s=2, brokers=1)
+    spec["controller"]["replicas"] = 2
+    k8s.create_cluster("demo", spec)
+    k8s.wait_ready("demo", brokers=1, timeout=180)
+    bootstrap = k8s.bootstrap("demo")
+    create_topic(bootstrap, "orders", 2)
+    load = SequencedProducer(bootstrap, "orders", 2, client="confluent", rate=200, name="c").start()
+    k8s.wait_for("records acknowledged", lambda: load.acked_count() > 200)
+
+    def holder() -> str:
+        lease = k8s.get("Lease", "demo-controller") or {}
+        return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+    active = k8s.wait_for("an active controller", holder)
+    pod = f"demo-controller-{int(active.rsplit('-', 1)[1]) - 1000}"  # identity: <host>-controller-<node id>
+    node = k8s.node_of(pod)
+    k8s.node_down(node, kill=True)
+
+    def degraded() -> str:
+        for c in ((k8s.get("AutoMQCluster", "demo") or {}).get("status") or {}).get("conditions") or []:
+            if c["type"] == "Degraded" and c["status"] == "True" and c["reason"] == "ControllerNodeLost":
+                return str(c["message"])
+        return ""
+
+    message = k8s.wait_for("Degraded ControllerNodeLost", degraded, timeout=120)
+    assert pod in message and f"node {node}" in message, message
+    k8s.wait_for("another controller leads", lambda: (h := holder()) and h != active, timeout=120)
+    k8s.wait_for(
+        "the controller replaced on a healthy node",
+        lambda: (
+            (p := k8s.get("Pod", pod))
+            and p["spec"].get("nodeName") not in (None, node)
+            and pod in k8s.ready_pods("demo", "controller")
+        ),
+        timeout=180,
+    )
+    k8s.wait_for(
+        "resolved", lambda: "ControllerNodeLossResolved" in [e.get("reason") for e in k8s.events("demo")], timeout=120
+    )
+    reasons = [e.get("reason") for e in k8s.events("demo")]
+    assert reasons.count("ControllerNodeLost") == 1, reasons
+    assert "BrokerFenced" not in reasons  # no broker was on that node
+    before = load.acked_count()
+    k8s.wait_for("producing after the controller moved", lambda: load.acked_count() > before + 200, timeout=120)
+    load.stop()
+    assert not load.errors, load.errors[:5]
+    assert check_exactly_once(k8s.bootstrap("demo"), "orders", [load]) == load.acked_count()

@@ -95,12 +95,73 @@ class StorageConfig(_Section):
     object_gc_retention_ms: DurationMs = 60_000  # obsolete objects are deleted after this
 
 
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+
+
 class Listener(_Section):
     name: str = "PLAINTEXT"
     host: str = "0.0.0.0"
     port: int = Field(9092, ge=0, le=65535)
     advertised_host: str | None = None  # what clients are told; defaults to host (or 127.0.0.1 for 0.0.0.0)
     advertised_port: int | None = None
+    # Kafka's listener.security.protocol.map entry for this listener: SSL and SASL_SSL use the
+    # `tls` section, SASL_* the `security.sasl_*` keys
+    security_protocol: SecurityProtocol = "PLAINTEXT"  # Kafka's listener.security.protocol.map entry
+
+
+class TlsConfig(_Section):
+    """TLS of SSL / SASL_SSL listeners (and of the controller API when `security.controller_tls`
+    is on). PEM files; the certificate and key are re-read when they change on disk, so a
+    rotated certificate is served to new connections without a restart."""
+
+    cert_file: str | None = None  # PEM certificate chain of this node (leaf first)
+    key_file: str | None = None  # PEM private key of cert_file (unencrypted, or see key_password_file)
+    key_password_file: str | None = None  # file holding the key's passphrase
+    ca_file: str | None = None  # PEM CA bundle that client certificates are verified against
+    client_auth: Literal["none", "requested", "required"] = "none"  # Kafka's ssl.client.auth
+    min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"  # oldest protocol accepted (ssl.enabled.protocols)
+    ciphers: str | None = None  # OpenSSL cipher list for TLS 1.2 (ssl.cipher.suites); default: Python's
+    # Kafka's ssl.principal.mapping.rules: "RULE:pattern/replacement/[LU]" entries and DEFAULT,
+    # applied in order to the client certificate's subject DN (RFC 2253)
+    principal_mapping_rules: list[str] = Field(default_factory=lambda: ["DEFAULT"])  # ssl.principal.mapping.rules
+    reload_check_interval_ms: DurationMs = 10_000  # how often cert_file/key_file/ca_file are checked for changes
+    handshake_timeout_ms: DurationMs = Field(10_000, gt=0)  # a TLS handshake unfinished this long is dropped
+
+
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+
+
+class SecurityConfig(_Section):
+    """Authentication: SASL on SASL_* listeners, and the controller API's credentials."""
+
+    sasl_enabled_mechanisms: list[SaslMechanism] = Field(
+        default_factory=lambda: list[SaslMechanism](["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]),
+        description="SASL mechanisms offered in SaslHandshake (`sasl.enabled.mechanisms`)",
+    )
+    sasl_plain_users_file: str | None = Field(
+        None,
+        description="PLAIN checks passwords against this YAML file (`{user: password}`, re-read when it changes); "
+        "unset: against the SCRAM credentials stored in the controller",
+    )
+    connections_max_reauth_ms: DurationMs = 0  # KIP-368: a SASL session lasts this long; 0 = forever
+    sasl_oauthbearer_jwks_file: str | None = None  # JSON Web Key Set the token signatures are checked against
+    sasl_oauthbearer_expected_issuer: str | None = None  # the token's `iss` must be this (when set)
+    sasl_oauthbearer_expected_audience: str | None = None  # the token's `aud` must hold this (when set)
+    sasl_oauthbearer_sub_claim_name: str = "sub"  # claim naming the principal
+    sasl_oauthbearer_clock_skew_ms: DurationMs = 30_000  # tolerance on exp / nbf / iat
+    sasl_oauthbearer_allow_unsecured: bool = Field(
+        False, description="Development only: accept unsigned (`alg: none`) tokens, as Kafka's unsecured validator"
+    )
+    controller_token_file: str | None = Field(
+        None,
+        description="A file holding the shared token every controller API call must carry (`Authorization: Bearer`); "
+        "brokers, the operator and CLIs read the same file. Unset: no token required",
+    )
+    controller_tls: bool = False  # serve the controller API over https with the `tls` section; clients verify it
+    controller_open_paths: list[str] = Field(
+        default_factory=lambda: ["/healthz", "/readyz", "/metrics"],
+        description="Controller HTTP paths that need no credentials (probes and scrapes)",
+    )
 
 
 class ControllerConfig(_Section):
@@ -178,11 +239,27 @@ class NodeConfig(_Section):
     storage: StorageConfig = StorageConfig()
     kafka: KafkaConfig = KafkaConfig()
     controller: ControllerConfig = ControllerConfig()
+    tls: TlsConfig = TlsConfig()  # TLS of SSL/SASL_SSL listeners and the controller API (section below)
+    security: SecurityConfig = SecurityConfig()  # SASL and controller API credentials (section below)
 
     @model_validator(mode="after")
     def _check_urls(self) -> NodeConfig:
         if not re.match(r"^(s3|file)://", self.object_store_url):
             raise ValueError(f"object_store_url must start with s3:// or file://, got {self.object_store_url!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_security(self) -> NodeConfig:
+        tls_users = [f"listeners[{lst.name}]" for lst in self.listeners if lst.security_protocol.endswith("SSL")]
+        if self.security.controller_tls:
+            tls_users.append("security.controller_tls")
+        if tls_users and not (self.tls.cert_file and self.tls.key_file):
+            raise ValueError(f"tls.cert_file and tls.key_file are required by {', '.join(tls_users)}")
+        if self.tls.client_auth != "none" and tls_users and not self.tls.ca_file:
+            raise ValueError(f"tls.client_auth={self.tls.client_auth} needs tls.ca_file to verify client certificates")
+        names = [lst.name for lst in self.listeners]
+        if len(set(names)) != len(names):
+            raise ValueError(f"listeners: names must be distinct, got {names}")
         return self
 
     def data_path(self, relative: str) -> Path:

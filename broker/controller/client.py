@@ -32,6 +32,7 @@ from automq.broker.controller.protocol import (
     ControllerUnavailableError,
     Endpoint,
     MetadataImage,
+    ScramCredentialInfo,
     TopicInfo,
     WalRecoveryJob,
 )
@@ -230,6 +231,19 @@ class ControllerClient:
 
     async def drain_broker(self, node_id: int) -> None:
         await self.call("drain_broker", {"node_id": node_id})
+
+    async def alter_scram_credentials(
+        self, deletions: list[tuple[str, str]], upsertions: list[ScramCredentialInfo]
+    ) -> dict[str, tuple[str, str] | None]:
+        """{user: None (applied) | (Kafka error name, message)} (controller/users.py)."""
+        data = await self.call(
+            "alter_scram_credentials",
+            {
+                "deletions": [{"user": u, "mechanism": m} for u, m in deletions],
+                "upsertions": [wire.to_wire(c) for c in upsertions],
+            },
+        )
+        return {u: ((v[0], v[1]) if v else None) for u, v in data["results"].items()}
 
     async def undrain_broker(self, node_id: int) -> None:
         await self.call("undrain_broker", {"node_id": node_id})

@@ -150,6 +150,18 @@ class WalRecoveryJob:
 
 
 @dataclass(frozen=True, slots=True)
+class ScramCredentialInfo:
+    """A SCRAM credential as brokers need it to authenticate (base64 fields; no password)."""
+
+    user: str
+    mechanism: str  # "SCRAM-SHA-256" | "SCRAM-SHA-512"
+    salt: str
+    iterations: int
+    stored_key: str
+    server_key: str
+
+
+@dataclass(frozen=True, slots=True)
 class MetadataImage:
     """A consistent view of the cluster at one metadata version."""
 
@@ -162,6 +174,7 @@ class MetadataImage:
     wal_recovery_jobs: tuple[WalRecoveryJob, ...] = ()
     acls: tuple[AclBinding, ...] = ()
     client_quotas: tuple[ClientQuota, ...] = ()
+    scram_credentials: tuple[ScramCredentialInfo, ...] = ()
 
 
 @runtime_checkable

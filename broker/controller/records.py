@@ -327,3 +327,26 @@ class AclsDeleted(Record):
 class ClientQuotasAltered(Record):
     entity: list[list[Any]]  # [[type, name or None], ...] sorted by type
     ops: dict[str, float | None]  # key -> value, or None to remove
+
+
+# --------------------------------------------------------------------------- SCRAM users (issue 15)
+
+
+@_record("scram_credential_upserted", visible=True)
+@dataclass(frozen=True, slots=True)
+class ScramCredentialUpserted(Record):
+    """A user's SCRAM credential: salt and keys (base64), never the password."""
+
+    user: str
+    mechanism: str  # "SCRAM-SHA-256" | "SCRAM-SHA-512"
+    salt: str
+    iterations: int
+    stored_key: str
+    server_key: str
+
+
+@_record("scram_credential_deleted", visible=True)
+@dataclass(frozen=True, slots=True)
+class ScramCredentialDeleted(Record):
+    user: str
+    mechanism: str

@@ -23,10 +23,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from automq.broker.controller import commands, security
+from automq.broker.controller import commands, security, users
 from automq.broker.controller.acls import AclBinding, AclFilter
 from automq.broker.controller.controller import Controller
-from automq.broker.controller.protocol import Endpoint, InvalidRequestError
+from automq.broker.controller.protocol import Endpoint, InvalidRequestError, ScramCredentialInfo
 from automq.broker.controller.wire import to_wire
 from automq.broker.storage.metadata import (
     CommitStreamSetObjectRequest,
@@ -466,6 +466,38 @@ async def _alter_client_quotas(c: Controller, q: AlterClientQuotas) -> dict:
     entries = [([(t, n) for t, n in e.entity], dict(e.ops)) for e in q.entries]
     results = await c.execute(lambda tx: security.alter_client_quotas(tx, entries, q.validate_only))
     return {"results": [list(x) for x in results]}
+
+
+# --------------------------------------------------------------------------- SCRAM users (issue 15)
+
+B64 = Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z0-9+/=]+$")]
+
+
+class ScramDeletion(_Req):
+    user: Name
+    mechanism: Name
+
+
+class ScramUpsertion(_Req):
+    user: Name
+    mechanism: Name
+    salt: B64
+    iterations: Annotated[int, Field(ge=1, le=2**31 - 1)]
+    stored_key: B64
+    server_key: B64
+
+
+class AlterScramCredentials(_Req):
+    deletions: list[ScramDeletion] = Field(default_factory=list, max_length=10_000)
+    upsertions: list[ScramUpsertion] = Field(default_factory=list, max_length=10_000)
+
+
+@method("alter_scram_credentials", AlterScramCredentials)
+async def _alter_scram_credentials(c: Controller, q: AlterScramCredentials) -> dict:
+    deletions = [(d.user, d.mechanism) for d in q.deletions]
+    upsertions = [ScramCredentialInfo(**u.model_dump()) for u in q.upsertions]
+    results = await c.execute(lambda tx: users.alter_scram_credentials(tx, deletions, upsertions))
+    return {"results": {u: (list(v) if v else None) for u, v in results.items()}}
 
 
 # --------------------------------------------------------------------------- app

@@ -23,6 +23,7 @@ from automq.broker.controller.protocol import (
     Endpoint,
     MetadataImage,
     PartitionInfo,
+    ScramCredentialInfo,
     TopicInfo,
     WalRecoveryJob,
 )
@@ -141,6 +142,8 @@ class MetadataState:
         # ACL bindings as AclBinding.key() tuples, in creation order (a dict as an ordered set)
         self.acls: dict[tuple[Any, ...], None] = {}
         self.client_quotas: dict[Entity, dict[str, float]] = {}
+        # SCRAM users: (user, mechanism) -> [salt, iterations, stored_key, server_key] (base64)
+        self.scram: dict[tuple[str, str], list[Any]] = {}
 
     # ------------------------------------------------------------------ apply
 
@@ -464,6 +467,7 @@ class MetadataState:
             jobs,
             acls=tuple(AclBinding(*k) for k in self.acls),
             client_quotas=tuple(ClientQuota(e, dict(v)) for e, v in self.client_quotas.items()),
+            scram_credentials=tuple(ScramCredentialInfo(u, m, *v) for (u, m), v in sorted(self.scram.items())),
         )
 
     # ------------------------------------------------------------------ snapshots
@@ -536,6 +540,7 @@ class MetadataState:
             ],
             "acls": [list(k) for k in self.acls],
             "client_quotas": [[[list(p) for p in e], v] for e, v in self.client_quotas.items()],
+            "scram": [[u, m, *v] for (u, m), v in self.scram.items()],
         }
 
     @classmethod
@@ -583,6 +588,8 @@ class MetadataState:
             st.acls[tuple(key)] = None
         for entity, values in data.get("client_quotas", ()):
             st.client_quotas[tuple((t, n) for t, n in entity)] = dict(values)
+        for user, mechanism, *values in data.get("scram", []):  # absent from snapshots before issue 15
+            st.scram[(user, mechanism)] = values
         return st
 
     # ------------------------------------------------------------------ invariants
@@ -634,7 +641,17 @@ class MetadataState:
                 assert p.stream_id in self.streams, f"partition {t.name}-{p.partition} lost its stream"
 
 
+def _scram_credential_upserted(st: MetadataState, rec: r.ScramCredentialUpserted) -> None:
+    st.scram[(rec.user, rec.mechanism)] = [rec.salt, rec.iterations, rec.stored_key, rec.server_key]
+
+
+def _scram_credential_deleted(st: MetadataState, rec: r.ScramCredentialDeleted) -> None:
+    st.scram.pop((rec.user, rec.mechanism), None)
+
+
 _HANDLERS: dict[type[r.Record], Callable[[MetadataState, Any], None]] = {
+    r.ScramCredentialUpserted: _scram_credential_upserted,
+    r.ScramCredentialDeleted: _scram_credential_deleted,
     r.ControllerElected: MetadataState._controller_elected,
     r.ControllerResigned: MetadataState._controller_resigned,
     r.LeaderHeartbeat: MetadataState._leader_heartbeat,

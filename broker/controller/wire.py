@@ -18,6 +18,7 @@ from automq.broker.controller.protocol import (
     Endpoint,
     MetadataImage,
     PartitionInfo,
+    ScramCredentialInfo,
     TopicInfo,
     WalRecoveryJob,
 )
@@ -106,4 +107,5 @@ def metadata_image(d: dict) -> MetadataImage:
         client_quotas=tuple(
             ClientQuota(tuple((t, n) for t, n in q["entity"]), dict(q["values"])) for q in d.get("client_quotas", ())
         ),
+        scram_credentials=tuple(ScramCredentialInfo(**c) for c in d.get("scram_credentials", ())),
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from base64 import b64decode
 
 from prometheus_client import CollectorRegistry
 
@@ -28,6 +29,8 @@ from automq.broker.kafka.partitions import PartitionManager
 from automq.broker.kafka.producers import ProducerIdAllocator
 from automq.broker.kafka.quotas import ClientQuotas
 from automq.broker.kafka.transactions.coordinator import TXN_TOPIC, TransactionCoordinator
+from automq.broker.security.sasl import SaslMechanisms
+from automq.broker.security.scram import ScramCredential
 from automq.broker.storage.api import StreamClient
 
 log = logging.getLogger(__name__)
@@ -78,6 +81,11 @@ class Broker:
 
         self.fetch_sessions = FetchSessionCache(config.kafka.fetch_session_cache_slots, self.metrics)
         self._creating: dict[str, asyncio.Task[TopicInfo | None]] = {}
+        self._scram: dict[tuple[str, str], ScramCredential] = {}  # from the metadata image
+        # SASL mechanisms of the SASL_* listeners (None: no such listener)
+        self.sasl: SaslMechanisms | None = None
+        if any(lst.security_protocol.startswith("SASL") for lst in config.listeners):
+            self.sasl = SaslMechanisms(config.security, self.scram_credential)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -107,11 +115,22 @@ class Broker:
         if self.authorizer is not None:
             self.authorizer.update(image.acls)
         self.quotas.update(image.client_quotas)
+        if previous is None or previous.scram_credentials != image.scram_credentials:
+            self._scram = {
+                (c.user, c.mechanism): ScramCredential(
+                    c.mechanism, b64decode(c.salt), c.iterations, b64decode(c.stored_key), b64decode(c.server_key)
+                )
+                for c in image.scram_credentials
+            }
         if previous is not None:
             current = {t.name for t in image.topics}
             for t in previous.topics:
                 if t.name not in current:
                     self.metrics.forget_topic(t.name)  # deleted: its per-topic series go
+
+    def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        """A user's SCRAM credential as of the latest metadata (AlterUserScramCredentials)."""
+        return self._scram.get((user, mechanism))
 
     # ---------------------------------------------------------------- leaders (KIP-951)
 
@@ -123,16 +142,17 @@ class Broker:
         p = info.partitions[partition]
         return (p.leader, p.leader_epoch) if p.leader >= 0 else None
 
-    def endpoint_of(self, node_id: int) -> tuple[str, int, str | None] | None:
-        """(host, port, rack) clients should use for a broker, on the first listener's name."""
+    def endpoint_of(self, node_id: int, listener: str | None = None) -> tuple[str, int, str | None] | None:
+        """(host, port, rack) clients of `listener` (default: the first) should use for a broker."""
         image = self.metadata
         if image is None:
             return None
-        listener = self.config.listeners[0].name if self.config.listeners else None
+        if listener is None:
+            listener = self.config.listeners[0].name if self.config.listeners else None
         for b in image.brokers:
             if b.node_id == node_id and b.endpoints and b.state != "fenced":
-                e = next((e for e in b.endpoints if e.listener == listener), b.endpoints[0])
-                return e.host, e.port, b.rack
+                e = next((e for e in b.endpoints if e.listener == listener), None)
+                return (e.host, e.port, b.rack) if e is not None else None
         return None
 
     # ---------------------------------------------------------------- topics

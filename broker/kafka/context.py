@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from automq.broker.kafka.auth_session import ConnectionSession
     from automq.broker.kafka.broker import Broker
 
 
@@ -20,10 +21,14 @@ class RequestContext:
     # their answer with it (and its module's nested classes, see codec.build/codec.nested).
     response_class: type
     broker: Broker
-    # who is asking, for the authorizer and quotas: `User:NAME` once authenticated (set by the
-    # connection), the client's IP address, and the listener the connection came in on
-    principal: str = "User:ANONYMOUS"
-    client_host: str = ""
-    listener: str = ""
     # set by client quotas: the server mutes the connection this long after answering
     throttle_ms: int = 0
+    # Who is asking, for authorization and quotas: a Kafka principal string ("User:alice";
+    # "User:ANONYMOUS" when the listener authenticates nobody), the client's IP, and the
+    # listener the connection came in on. Captured per request: re-authentication (KIP-368)
+    # may change the principal of a connection between two requests.
+    principal: str = "User:ANONYMOUS"
+    client_host: str = ""
+    listener: str = "PLAINTEXT"
+    security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    session: ConnectionSession | None = None  # TLS/SASL listeners: the connection's auth state

@@ -57,9 +57,14 @@ from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker.config import Listener
 from automq.broker.kafka import codec, quotas
+from automq.broker.kafka.auth_session import ConnectionSession
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers import registry
+from automq.broker.security.principal import PrincipalMapper, PrincipalMappingError, subject_dn
+from automq.broker.security.scram import SaslAuthenticationError
+from automq.broker.security.tls import ReloadingContext
 
 if TYPE_CHECKING:
     from automq.broker.kafka.broker import Broker
@@ -115,13 +120,17 @@ class KafkaConnection(asyncio.BufferedProtocol):
         "_writing_paused",
         "broker",
         "ip",
+        "listener",
         "peer",
         "server",
+        "session",
         "transport",
     )
 
-    def __init__(self, server: KafkaServer) -> None:
+    def __init__(self, server: KafkaServer, listener: Listener | None = None) -> None:
         self.server = server
+        self.listener = listener if listener is not None else server.config.listeners[0]
+        self.session: ConnectionSession | None = None  # set on TLS / SASL listeners only
         assert server.broker is not None, "connections are accepted only once the broker is attached"
         self.broker: Broker = server.broker
         self.transport: asyncio.Transport | None = None
@@ -161,6 +170,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if refusal is not None:
             self._abort(refusal[0], refusal[1])
             return
+        if self.listener.security_protocol != "PLAINTEXT":
+            try:
+                self.session = self.server.new_session(self.listener, self.ip, transport)
+            except PrincipalMappingError as exc:
+                self.server.release(self)
+                self._abort("ssl_principal", str(exc))
+                return
         self._counted = True
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         self.broker.metrics.connections.inc()
@@ -318,7 +334,33 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     # ---------------------------------------------------------------- requests
 
+    def _on_raw_token(self, session: ConnectionSession, frame: bytes | bytearray) -> None:
+        """A raw SASL token after SaslHandshake v0: answered with a raw token, in order."""
+        server = session.server
+        assert server is not None
+        try:
+            answer = server.step(bytes(frame))
+        except SaslAuthenticationError as exc:
+            self._abort(
+                "sasl_authentication_failed",
+                f"SASL {session.mechanism} authentication failed: {exc}",
+                level=logging.INFO,
+            )
+            return
+        if server.complete:
+            session.raw_tokens = False
+            error, _ = session.finish(server, self.server.config.security.connections_max_reauth_ms)
+            if error is not None:
+                self._abort("sasl_authentication_failed", error, level=logging.INFO)
+                return
+        self._slots.append(_Slot(-1, done=True, payload=[answer]))
+        self._flush()
+
     def _on_frame(self, frame: bytes | bytearray) -> None:
+        session = self.session
+        if session is not None and session.raw_tokens and session.server is not None:
+            self._on_raw_token(session, frame)
+            return
         try:
             decoded = codec.decode_request(frame, self.server.served)
         except codec.UnsupportedVersionError as exc:
@@ -348,7 +390,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
             response_class=decoded.response_class,
             broker=self.broker,
             client_host=self.ip,
+            listener=self.listener.name,
         )
+        session = self.session
+        if session is not None:
+            ctx.security_protocol = session.security_protocol
+            ctx.session = session
         concurrent = header.api_key in CONCURRENT_APIS
         if concurrent:
             waits_for = [self._last_serial] if self._last_serial is not None and not self._last_serial.done() else []
@@ -374,6 +421,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
     ) -> None:
         if waits_for:
             await asyncio.gather(*waits_for, return_exceptions=True)
+        session = self.session
+        if session is not None:
+            # decided only now: the SaslAuthenticate requests before this one have finished
+            refusal = session.refusal(ctx.api_key)
+            if refusal is not None:
+                self._abort("sasl_required", f"closing: {refusal}")
+                return
+            ctx.principal = session.principal
         reg = registry.lookup(ctx.api_key)
         api = codec.api_name(ctx.api_key)
         metrics = self.broker.metrics
@@ -417,6 +472,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         metrics.record_request(api, time.perf_counter() - started)
         if ctx.throttle_ms and not quotas.client_throttles(ctx.api_key, ctx.api_version):
             await asyncio.sleep(ctx.throttle_ms / 1000)  # an old client does not throttle itself: answer late
+        if session is not None and session.close_after_response:
+            session.close_after_response = False
+            slot.close_after = True
         slot.payload = payload
         slot.done = True
         self._flush()
@@ -647,6 +705,35 @@ class KafkaServer:
         self._servers: list[asyncio.AbstractServer] = []
         self._sockets: dict[str, socket.socket] = {}
         self.bound_ports: dict[str, int] = {}
+        # shared by the SSL / SASL_SSL listeners; built here so a bad certificate stops the start
+        self.tls: ReloadingContext | None = None
+        if any(lst.security_protocol.endswith("SSL") for lst in self.config.listeners):
+            self.tls = ReloadingContext(self.config.tls)
+        self._principals = PrincipalMapper(self.config.tls.principal_mapping_rules)
+        self._tls_reload: asyncio.TimerHandle | None = None
+
+    # ---------------------------------------------------------------- TLS and principals
+
+    def new_session(self, listener: Listener, ip: str, transport: asyncio.BaseTransport) -> ConnectionSession:
+        """The auth state of a connection on a non-PLAINTEXT listener. On SSL, a verified
+        client certificate names the principal (mapping rules); on SASL_*, SASL will."""
+        protocol = listener.security_protocol
+        session = ConnectionSession(listener.name, protocol, ip, sasl=protocol.startswith("SASL"))
+        if protocol == "SSL":
+            ssl_object = transport.get_extra_info("ssl_object")
+            der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+            if der:
+                session.principal = "User:" + self._principals.name_for(subject_dn(der))
+        return session
+
+    def _check_tls(self) -> None:
+        self._tls_reload = None
+        if self.tls is None:
+            return
+        self.tls.check()
+        interval = self.config.tls.reload_check_interval_ms / 1000.0
+        if interval > 0:
+            self._tls_reload = asyncio.get_running_loop().call_later(interval, self._check_tls)
 
     # ---------------------------------------------------------------- connection limits
 
@@ -748,10 +835,20 @@ class KafkaServer:
         self.bind()
         self._resolve_overrides()
         loop = asyncio.get_running_loop()
+        by_name = {listener.name: listener for listener in self.config.listeners}
+        if self.tls is not None and self._tls_reload is None:
+            self._check_tls()
         for name, sock in self._sockets.items():
-            server = await loop.create_server(lambda: KafkaConnection(self), sock=sock)
+            listener = by_name[name]
+            tls = listener.security_protocol.endswith("SSL")
+            server = await loop.create_server(
+                functools.partial(KafkaConnection, self, listener),
+                sock=sock,
+                ssl=self.tls.context if tls and self.tls is not None else None,
+                ssl_handshake_timeout=self.config.tls.handshake_timeout_ms / 1000.0 if tls else None,
+            )
             self._servers.append(server)
-            log.info("Kafka listener %s on %s", name, sock.getsockname())
+            log.info("Kafka listener %s (%s) on %s", name, listener.security_protocol, sock.getsockname())
         return dict(self.bound_ports)
 
     async def stop(self, timeout: float = 10.0) -> None:
@@ -759,6 +856,9 @@ class KafkaServer:
         if self._trim is not None:
             self._trim.cancel()
             self._trim = None
+        if self._tls_reload is not None:
+            self._tls_reload.cancel()
+            self._tls_reload = None
         for server in self._servers:
             server.close()
         for _name, sock in self._sockets.items():

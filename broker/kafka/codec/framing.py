@@ -62,6 +62,7 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     33: (0, 2),  # AlterConfigs
     34: (1, 2),  # AlterReplicaLogDirs
     35: (1, 4),  # DescribeLogDirs
+    36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
     43: (0, 2),  # ElectLeaders
@@ -71,6 +72,8 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     47: (0, 0),  # OffsetDelete
     48: (0, 1),  # DescribeClientQuotas
     49: (0, 1),  # AlterClientQuotas
+    50: (0, 0),  # DescribeUserScramCredentials
+    51: (0, 0),  # AlterUserScramCredentials
     55: (0, 2),  # DescribeQuorum
     60: (0, 2),  # DescribeCluster
     71: (0, 0),  # GetTelemetrySubscriptions

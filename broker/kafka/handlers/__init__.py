@@ -16,6 +16,8 @@ from automq.broker.kafka.handlers import (  # noqa: F401 - imported for their re
     produce,
     producers,  # InitProducerId
     quotas,  # AlterClientQuotas, DescribeClientQuotas
+    sasl,  # SaslHandshake, SaslAuthenticate
+    scram_users,  # Describe/AlterUserScramCredentials
     transactions,  # AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, WriteTxnMarkers, TxnOffsetCommit
 )
 from automq.broker.kafka.handlers.registry import handles, lookup, registrations

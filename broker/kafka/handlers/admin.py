@@ -784,7 +784,7 @@ async def describe_cluster(request: Any, ctx: RequestContext) -> Any:
             brokers=(),
         )
     include_fenced = bool(getattr(request, "include_fenced_brokers", False))
-    listener = broker.config.listeners[0].name if broker.config.listeners else "PLAINTEXT"
+    listener = ctx.listener
     entries = []
     alive = []
     for b in sorted(image.brokers if image is not None else (), key=lambda b: b.node_id):

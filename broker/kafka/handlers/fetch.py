@@ -329,7 +329,7 @@ async def fetch(request, ctx: RequestContext):
         error_code=ErrorCode.none,
         session_id=response_session_id,
         responses=responses,
-        node_endpoints=node_endpoints(broker, cls, leaders),
+        node_endpoints=node_endpoints(broker, cls, leaders, ctx.listener),
     )
 
 

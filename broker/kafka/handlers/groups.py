@@ -114,8 +114,7 @@ async def _locate(ctx: RequestContext, key_type: int, key: str) -> tuple[ErrorCo
     if image is not None:
         node = next((b for b in image.brokers if b.node_id == info.leader and b.state != "fenced"), None)
         if node is not None and node.endpoints:
-            wanted = broker.config.listeners[0].name if broker.config.listeners else None
-            endpoint = next((e for e in node.endpoints if e.listener == wanted), node.endpoints[0])
+            endpoint = next((e for e in node.endpoints if e.listener == ctx.listener), None)
     if endpoint is None:
         return ErrorCode.coordinator_not_available, "the coordinator's broker is not available", -1, "", -1
     return ErrorCode.none, None, info.leader, endpoint.host, endpoint.port

@@ -162,11 +162,15 @@ async def metadata(request, ctx: RequestContext):
     broker_cls = codec.nested(cls, "MetadataResponseBroker")
     brokers = []
     if image is not None:
-        listener = broker.config.listeners[0].name if broker.config.listeners else None
+        # as Kafka: each broker's endpoint on the listener this request came in on (an SSL
+        # client is sent to SSL ports); a broker without that listener is not listed
+        listener = ctx.listener
         for b in image.brokers:
             if b.state == "fenced" or not b.endpoints:
                 continue
-            endpoint = next((e for e in b.endpoints if e.listener == listener), b.endpoints[0])
+            endpoint = next((e for e in b.endpoints if e.listener == listener), None)
+            if endpoint is None:
+                continue
             brokers.append(
                 codec.build(broker_cls, node_id=b.node_id, host=endpoint.host, port=endpoint.port, rack=b.rack)
             )

@@ -201,18 +201,18 @@ async def produce(request, ctx: RequestContext):
         ctx.response_class,
         responses=responses,
         throttle_time=codec.ZERO_THROTTLE,
-        node_endpoints=node_endpoints(broker, ctx.response_class, leaders),
+        node_endpoints=node_endpoints(broker, ctx.response_class, leaders, ctx.listener),
     )
 
 
-def node_endpoints(broker, response_class, leaders: set[int]) -> tuple:
+def node_endpoints(broker, response_class, leaders: set[int], listener: str | None = None) -> tuple:
     """KIP-951 NodeEndpoints for the leaders named in current_leader fields."""
     if not leaders or not codec.has_field(response_class, "node_endpoints"):
         return ()
     endpoint_cls = codec.nested(response_class, "NodeEndpoint")
     out = []
     for node_id in sorted(leaders):
-        endpoint = broker.endpoint_of(node_id)
+        endpoint = broker.endpoint_of(node_id, listener)
         if endpoint is not None:
             out.append(endpoint_cls(node_id=node_id, host=endpoint[0], port=endpoint[1], rack=endpoint[2]))
     return tuple(out)

@@ -166,13 +166,19 @@ class ControllerClient:
     async def unregister_broker(self, node_id: int, node_epoch: int) -> None:
         await self.call("unregister_broker", {"node_id": node_id, "node_epoch": node_epoch})
 
-    async def watch_metadata(self, since_version: int, timeout_ms: int) -> MetadataImage:
-        data = await self.call(
-            "watch_metadata",
-            {"since_version": since_version, "timeout_ms": timeout_ms},
+    async def watch_metadata(self, since_version: int, timeout_ms: int, node_id: int = -1) -> MetadataImage:
+        body: dict[str, Any] = {"since_version": since_version, "timeout_ms": timeout_ms}
+        if node_id >= 0:
+            body["node_id"] = node_id
+        data = await self.call("watch_metadata", body, timeout_s=timeout_ms / 1000 + self.request_timeout_s)
+        return wire.metadata_image(data)
+
+    async def await_applied(self, version: int, timeout_ms: int, topics: list[str] | None = None) -> dict[str, Any]:
+        return await self.call(
+            "await_applied",
+            {"version": version, "timeout_ms": timeout_ms, "topics": list(topics or ())},
             timeout_s=timeout_ms / 1000 + self.request_timeout_s,
         )
-        return wire.metadata_image(data)
 
     async def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicInfo:
         return wire.topic_info(

@@ -151,6 +151,10 @@ class Controller:
         self._image: MetadataImage | None = None
         self._image_changed = asyncio.Event()
         self._sessions: dict[int, float] = {}  # node id -> monotonic deadline (leader only)
+        # node id -> the newest image version that broker has applied (it watches from there)
+        self._applied: dict[int, int] = {}
+        self._applied_changed = asyncio.Event()
+        self._committed = asyncio.Event()
         self._entries_since_snapshot = 0
         self._snapshot_task: asyncio.Task | None = None
         self._main: asyncio.Task | None = None
@@ -471,6 +475,9 @@ class Controller:
                 pending.future.set_exception(value)
         if any(rec.VISIBLE for rec in records):
             self._publish()
+        if records:  # e.g. a stream opened: await_applied re-checks (not visible in images)
+            self._committed.set()
+            self._committed = asyncio.Event()
         if self._entries_since_snapshot >= self.config.snapshot_interval_entries:
             self._start_snapshot()
 
@@ -644,8 +651,14 @@ class Controller:
         self._image_changed.set()
         self._image_changed = asyncio.Event()
 
-    async def watch(self, since_version: int, timeout_ms: int) -> MetadataImage:
+    async def watch(self, since_version: int, timeout_ms: int, node_id: int = -1) -> MetadataImage:
+        """The image once its version > since_version (or at the timeout). A broker watching
+        from `since_version` has applied that version: noted, for `await_applied`."""
         self._require_leader()
+        if node_id >= 0 and since_version > self._applied.get(node_id, -1):
+            self._applied[node_id] = since_version
+            self._applied_changed.set()
+            self._applied_changed = asyncio.Event()
         deadline = time.monotonic() + max(0, timeout_ms) / 1000
         while True:
             image = self._image
@@ -659,4 +672,39 @@ class Controller:
                 await asyncio.wait_for(changed.wait(), remaining)
             except TimeoutError:
                 pass
+            self._require_leader()
+
+    async def await_applied(self, version: int, timeout_ms: int, topics: tuple[str, ...] = ()) -> dict[str, list]:
+        """Wait until every live broker has applied image `version` and every partition of
+        `topics` that has a leader is open on it (its stream held by the leader under the
+        leader epoch), or the timeout. Returns what is still missing: {"laggards": [node ids],
+        "unopened": [[topic, partition], ...]} (both empty when done). CreateTopics and
+        CreatePartitions answer after this, so create-then-use works on any broker."""
+        self._require_leader()
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000
+        while True:
+            state = self.state
+            laggards = sorted(
+                b.node_id
+                for b in state.brokers.values()
+                if b.state != "fenced" and self._applied.get(b.node_id, -1) < version
+            )
+            unopened = []
+            for name in topics:
+                t = state.topics.get(name)
+                for p in t.partitions if t is not None else ():
+                    s = state.streams.get(p.stream_id)
+                    if p.leader >= 0 and (
+                        s is None or s.state != "open" or s.owner != p.leader or s.epoch != p.leader_epoch
+                    ):
+                        unopened.append([name, p.partition])
+            remaining = deadline - time.monotonic()
+            if (not laggards and not unopened) or remaining <= 0:
+                return {"laggards": laggards, "unopened": unopened}
+            waits = [asyncio.ensure_future(e.wait()) for e in (self._applied_changed, self._committed)]
+            try:
+                await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
             self._require_leader()

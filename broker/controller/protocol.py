@@ -189,8 +189,13 @@ class ClusterClient(Protocol):
     async def unregister_broker(self, node_id: int, node_epoch: int) -> None:
         """Graceful shutdown: the controller moves this broker's partitions elsewhere."""
 
-    async def watch_metadata(self, since_version: int, timeout_ms: int) -> MetadataImage:
-        """The current image as soon as its version > since_version, or after timeout_ms."""
+    async def watch_metadata(self, since_version: int, timeout_ms: int, node_id: int = -1) -> MetadataImage:
+        """The current image as soon as its version > since_version, or after timeout_ms. A
+        broker passes its node id: watching from a version says it has applied it."""
+
+    async def await_applied(self, version: int, timeout_ms: int, topics: list[str] | None = None) -> dict[str, Any]:
+        """Wait (up to timeout_ms) until every live broker applied `version` and the partitions
+        of `topics` are open on their leaders; returns {"laggards": [...], "unopened": [...]}."""
 
     async def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicInfo: ...
 

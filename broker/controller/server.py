@@ -78,6 +78,13 @@ class NodeOnly(_Req):
 class WatchMetadata(_Req):
     since_version: Annotated[int, Field(ge=-1)] = -1
     timeout_ms: Annotated[int, Field(ge=0, le=600_000)] = 0
+    node_id: OptNodeId = -1  # a broker: it has applied since_version
+
+
+class AwaitApplied(_Req):
+    version: Annotated[int, Field(ge=0)]
+    timeout_ms: Annotated[int, Field(ge=0, le=600_000)] = 0
+    topics: Annotated[list[Name], Field(max_length=10_000)] = []
 
 
 class CreateTopic(_Req):
@@ -295,7 +302,12 @@ async def _unregister_broker(c: Controller, q: NodeRef) -> dict:
 
 @method("watch_metadata", WatchMetadata)
 async def _watch_metadata(c: Controller, q: WatchMetadata) -> dict:
-    return to_wire(await c.watch(q.since_version, q.timeout_ms))
+    return to_wire(await c.watch(q.since_version, q.timeout_ms, q.node_id))
+
+
+@method("await_applied", AwaitApplied)
+async def _await_applied(c: Controller, q: AwaitApplied) -> dict:
+    return await c.await_applied(q.version, q.timeout_ms, tuple(q.topics))
 
 
 @method("create_topic", CreateTopic)

@@ -544,6 +544,28 @@ class PartitionManager:
             raise UnknownPartitionError(f"unknown partition {topic}-{partition}")
         raise NotLeaderError(f"{topic}-{partition} is not led by node {self._broker.node_id}")
 
+    async def get_when_open(self, topic: str, partition: int, timeout: float) -> Partition:
+        """`get`, except that a partition this broker's image places here whose open is still
+        in flight (just created or moved here) is waited for, up to `timeout`, instead of
+        answering NOT_LEADER_OR_FOLLOWER to a client that already has the new metadata."""
+        try:
+            return self.get(topic, partition)
+        except NotLeaderError:
+            task = self._transitions.get((topic, partition))
+            info = self._topics.get(topic)
+            placed = info is not None and 0 <= partition < len(info.partitions)
+            if task is None or not placed:
+                raise
+            assert info is not None
+            p = info.partitions[partition]
+            if p.leader != self._broker.node_id or p.state != "online":
+                raise
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+            except Exception:  # timed out, or the open failed: answered just below
+                pass
+            return self.get(topic, partition)
+
     def led(self) -> list[Partition]:
         return [p for p in self._partitions.values() if not p.closed]
 
@@ -599,7 +621,7 @@ class PartitionManager:
         backoff = 0.1
         while not self._closing:
             try:
-                image = await cluster.watch_metadata(since, self.WATCH_TIMEOUT_MS)
+                image = await cluster.watch_metadata(since, self.WATCH_TIMEOUT_MS, self._broker.node_id)
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise

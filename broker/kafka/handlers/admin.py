@@ -318,6 +318,27 @@ async def _fresh_image(ctx: RequestContext) -> MetadataImage | None:
         return ctx.broker.partitions.image
 
 
+async def _await_cluster(ctx: RequestContext, topics: list[str], budget_s: float) -> None:
+    """Answer only once every live broker has this broker's current metadata and the topics'
+    partitions are open on their leaders, so a client's next Metadata or Produce on any broker
+    finds them (Kafka answers before that). Bounded; a slow broker only delays the answer."""
+    image = ctx.broker.partitions.image
+    budget_s = min(budget_s, METADATA_PROPAGATION_WAIT_S)
+    if image is None or budget_s <= 0:
+        return
+    try:
+        missing = await _controller(
+            ctx.broker.cluster.await_applied(image.version, int(budget_s * 1000), topics), budget_s + 5.0
+        )
+    except Exception as exc:
+        log.info("could not wait for every broker to see %s: %s", topics, exc)
+        return
+    if missing.get("laggards") or missing.get("unopened"):
+        log.info("answering for %s before every broker caught up: %s", topics, missing)
+    for name in topics:  # the ones led here serve as soon as the answer leaves
+        await ctx.broker.partitions.wait_opened(name, budget_s)
+
+
 async def _await_local(ctx: RequestContext, predicate: Callable[[MetadataImage], bool], budget_s: float) -> None:
     if budget_s <= 0:
         return
@@ -413,6 +434,7 @@ async def create_topics(request: Any, ctx: RequestContext) -> Any:
     results = await asyncio.gather(*(one(t) for t in request.topics))
     if created:
         await _await_local(ctx, lambda img: all(_topic(img, n) is not None for n in created), timeout_s)
+        await _await_cluster(ctx, created, timeout_s)
     return build(cls, throttle_time=ZERO_THROTTLE, topics=tuple(results))
 
 
@@ -502,6 +524,7 @@ async def create_partitions(request: Any, ctx: RequestContext) -> Any:
             lambda img: all((t := _topic(img, n)) is not None and len(t.partitions) >= c for n, c in grown.items()),
             timeout_s,
         )
+        await _await_cluster(ctx, list(grown), timeout_s)
     return build(cls, throttle_time=ZERO_THROTTLE, results=tuple(results))
 
 

@@ -33,6 +33,11 @@ from automq.broker.storage.api import RecordTooLargeError
 
 log = logging.getLogger(__name__)
 
+# A produce to a partition this broker is still opening (just created or moved here) waits
+# this long for the open rather than answering NOT_LEADER_OR_FOLLOWER to a client whose
+# metadata is already right.
+OPEN_WAIT_S = 5.0
+
 API_KEY = 0
 
 
@@ -108,7 +113,7 @@ async def produce(request, ctx: RequestContext):
                 )
                 continue
             try:
-                partition = partitions.get(topic, index)
+                partition = await partitions.get_when_open(topic, index, OPEN_WAIT_S)
                 header = records.validate_produce_records(pdata.records, partition.max_message_bytes(default_max))
                 if header.is_control:
                     raise records.InvalidBatchError(

@@ -188,7 +188,11 @@ def _judge(status: ClusterStatus) -> None:
 async def collect_status(controller_urls: list[str], timeout_s: float = 5.0) -> ClusterStatus:
     """Everything `automq status` shows. Never raises for an unreachable part: it becomes a problem."""
     status = ClusterStatus()
-    async with aiohttp.ClientSession() as http:
+    from automq.broker.security.controller_auth import ControllerClientAuth
+
+    auth = ControllerClientAuth.from_env()  # AUTOMQ_CONTROLLER_TOKEN_FILE / _CA_FILE when the API is secured
+    connector = aiohttp.TCPConnector(ssl=auth.ssl if auth.ssl is not None else True)
+    async with aiohttp.ClientSession(headers=auth.headers(), connector=connector) as http:
         status.controllers = list(await asyncio.gather(*(_controller(http, u, timeout_s) for u in controller_urls)))
         leaders = [c.url for c in status.controllers if c.role == "leader"]
         if leaders:

@@ -37,6 +37,7 @@ from automq.broker.controller.protocol import (
     WalRecoveryJob,
 )
 from automq.broker.controller.wire import to_wire
+from automq.broker.security.controller_auth import ControllerClientAuth
 from automq.broker.storage.metadata import (
     CommitStreamSetObjectRequest,
     MetadataError,
@@ -67,7 +68,10 @@ class ControllerClient:
         *,
         request_timeout_s: float = 10.0,
         retry_deadline_s: float = 30.0,
+        auth: ControllerClientAuth | None = None,
     ) -> None:
+        """`auth`: the token and TLS context to use (default: from AUTOMQ_CONTROLLER_TOKEN_FILE /
+        AUTOMQ_CONTROLLER_CA_FILE, so CLIs and jobs without a node config can authenticate)."""
         if not urls:
             raise ValueError("ControllerClient needs at least one controller URL")
         self.urls = [u.rstrip("/") for u in urls]
@@ -76,6 +80,7 @@ class ControllerClient:
         self._leader: str | None = None
         self._next = 0
         self._session: aiohttp.ClientSession | None = None
+        self.auth = auth if auth is not None else ControllerClientAuth.from_env()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -91,7 +96,7 @@ class ControllerClient:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=256),
+                connector=aiohttp.TCPConnector(limit=256, ssl=self.auth.ssl if self.auth.ssl is not None else True),
                 json_serialize=lambda obj: json.dumps(obj, separators=(",", ":")),
             )
         return self._session
@@ -113,6 +118,7 @@ class ControllerClient:
                 async with self._http().post(
                     f"{url}/v1/{method}",
                     json=body,
+                    headers=self.auth.headers(),
                     timeout=aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s),
                 ) as resp:
                     status = resp.status
@@ -287,7 +293,7 @@ class ControllerClient:
         """`GET /v1/status` of the controller this client currently talks to."""
         url = self._leader or self.urls[0]
         async with self._http().get(
-            f"{url}/v1/status", timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)
+            f"{url}/v1/status", headers=self.auth.headers(), timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)
         ) as resp:
             return await resp.json()
 
@@ -295,7 +301,9 @@ class ControllerClient:
         """`GET /v1/status` of one controller (any of `urls`); None when it does not answer."""
         try:
             async with self._http().get(
-                f"{url.rstrip('/')}/v1/status", timeout=aiohttp.ClientTimeout(total=timeout_s)
+                f"{url.rstrip('/')}/v1/status",
+                headers=self.auth.headers(),
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 if resp.status != 200:
                     return None

@@ -19,6 +19,7 @@ from automq.broker.controller.controller import Controller
 from automq.broker.controller.server import build_app
 from automq.broker.node import run_node
 from automq.broker.objectstore import open_object_store
+from automq.broker.security.controller_auth import ControllerServerAuth, server_tls
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,10 @@ class ControllerService:
         )
         self._runner: web.AppRunner | None = None
         self.port = 0
+        # built now so a bad certificate or token file stops the start with the key's name
+        self.auth = ControllerServerAuth.from_config(config)
+        self.tls = server_tls(config.tls) if config.security.controller_tls else None
+        self._tls_reload: asyncio.Task[None] | None = None
 
     @staticmethod
     def _lease(config: NodeConfig):
@@ -53,20 +58,32 @@ class ControllerService:
         return self.controller.url
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(build_app(self.controller), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(build_app(self.controller, self.auth), access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, reuse_address=True)
+        site = web.TCPSite(
+            self._runner,
+            self.config.http_host,
+            self.config.http_port,
+            reuse_address=True,
+            ssl_context=self.tls.context if self.tls is not None else None,
+        )
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         host = self.config.http_host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
-        self.controller.url = self.config.controller.advertised_url or f"http://{host}:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        self.controller.url = self.config.controller.advertised_url or f"{scheme}://{host}:{self.port}"
+        if self.tls is not None and self.config.tls.reload_check_interval_ms > 0:
+            self._tls_reload = asyncio.get_running_loop().create_task(self._reload_tls(), name="controller-tls-reload")
         await self.controller.start()
         log.info("controller %d serving on %s (object store %s)", self.config.node_id, self.url, self.store.url)
 
     async def stop(self, resign: bool = True) -> None:
         """resign=False stops like a crash would (tests): standbys wait out the lease."""
+        if self._tls_reload is not None:
+            self._tls_reload.cancel()
+            self._tls_reload = None
         if resign:
             await self.controller.resign()
         await self.controller.stop()
@@ -74,6 +91,12 @@ class ControllerService:
             await self._runner.cleanup()
             self._runner = None
         await self.store.close()
+
+    async def _reload_tls(self) -> None:
+        assert self.tls is not None
+        while True:
+            await asyncio.sleep(self.config.tls.reload_check_interval_ms / 1000)
+            self.tls.check()
 
     async def __aenter__(self) -> ControllerService:
         await self.start()

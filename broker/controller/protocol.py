@@ -86,6 +86,13 @@ class ControllerUnavailableError(MetadataError):
     code = "CONTROLLER_UNAVAILABLE"
 
 
+class ControllerAuthenticationError(MetadataError):
+    """The controller API refused the call: no or a wrong token / client certificate
+    (security.controller_token_file, security.controller_tls). Not retried."""
+
+    code = "CONTROLLER_AUTHENTICATION_FAILED"
+
+
 class InvalidRequestError(MetadataError):
     """The request is malformed (missing field, wrong type, negative count...)."""
 
@@ -254,6 +261,7 @@ CLUSTER_ERRORS_BY_CODE: dict[str, type[MetadataError]] = {
             ObjectConflictError,
             InvalidRequestError,
             ControllerUnavailableError,
+            ControllerAuthenticationError,
         )
     },
 }

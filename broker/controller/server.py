@@ -26,8 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from automq.broker.controller import commands, security, users
 from automq.broker.controller.acls import AclBinding, AclFilter
 from automq.broker.controller.controller import Controller
-from automq.broker.controller.protocol import Endpoint, InvalidRequestError, ScramCredentialInfo
+from automq.broker.controller.protocol import (
+    ControllerAuthenticationError,
+    Endpoint,
+    InvalidRequestError,
+    ScramCredentialInfo,
+)
 from automq.broker.controller.wire import to_wire
+from automq.broker.security.controller_auth import ControllerServerAuth
 from automq.broker.storage.metadata import (
     CommitStreamSetObjectRequest,
     MetadataError,
@@ -520,8 +526,24 @@ def _error(exc: MetadataError, status: int, leader_url: str | None = None) -> we
     return web.json_response(body, status=status)
 
 
-def build_app(controller: Controller) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+def _auth_middleware(auth: ControllerServerAuth):
+    @web.middleware
+    async def check(request: web.Request, handler):
+        transport = request.transport
+        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        peer_certificate = ssl_object.getpeercert() if ssl_object is not None else None
+        refusal = auth.refusal(request.path, request.headers.get("Authorization"), peer_certificate)
+        if refusal is None:
+            return await handler(request)
+        log.warning("controller API: refused %s %s from %s: %s", request.method, request.path, request.remote, refusal)
+        return _error(ControllerAuthenticationError(refusal), 401)
+
+    return check
+
+
+def build_app(controller: Controller, auth: ControllerServerAuth | None = None) -> web.Application:
+    """`auth`: credentials every call but the open paths must carry (None: none, as before)."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_auth_middleware(auth)] if auth else [])
 
     async def call(request: web.Request) -> web.Response:
         name = request.match_info["method"]

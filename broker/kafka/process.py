@@ -106,12 +106,13 @@ class BrokerService:
     async def start(self) -> None:
         from automq.broker.controller.client import ControllerClient
         from automq.broker.objectstore import open_object_store
+        from automq.broker.security.controller_auth import ControllerClientAuth
         from automq.broker.storage.engine import StorageEngine
 
         config = self.config
         ports = self.server.bind()
         await self._start_http()
-        self.cluster = ControllerClient(config.controller_urls)
+        self.cluster = ControllerClient(config.controller_urls, auth=ControllerClientAuth.from_config(config))
         endpoints = [*advertised_endpoints(config, ports), Endpoint(METRICS_LISTENER, self.http_host, self.http_port)]
         node_epoch = await self.cluster.register_broker(config.node_id, endpoints, config.rack)
         self._ready["registered"] = True

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from security_pki import Pki
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
+CONTROLLER_TOKEN = "test-controller-token-0123456789"
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +85,16 @@ def secure_configs(tmp_path: Path, pki: Pki, **security):
     users_file = tmp_path / "plain-users.yaml"
     users_file.write_text(yaml.safe_dump(USERS))
     objects = f"file://{tmp_path}/objects"
+    token_file = tmp_path / "controller-token"
+    token_file.write_text(CONTROLLER_TOKEN + "\n")
+    tls = {
+        "cert_file": str(pki.server_cert),
+        "key_file": str(pki.server_key),
+        "ca_file": str(pki.ca.path),
+        "client_auth": "requested",
+    }
+    # the control plane is authenticated (token) and encrypted (https) in this cluster
+    control = {"controller_token_file": str(token_file), "controller_tls": True}
     controller = parse_config(
         {
             "node_id": 0,
@@ -91,6 +102,8 @@ def secure_configs(tmp_path: Path, pki: Pki, **security):
             "object_store_url": objects,
             "http_host": "127.0.0.1",
             "http_port": 0,
+            "tls": tls,
+            "security": control,
         }
     )
     broker = {
@@ -103,14 +116,9 @@ def secure_configs(tmp_path: Path, pki: Pki, **security):
             {"name": "TLS", "host": "127.0.0.1", "port": 0, "security_protocol": "SSL"},
             {"name": "SASL_TLS", "host": "127.0.0.1", "port": 0, "security_protocol": "SASL_SSL"},
         ],
-        "tls": {
-            "cert_file": str(pki.server_cert),
-            "key_file": str(pki.server_key),
-            "ca_file": str(pki.ca.path),
-            "client_auth": "requested",
-            "principal_mapping_rules": ["RULE:^CN=([^,]+),O=acme$/$1/L", "DEFAULT"],
-        },
+        "tls": {**tls, "principal_mapping_rules": ["RULE:^CN=([^,]+),O=acme$/$1/L", "DEFAULT"]},
         "security": {
+            **control,
             "sasl_enabled_mechanisms": ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"],
             "sasl_plain_users_file": str(users_file),
             "sasl_oauthbearer_allow_unsecured": True,

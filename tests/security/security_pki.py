@@ -76,7 +76,12 @@ class Ca:
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=valid_days))
             .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
+                # a node certificate is also presented as a client (broker -> controller mTLS)
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                    if server
+                    else [ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
                 critical=False,
             )
         )

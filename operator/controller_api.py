@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from automq.broker.controller.acls import AclBinding, AclFilter
 from automq.broker.controller.protocol import BrokerNotAvailableError, MetadataImage
 
 
@@ -56,6 +57,17 @@ class ControllerApi(Protocol):
 
     async def unregister_broker(self, node_id: int) -> None:
         """A broker removed for good (scale-in): stop counting it as a member of the cluster."""
+
+    # Users (automq.operator.users).
+
+    async def create_acls(self, bindings: list[AclBinding]) -> None:
+        """Store the bindings (existing ones are kept once); ControllerApiError if any is refused."""
+
+    async def delete_acls(self, filters: list[AclFilter]) -> None:
+        """Delete what the filters match."""
+
+    async def alter_user_quotas(self, user: str, ops: dict[str, float | None]) -> None:
+        """Set (a value) or remove (None) quota keys of the `user` quota entity."""
 
     async def close(self) -> None: ...
 
@@ -154,6 +166,32 @@ class ControllerClientApi:
             return  # never registered, or forgotten: nothing to unregister
         except Exception as exc:
             raise ControllerApiError(f"unregister of broker {node_id} failed: {exc}") from exc
+
+    async def create_acls(self, bindings: list[AclBinding]) -> None:
+        try:
+            results = await self._client.create_acls(bindings)
+        except Exception as exc:
+            raise ControllerApiError(f"creating ACLs failed: {exc}") from exc
+        refused = [f"{b}: {message}" for b, (code, message) in zip(bindings, results, strict=True) if code]
+        if refused:
+            raise ControllerApiError("the controller refused ACLs: " + "; ".join(refused))
+
+    async def delete_acls(self, filters: list[AclFilter]) -> None:
+        try:
+            results = await self._client.delete_acls(filters)
+        except Exception as exc:
+            raise ControllerApiError(f"deleting ACLs failed: {exc}") from exc
+        refused = [message for (code, message), _ in results if code]
+        if refused:
+            raise ControllerApiError("the controller refused ACL filters: " + "; ".join(str(m) for m in refused))
+
+    async def alter_user_quotas(self, user: str, ops: dict[str, float | None]) -> None:
+        try:
+            [(code, message)] = await self._client.alter_client_quotas([([("user", user)], ops)], False)
+        except Exception as exc:
+            raise ControllerApiError(f"altering the quotas of user {user} failed: {exc}") from exc
+        if code:
+            raise ControllerApiError(f"the controller refused the quotas of user {user}: {message}")
 
     async def close(self) -> None:
         await self._client.close()

@@ -264,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render_crd())
     print(f"wrote {target}")
+    if not argv:
+        from automq.operator.user_crd import USER_CRD_FILE, render_user_crd
+
+        USER_CRD_FILE.write_text(render_user_crd())
+        print(f"wrote {USER_CRD_FILE}")
     return 0
 
 

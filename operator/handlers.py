@@ -38,7 +38,7 @@ from typing import Any
 
 import kopf
 
-from automq.operator import elastic
+from automq.operator import elastic, users
 from automq.operator.builders import ClusterRef
 from automq.operator.controller_api import ControllerApiFactory, connect
 from automq.operator.kube import KubeApi, KubeError
@@ -62,6 +62,7 @@ from automq.operator.reconcile import (
     write_invalid_spec_status,
 )
 from automq.operator.spec import GROUP, PLURAL, VERSION, InvalidSpec, check_cluster_name, parse_spec
+from automq.operator.user_spec import USER_PLURAL
 
 log = logging.getLogger(__name__)
 
@@ -394,4 +395,13 @@ def register(registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
     kopf.daemon(**resource, id="elastic", cancellation_timeout=10.0)(run_elastic)
     kopf.on.update(**resource, field="spec")(spec_changed)
     kopf.on.delete(**resource)(delete_cluster)
+    # AutoMQUser: ACLs and quotas of one principal, kept in its cluster (automq.operator.users)
+    user = dict(group=GROUP, version=VERSION, plural=USER_PLURAL, registry=registry)
+    kopf.on.create(**user)(users.reconcile_user)
+    kopf.on.update(**user, field="spec")(users.reconcile_user)
+    kopf.on.resume(**user)(users.reconcile_user)
+    kopf.timer(**user, interval=users.RESYNC_INTERVAL_S, initial_delay=users.RESYNC_INTERVAL_S, idle=60.0)(
+        users.reconcile_user
+    )
+    kopf.on.delete(**user)(users.delete_user)
     return registry

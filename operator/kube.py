@@ -59,6 +59,7 @@ KINDS: dict[str, Kind] = {
     "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
     "AutoMQCluster": Kind(f"{GROUP}/{VERSION}", PLURAL),
+    "AutoMQUser": Kind(f"{GROUP}/{VERSION}", "automqusers"),
     # Node loss (automq.operator.nodeloss).
     "Job": Kind("batch/v1", "jobs"),
     "CronJob": Kind("batch/v1", "cronjobs"),  # the Spark jobs (automq.operator.sparkjobs)

@@ -35,6 +35,10 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     # (kopf and the reconciler only ever PATCH, never PUT).
     {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]},
+    # AutoMQUser: the operator keeps each user's ACLs and quotas in its cluster (kopf patches
+    # finalizers and status; nothing is created or deleted from here).
+    {"apiGroups": [GROUP], "resources": ["automqusers"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [GROUP], "resources": ["automqusers/status"], "verbs": ["patch"]},
     # kopf rescans resources when CRDs appear and, for namespace patterns, follows namespaces.
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},

@@ -9,7 +9,8 @@ Sources: `crds/automqclusters.automq.io.yaml` (generated from the operator's pyd
 
 - `charts/automq-operator/files/operator-rules.yaml`: OPERATOR_RULES split into cluster-scoped
   and namespaced rules, plus LEADER_ELECTION_RULES (the operator's own namespace), read by the chart's RBAC template (`.Files.Get`);
-- `manifests/operator/crd.yaml`: a copy of the CRD, because kustomize refuses files outside a
+- `manifests/operator/crd.yaml` and `user-crd.yaml`: copies of the CRDs (AutoMQCluster,
+  AutoMQUser), because kustomize refuses files outside a
   base's directory (the chart's `crds/` holds a symlink instead: Helm follows it);
 - `manifests/operator/{serviceaccount,rbac,deployment,service}.yaml`: the kustomize base's
   objects, rendered from the chart with its default values (Helm's own engine, through
@@ -29,10 +30,12 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "automqclusters.automq.io.yaml"
+USER_CRD = ROOT / "crds" / "automqusers.automq.io.yaml"
 CHART = ROOT / "charts" / "automq-operator"
 CHART_RULES = CHART / "files" / "operator-rules.yaml"
 BASE = ROOT / "manifests" / "operator"
 KUSTOMIZE_CRD = BASE / "crd.yaml"
+KUSTOMIZE_USER_CRD = BASE / "user-crd.yaml"
 # Chart templates whose default rendering is a kustomize base file of the same name.
 KUSTOMIZE_FROM_CHART = ("serviceaccount.yaml", "rbac.yaml", "deployment.yaml", "service.yaml")
 
@@ -121,7 +124,7 @@ def expected_files() -> dict[Path, str]:
     rules_text = HEADER.format(source="automq.operator.rbac.OPERATOR_RULES and LEADER_ELECTION_RULES") + dump([rules])
     rendered = chart_objects(rules_text)
     from_chart = HEADER.format(source="charts/automq-operator (default values)")
-    files = {CHART_RULES: rules_text, KUSTOMIZE_CRD: CRD.read_text()}
+    files = {CHART_RULES: rules_text, KUSTOMIZE_CRD: CRD.read_text(), KUSTOMIZE_USER_CRD: USER_CRD.read_text()}
     for name in KUSTOMIZE_FROM_CHART:
         files[BASE / name] = from_chart + dump(rendered[name])
     return files

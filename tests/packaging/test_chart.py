@@ -68,11 +68,13 @@ def test_every_rendered_document_validates(render, validate_document, values_fil
 
 
 def test_chart_crd_is_the_generated_crd_and_validates(chart, validate_document):
-    crd_text = (ROOT / "crds" / "automqclusters.automq.io.yaml").read_text()
-    [entry] = chart.crds
-    assert entry["filename"] == "automq-operator/crds/automqclusters.automq.io.yaml"
-    assert entry["data"] == crd_text, "charts/automq-operator/crds must hold exactly crds/automqclusters.automq.io.yaml"
-    validate_document(yaml.safe_load(entry["data"]))
+    names = ("automqclusters.automq.io.yaml", "automqusers.automq.io.yaml")
+    by_file = {entry["filename"]: entry["data"] for entry in chart.crds}
+    assert set(by_file) == {f"automq-operator/crds/{n}" for n in names}
+    for name in names:
+        data = by_file[f"automq-operator/crds/{name}"]
+        assert data == (ROOT / "crds" / name).read_text(), f"charts/automq-operator/crds must hold exactly crds/{name}"
+        validate_document(yaml.safe_load(data))
 
 
 def test_packaged_chart_carries_the_crd_content_not_a_link(tmp_path):
@@ -83,10 +85,11 @@ def test_packaged_chart_carries_the_crd_content_not_a_link(tmp_path):
 
     archive = helm_python.package(CHART, destination=tmp_path)
     with tarfile.open(archive) as tar:
-        member = tar.getmember("automq-operator/crds/automqclusters.automq.io.yaml")
-        assert member.isfile()
-        data = tar.extractfile(member).read().decode()
-    assert data == (ROOT / "crds" / "automqclusters.automq.io.yaml").read_text()
+        for name in ("automqclusters.automq.io.yaml", "automqusers.automq.io.yaml"):
+            member = tar.getmember(f"automq-operator/crds/{name}")
+            assert member.isfile()
+            data = tar.extractfile(member).read().decode()
+            assert data == (ROOT / "crds" / name).read_text()
 
 
 def test_helm_lint_finds_no_warning_or_error():

@@ -158,6 +158,9 @@ def test_base_crd_is_the_generated_crd():
     assert (BASE / "crd.yaml").read_text() == (ROOT / "crds" / "automqclusters.automq.io.yaml").read_text(), (
         "run `python scripts/sync-k8s-artifacts.py`"
     )
+    assert (BASE / "user-crd.yaml").read_text() == (ROOT / "crds" / "automqusers.automq.io.yaml").read_text(), (
+        "run `python scripts/sync-k8s-artifacts.py`"
+    )
 
 
 def test_base_grants_exactly_operator_rules_to_its_service_account():

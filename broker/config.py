@@ -219,6 +219,33 @@ class KafkaConfig(_Section):
     quota_window_size_seconds: int = Field(1, ge=1)  # ... of this many seconds each
 
 
+# Kafka's broker-config name of each `kafka.*` field: the field name with dots, except those
+# listed here; None where Kafka has no key of that meaning and unit (an automq setting, or
+# offsets.retention.minutes, which Kafka counts in minutes). The docs, DescribeConfigs and
+# `automq local up --set NAME=...` all take Kafka names from here.
+KAFKA_NAME_EXCEPTIONS: dict[str, str | None] = {
+    "fetch_session_cache_slots": "max.incremental.fetch.session.cache.slots",
+    "offsets_retention_ms": None,
+    "request_frame_timeout_ms": None,
+    "authorizer_audit_log": None,
+}
+
+
+def kafka_name(field: str) -> str | None:
+    """Kafka's name of the `kafka.<field>` setting (None: Kafka has no such key)."""
+    if field in KAFKA_NAME_EXCEPTIONS:
+        return KAFKA_NAME_EXCEPTIONS[field]
+    return field.replace("_", ".")
+
+
+def kafka_field(name: str) -> str | None:
+    """The `kafka.*` field a Kafka broker-config name sets, if this config has one."""
+    for field in KafkaConfig.model_fields:
+        if kafka_name(field) == name:
+            return field
+    return None
+
+
 class NodeConfig(_Section):
     """A broker or controller process."""
 

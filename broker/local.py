@@ -46,7 +46,15 @@ import yaml
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from automq.broker.config import ConfigError, KafkaConfig, Listener, NodeConfig, dump_config, parse_config
+from automq.broker.config import (
+    ConfigError,
+    KafkaConfig,
+    Listener,
+    NodeConfig,
+    dump_config,
+    kafka_field,
+    parse_config,
+)
 from automq.broker.objectstore.check import ObjectStoreCheckError, check_object_store
 
 CONTROLLER_NODE_ID = 0
@@ -196,9 +204,12 @@ def _set_path(key: str) -> list[str]:
     parts = key.split(".")
     if parts[0] in NodeConfig.model_fields:
         return parts
-    kafka_name = key.replace(".", "_").replace("-", "_")
-    if kafka_name in KafkaConfig.model_fields:
-        return ["kafka", kafka_name]
+    field = kafka_field(key)  # Kafka's own name, e.g. max.incremental.fetch.session.cache.slots
+    if field is not None:
+        return ["kafka", field]
+    dotted = key.replace(".", "_").replace("-", "_")  # the field name written with dots
+    if dotted in KafkaConfig.model_fields:
+        return ["kafka", dotted]
     return parts  # unknown: validation names it
 
 

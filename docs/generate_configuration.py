@@ -59,7 +59,7 @@ FALLBACK_MEANINGS = {
     "kafka.group_initial_rebalance_delay_ms": "wait for more members before the first rebalance of an empty group",
     "kafka.group_min_session_timeout_ms": "smallest session timeout a consumer may ask for",
     "kafka.group_max_session_timeout_ms": "largest session timeout a consumer may ask for",
-    "kafka.offsets_retention_ms": "committed offsets of an empty group expire after this",
+    "kafka.offsets_retention_ms": "committed offsets of an empty group expire after this (Kafka's `offsets.retention.minutes`, here in ms)",
     "kafka.transactional_id_expiration_ms": "State of an idle transactional id expires after this",
     "kafka.producer_id_expiration_ms": "idempotent producer state of an idle producer expires after this",
 }
@@ -121,7 +121,8 @@ def model_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str,
         key = prefix + name
         meaning = comments.get(name) or info.description or FALLBACK_MEANINGS.get(key, "")
         if prefix == "kafka.":
-            meaning = f"`{name.replace('_', '.')}`: {meaning}"
+            kafka = config_module.kafka_name(name)
+            meaning = f"`{kafka}`: {meaning}" if kafka is not None else f"(no Kafka key) {meaning}"
         annotation = info.annotation
         rows.append(
             (

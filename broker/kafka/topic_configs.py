@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker.config import kafka_name
+
 if TYPE_CHECKING:
     from automq.broker.config import NodeConfig
 
@@ -896,7 +898,7 @@ def _broker_entries(node: NodeConfig) -> list[tuple[str, str | None, ConfigSourc
             ctype = ConfigType.STRING
         entries.append(
             (
-                field_name.replace("_", "."),
+                kafka_name(field_name) or field_name.replace("_", "."),
                 _render(value),
                 src(field_name in kafka.model_fields_set),
                 ctype,

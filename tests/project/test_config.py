@@ -52,3 +52,61 @@ def test_unreadable_and_non_mapping_files(tmp_path):
     broken.write_text("node_id: [1\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(broken)
+
+
+# Apache Kafka broker configs that have a `kafka.*` field here (names as Kafka's docs spell them).
+_REAL_KAFKA_BROKER_KEYS = frozenset(
+    [
+        "auto.create.topics.enable",
+        "num.partitions",
+        "default.replication.factor",
+        "log.retention.ms",
+        "log.retention.bytes",
+        "log.retention.check.interval.ms",
+        "message.max.bytes",
+        "socket.request.max.bytes",
+        "group.initial.rebalance.delay.ms",
+        "group.min.session.timeout.ms",
+        "group.max.session.timeout.ms",
+        "transactional.id.expiration.ms",
+        "producer.id.expiration.ms",
+        "offsets.topic.num.partitions",
+        "transaction.state.log.num.partitions",
+        "transaction.max.timeout.ms",
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        "connections.max.idle.ms",
+        "max.connections",
+        "max.connections.per.ip",
+        "max.connections.per.ip.overrides",
+        "queued.max.request.bytes",
+        "max.incremental.fetch.session.cache.slots",
+        "authorizer.class.name",
+        "super.users",
+        "allow.everyone.if.no.acl.found",
+        "quota.window.num",
+        "quota.window.size.seconds",
+    ]
+)
+
+
+def test_every_kafka_name_the_docs_give_is_a_real_kafka_key():
+    """A new `kafka.*` field whose dotted name is not Kafka's must be listed in
+    KAFKA_NAME_EXCEPTIONS (with Kafka's name, or None), or docs and DescribeConfigs lie."""
+    from automq.broker.config import KafkaConfig, kafka_field, kafka_name
+
+    for field in KafkaConfig.model_fields:
+        name = kafka_name(field)
+        assert name is None or name in _REAL_KAFKA_BROKER_KEYS, f"kafka.{field} is documented as {name!r}"
+        if name is not None:
+            assert kafka_field(name) == field
+    assert kafka_name("fetch_session_cache_slots") == "max.incremental.fetch.session.cache.slots"
+
+
+def test_local_set_takes_kafka_names():
+    from automq.broker.local import node_overrides
+
+    assert node_overrides(["max.incremental.fetch.session.cache.slots=5"]) == {
+        "kafka": {"fetch_session_cache_slots": 5}
+    }
+    assert node_overrides(["fetch.session.cache.slots=6"]) == {"kafka": {"fetch_session_cache_slots": 6}}
+    assert node_overrides(["kafka.fetch_session_cache_slots=7"]) == {"kafka": {"fetch_session_cache_slots": 7}}

@@ -328,9 +328,14 @@ async def run_elastic(stopped: Any, body: Any, name: str, namespace: str, uid: s
 
 async def delete_cluster(body: Any, spec: Any, name: str, namespace: str, uid: str, memo: Any, **_: Any) -> None:
     ctx: OperatorContext = memo.automq
-    if not ctx.is_leader():
-        # The leader runs it and removes the finalizer; this replica only retries meanwhile.
-        raise kopf.TemporaryError("not the leading operator replica", delay=5)
+    # A follower waits: the leader runs this and removes the finalizer. It must not fail and
+    # retry (kopf keeps handler progress in annotations both replicas share: a follower's
+    # "retry later" would make the leader run the handler again), nor return early (kopf would
+    # drop the finalizer before the leader cleaned up). It runs it itself if it becomes leader.
+    while not ctx.is_leader():
+        if await ctx.kube().get("AutoMQCluster", namespace, name) is None:
+            return  # the leader finished
+        await asyncio.sleep(1.0)
     try:
         parsed = parse_spec(dict(spec or {}))
     except InvalidSpec:

@@ -426,7 +426,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             # decided only now: the SaslAuthenticate requests before this one have finished
             refusal = session.refusal(ctx.api_key)
             if refusal is not None:
-                self._abort("sasl_required", f"closing: {refusal}")
+                self._abort("sasl_required", refusal, level=logging.INFO)
                 return
             ctx.principal = session.principal
         reg = registry.lookup(ctx.api_key)

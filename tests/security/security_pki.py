@@ -16,8 +16,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 def _name(**parts: str) -> x509.Name:
     oids = {"CN": NameOID.COMMON_NAME, "O": NameOID.ORGANIZATION_NAME, "OU": NameOID.ORGANIZATIONAL_UNIT_NAME}
-    # x509 names are ordered most general first; RFC 2253 prints them reversed (CN first)
-    return x509.Name([x509.NameAttribute(oids[k], v) for k, v in reversed(list(parts.items()))])
+    # give parts most general first (O=..., CN=...), as x509 stores them; RFC 2253 prints
+    # them reversed: CN=alice,O=acme
+    return x509.Name([x509.NameAttribute(oids[k], v) for k, v in parts.items()])
 
 
 def _key() -> ec.EllipticCurvePrivateKey:

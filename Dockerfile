@@ -26,11 +26,17 @@ COPY operator/ operator/
 COPY spark-jobs/ spark-jobs/
 # No compiler here: every dependency publishes manylinux wheels for amd64 and arm64 (pyspark is
 # a pure-Python sdist). On another architecture, install build-essential in this stage only.
-RUN pip wheel --wheel-dir /wheels/runtime .
+# The manifest (sha256 of every wheel) ships in the image: it says exactly what is installed,
+# and COPYing it makes the install step's cache honest. buildah (podman build) leaves a RUN's
+# --mount=from content out of its cache key, so without a COPY of something that changes with
+# the wheels, a rebuilt builder would leave the previous package installed.
+RUN pip wheel --wheel-dir /wheels/runtime . \
+ && sha256sum /wheels/runtime/*.whl > /wheels/runtime.sha256
 
 # The Spark extra is large (pyspark ships its jars); only the `spark` target pulls it in.
 FROM builder AS spark-wheels
-RUN pip wheel --wheel-dir /wheels/spark ".[spark]"
+RUN pip wheel --wheel-dir /wheels/spark ".[spark]" \
+ && sha256sum /wheels/spark/*.whl > /wheels/spark.sha256
 
 # ---------------------------------------------------------------------------------------
 # What both final images share: the unprivileged user and a Python that does not write
@@ -49,9 +55,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # uid/gid 10001: above the range distributions hand out, so it never collides with a host
 # user, and numeric so that Kubernetes' runAsNonRoot can verify it without /etc/passwd.
+# data/ and objects/ exist owned by the user because Docker, unlike podman, mounts a new named
+# volume with the ownership of the directory it covers (root if the image lacks it).
 RUN groupadd --system --gid 10001 automq \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/automq --create-home \
-            --shell /usr/sbin/nologin automq
+            --shell /usr/sbin/nologin automq \
+ && mkdir -p /var/lib/automq/data /var/lib/automq/objects \
+ && chown -R 10001:10001 /var/lib/automq
 WORKDIR /var/lib/automq
 
 # ---------------------------------------------------------------------------------------
@@ -65,12 +75,17 @@ ARG VERSION
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini procps \
  && rm -rf /var/lib/apt/lists/*
+COPY --from=spark-wheels /wheels/spark.sha256 /usr/local/share/automq/wheels.sha256
 RUN --mount=type=bind,from=spark-wheels,source=/wheels/spark,target=/wheels \
     pip install --no-index --find-links=/wheels "automq-py[spark]==${VERSION}" \
  && python -m pip uninstall --yes pip setuptools wheel
 # The pip-installed pyspark is a complete Spark distribution (bin/, jars/ incl.
-# spark-kubernetes); the entrypoint finds JAVA_HOME from `java` on PATH.
-ENV SPARK_HOME=/usr/local/lib/python3.11/site-packages/pyspark \
+# spark-kubernetes). /opt/spark (Spark's own images' SPARK_HOME) links to wherever pip put it,
+# so the path does not depend on the base image's Python version or layout; the entrypoint
+# finds JAVA_HOME from `java` on PATH.
+RUN ln -s "$(python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" /opt/spark \
+ && test -d /opt/spark/jars
+ENV SPARK_HOME=/opt/spark \
     PYSPARK_PYTHON=python3 \
     PYSPARK_DRIVER_PYTHON=python3
 COPY --chmod=0755 scripts/spark-entrypoint.sh /usr/local/bin/spark-entrypoint.sh
@@ -81,6 +96,7 @@ ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/spark-entrypoint.sh"]
 # ---------------------------------------------------------------------------------------
 FROM base AS runtime
 ARG VERSION
+COPY --from=builder /wheels/runtime.sha256 /usr/local/share/automq/wheels.sha256
 RUN --mount=type=bind,from=builder,source=/wheels/runtime,target=/wheels \
     pip install --no-index --find-links=/wheels "automq-py==${VERSION}" \
  && python -m pip uninstall --yes pip setuptools wheel

@@ -29,6 +29,25 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 local_app = typer.Typer(help="Run a whole cluster on this machine.", no_args_is_help=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"automq {version('automq-py')}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """A Kafka-compatible streaming system on object storage."""
+
+
 app.add_typer(local_app, name="local")
 
 
@@ -317,10 +336,11 @@ def wal_recover(
 
     from automq.broker.controller.client import ControllerClient
     from automq.broker.controller.wal_recover import WalRecoverError, recover_lost_wal
+    from automq.broker.logs import configure_logging
     from automq.broker.objectstore import open_object_store
     from automq.broker.storage.metadata import MetadataError
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO, process="wal-recover")
 
     async def run() -> str:
         client = ControllerClient(controller, retry_deadline_s=timeout)

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Installs what the project needs that pip cannot: Java 17 (PySpark) and kcat (a real Kafka
-# client used by the tests). Idempotent: does nothing when both are present. Debian/Ubuntu.
+# Installs what the project needs that pip cannot: Java 17 (PySpark), kcat (a real Kafka
+# client used by the tests) and podman with runc and mmdebstrap (the image tests build a base
+# image locally and run the project's images; runc because crun fails on hybrid cgroups).
+# Idempotent: does nothing when everything is present. Debian/Ubuntu.
 set -euo pipefail
 
 missing=()
 command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+command -v podman >/dev/null 2>&1 || missing+=(podman)
+command -v runc >/dev/null 2>&1 || missing+=(runc)
+command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 if ! java -version 2>&1 | grep -qE 'version "(17|21)'; then
   missing+=(openjdk-17-jre-headless)
 fi

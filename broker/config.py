@@ -262,6 +262,7 @@ class NodeConfig(_Section):
     session_timeout_ms: DurationMs = 10_000
     shutdown_timeout_ms: DurationMs = 20_000  # SIGTERM: graceful stop this long at most (WAL keeps the rest)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] | None = None  # json: one object per line; unset: AUTOMQ_LOG_FORMAT, else text
     wal: WalConfig = WalConfig()
     storage: StorageConfig = StorageConfig()
     kafka: KafkaConfig = KafkaConfig()

@@ -13,6 +13,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
+from automq.broker.logs import configure_logging
 from automq.operator.controller_api import ControllerApiFactory, connect
 from automq.operator.handlers import OperatorContext, register
 from automq.operator.reconcile import ReconcileSettings
@@ -59,7 +60,7 @@ def run_operator(
     `metrics_port` serves the operator's Prometheus metrics at http://0.0.0.0:<port>/metrics.
     `leader_election`: replicas elect one active operator through the Lease `automq-operator`
     in the pod's namespace (automq.operator.leadership); off, this process acts alone."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO, process="operator")
     if metrics_port:
         # The operator's own metrics: node-loss recoveries, partition moves, imbalance, scale decisions.
         prometheus_client.start_http_server(metrics_port)

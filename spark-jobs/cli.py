@@ -16,6 +16,8 @@ from pathlib import Path
 
 import typer
 
+from automq.broker.logs import configure_logging
+
 spark_app = typer.Typer(help="Spark jobs: lake ingestion into Iceberg, object compaction.", no_args_is_help=True)
 
 _DATA_DIR = typer.Option(None, "--data-dir", help="An `automq local up` data dir (finds controller and store).")
@@ -73,7 +75,7 @@ def ingest_command(
     from automq.spark.ingest import ingest
     from automq.spark.session import spark_session
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO, process="spark")
     location = _location(data_dir, controller, object_store)
     expire_ms = _duration_ms(expire_snapshots, "--expire-snapshots-older-than") if expire_snapshots else None
     if catalog is None:
@@ -159,7 +161,7 @@ def compact_command(
     """Rewrite small objects into large per-stream objects and commit the swap at the controller."""
     from automq.spark.compact import CompactionSettings, compact, plan_async
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO, process="spark")
     location = _location(data_dir, controller, object_store)
     if not location.controller_urls:
         typer.echo("error: compaction commits through the controller: pass --controller or a --data-dir", err=True)

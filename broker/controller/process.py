@@ -125,4 +125,4 @@ async def serve(config: NodeConfig) -> int:
 
 def run_controller(config: NodeConfig) -> None:
     """Blocking entry point; returns after SIGTERM/SIGINT (exit code 1 on a fatal error)."""
-    run_node(config, serve)
+    run_node(config, serve, role="controller")

@@ -344,4 +344,4 @@ async def serve(config: NodeConfig) -> int:
 
 def run_broker(config: NodeConfig) -> None:
     """Blocking entry point; exits non-zero when start-up fails or the node was fenced."""
-    run_node(config, serve)
+    run_node(config, serve, role="broker")

@@ -78,6 +78,7 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     60: (0, 2),  # DescribeCluster
     71: (0, 0),  # GetTelemetrySubscriptions
     72: (0, 0),  # PushTelemetry
+    74: (0, 1),  # ListConfigResources (v1: Kafka 4.1, KIP-1142; v0 was ListClientMetricsResources)
     75: (0, 0),  # DescribeTopicPartitions
 }
 

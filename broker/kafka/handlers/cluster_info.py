@@ -13,6 +13,8 @@
   epoch) and how far it has read the log; brokers are observers.
 - AlterReplicaLogDirs: a broker has one "log dir", the object store (see DescribeLogDirs):
   moving a replica there is a no-op, anywhere else LOG_DIR_NOT_FOUND.
+- ListConfigResources (v0: client-metrics resources; v1, KIP-1142: any types): topics and
+  brokers have configs here; there are no group, client-metrics or broker-logger configs.
 - GetTelemetrySubscriptions / PushTelemetry: clients get an instance id and a subscription
   that requests no metrics, so they push nothing and ask again only after the push
   interval; a push anyway is accepted (and dropped) or told its subscription is stale.
@@ -39,6 +41,7 @@ from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.admin import log_dir_name
 from automq.broker.kafka.handlers.metadata import topic_uuid
 from automq.broker.kafka.handlers.registry import handles
+from automq.broker.kafka.topic_configs import ConfigResourceType
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ DESCRIBE_QUORUM = 55
 GET_TELEMETRY_SUBSCRIPTIONS = 71
 PUSH_TELEMETRY = 72
 DESCRIBE_TOPIC_PARTITIONS = 75
+LIST_CONFIG_RESOURCES = 74
 
 PREFERRED, UNCLEAN = 0, 1
 # Kafka's max.request.partition.size.limit default: the most partitions one answer carries
@@ -456,3 +460,40 @@ async def push_telemetry(request: Any, ctx: RequestContext) -> Any:
     else:
         error = ErrorCode.none  # nothing was requested, so there is nothing to keep
     return codec.build(ctx.response_class, throttle_time=codec.ZERO_THROTTLE, error_code=error)
+
+
+# --------------------------------------------------------------------------- ListConfigResources
+
+
+@handles(LIST_CONFIG_RESOURCES)
+async def list_config_resources(request: Any, ctx: RequestContext) -> Any:
+    cls = ctx.response_class
+    resource_cls = codec.nested(cls, "ConfigResource")
+    if not authz.cluster_allowed(ctx, authz.Op.DESCRIBE_CONFIGS):
+        return codec.build(
+            cls,
+            throttle_time=codec.ZERO_THROTTLE,
+            error_code=ErrorCode.cluster_authorization_failed,
+            config_resources=(),
+        )
+    known = {int(t) for t in ConfigResourceType if t != ConfigResourceType.UNKNOWN}
+    if ctx.api_version == 0:
+        wanted = {int(ConfigResourceType.CLIENT_METRICS)}  # v0 was ListClientMetricsResources
+    else:
+        wanted = set(request.resource_types) or known
+    if not wanted <= known:
+        return codec.build(
+            cls, throttle_time=codec.ZERO_THROTTLE, error_code=ErrorCode.invalid_request, config_resources=()
+        )
+    image = ctx.broker.metadata
+    found: list[tuple[str, int]] = []
+    if ConfigResourceType.TOPIC in wanted and image is not None:
+        found += [
+            (t.name, int(ConfigResourceType.TOPIC))
+            for t in sorted(image.topics, key=lambda t: t.name)
+            if authz.allowed(ctx, authz.Op.DESCRIBE_CONFIGS, authz.TOPIC, t.name)
+        ]
+    if ConfigResourceType.BROKER in wanted and image is not None:
+        found += [(str(b.node_id), int(ConfigResourceType.BROKER)) for b in image.brokers if b.state != "fenced"]
+    resources = tuple(codec.build(resource_cls, resource_name=n, resource_type=t) for n, t in found)
+    return codec.build(cls, throttle_time=codec.ZERO_THROTTLE, error_code=ErrorCode.none, config_resources=resources)

@@ -242,3 +242,18 @@ def test_telemetry_answers_on_the_wire(inprocess_cluster):
     assert push(client_instance_id=uuid.UUID(int=0)) == ErrorCode.invalid_request
     assert push(compression_type=9) == ErrorCode.unsupported_compression_type
     assert push(metrics=b"x" * (cluster_info.TELEMETRY_MAX_BYTES + 1)) == ErrorCode.telemetry_too_large
+
+
+def test_list_config_resources(inprocess_cluster):
+    cluster = inprocess_cluster
+    _topic(cluster, "cfg-listed", 1)
+    admin = _admin(cluster)
+    try:
+        everything = admin.list_config_resources()
+        topics_only = admin.list_config_resources(["TOPIC"])
+        groups = admin.list_config_resources(["GROUP"])
+    finally:
+        admin.close()
+    assert everything == {"topic": topics_only["topic"], "broker": ["1", "2"]}
+    assert "cfg-listed" in topics_only["topic"] and list(topics_only) == ["topic"]
+    assert groups == {}  # no group has configs of its own here

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from automq.broker.controller.acls import AclBinding, AclFilter
-from automq.broker.controller.protocol import BrokerNotAvailableError, MetadataImage
+from automq.broker.controller.protocol import BrokerNotAvailableError, MetadataImage, ScramCredentialInfo
 
 
 class ControllerApiError(Exception):
@@ -68,6 +68,9 @@ class ControllerApi(Protocol):
 
     async def alter_user_quotas(self, user: str, ops: dict[str, float | None]) -> None:
         """Set (a value) or remove (None) quota keys of the `user` quota entity."""
+
+    async def alter_scram(self, deletions: list[tuple[str, str]], upsertions: list[ScramCredentialInfo]) -> None:
+        """Delete (user, mechanism) SCRAM credentials and store salted ones."""
 
     async def close(self) -> None: ...
 
@@ -192,6 +195,15 @@ class ControllerClientApi:
             raise ControllerApiError(f"altering the quotas of user {user} failed: {exc}") from exc
         if code:
             raise ControllerApiError(f"the controller refused the quotas of user {user}: {message}")
+
+    async def alter_scram(self, deletions: list[tuple[str, str]], upsertions: list[ScramCredentialInfo]) -> None:
+        try:
+            results = await self._client.alter_scram_credentials(deletions, upsertions)
+        except Exception as exc:
+            raise ControllerApiError(f"altering SCRAM credentials failed: {exc}") from exc
+        refused = [f"{user}: {r[1]}" for user, r in results.items() if r is not None]
+        if refused:
+            raise ControllerApiError("the controller refused SCRAM credentials: " + "; ".join(refused))
 
     async def close(self) -> None:
         await self._client.close()

@@ -39,6 +39,10 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     # finalizers and status; nothing is created or deleted from here).
     {"apiGroups": [GROUP], "resources": ["automqusers"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [GROUP], "resources": ["automqusers/status"], "verbs": ["patch"]},
+    # An AutoMQUser with SCRAM authentication gets a Secret (owned by it, so deleted with it)
+    # holding its generated password: read back on every pass, created once, patched when the
+    # cluster's bootstrap address or the mechanism changes.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"]},
     # kopf rescans resources when CRDs appear and, for namespace patterns, follows namespaces.
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},

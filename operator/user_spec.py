@@ -130,9 +130,20 @@ class UserQuotas(_Model):
     )
 
 
+class UserAuthentication(_Model):
+    type: Literal["scram-sha-512", "scram-sha-256"] = Field(
+        description="SCRAM credentials: the operator generates a password, stores it in a Secret named "
+        "after the user (keys username, password, mechanism, bootstrap, sasl.jaas.config) and the "
+        "salted credential in the cluster."
+    )
+
+
 class AutoMQUserSpec(_Model):
     cluster: Annotated[str, Field(min_length=1, max_length=CLUSTER_NAME_MAX, pattern=CLUSTER_NAME_PATTERN)] = Field(
         description="The AutoMQCluster (same namespace) this user belongs to."
+    )
+    authentication: UserAuthentication | None = Field(
+        None, description="How the user authenticates; without it the operator removes the user's SCRAM credentials."
     )
     authorization: UserAuthorization | None = Field(
         None, description="The user's ACLs; without it the user holds no ACL (the operator removes any)."
@@ -142,6 +153,7 @@ class AutoMQUserSpec(_Model):
 
 class AutoMQUserStatus(_Model):
     observed_generation: int | None = None
+    secret: str | None = Field(None, description="The Secret holding the user's credentials.")
     principal: str | None = Field(None, description="The Kafka principal the ACLs name.")
     acls: int | None = Field(None, description="ACL bindings the cluster holds for the principal.")
     conditions: list[Condition] = Field(default_factory=list)
@@ -196,6 +208,18 @@ def desired_quotas(spec: AutoMQUserSpec) -> dict[str, float]:
         CONTROLLER_MUTATION_RATE: q.controller_mutation_rate,
     }
     return {k: float(v) for k, v in values.items() if v is not None}
+
+
+def scram_mechanism(spec: AutoMQUserSpec) -> str | None:
+    """ "SCRAM-SHA-512" / "SCRAM-SHA-256", or None without SCRAM authentication."""
+    if spec.authentication is None:
+        return None
+    return spec.authentication.type.upper()
+
+
+def jaas_config(user: str, password: str) -> str:
+    """What a Java client puts in sasl.jaas.config (Strimzi's Secrets carry the same key)."""
+    return f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{user}" password="{password}";'
 
 
 def quota_ops(current: dict[str, float], desired: dict[str, float]) -> dict[str, float | None]:

@@ -7,29 +7,43 @@ the user's quota keys; an unchanged user costs one metadata read. It runs on cre
 resume and every few minutes (drift: ACLs changed through the Kafka API), only on the leading
 operator replica. Deleting the resource removes the principal's ACLs and quotas (unless its
 cluster is gone already).
+
+With `spec.authentication` (SCRAM-SHA-512/256) the operator generates a password once, keeps it
+in a Secret named after the user and owned by the AutoMQUser (deleted with it), and stores the
+salted credential in the cluster's metadata (what AlterUserScramCredentials stores); a
+credential that no longer matches the Secret's password is replaced, and one for a mechanism
+the spec no longer names is removed.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
 from automq.broker.controller.acls import AclBinding, AclFilter
+from automq.broker.controller.protocol import ScramCredentialInfo
+from automq.broker.security.scram import ScramCredential, make_credential, password_matches
 from automq.operator import builders
 from automq.operator.builders import ClusterRef
 from automq.operator.controller_api import ControllerApi, ControllerApiError
 from automq.operator.spec import InvalidSpec, parse_spec
 from automq.operator.user_spec import (
+    API_VERSION,
+    USER_KIND,
     AutoMQUserSpec,
     InvalidUserSpec,
     desired_acls,
     desired_quotas,
+    jaas_config,
     parse_user_spec,
     principal_of,
     quota_ops,
+    scram_mechanism,
 )
 
 log = logging.getLogger(__name__)
@@ -74,6 +88,98 @@ async def sync_user(controller: ControllerApi, name: str, spec: AutoMQUserSpec |
     return UserOutcome(len(missing), len(extra), len(ops), len(wanted))
 
 
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _credential(info: ScramCredentialInfo) -> ScramCredential:
+    decode = base64.b64decode
+    return ScramCredential(
+        info.mechanism, decode(info.salt), info.iterations, decode(info.stored_key), decode(info.server_key)
+    )
+
+
+def _info(user: str, c: ScramCredential) -> ScramCredentialInfo:
+    return ScramCredentialInfo(user, c.mechanism, _b64(c.salt), c.iterations, _b64(c.stored_key), _b64(c.server_key))
+
+
+class CredentialConflict(Exception):
+    """A Secret of the user's name exists and does not belong to this AutoMQUser."""
+
+
+async def ensure_secret(kube: Any, name: str, namespace: str, owner_uid: str, mechanism: str, bootstrap: str) -> str:
+    """The user's password: read from its Secret, or generated and stored in a new one."""
+    live = await kube.get("Secret", namespace, name)
+    wanted = {"username": name, "mechanism": mechanism, "bootstrap": bootstrap}
+    if live is not None:
+        owners = live.get("metadata", {}).get("ownerReferences") or []
+        if not any(o.get("uid") == owner_uid for o in owners):
+            raise CredentialConflict(f"Secret {namespace}/{name} exists and is not owned by AutoMQUser {name}")
+        data = live.get("data") or {}
+        password = base64.b64decode(data.get("password", "")).decode()
+        if password:
+            full = {**wanted, "sasl.jaas.config": jaas_config(name, password)}
+            stale = {k: _b64(v.encode()) for k, v in full.items() if data.get(k) != _b64(v.encode())}
+            if stale:
+                await kube.patch("Secret", namespace, name, {"data": stale})
+            return password
+    password = secrets.token_urlsafe(24)
+    values = {**wanted, "password": password, "sasl.jaas.config": jaas_config(name, password)}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "automq-operator", "automq.io/user": name},
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": USER_KIND,
+                    "name": name,
+                    "uid": owner_uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "data": {k: _b64(v.encode()) for k, v in values.items()},
+    }
+    if live is None:
+        await kube.create(body)
+    else:  # ours but without a password (edited by hand): start over with a new one
+        await kube.patch("Secret", namespace, name, {"data": body["data"]})
+    log.info("user User:%s: credentials written to Secret %s/%s", name, namespace, name)
+    return password
+
+
+async def sync_credentials(
+    controller: ControllerApi,
+    kube: Any,
+    name: str,
+    namespace: str,
+    owner_uid: str,
+    spec: AutoMQUserSpec | None,
+    bootstrap: str,
+) -> str | None:
+    """SCRAM credentials of the user as the spec says; the Secret's name, or None without any."""
+    mechanism = scram_mechanism(spec) if spec is not None else None
+    image = await controller.metadata()
+    held = {c.mechanism: c for c in image.scram_credentials if c.user == name}
+    deletions = [(name, m) for m in held if m != mechanism]
+    upsertions = []
+    if mechanism is not None:
+        password = await ensure_secret(kube, name, namespace, owner_uid, mechanism, bootstrap)
+        current = held.get(mechanism)
+        if current is None or not password_matches(_credential(current), password):
+            upsertions.append(_info(name, make_credential(mechanism, password)))
+    if deletions or upsertions:
+        await controller.alter_scram(deletions, upsertions)
+        log.info("user User:%s: SCRAM %s stored, %s removed", name, mechanism if upsertions else "-", deletions)
+    return name if mechanism is not None else None
+
+
 def _condition(status: str, reason: str, message: str) -> dict[str, Any]:
     return {
         "type": "Ready",
@@ -90,8 +196,9 @@ def kopf_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def _cluster_controller(ctx: Any, namespace: str, cluster: str) -> ControllerApi | None:
-    """The controller API of the user's AutoMQCluster; None when the cluster does not exist."""
+async def _cluster_controller(ctx: Any, namespace: str, cluster: str) -> tuple[ControllerApi, str] | None:
+    """The controller API of the user's AutoMQCluster and its bootstrap address; None when the
+    cluster does not exist."""
     live = await ctx.kube().get("AutoMQCluster", namespace, cluster)
     if live is None:
         return None
@@ -102,7 +209,7 @@ async def _cluster_controller(ctx: Any, namespace: str, cluster: str) -> Control
         raise kopf.TemporaryError(f"AutoMQCluster {cluster} has an invalid spec: {exc}", delay=RETRY_DELAY_S) from exc
     ref = ClusterRef(name=cluster, namespace=namespace, uid=str(meta.get("uid", "")))
     controller: ControllerApi = ctx.controller_api_factory(builders.controller_urls(cluster_spec, ref))
-    return controller
+    return controller, builders.bootstrap_address(cluster_spec, ref)
 
 
 async def reconcile_user(
@@ -119,20 +226,28 @@ async def reconcile_user(
         patch.status["observedGeneration"] = generation
         patch.status["conditions"] = [_condition("False", "InvalidSpec", str(exc))]
         raise kopf.PermanentError(f"invalid AutoMQUser spec: {exc}") from exc
-    controller = await _cluster_controller(ctx, namespace, parsed.cluster)
-    if controller is None:
+    found = await _cluster_controller(ctx, namespace, parsed.cluster)
+    if found is None:
         patch.status["conditions"] = [
             _condition("False", "ClusterNotFound", f"AutoMQCluster {parsed.cluster} does not exist in {namespace}")
         ]
         raise kopf.TemporaryError(f"AutoMQCluster {parsed.cluster} not found", delay=RETRY_DELAY_S)
+    controller, bootstrap = found
     try:
+        secret = await sync_credentials(
+            controller, ctx.kube(), name, namespace, str(meta.get("uid", "")), parsed, bootstrap
+        )
         outcome = await sync_user(controller, name, parsed)
+    except CredentialConflict as exc:
+        patch.status["conditions"] = [_condition("False", "SecretConflict", str(exc))]
+        raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY_S) from exc
     except ControllerApiError as exc:
         patch.status["conditions"] = [_condition("False", "ControllerUnavailable", str(exc))]
         raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY_S) from exc
     finally:
         await controller.close()
     patch.status["observedGeneration"] = generation
+    patch.status["secret"] = secret
     patch.status["principal"] = principal_of(name)
     patch.status["acls"] = outcome.acls
     patch.status["conditions"] = [
@@ -147,10 +262,12 @@ async def delete_user(spec: Any, name: str, namespace: str, memo: Any, logger: A
     cluster = (spec or {}).get("cluster")
     if not cluster:
         return  # never valid: nothing was created
-    controller = await _cluster_controller(ctx, namespace, str(cluster))
-    if controller is None:
+    found = await _cluster_controller(ctx, namespace, str(cluster))
+    if found is None:
         return  # the cluster (and its metadata) is gone
+    controller, _bootstrap = found
     try:
+        await sync_credentials(controller, ctx.kube(), name, namespace, "", None, "")  # the Secret goes with its owner
         await sync_user(controller, name, None)
     except ControllerApiError as exc:
         raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY_S) from exc

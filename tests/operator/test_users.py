@@ -4,6 +4,8 @@ drift (an ACL added by hand for the managed principal is removed), delete."""
 
 from __future__ import annotations
 
+import base64
+import copy
 from types import SimpleNamespace
 from typing import Any
 
@@ -116,11 +118,28 @@ async def controller(file_url: str):
 
 
 class FakeKube:
+    """Get, create and merge-patch of whole objects, as the Kubernetes API does for them."""
+
     def __init__(self, objects: dict[tuple[str, str, str], dict[str, Any]]) -> None:
         self.objects = objects
+        self.writes: list[str] = []
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.objects.get((kind, namespace, name))
+        return copy.deepcopy(self.objects.get((kind, namespace, name)))
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        assert key not in self.objects
+        self.objects[key] = copy.deepcopy(obj)
+        self.writes.append(f"create {key}")
+        return obj
+
+    async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        obj = self.objects[(kind, namespace, name)]
+        for k, v in patch.get("data", {}).items():
+            obj.setdefault("data", {})[k] = v
+        self.writes.append(f"patch {kind}/{name} {sorted(patch.get('data', {}))}")
+        return obj
 
 
 def memo_for(url: str, clusters: dict[str, Any]) -> SimpleNamespace:
@@ -130,7 +149,7 @@ def memo_for(url: str, clusters: dict[str, Any]) -> SimpleNamespace:
         kube=lambda: kube,
         controller_api_factory=lambda urls: ControllerClientApi([url]),
     )
-    return SimpleNamespace(automq=ctx)
+    return SimpleNamespace(automq=ctx, kube=kube)
 
 
 async def test_reconcile_create_change_drift_and_delete(controller: ControllerService) -> None:
@@ -196,3 +215,68 @@ async def test_invalid_spec_and_missing_cluster() -> None:
     assert patch.status["conditions"][0]["reason"] == "ClusterNotFound"
     # deleting a user whose cluster is gone succeeds at once
     await users.delete_user({"cluster": "demo"}, "alice", "ns", memo, None)
+
+
+async def test_scram_credentials_secret_and_rotation_of_mechanism(controller: ControllerService) -> None:
+    from automq.broker.security.scram import password_matches
+    from automq.operator.users import _credential
+
+    client = ControllerClient([controller.url], retry_deadline_s=5)
+    memo = memo_for(
+        controller.url, {"demo": {"metadata": {"uid": "u1"}, "spec": {"objectStore": {"bucket": "automq-data"}}}}
+    )
+    kube = memo.kube
+    meta = {"generation": 1, "uid": "user-uid"}
+    spec = {"cluster": "demo", "authentication": {"type": "scram-sha-512"}}
+
+    async def creds() -> dict[str, Any]:
+        image = await client.watch_metadata(-1, 0)
+        return {c.mechanism: c for c in image.scram_credentials if c.user == "carol"}
+
+    def secret() -> dict[str, str]:
+        obj = kube.objects[("Secret", "ns", "carol")]
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == "user-uid"
+        return {k: base64.b64decode(v).decode() for k, v in obj["data"].items()}
+
+    patch = SimpleNamespace(status={})
+    await users.reconcile_user(spec, "carol", "ns", meta, patch, memo, None)
+    data = secret()
+    assert data["username"] == "carol" and data["mechanism"] == "SCRAM-SHA-512" and len(data["password"]) >= 24
+    assert data["bootstrap"].endswith(":9092") and f'password="{data["password"]}"' in data["sasl.jaas.config"]
+    stored = await creds()
+    assert list(stored) == ["SCRAM-SHA-512"] and password_matches(
+        _credential(stored["SCRAM-SHA-512"]), data["password"]
+    )
+    assert patch.status["secret"] == "carol"
+
+    # a second pass keeps the password and the credential (same salt)
+    await users.reconcile_user(spec, "carol", "ns", meta, SimpleNamespace(status={}), memo, None)
+    assert secret()["password"] == data["password"]
+    assert (await creds())["SCRAM-SHA-512"].salt == stored["SCRAM-SHA-512"].salt
+    assert kube.writes == ["create ('Secret', 'ns', 'carol')"]
+
+    # another mechanism: the old credential goes, the same password gets the new one
+    spec256 = {"cluster": "demo", "authentication": {"type": "scram-sha-256"}}
+    await users.reconcile_user(spec256, "carol", "ns", meta, SimpleNamespace(status={}), memo, None)
+    stored = await creds()
+    assert list(stored) == ["SCRAM-SHA-256"] and password_matches(
+        _credential(stored["SCRAM-SHA-256"]), data["password"]
+    )
+    assert secret()["mechanism"] == "SCRAM-SHA-256"
+
+    # without authentication the credentials are removed (the Secret stays until its owner goes)
+    await users.reconcile_user({"cluster": "demo"}, "carol", "ns", meta, SimpleNamespace(status={}), memo, None)
+    assert await creds() == {}
+
+    # a Secret of that name that is not this user's is never taken over
+    kube.objects[("Secret", "ns", "dave")] = {"metadata": {"name": "dave"}, "data": {}}
+    patch = SimpleNamespace(status={})
+    with pytest.raises(kopf.TemporaryError):
+        await users.reconcile_user(spec, "dave", "ns", {"uid": "dave-uid"}, patch, memo, None)
+    assert patch.status["conditions"][0]["reason"] == "SecretConflict"
+
+    await users.reconcile_user(spec, "carol", "ns", meta, SimpleNamespace(status={}), memo, None)
+    assert list(await creds()) == ["SCRAM-SHA-512"]
+    await users.delete_user(spec, "carol", "ns", memo, None)
+    assert await creds() == {}
+    await client.close()

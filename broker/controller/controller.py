@@ -473,7 +473,7 @@ class Controller:
                 pending.future.set_result(value)
             else:
                 pending.future.set_exception(value)
-        if any(rec.VISIBLE for rec in records):
+        if any(r.is_visible(rec) for rec in records):
             self._publish()
         if records:  # e.g. a stream opened: await_applied re-checks (not visible in images)
             self._committed.set()

@@ -129,6 +129,9 @@ class PartitionInfo:
     leader_epoch: int
     state: str = "online"  # "online" | "moving" | "offline"
     target: int = -1  # node id a move is heading to
+    # Offsets below this were rewritten by a compaction (key compaction drops records): a leader
+    # must stop serving them from its log cache, which still holds the batches it appended.
+    compacted_end: int = 0
 
 
 @dataclass(frozen=True, slots=True)

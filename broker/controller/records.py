@@ -38,6 +38,13 @@ def _record(name: str, visible: bool = False) -> Callable[[_R], _R]:
     return wrap
 
 
+def is_visible(record: Record) -> bool:
+    """Whether `record` changes the image brokers follow (bumps the metadata version)."""
+    # A compaction swap too: leaders learn the rewritten range (PartitionInfo.compacted_end)
+    # and stop serving its old batches from their log caches.
+    return record.VISIBLE or (isinstance(record, StreamObjectCommitted) and bool(record.source_object_ids))
+
+
 class RecordFormatError(ValueError):
     """A log entry holds something that is not a known record (corruption or a newer writer)."""
 

@@ -84,6 +84,7 @@ class StreamState:
     state: str = "closed"
     tags: dict[str, Any] = field(default_factory=dict)
     ranges: list[StreamRange] = field(default_factory=list)
+    compacted_end: int = 0  # end of the highest range a compaction rewrote (PartitionInfo.compacted_end)
 
 
 @dataclass(slots=True)
@@ -150,7 +151,7 @@ class MetadataState:
     def apply(self, record: r.Record) -> None:
         handler = _HANDLERS[type(record)]
         handler(self, record)
-        if record.VISIBLE:
+        if r.is_visible(record):
             self.version += 1
 
     def _controller_elected(self, rec: r.ControllerElected) -> None:
@@ -261,6 +262,9 @@ class MetadataState:
 
     def _stream_object_committed(self, rec: r.StreamObjectCommitted) -> None:
         if rec.source_object_ids:
+            stream = self.streams.get(rec.stream_id)
+            if stream is not None:
+                stream.compacted_end = max(stream.compacted_end, rec.end_offset)
             for oid in rec.source_object_ids:
                 src = self.objects[oid]
                 if src.object_type == ObjectType.STREAM or all(rg[0] == rec.stream_id for rg in src.ranges):
@@ -445,7 +449,16 @@ class MetadataState:
                 t.name,
                 t.topic_id,
                 tuple(
-                    PartitionInfo(p.topic, p.partition, p.stream_id, p.leader, p.leader_epoch, p.state, p.target)
+                    PartitionInfo(
+                        p.topic,
+                        p.partition,
+                        p.stream_id,
+                        p.leader,
+                        p.leader_epoch,
+                        p.state,
+                        p.target,
+                        s.compacted_end if (s := self.streams.get(p.stream_id)) is not None else 0,
+                    )
                     for p in t.partitions
                 ),
                 dict(t.configs),
@@ -508,6 +521,7 @@ class MetadataState:
                     s.state,
                     s.tags,
                     [[g.epoch, g.node_id, g.start_offset, g.end_offset] for g in s.ranges],
+                    s.compacted_end,
                 ]
                 for s in self.streams.values()
             ],
@@ -569,8 +583,11 @@ class MetadataState:
                 t.partitions.append(PartitionState(name, i, sid, leader, epoch, state, target))
                 st.partition_of_stream[sid] = (name, i)
             st.topics[name] = t
-        for sid, epoch, start, end, owner, state, tags, ranges in data["streams"]:
-            st.streams[sid] = StreamState(sid, epoch, start, end, owner, state, tags, [StreamRange(*g) for g in ranges])
+        # Snapshots written before compacted_end existed have 8 fields per stream.
+        for sid, epoch, start, end, owner, state, tags, ranges, *later in data["streams"]:
+            st.streams[sid] = StreamState(
+                sid, epoch, start, end, owner, state, tags, [StreamRange(*g) for g in ranges], *later[:1]
+            )
             st.stream_index[sid] = []
         for oid, state, otype, size, node_id, ranges, committed_at, expires_at, marked_at in data["objects"]:
             st.objects[oid] = ObjectState(oid, state, otype, size, node_id, ranges, committed_at, expires_at, marked_at)

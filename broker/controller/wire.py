@@ -65,7 +65,14 @@ def object_metadata(d: dict) -> ObjectMetadata:
 
 def partition_info(d: dict) -> PartitionInfo:
     return PartitionInfo(
-        d["topic"], d["partition"], d["stream_id"], d["leader"], d["leader_epoch"], d["state"], d["target"]
+        d["topic"],
+        d["partition"],
+        d["stream_id"],
+        d["leader"],
+        d["leader_epoch"],
+        d["state"],
+        d["target"],
+        d.get("compacted_end", 0),
     )
 
 

@@ -656,6 +656,9 @@ class PartitionManager:
                 self._schedule(key, self._close_partition(led, moving_info))
             else:
                 led.configs = dict(want[1].configs)  # config changes (LogAppendTime, max.message.bytes)
+                if want[0].compacted_end:
+                    # Key compaction rewrote a range this leader may still hold cached.
+                    led.stream.invalidate_cached_below(want[0].compacted_end)
         for key, (info, topic) in desired.items():
             current = self._partitions.get(key)
             if current is None or current.leader_epoch != info.leader_epoch:

@@ -101,6 +101,10 @@ class Stream(Protocol):
     async def trim(self, new_start_offset: int) -> None:
         """Drop data below new_start_offset (retention, DeleteRecords)."""
 
+    def invalidate_cached_below(self, offset: int) -> None:
+        """Data below `offset` was rewritten in the object store (a compaction): stop serving
+        cached copies of it; later fetches of that range read the objects."""
+
     async def close(self) -> None:
         """Flush, upload what is pending for this stream, release ownership."""
 

@@ -148,6 +148,10 @@ class EngineStream:
             if self._confirm >= self._end:
                 self._drained.set()
 
+    def invalidate_cached_below(self, offset: int) -> None:
+        """A compaction rewrote this stream below `offset`: the log cache stops serving it."""
+        self._engine.log_cache.invalidate_below(self.stream_id, offset)
+
     async def fetch(self, start_offset: int, end_offset: int, max_bytes: int) -> FetchResult:
         self._check_open()
         confirm = self._confirm

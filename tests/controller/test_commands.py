@@ -220,3 +220,28 @@ def test_reassignment_in_progress_and_stale_partition_closed(cluster: Cluster) -
     assert (moved.leader, moved.leader_epoch, moved.state) == (2, p.leader_epoch + 1, "online")
     cluster.run(c.partition_closed, "t", p.partition, 1, e1, p.leader_epoch)  # a retry: no change
     assert cluster.state.topics["t"].partitions[p.partition].leader_epoch == p.leader_epoch + 1
+
+
+def test_a_compaction_swap_tells_leaders_which_range_was_rewritten(cluster: Cluster) -> None:
+    epoch = cluster.run(c.register_broker, 1, EP, None)
+    sid = cluster.run(c.create_topic, "t", 1, {"cleanup.policy": "compact"}).partitions[0].stream_id
+    cluster.run(c.open_stream, sid, 0, 1, epoch)
+    oid = cluster.run(c.prepare_objects, 3, 1000)
+    for i, (start, end) in enumerate([(0, 10), (10, 25)]):
+        cluster.run(
+            c.commit_stream_set_object,
+            CommitStreamSetObjectRequest(1, epoch, oid + i, 10, (ObjectStreamRange(sid, 0, start, end, 10),), (), ()),
+        )
+    partition = cluster.state.image().topics[0].partitions[0]
+    assert partition.compacted_end == 0
+    version = cluster.state.version
+    cluster.run(c.commit_stream_object, StreamObject(oid + 2, 15, sid, 0, 25, (oid, oid + 1)), -1, -1)
+    # visible: brokers long-polling the metadata wake up and see the rewritten range's end
+    assert cluster.state.version > version
+    assert cluster.state.image().topics[0].partitions[0].compacted_end == 25
+    # kept across a snapshot, and snapshots written before the field existed still load
+    snap = cluster.state.snapshot()
+    assert MetadataState.from_snapshot(json.loads(json.dumps(snap))).image().topics[0].partitions[0].compacted_end == 25
+    old = json.loads(json.dumps(snap))
+    old["streams"] = [row[:8] for row in old["streams"]]
+    assert MetadataState.from_snapshot(old).image().topics[0].partitions[0].compacted_end == 0

@@ -44,18 +44,6 @@ class SparkCluster:
 
         return asyncio.run(go())
 
-    def restart_broker(self) -> None:
-        """Graceful restart: the broker's caches (which serve recent data) start empty."""
-        broker = next(n for n in self.nodes if n.role == "broker")
-        broker.process.terminate()
-        broker.process.wait(60)
-        local.spawn(broker)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not local.is_ready(broker):
-            if broker.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"broker did not restart:\n{local.log_tail(broker, 40)}")
-            time.sleep(0.2)
-
     def wait_uploaded(self, topic: str, expected: dict[int, int] | int, timeout: float = 90.0) -> None:
         """Until the committed end offsets reach `expected` ({partition: end} or a total)."""
         deadline = time.monotonic() + timeout

@@ -6,6 +6,7 @@ read the compacted partition from offset 0."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
@@ -92,11 +93,17 @@ def test_latest_per_key_with_original_offsets_for_every_client(spark, spark_clus
     df = spark.read.format("automq").option("topic", topic).option("dataDir", str(spark_cluster.data_dir)).load()
     rows = df.orderBy("offset").collect()
     assert [(r.offset, bytes(r.key), None if r.value is None else bytes(r.value)) for r in rows] == expected
-    # ... and brokers serve it once their caches no longer hold the old batches
-    spark_cluster.restart_broker()
-    got = [
-        (o, k, v) for _p, o, _ts, k, v, _h in sh.consume_all(spark_cluster.bootstrap, topic, len(expected), timeout=60)
-    ]
+    # ... and the broker, which still holds the old batches in its log cache, stops serving
+    # them as soon as the controller's metadata says the range was rewritten: no restart
+    deadline = time.monotonic() + 60
+    while True:
+        got = [
+            (o, k, v)
+            for _p, o, _ts, k, v, _h in sh.consume_all(spark_cluster.bootstrap, topic, len(expected), timeout=60)
+        ]
+        if got == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)  # the broker's metadata long-poll has not delivered the swap yet
     assert got == expected
     # headers and timestamps of survivors are the originals
     after_full = sh.consume_all(spark_cluster.bootstrap, topic, len(expected), timeout=30)

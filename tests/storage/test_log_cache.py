@@ -62,3 +62,28 @@ def test_a_new_epoch_starts_a_new_block():
     [old] = cache.sealed_blocks()
     assert old.streams[1].epoch == 0 and cache.open_block.streams[1].epoch == 1
     assert [b.payload for b in cache.get(1, 0, 2, 100)] == [b"a", b"b"]
+
+
+def test_a_compacted_range_is_no_longer_served_from_the_cache():
+    cache = LogCache(max_bytes=1 << 20)
+    fill(cache, 3)  # stream 1: offsets 0..8, blocks [0,3) [3,6) [6,9)
+    first, second, third = cache.sealed_blocks()
+    cache.mark_uploaded(first)
+    cache.mark_uploaded(second)  # the third block is still with the uploader
+    size = cache.size
+    cache.invalidate_below(1, 5)
+    # the uploaded slice wholly below the floor is freed; the straddling one stays, hidden
+    assert cache.size == size - 300
+    assert cache.first_offset(1) == 5
+    assert cache.get(1, 0, 9, 1 << 20) == [] and cache.get(1, 4, 9, 1 << 20) == []
+    assert [b.base_offset for b in cache.get(1, 5, 9, 1 << 20)] == [5, 6, 7, 8]
+    assert cache.first_offset(2) == 0  # other streams untouched
+    cache.invalidate_below(1, 2)  # an older compaction arriving late lowers nothing
+    assert cache.first_offset(1) == 5
+    cache.invalidate_below(1, 8)  # the floor may hide unuploaded blocks too: never freed
+    assert cache.first_offset(1) == 8 and third.streams[1].bases == [6, 7, 8]
+    cache.invalidate_below(1, 100)
+    assert cache.first_offset(1) is None
+    cache.drop_stream(1)
+    cache.put(1, 1, 0, 1, b"x", 10_000)  # a recreated stream id starts without a floor
+    assert cache.first_offset(1) == 0

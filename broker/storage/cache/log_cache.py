@@ -7,6 +7,10 @@ committed the WAL can be trimmed to the block's end.
 
 Eviction is FIFO and bounded by bytes, but only of blocks already uploaded: data that is not
 yet in the object store must stay readable here.
+
+A compaction that rewrote a committed range of a stream (key compaction drops records) makes
+the cached batches of that range stale: `invalidate_below` sets the stream's floor, and reads
+below it miss (the engine reads the objects); uploaded slices wholly below it are freed.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class LogCache:
         self._unuploaded = 0  # kept as a counter: checked on every append
         # Each stream's slices, oldest first, so reads never scan other streams' blocks.
         self._by_stream: dict[int, deque[StreamSlice]] = {}
+        self._floor: dict[int, int] = {}  # stream -> offsets below were rewritten: never served here
         self._open = self._new_block()
 
     def _new_block(self) -> CacheBlock:
@@ -164,15 +169,46 @@ class LogCache:
             if stream_id in b.streams:
                 self.remove_slice(b, stream_id)
         self._by_stream.pop(stream_id, None)
+        self._floor.pop(stream_id, None)
+
+    def invalidate_below(self, stream_id: int, offset: int) -> None:
+        """Offsets below `offset` were rewritten in the object store: stop serving them.
+
+        Only uploaded slices are freed (a block the uploader still holds keeps its slices; the
+        floor hides them). `offset` is a batch boundary of the original batches: a compaction
+        replaces whole committed objects."""
+        if offset <= self._floor.get(stream_id, 0):
+            return
+        self._floor[stream_id] = offset
+        if stream_id not in self._by_stream:
+            return
+        for b in self._blocks:
+            sl = b.streams.get(stream_id)
+            if sl is not None and b.uploaded and sl.end_offset <= offset:
+                self.remove_slice(b, stream_id)
 
     def first_offset(self, stream_id: int) -> int | None:
+        """The first offset this cache serves for the stream (at or above its floor)."""
         slices = self._by_stream.get(stream_id)
-        return slices[0].start_offset if slices else None
+        if not slices:
+            return None
+        floor = self._floor.get(stream_id, 0)
+        if slices[0].start_offset >= floor:
+            return slices[0].start_offset
+        for sl in slices:
+            if sl.end_offset <= floor:
+                continue
+            i = bisect.bisect_left(sl.bases, floor)
+            if i < len(sl.bases):
+                return sl.bases[i]
+        return None
 
     def get(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[RecordBatchData]:
         """Batches overlapping [start, end), beginning with the one that holds `start`; empty
         when the cache does not hold `start`. Whole batches, first one always included."""
         out: list[RecordBatchData] = []
+        if start < self._floor.get(stream_id, 0):
+            return out
         size = 0
         pos = start
         for sl in self._by_stream.get(stream_id, ()):

@@ -160,6 +160,7 @@ async def _pass(
         reporter=KopfReporter(body),
         controller_api_factory=ctx.controller_api_factory,
         settings=ctx.settings,
+        may_act=ctx.is_leader,
     )
     return await reconcile(cluster, (STEPS if full else STATUS_STEPS) + (("nodeLoss", _node_loss_notes(live)),))
 

@@ -92,6 +92,9 @@ class Cluster:
     reporter: Reporter
     controller_api_factory: ControllerApiFactory
     settings: ReconcileSettings = field(default_factory=ReconcileSettings)
+    # Whether this operator replica may still write (leader election): checked between steps,
+    # so a replica that lost leadership mid-pass stops at the next step and writes no status.
+    may_act: Callable[[], bool] = lambda: True
     # Filled in by the steps.
     broker_replicas: int = 0  # what the broker StatefulSet is set to (above spec while draining)
     pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -713,6 +716,9 @@ async def reconcile(c: Cluster, steps: tuple[tuple[str, Step], ...] = STEPS) -> 
     """One pass of the steps (all by default); the status is written even when a step fails."""
     try:
         for name, step in steps:
+            if not c.may_act():
+                log.info("%s/%s: no longer the leading operator replica; pass stopped", c.ref.namespace, c.ref.name)
+                break
             log.debug("%s/%s: %s", c.ref.namespace, c.ref.name, name)
             await step(c)
     except Exception as exc:
@@ -720,7 +726,8 @@ async def reconcile(c: Cluster, steps: tuple[tuple[str, Step], ...] = STEPS) -> 
         raise
     finally:
         try:
-            await update_status(c)
+            if c.may_act():
+                await update_status(c)
         finally:
             await c.close()
     notes = c.problems + c.progress
@@ -728,7 +735,7 @@ async def reconcile(c: Cluster, steps: tuple[tuple[str, Step], ...] = STEPS) -> 
         ready=not notes,
         progressing=bool(c.progress),
         message="; ".join(n.message for n in notes) or "ready",
-        status=c.status["document"],
+        status=c.status.get("document", {}),
     )
 
 

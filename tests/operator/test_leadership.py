@@ -150,3 +150,34 @@ async def test_run_acquires_and_release_on_cancel(url: str) -> None:
 def test_settings_must_leave_room_between_deadline_and_expiry() -> None:
     with pytest.raises(ValueError, match="renew deadline < lease duration"):
         LeaderElection(api=KubeApi("http://127.0.0.1:1"), namespace=NS, lease_duration_s=10, renew_deadline_s=10)
+
+
+async def test_a_reconcile_pass_stops_between_steps_once_leadership_is_lost() -> None:
+    from automq.operator.builders import ClusterRef
+    from automq.operator.reconcile import Cluster, reconcile
+    from automq.operator.spec import parse_spec
+
+    leading = [True]
+    ran: list[str] = []
+
+    def step(name: str, lose: bool = False):
+        async def run(c: Cluster) -> None:
+            ran.append(name)
+            if lose:
+                leading[0] = False
+
+        return run
+
+    cluster = Cluster(
+        api=KubeApi("http://127.0.0.1:1"),  # never called: no status is written once not leading
+        ref=ClusterRef("demo", "ns", "uid"),
+        spec=parse_spec({"objectStore": {"bucket": "bkt"}}),
+        raw_spec={},
+        generation=1,
+        previous_status={},
+        reporter=None,  # type: ignore[arg-type]
+        controller_api_factory=None,  # type: ignore[arg-type]
+        may_act=lambda: leading[0],
+    )
+    await reconcile(cluster, (("a", step("a")), ("b", step("b", lose=True)), ("c", step("c"))))
+    assert ran == ["a", "b"]

@@ -200,6 +200,16 @@ def _local_controller_url(data_dir: Path) -> str | None:
         config = load_config(path)
     except ConfigError:
         return None
+    if config.security.controller_tls:  # `local up --secure`: the API is https and wants its token
+        import os
+
+        from automq.broker.security.controller_auth import CA_FILE_ENV, TOKEN_FILE_ENV
+
+        if config.security.controller_token_file:
+            os.environ.setdefault(TOKEN_FILE_ENV, config.security.controller_token_file)
+        if config.tls.ca_file:
+            os.environ.setdefault(CA_FILE_ENV, config.tls.ca_file)
+        return f"https://127.0.0.1:{config.http_port}"
     return f"http://127.0.0.1:{config.http_port}"
 
 
@@ -279,6 +289,12 @@ def local_up(
     config_file: Path | None = typer.Option(
         None, "--config", help="A YAML fragment of a node config merged into every node's config (--set wins)."
     ),
+    secure: bool = typer.Option(
+        False,
+        "--secure",
+        help="TLS + SCRAM-SHA-512: SASL_SSL listeners, an https controller API with a token, a user `admin`; "
+        "certificates and secrets under <data-dir>/secure; prints the client settings.",
+    ),
 ) -> None:
     """Start a controller and N brokers as processes on 127.0.0.1; Ctrl-C stops them."""
     from automq.broker import local
@@ -291,6 +307,7 @@ def local_up(
         for item in sets:
             argv += ["--set", item]
         argv += ["--config", str(config_file.expanduser().resolve())] if config_file is not None else []
+        argv += ["--secure"] if secure else []
         sys.exit(local.detach(argv, data_dir))
     sys.exit(
         local.run_local_cluster(
@@ -300,6 +317,7 @@ def local_up(
             object_store_url=object_store,
             sets=sets,
             config_file=config_file,
+            secure=secure,
         )
     )
 

@@ -35,6 +35,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -55,6 +56,7 @@ from automq.broker.config import (
     kafka_field,
     parse_config,
 )
+from automq.broker.local_secure import SECURE_LISTENER, SecureLocal
 from automq.broker.objectstore.check import ObjectStoreCheckError, check_object_store
 
 CONTROLLER_NODE_ID = 0
@@ -84,6 +86,7 @@ class Node:
     pid_path: Path
     role: str  # "controller" | "broker"
     process: subprocess.Popen[bytes] | None = None
+    https: bool = False  # its HTTP endpoint serves TLS (the controller of a --secure cluster)
     started_at: float = 0.0
     exits_in_a_row: int = 0
     restart_at: float | None = None  # when a node that exited is started again
@@ -272,8 +275,10 @@ def node_configs(
     controller_http: int,
     broker_http: list[int],
     overrides: dict[str, Any] | None = None,
+    secure: SecureLocal | None = None,
 ) -> dict[str, NodeConfig]:
-    controller_url = f"http://127.0.0.1:{controller_http}"
+    controller_url = f"{'https' if secure else 'http'}://127.0.0.1:{controller_http}"
+    secured: dict[str, Any] = secure.node_settings() if secure is not None else {}
     configs = {
         "controller": NodeConfig(
             node_id=CONTROLLER_NODE_ID,
@@ -284,6 +289,7 @@ def node_configs(
             listeners=[],
             http_host="127.0.0.1",
             http_port=controller_http,
+            **secured,
         )
     }
     for i in range(1, brokers + 1):
@@ -293,9 +299,14 @@ def node_configs(
             data_dir=str(data_dir / f"broker-{i}"),
             object_store_url=object_store_url,
             controller_urls=[controller_url],
-            listeners=[Listener(name="PLAINTEXT", host="127.0.0.1", port=port + i - 1)],
+            listeners=[
+                Listener(name=SECURE_LISTENER, host="127.0.0.1", port=port + i - 1, security_protocol="SASL_SSL")
+                if secure
+                else Listener(name="PLAINTEXT", host="127.0.0.1", port=port + i - 1)
+            ],
             http_host="127.0.0.1",
             http_port=broker_http[i - 1],
+            **secured,
         )
     if overrides:
         # every node gets every setting (a controller ignores the broker-only sections), so
@@ -324,7 +335,12 @@ def load_config_text(text: str) -> NodeConfig:
 
 
 def prepare(
-    brokers: int, data_dir: Path, port: int, object_store_url: str | None, overrides: dict[str, Any] | None = None
+    brokers: int,
+    data_dir: Path,
+    port: int,
+    object_store_url: str | None,
+    overrides: dict[str, Any] | None = None,
+    secure: SecureLocal | None = None,
 ) -> list[Node]:
     """Check ports, write every node's config file; returns the nodes in start order."""
     if brokers < 1:
@@ -353,7 +369,8 @@ def prepare(
     for sub in ("config", "logs", "run"):
         (data_dir / sub).mkdir(parents=True, exist_ok=True)
     nodes = []
-    for name, config in node_configs(brokers, data_dir, port, url, controller_http, broker_http, overrides).items():
+    configs = node_configs(brokers, data_dir, port, url, controller_http, broker_http, overrides, secure)
+    for name, config in configs.items():
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
         path = data_dir / "config" / f"{name}.yaml"
         path.write_text(_config_yaml(config))
@@ -367,6 +384,7 @@ def prepare(
                 log_path=data_dir / "logs" / f"{name}.log",
                 pid_path=data_dir / "run" / f"{name}.pid",
                 role="controller" if name == "controller" else "broker",
+                https=name == "controller" and config.security.controller_tls,
             )
         )
     return nodes
@@ -412,12 +430,16 @@ def spawn(node: Node) -> None:
 
 
 def is_ready(node: Node) -> bool:
-    return http_ready(node.http_port)
+    return http_ready(node.http_port, https=node.https)
 
 
-def http_ready(http_port: int) -> bool:
+def http_ready(http_port: int, https: bool = False) -> bool:
     """Whether the node serving HTTP on this local port answers /readyz with 200."""
-    conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=1.0)
+    conn = (
+        http.client.HTTPSConnection("127.0.0.1", http_port, timeout=1.0, context=ssl._create_unverified_context())
+        if https  # a readiness probe of our own child process: what matters is that it answers
+        else http.client.HTTPConnection("127.0.0.1", http_port, timeout=1.0)
+    )
     try:
         conn.request("GET", "/readyz")
         return conn.getresponse().status == 200
@@ -578,6 +600,7 @@ def run_local_cluster(
     object_store_url: str | None,
     sets: list[str] | None = None,
     config_file: Path | None = None,
+    secure: bool = False,
 ) -> int:
     """Run a local cluster in the foreground until Ctrl-C/SIGTERM; returns the exit code.
     `brokers`/`port` None: what the last start of this data dir used (else 1 and 9092).
@@ -613,7 +636,8 @@ def run_local_cluster(
     nodes: list[Node] = []
     try:
         with _data_dir_lock(data_dir):
-            nodes = prepare(brokers, data_dir, port, object_store_url, overrides)
+            secured = SecureLocal.ensure(data_dir) if secure else None
+            nodes = prepare(brokers, data_dir, port, object_store_url, overrides, secured)
             _remember(data_dir, brokers, port)
             console.print(f"data dir {data_dir}; process logs in {data_dir / 'logs'}")
             for key, value in _flat(overrides):
@@ -632,6 +656,11 @@ def run_local_cluster(
                 stop(nodes, console)
                 return 0 if signals.count else 1  # stopped on request (Ctrl-C/SIGTERM) vs failed to start
             bootstrap = ",".join(f"127.0.0.1:{n.kafka_port}" for n in nodes if n.kafka_port)
+            if secured is not None:
+                controller = next(n for n in nodes if n.role == "controller")
+                asyncio.run(secured.create_admin(f"https://127.0.0.1:{controller.http_port}"))
+                console.print("client settings (TLS + SCRAM-SHA-512):", markup=False)
+                print(secured.client_settings(bootstrap), flush=True)
             print(f"bootstrap: {bootstrap}", flush=True)
             console.print(f"cluster ready: {len(nodes) - 1} broker(s); Ctrl-C (or `automq local down`) stops it")
             _print_endpoints(nodes, console, data_dir)
@@ -744,6 +773,11 @@ def detach(argv: list[str], data_dir: Path) -> int:
             text = log.read().decode(errors="replace")
         for line in text.splitlines():
             if line.startswith("bootstrap: "):
+                for setting in text.splitlines():  # --secure: the client settings printed before it
+                    if setting.startswith(
+                        ("bootstrap.servers=", "security.protocol=", "sasl.", "ssl.ca.location=", "# controller")
+                    ):
+                        print(setting, flush=True)
                 print(line, flush=True)
                 console.print(
                     f"running in the background (pid {process.pid}); output in {log_path}; "

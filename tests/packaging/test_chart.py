@@ -181,7 +181,8 @@ def test_existing_service_account_needs_a_name(chart):
 @pytest.mark.parametrize("values_file", CASES, ids=IDS)
 def test_operator_pod_is_locked_down_and_probed(render, values_file):
     values = values_of(values_file) or {}
-    dep = deployment(documents(render(values)))
+    docs = documents(render(values))
+    dep = deployment(docs)
     pod = dep["spec"]["template"]["spec"]
     [container] = pod["containers"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -206,6 +207,13 @@ def test_operator_pod_is_locked_down_and_probed(render, values_file):
     # Two replicas, one leading through a Lease; a rolling upgrade never leaves none running.
     assert dep["spec"]["replicas"] == values.get("replicas", 2)
     assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    pdbs = only(docs, "PodDisruptionBudget")
+    if dep["spec"]["replicas"] > 1:  # a drain leaves one replica to take the Lease over
+        [pdb] = pdbs
+        assert pdb["spec"]["maxUnavailable"] == 1
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    else:
+        assert not pdbs
     affinity = dep["spec"]["template"]["spec"]["affinity"]
     if values.get("affinity"):
         assert affinity == values["affinity"]
@@ -459,3 +467,8 @@ def test_derived_install_files_are_in_sync():
         f"{result.stdout}{result.stderr}\nrun `python scripts/sync-k8s-artifacts.py` after changing "
         "operator/rbac.py or the CRD"
     )
+
+
+def test_one_operator_replica_has_no_disruption_budget(render):
+    docs = documents(render({"replicas": 1}))
+    assert deployment(docs)["spec"]["replicas"] == 1 and not only(docs, "PodDisruptionBudget")

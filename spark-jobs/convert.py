@@ -15,7 +15,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from automq.broker.kafka import topic_configs as tc
+from automq.broker import topic_configs as tc
 
 META_PREFIX = "_kafka_"  # metadata columns of JSON tables (JSON fields own the plain names)
 DLQ_SCHEMA = pa.schema(

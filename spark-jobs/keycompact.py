@@ -33,10 +33,10 @@ import time
 from dataclasses import dataclass
 
 from automq.broker.kafka import records
-from automq.broker.kafka.topic_configs import TOPIC_CONFIGS
 from automq.broker.objectstore import open_object_store
 from automq.broker.storage.metadata import object_key
 from automq.broker.storage.objects.format import ObjectWriter
+from automq.broker.topic_configs import TOPIC_CONFIGS
 from automq.spark.cluster import ClusterLocation, ClusterView
 from automq.spark.compact import CompactionReport, CompactionTask, Rewritten, Source, chunks, commit_all, prepare_ids
 from automq.spark.reader import ObjectSlice, read_slice_batches

@@ -14,6 +14,7 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping
 
+from automq.broker import topic_configs
 from automq.broker.controller import records as r
 from automq.broker.controller.placement import Placement, counted_node
 from automq.broker.controller.protocol import (
@@ -62,63 +63,6 @@ MAX_PREPARE_TTL_MS = 24 * 3_600_000
 GC_BATCH = 1_000
 
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-
-# Kafka's topic-level configs and how their values are checked. Unknown keys are rejected
-# (INVALID_CONFIG) as a Java broker does, so a typo never silently falls back to a default.
-_BOOL = ("true", "false")
-_TOPIC_CONFIGS: dict[str, object] = {
-    # "": no cleanup at all (Kafka 4.x accepts an empty list, e.g. after SUBTRACT of the last policy)
-    "cleanup.policy": ("delete", "compact", "compact,delete", "delete,compact", ""),
-    "compression.type": ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
-    "message.timestamp.type": ("CreateTime", "LogAppendTime"),
-    "message.downconversion.enable": _BOOL,
-    "preallocate": _BOOL,
-    "remote.storage.enable": _BOOL,
-    "unclean.leader.election.enable": _BOOL,
-    "min.cleanable.dirty.ratio": float,
-    "follower.replication.throttled.replicas": str,
-    "leader.replication.throttled.replicas": str,
-    "message.format.version": str,
-    # table topics (the Kafka layer validates their values: broker/kafka/topic_configs.py)
-    "automq.table.topic.enable": _BOOL,
-    **dict.fromkeys(
-        (
-            "automq.table.topic.commit.interval.ms",
-            "automq.table.topic.namespace",
-            "automq.table.topic.convert.value.type",
-            "automq.table.topic.transform.value.type",
-            "automq.table.topic.id.columns",
-            "automq.table.topic.partition.by",
-            "automq.table.topic.errors.tolerance",
-        ),
-        str,
-    ),
-    **dict.fromkeys(
-        (
-            "delete.retention.ms",
-            "file.delete.delay.ms",
-            "flush.messages",
-            "flush.ms",
-            "index.interval.bytes",
-            "local.retention.bytes",
-            "local.retention.ms",
-            "max.compaction.lag.ms",
-            "max.message.bytes",
-            "message.timestamp.after.max.ms",
-            "message.timestamp.before.max.ms",
-            "message.timestamp.difference.max.ms",
-            "min.compaction.lag.ms",
-            "min.insync.replicas",
-            "retention.bytes",
-            "retention.ms",
-            "segment.bytes",
-            "segment.index.bytes",
-            "segment.jitter.ms",
-            "segment.ms",
-        ),
-        int,
-    ),
-}
 
 
 class Tx:
@@ -412,29 +356,20 @@ def _finish_move(tx: Tx, p: PartitionState) -> None:
 
 
 def _validate_configs(configs: Mapping[str, str | None], allow_none: bool) -> None:
+    """Kafka's topic configs, checked by the one table of them (`automq.broker.topic_configs`),
+    so the controller refuses exactly what a broker refuses: a direct API caller (operator,
+    tools) cannot store a key or value a broker would not accept (INVALID_CONFIG)."""
     for key, value in configs.items():
-        kind = _TOPIC_CONFIGS.get(key)
-        if kind is None:
-            raise InvalidConfigError(f"unknown topic config {key!r}")
-        if value is None:
-            if not allow_none:
-                raise InvalidConfigError(f"topic config {key!r} needs a value")
-            continue
-        if not isinstance(value, str):
+        if value is None and allow_none:
+            if key not in topic_configs.TOPIC_CONFIGS:
+                raise InvalidConfigError(f"Unknown topic config name: {key}")
+            continue  # removes the key: back to the broker default
+        if not isinstance(value, str) and value is not None:
             raise InvalidConfigError(f"topic config {key!r} must be a string, got {type(value).__name__}")
-        if isinstance(kind, tuple):
-            if value not in kind:
-                raise InvalidConfigError(f"topic config {key!r}={value!r}: must be one of {', '.join(kind)}")
-        elif kind is int:
-            try:
-                int(value)
-            except ValueError:
-                raise InvalidConfigError(f"topic config {key!r}={value!r}: not an integer") from None
-        elif kind is float:
-            try:
-                float(value)
-            except ValueError:
-                raise InvalidConfigError(f"topic config {key!r}={value!r}: not a number") from None
+        try:
+            topic_configs.validate_value(key, value)
+        except topic_configs.TopicConfigError as exc:
+            raise InvalidConfigError(str(exc)) from None
 
 
 def validate_topic_name(name: str) -> None:

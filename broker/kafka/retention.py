@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from automq.broker.kafka import records
 from automq.broker.kafka.partitions import NotLeaderError
-from automq.broker.kafka.topic_configs import effective_config
 from automq.broker.storage.api import OffsetOutOfRangeError, StreamClosedError
+from automq.broker.topic_configs import effective_config
 
 if TYPE_CHECKING:
     from automq.broker.kafka.broker import Broker

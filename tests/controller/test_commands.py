@@ -76,8 +76,14 @@ def test_hostile_topic_requests(cluster: Cluster) -> None:
     cluster.refused(InvalidConfigError, c.create_topic, "t", 1, {"max.message.bytes": 5})
     cluster.refused(UnknownTopicError, c.delete_topic, "nope")
     cluster.refused(UnknownTopicError, c.create_partitions, "nope", 3)
+    # one table of topic configs for brokers and controller: keys Kafka 4 removed are unknown,
+    # values a broker refuses are refused here too
+    for removed in ("message.format.version", "message.downconversion.enable", "message.timestamp.difference.max.ms"):
+        cluster.refused(InvalidConfigError, c.create_topic, "t", 1, {removed: "1"})
+    cluster.refused(InvalidConfigError, c.create_topic, "t", 1, {"segment.bytes": "12"})
+    cluster.refused(InvalidConfigError, c.create_topic, "t", 1, {"compression.zstd.level": "99"})
     cluster.refused(UnknownTopicError, c.reassign_partition, "nope", 0, 1)
-    info = cluster.run(c.create_topic, "t", 2, {"cleanup.policy": "compact,delete"})
+    info = cluster.run(c.create_topic, "t", 2, {"cleanup.policy": "compact,delete", "compression.zstd.level": "3"})
     assert all(p.leader == -1 and p.state == "offline" for p in info.partitions)  # no broker yet
     cluster.refused(UnknownTopicError, c.reassign_partition, "t", 2, 1)
     cluster.refused(InvalidPartitionsError, c.create_partitions, "t", 1)

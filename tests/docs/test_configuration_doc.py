@@ -4,7 +4,7 @@ meaning, and be up to date (regenerate with `python docs/generate_configuration.
 import importlib.util
 from pathlib import Path
 
-from automq.broker.kafka.topic_configs import TOPIC_CONFIGS
+from automq.broker.topic_configs import TOPIC_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[2]
 

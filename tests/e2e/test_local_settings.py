@@ -4,7 +4,7 @@ and Kafka's default for group.initial.rebalance.delay.ms (3000) applies where no
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
 
 from automq.broker.config import NodeConfig
-from automq.broker.kafka.topic_configs import _broker_entries
+from automq.broker.topic_configs import _broker_entries
 
 
 def test_set_value_is_what_every_broker_reports(cluster):

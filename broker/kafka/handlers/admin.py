@@ -28,10 +28,10 @@ from urllib.parse import urlsplit
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker import topic_configs as tc
 from automq.broker.controller.protocol import MetadataImage, TopicInfo
 from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka import retention
-from automq.broker.kafka import topic_configs as tc
 from automq.broker.kafka.broker import INTERNAL_TOPICS
 from automq.broker.kafka.codec import ZERO_THROTTLE, build, has_field, nested
 from automq.broker.kafka.context import RequestContext

@@ -41,7 +41,7 @@ from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.admin import log_dir_name
 from automq.broker.kafka.handlers.metadata import topic_uuid
 from automq.broker.kafka.handlers.registry import handles
-from automq.broker.kafka.topic_configs import ConfigResourceType
+from automq.broker.topic_configs import ConfigResourceType
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from automq.broker.controller.protocol import (
 from automq.broker.kafka.handlers import admin
 from automq.broker.kafka.handlers.admin import AdminError
 from automq.broker.kafka.partitions import NotLeaderError
-from automq.broker.kafka.topic_configs import TopicConfigError
+from automq.broker.topic_configs import TopicConfigError
 
 
 def image(*topics: tuple[str, int], brokers=(1, 2), fenced=()):

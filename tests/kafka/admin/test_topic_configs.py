@@ -4,9 +4,9 @@ DescribeConfigs sources and synonyms follow Kafka's precedence."""
 import pytest
 from kio.schema.errors import ErrorCode
 
+from automq.broker import topic_configs as tc
 from automq.broker.config import parse_config
-from automq.broker.kafka import topic_configs as tc
-from automq.broker.kafka.topic_configs import AlterConfigOp, ConfigSource, ConfigType, TopicConfigError
+from automq.broker.topic_configs import AlterConfigOp, ConfigSource, ConfigType, TopicConfigError
 
 
 def node(**kafka):

@@ -30,6 +30,7 @@ import datetime as dt
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,7 +74,7 @@ class LeaderElection:
     lease_duration_s: float = 15.0
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
-    clock: Callable[[], float] = field(default=lambda: asyncio.get_running_loop().time())
+    clock: Callable[[], float] = time.monotonic  # callable from any thread (is_leader)
     on_change: Callable[[bool], None] | None = None
     _leading_until: float = float("-inf")
     _observed: tuple[Any, ...] | None = None
@@ -110,8 +111,8 @@ class LeaderElection:
             while True:
                 try:
                     await self.try_acquire_or_renew()
-                except (TimeoutError, KubeError, OSError) as exc:
-                    log.warning("leader election: %s", exc)
+                except Exception as exc:  # any API failure: not renewed; leadership ends at the deadline
+                    log.warning("leader election: %s: %s", type(exc).__name__, exc)
                 self._notify()
                 await asyncio.sleep(self.retry_period_s)
         finally:
@@ -212,5 +213,5 @@ class LeaderElection:
                 {"metadata": {"resourceVersion": version}, "spec": {"holderIdentity": None, "renewTime": None}},
             )
             log.info("%s released Lease %s/%s", self.identity, self.namespace, self.name)
-        except (TimeoutError, KubeError, OSError) as exc:
+        except Exception as exc:
             log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, exc)

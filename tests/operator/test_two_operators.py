@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kmock
 import pytest
 import yaml
@@ -74,6 +75,12 @@ class TaggedApi(KubeApi):
     def __init__(self, url: str, who: str, log: Log) -> None:
         super().__init__(url)
         self.who, self.log = who, log
+        self.cut = False  # cut off from the API server (a network partition)
+
+    async def _request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        if self.cut:
+            raise aiohttp.ClientConnectionError(f"{self.who} cannot reach the API server")
+        return await super()._request(method, path, *args, **kwargs)
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         if obj["kind"] != "Lease":  # the election itself: both candidates may try to create it
@@ -398,3 +405,29 @@ def test_two_operators_delete_a_cluster_once_through_the_leader(world: World) ->
     # (Against kmock, kopf runs the delete handler a second time even with one operator; that
     # run finds nothing left to delete.)
     assert world.events("DataDeleted")
+
+
+@pytest.mark.timeout(240)
+def test_a_leader_cut_off_from_the_api_stops_and_the_other_takes_over_after_expiry(world: World) -> None:
+    leader = world.wait_for("a Lease holder", world.holder)
+    follower = next(who for who in world.operators if who != leader)
+    world.cluster()
+    world.wait_for("the leader reconciles", lambda: world.log.acting("create", "StatefulSet"))
+    # The leader loses the API server (no clean release): its Lease is not renewed; the
+    # follower waits a whole lease duration without a change, then takes over.
+    leader_ctx = world.operators[leader].context
+    leader_api = leader_ctx.kube()
+    assert isinstance(leader_api, TaggedApi)
+    leader_api.cut = True
+    world.wait_for("the leader steps down at its renew deadline", lambda: not leader_ctx.is_leader())
+    world.wait_for("the follower holds the Lease", lambda: world.holder() == follower)
+    world.controller.silent.add(1)
+    world.node("n1", ready=False, since=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5))
+    world.wait_for("broker 1 served again", lambda: world.step(1) == "served")
+    assert world.log.acting("fence", 1) == [follower]
+    assert world.log.acting("delete", "Pod", "demo-broker-1") == [follower]
+    # The old leader reaches the API again: it sees a live holder and stays a follower.
+    leader_api.cut = False
+    time.sleep(1.0)
+    assert not leader_ctx.is_leader() and world.holder() == follower
+    assert world.log.acting("fence", 1) == [follower]

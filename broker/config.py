@@ -76,8 +76,8 @@ class WalConfig(_Section):
     kind: Literal["volume", "s3"] = "volume"
     path: str = "wal"  # volume WAL: file or block device; relative paths are under data_dir
     capacity: Size = 256 << 20  # volume WAL ring size
-    s3_bulk_interval_ms: DurationMs = 250  # S3 WAL: upload buffered appends at least this often
-    s3_bulk_bytes: Size = 8 << 20  # S3 WAL: or when this much is buffered
+    s3_bulk_interval_ms: DurationMs = 250  # S3 WAL: a bulk waits at most this long (an idle WAL PUTs at once)
+    s3_bulk_bytes: Size = 8 << 20  # S3 WAL: or at most this much is buffered
     group_commit_max_delay_ms: DurationMs = 0  # wait up to this long to batch more appends per sync
 
 

@@ -57,8 +57,28 @@ def config(data_dir: str, store_url: str, wal_kind: str) -> NodeConfig:
     )
 
 
+class JitteryWalStore:
+    """Fault injection (CRASH_CHILD_PUT_JITTER=1): a third of the S3 WAL's PUTs are held back
+    up to 150 ms, so bulks complete out of order and a kill often lands while a later bulk is
+    stored and an earlier one is not."""
+
+    def __init__(self, inner, seed: int) -> None:
+        self.inner = inner
+        self.rng = random.Random(seed)
+
+    async def put(self, key, data, **kw):
+        if key.startswith("wal/") and "/data/" in key and self.rng.random() < 0.33:
+            await asyncio.sleep(self.rng.uniform(0.0, 0.15))
+        return await self.inner.put(key, data, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 async def open_engine(data_dir: str, store_url: str, wal_kind: str) -> tuple[StorageEngine, InProcessMetadata]:
     store = open_object_store(store_url)
+    if os.environ.get("CRASH_CHILD_PUT_JITTER"):
+        store = JitteryWalStore(store, os.getpid())  # type: ignore[assignment]
     meta = InProcessMetadata(store)
     epoch = await meta.register_node(1)
     engine = StorageEngine(config(data_dir, store_url, wal_kind), store, meta, meta, 1, epoch)

@@ -1,14 +1,29 @@
 """The S3 WAL: appends buffered into bulk objects in the object store (no volume needed).
 
 An append is acknowledged once the PUT of the bulk object holding it completed (and the
-fence check after it passed). A bulk is cut every `bulk_interval_ms` or at `bulk_bytes`,
-whichever comes first; several PUTs may be in flight, but appends are acknowledged strictly
-in order.
+fence check after it passed). Cadence adapts to the load: when no PUT is in flight, the
+first append starts a bulk at once (an idle WAL acks at PUT speed); what arrives while a PUT
+is in flight is grouped into the next bulk, which is cut when no PUT is running any more, or
+when `bulk_bytes` are buffered, or when the oldest buffered append is `bulk_interval_ms` old,
+whichever comes first (so those two are upper bounds, not a cadence). The fence check after
+a PUT is one LIST shared by every PUT that completed before it started. At most `max_inflight` bulks are cut and not yet acknowledged at any time; PUTs
+may complete out of order, but appends are acknowledged strictly in position order.
 
 Keys (per node, sorted so a listing is replay order):
 
     wal/<node>/data/<node epoch>/<first position>-<end position>   bulk objects
     wal/<node>/fence/<node epoch>                                  one marker per incarnation
+    wal/<node>/trim/<node epoch>                                   the epoch's trim position
+
+Replay order and holes: within an epoch, positions are dense, so the bulks replayed must
+chain (each starts where the previous ended). A hole means either a PUT that never
+completed (then nothing after it was acknowledged: acks are in order) or bulks that trim
+deleted (then everything before the hole was committed). `trim` writes the epoch's trim
+position before it deletes anything, so a hole above that position is always the first
+kind: replay of the epoch stops there, and the later bulks (complete PUTs of appends never
+acknowledged) are dropped rather than replayed with a gap in their streams. The only other
+deleter of bulks is `start()` after a recovery, which deletes what that recovery already
+committed or dropped, so a hole it leaves behind hides nothing either.
 
 Fencing: a new incarnation (or another node recovering this one) first writes its fence
 marker, then lists and replays the data objects. A writer checks the fence markers after
@@ -51,6 +66,7 @@ BULK_HEADER = struct.Struct(">IHHqqII")  # magic, version, flags, node id, node 
 REC_HEADER = struct.Struct(">QQQIII")  # + header crc u32 = 44 bytes
 REC_HEADER_SIZE = REC_HEADER.size + 4
 MAX_INFLIGHT = 4
+INLINE_ENCODE_BYTES = 1 << 20
 
 
 def data_prefix(node_id: int) -> str:
@@ -59,6 +75,10 @@ def data_prefix(node_id: int) -> str:
 
 def fence_prefix(node_id: int) -> str:
     return f"wal/{node_id}/fence/"
+
+
+def trim_prefix(node_id: int) -> str:
+    return f"wal/{node_id}/trim/"
 
 
 def encode_bulk(node_id: int, node_epoch: int, records: list[WalRecord]) -> bytes:
@@ -138,8 +158,9 @@ class ObjectStoreWal(WriteAheadLog):
         self._buffer_bytes = 0
         self._buffer_since = 0.0
         self._kick = asyncio.Event()
-        self._inflight: deque[_Bulk] = deque()
-        self._slots = asyncio.Semaphore(max_inflight)
+        self._inflight: deque[_Bulk] = deque()  # cut, not yet acknowledged, in position order
+        self._max_inflight = max(1, max_inflight)
+        self._trim_lock = asyncio.Lock()
         self._uploaded: deque[tuple[int, str]] = deque()  # (end position, key) of durable bulks
         self._next = 0
         self._durable = 0
@@ -147,6 +168,9 @@ class ObjectStoreWal(WriteAheadLog):
         self._recovered_keys: list[str] = []
         self._task: asyncio.Task | None = None
         self._put_tasks: set[asyncio.Task] = set()
+        self._puts_running = 0  # bulks being encoded or PUT (not those in their fence check)
+        self._fence_running: asyncio.Future[int] | None = None  # a fence LIST in progress
+        self._fence_next: asyncio.Future[int] | None = None  # the one to start after it
         self._closed = False
         self._failed: BaseException | None = None
         self.report = RecoveryReport()
@@ -172,52 +196,87 @@ class ObjectStoreWal(WriteAheadLog):
                 f"S3 WAL of node {self.node_id} is fenced by epoch {newest} (this is epoch {self.node_epoch})"
             )
         await self._store.put(f"{fence_prefix(self.node_id)}{self.node_epoch:010d}", b"")
+        report = RecoveryReport(stop_reason="empty")
         keys = []
         async for info in self._store.list(data_prefix(self.node_id)):
             rest = info.key[len(data_prefix(self.node_id)) :]
             try:
                 epoch_s, span = rest.split("/")
                 epoch = int(epoch_s)
-                start = int(span.split("-")[0])
+                start_s, end_s = span.split("-")
+                start, end = int(start_s), int(end_s)
             except ValueError:
-                self.report.details.append(f"ignored foreign key {info.key}")
+                report.details.append(f"ignored foreign key {info.key}")
                 continue
             if epoch <= self.node_epoch:
-                keys.append((epoch, start, info.key))
+                keys.append((epoch, start, end, info.key))
         keys.sort()
+        trims = await self._trim_positions()
         records: list[WalRecord] = []
-        report = RecoveryReport(stop_reason="empty")
         position = 0
-        for _epoch, _start, key in keys:
+        epoch_seen, expected = -1, 0
+        for epoch, start, end, key in keys:
+            if epoch != epoch_seen:
+                epoch_seen, expected = epoch, trims.get(epoch, 0)
+            if end <= expected and start < end:
+                continue  # below the epoch's trim position: committed already (a trim that did not finish)
+            if start > expected:
+                # A hole above the trim position: a PUT that never completed. Nothing after it
+                # in this epoch was acknowledged; replaying it would leave gaps in streams.
+                report.details.append(
+                    f"epoch {epoch}: no bulk at position {expected}; dropped unacknowledged bulk {key}"
+                )
+                expected = 1 << 63  # drop the rest of this epoch too
+                continue
             try:
                 data = await self._store.get(key)
             except ObjectNotFound:
-                continue  # trimmed by a racing earlier incarnation after we listed
+                # deleted after we listed (a racing earlier incarnation's trim): committed
+                continue
+            if len(data) != end - start:
+                raise WalCorruptionError(f"S3 WAL object {key}: {len(data)} bytes, its key says {end - start}")
             recs = decode_bulk(data, key, position)
             position += len(data)
+            expected = end
             records.extend(recs)
             report.records += len(recs)
             report.bytes += sum(len(r.payload) for r in recs)
             report.stop_reason = "end"
         report.end_position = position
-        self._recovered_keys = [k for _, _, k in keys]
+        # start() deletes all of them: replayed ones once committed, dropped ones because
+        # they hold only appends that were never acknowledged.
+        self._recovered_keys = [k for _, _, _, k in keys]
         self.report = report
         return records
+
+    async def _trim_positions(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        async for info in self._store.list(trim_prefix(self.node_id)):
+            try:
+                epoch = int(info.key.rsplit("/", 1)[1])
+                if epoch <= self.node_epoch:
+                    out[epoch] = int((await self._store.get(info.key)).decode())
+            except (ValueError, ObjectNotFound):
+                continue
+        return out
 
     async def start(self, trim_position: int) -> None:
         # Everything replayed is committed now: drop it, and older incarnations' markers.
         if self._recovered_keys:
             await self._store.delete_many(self._recovered_keys)
             self._recovered_keys = []
-        old_fences = []
-        async for info in self._store.list(fence_prefix(self.node_id)):
-            try:
-                if int(info.key.rsplit("/", 1)[1]) < self.node_epoch:
-                    old_fences.append(info.key)
-            except ValueError:
-                continue
-        if old_fences:
-            await self._store.delete_many(old_fences)
+        # Markers after data: a trim marker deleted while some of its epoch's bulks stay
+        # would only make a later recovery drop bulks this one already committed.
+        old_markers = []
+        for prefix in (trim_prefix(self.node_id), fence_prefix(self.node_id)):
+            async for info in self._store.list(prefix):
+                try:
+                    if int(info.key.rsplit("/", 1)[1]) < self.node_epoch:
+                        old_markers.append(info.key)
+                except ValueError:
+                    continue
+        if old_markers:
+            await self._store.delete_many(old_markers)
         self._task = asyncio.create_task(self._flush_loop(), name=f"s3-wal-{self.node_id}")
 
     # ------------------------------------------------------------------ appends
@@ -240,9 +299,18 @@ class ObjectStoreWal(WriteAheadLog):
             self._buffer_since = time.monotonic()
         self._buffer.append((record, fut))
         self._buffer_bytes += len(record.payload) + REC_HEADER_SIZE
-        if self._buffer_bytes >= self._bulk_bytes or len(self._buffer) == 1:
-            self._kick.set()
+        if len(self._buffer) == 1 or self._buffer_bytes >= self._bulk_bytes:
+            self._kick.set()  # an idle WAL starts a bulk now; a full buffer is due now
         return fut
+
+    def _due_in(self) -> float | None:
+        """Seconds until the buffer must be cut (0: now), or None: wait for a kick (the
+        window of in-flight bulks is full; an acknowledgement kicks)."""
+        if len(self._inflight) >= self._max_inflight:
+            return None
+        if not self._puts_running or self._closed or self._buffer_bytes >= self._bulk_bytes:
+            return 0.0
+        return max(0.0, self._buffer_since + self._interval - time.monotonic())
 
     async def _flush_loop(self) -> None:
         try:
@@ -253,15 +321,14 @@ class ObjectStoreWal(WriteAheadLog):
                     self._kick.clear()
                     await self._kick.wait()
                     continue
-                wait = self._buffer_since + self._interval - time.monotonic()
-                if self._buffer_bytes < self._bulk_bytes and wait > 0 and not self._closed:
+                wait = self._due_in()
+                if wait is None or wait > 0:
                     self._kick.clear()
                     try:
                         await asyncio.wait_for(self._kick.wait(), timeout=wait)
                     except TimeoutError:
                         pass
                     continue
-                await self._slots.acquire()
                 # At most bulk_bytes per object: a burst becomes several PUTs in flight
                 # instead of one huge one that everybody waits for.
                 taken, size = 0, 0
@@ -284,6 +351,7 @@ class ObjectStoreWal(WriteAheadLog):
                     r.wal_end = pos
                 bulk = _Bulk(pending, start, self._next, self._data_key(start, self._next))
                 self._inflight.append(bulk)
+                self._puts_running += 1
                 task = asyncio.create_task(self._put(bulk))
                 self._put_tasks.add(task)
                 task.add_done_callback(self._put_tasks.discard)
@@ -295,20 +363,29 @@ class ObjectStoreWal(WriteAheadLog):
     async def _put(self, bulk: _Bulk) -> None:
         try:
             records = [r for r, _ in bulk.pending]
-            data = await asyncio.to_thread(encode_bulk, self.node_id, self.node_epoch, records)
+            if bulk.end - bulk.start < INLINE_ENCODE_BYTES:
+                # a thread hop costs more than CRC and copy of a small bulk (and waits for
+                # a free core on a busy machine)
+                data = encode_bulk(self.node_id, self.node_epoch, records)
+            else:
+                data = await asyncio.to_thread(encode_bulk, self.node_id, self.node_epoch, records)
             delay = 0.1
             started = time.perf_counter()
-            while True:
-                try:
-                    await self._store.put(bulk.key, data)
-                    break
-                except Exception as exc:
-                    if self._closed and self._failed is not None:
-                        raise
-                    log.warning("S3 WAL PUT %s failed (%r); retrying in %.1fs", bulk.key, exc, delay)
-                    await asyncio.sleep(delay)
-                    delay = min(5.0, delay * 2)
-            newest = await self._newest_fence()
+            try:
+                while True:
+                    try:
+                        await self._store.put(bulk.key, data)
+                        break
+                    except Exception as exc:
+                        if self._closed and self._failed is not None:
+                            raise
+                        log.warning("S3 WAL PUT %s failed (%r); retrying in %.1fs", bulk.key, exc, delay)
+                        await asyncio.sleep(delay)
+                        delay = min(5.0, delay * 2)
+            finally:
+                self._puts_running -= 1
+                self._kick.set()  # no PUT running any more: what was grouped can go now
+            newest = await self._fence_check()
             if newest > self.node_epoch:
                 # Never acknowledged; remove it so a later recovery does not resurrect it
                 # (best effort: if this fails, a recovery may commit it, which is allowed
@@ -327,10 +404,44 @@ class ObjectStoreWal(WriteAheadLog):
             self._complete_in_order()
         except BaseException as exc:
             self._fail(exc)
-        finally:
-            self._slots.release()
+
+    async def _fence_check(self) -> int:
+        """The newest fence epoch, from a LIST that started after the caller's PUT completed
+        (only such a LIST proves a recoverer's listing will see the object). PUTs that
+        complete while a LIST runs share the next one."""
+        loop = asyncio.get_running_loop()
+        if self._fence_running is None:
+            fut = self._fence_running = loop.create_future()
+            task = asyncio.create_task(self._fence_lists())
+            self._put_tasks.add(task)
+            task.add_done_callback(self._put_tasks.discard)
+        else:
+            if self._fence_next is None:
+                self._fence_next = loop.create_future()
+            fut = self._fence_next
+        return await asyncio.shield(fut)
+
+    async def _fence_lists(self) -> None:
+        while self._fence_running is not None:
+            fut = self._fence_running
+            try:
+                fut.set_result(await self._newest_fence())
+            except BaseException as exc:
+                if not fut.done():
+                    fut.set_exception(exc)
+                    fut.exception()  # retrieved by its waiters; none may be left
+                if self._fence_next is not None and not self._fence_next.done():
+                    self._fence_next.set_exception(exc)
+                    self._fence_next.exception()
+                self._fence_running = self._fence_next = None
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            self._fence_running, self._fence_next = self._fence_next, None
 
     def _complete_in_order(self) -> None:
+        if self._inflight and self._inflight[0].done:
+            self._kick.set()  # the window moved: what was grouped meanwhile can go
         while self._inflight and self._inflight[0].done:
             bulk = self._inflight.popleft()
             self._uploaded.append((bulk.end, bulk.key))
@@ -357,11 +468,18 @@ class ObjectStoreWal(WriteAheadLog):
         self._buffer = []
 
     async def trim(self, position: int) -> None:
-        keys = []
-        while self._uploaded and self._uploaded[0][0] <= position:
-            keys.append(self._uploaded.popleft()[1])
-        self._trimmed = max(self._trimmed, position)
-        if keys:
+        # Serialised: the trim marker must only grow, and must be durable before any bulk
+        # below it is deleted (see the module docstring: holes above it mean "never acked").
+        async with self._trim_lock:
+            count = 0
+            while count < len(self._uploaded) and self._uploaded[count][0] <= position:
+                count += 1
+            self._trimmed = max(self._trimmed, position)
+            if not count:
+                return
+            marker = self._uploaded[count - 1][0]
+            await self._store.put(f"{trim_prefix(self.node_id)}{self.node_epoch:010d}", str(marker).encode())
+            keys = [self._uploaded.popleft()[1] for _ in range(count)]
             await self._store.delete_many(keys)
 
     async def close(self) -> None:

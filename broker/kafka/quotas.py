@@ -4,6 +4,9 @@ The quota table comes from the controller with the metadata image (AlterClientQu
 it there). Three quotas, as Kafka's:
 - `producer_byte_rate`: Produce request bytes per second;
 - `consumer_byte_rate`: Fetch response bytes per second;
+- `controller_mutation_rate` (KIP-599): partitions created or deleted per second by
+  CreateTopics, CreatePartitions and DeleteTopics; a recent request version over it gets
+  THROTTLING_QUOTA_EXCEEDED for the topic, an older one is only throttled;
 - `request_percentage`: time the broker spends on the client's requests, as a percentage of
   one thread (100 = one full core). Measured exactly: the handler coroutine is driven step
   by step (`timed()`) and only the time inside its steps counts, never its waits (a WAL sync,
@@ -24,16 +27,17 @@ per request than read that flag.
 
 from __future__ import annotations
 
+import collections
 import time
 import types
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter
 
 from automq.broker.controller.quotas import (
     CONSUMER_BYTE_RATE,
+    CONTROLLER_MUTATION_RATE,
     IP,
     PRODUCER_BYTE_RATE,
     REQUEST_PERCENTAGE,
@@ -48,39 +52,49 @@ if TYPE_CHECKING:
 PRODUCE = "produce"
 FETCH = "fetch"
 REQUEST = "request"
-_KEY_OF = {PRODUCE: PRODUCER_BYTE_RATE, FETCH: CONSUMER_BYTE_RATE, REQUEST: REQUEST_PERCENTAGE}
+MUTATION = "mutation"
+_KEY_OF = {
+    PRODUCE: PRODUCER_BYTE_RATE,
+    FETCH: CONSUMER_BYTE_RATE,
+    REQUEST: REQUEST_PERCENTAGE,
+    MUTATION: CONTROLLER_MUTATION_RATE,
+}
 CACHE_ENTRIES = 10_000
 
 
-@dataclass(slots=True)
 class Rate:
-    """A sampled rate: per-sample totals over the last `num` windows."""
+    """A sampled rate: per-sample totals over the last `num` windows, with their running sum."""
 
-    window_s: float
-    num: int
-    starts: list[float] = field(default_factory=list)
-    totals: list[float] = field(default_factory=list)
+    __slots__ = ("num", "samples", "total", "window_s")
+
+    def __init__(self, window_s: float, num: int) -> None:
+        self.window_s = window_s
+        self.num = num
+        self.samples: collections.deque[list[float]] = collections.deque()  # [start, total]
+        self.total = 0.0
 
     def record(self, value: float, now: float) -> None:
-        if self.starts and now < self.starts[-1] + self.window_s:
-            self.totals[-1] += value
+        samples = self.samples
+        if samples and now < samples[-1][0] + self.window_s:
+            samples[-1][1] += value
         else:
-            self.starts.append(now)
-            self.totals.append(value)
-        self._expire(now)
+            samples.append([now, value])
+            self._expire(now)
+        self.total += value
 
     def _expire(self, now: float) -> None:
         horizon = now - self.window_s * self.num
-        while len(self.starts) > 1 and self.starts[0] + self.window_s <= horizon:
-            del self.starts[0], self.totals[0]
+        samples = self.samples
+        while samples and samples[0][0] + self.window_s <= horizon:
+            self.total -= samples.popleft()[1]
 
     def measure(self, now: float) -> tuple[float, float]:
         """(rate per second, the window it was measured over in seconds)."""
         self._expire(now)
-        if not self.starts:
+        if not self.samples:
             return 0.0, self.window_s * (self.num - 1)
-        elapsed = max(now - self.starts[0], self.window_s * (self.num - 1))
-        return sum(self.totals) / elapsed, elapsed
+        elapsed = max(now - self.samples[0][0], self.window_s * (self.num - 1))
+        return self.total / elapsed, elapsed
 
 
 def user_of(principal: str) -> str:
@@ -153,6 +167,51 @@ class ClientQuotas:
         self.throttled.labels(kind).inc()
         self.throttle_seconds.labels(kind).inc(throttle_s)
         return int(throttle_s * 1000)
+
+    def mutate(self, user: str, client_id: str, partitions: int, strict: bool, now: float | None = None) -> int:
+        """KIP-599: `partitions` created or deleted by one topic of CreateTopics / CreatePartitions /
+        DeleteTopics against controller_mutation_rate. Returns -throttle_ms when refused (strict
+        requests only, and only when the quota is exceeded already: one topic may overshoot),
+        else the throttle time in ms (0 when under the quota)."""
+        found = self.quota(MUTATION, user, client_id)
+        if found is None:
+            return 0
+        entity, limit = found
+        now = time.monotonic() if now is None else now
+        rate = self._rates.get((MUTATION, entity))
+        if rate is None:
+            rate = self._rates[(MUTATION, entity)] = Rate(self.window_s, self.num)
+        observed, window = rate.measure(now)
+        if strict and observed > limit:
+            throttle_s = min((observed - limit) / limit * window, self.max_throttle_s)
+            self.throttled.labels(MUTATION).inc()
+            self.throttle_seconds.labels(MUTATION).inc(throttle_s)
+            return -max(1, int(throttle_s * 1000))
+        rate.record(partitions, now)
+        observed, window = rate.measure(now)
+        if observed <= limit:
+            return 0
+        throttle_s = min((observed - limit) / limit * window, self.max_throttle_s)
+        self.throttled.labels(MUTATION).inc()
+        self.throttle_seconds.labels(MUTATION).inc(throttle_s)
+        return int(throttle_s * 1000)
+
+
+# KIP-599: from these versions a request over controller_mutation_rate is refused per topic
+# (THROTTLING_QUOTA_EXCEEDED); older ones are accepted and only throttled.
+STRICT_MUTATIONS_FROM = {19: 6, 20: 5, 37: 3}
+
+
+def check_mutation(ctx: Any, partitions: int) -> bool:
+    """For an admin handler, per topic: False when the topic must be refused with
+    THROTTLING_QUOTA_EXCEEDED. Either way the throttle time lands in ctx.throttle_ms."""
+    limits: ClientQuotas = ctx.broker.quotas
+    if not limits.active:
+        return True
+    strict = ctx.api_version >= STRICT_MUTATIONS_FROM.get(ctx.api_key, 1 << 30)
+    throttle = limits.mutate(user_of(ctx.principal), ctx.client_id or "", partitions, strict)
+    ctx.throttle_ms = max(ctx.throttle_ms, abs(throttle))
+    return throttle >= 0
 
 
 # KIP-219: from these versions on the client throttles itself after a response carrying a

@@ -493,6 +493,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             throttle = limits.record(quotas.FETCH, user, client, sum(len(c) for c in payload))
         if limits.request_quotas and ctx.api_key not in quotas.REQUEST_QUOTA_EXEMPT:
             throttle = max(throttle, limits.record(quotas.REQUEST, user, client, spent_s * 100))
+        throttle = max(throttle, ctx.throttle_ms)  # what a handler decided (controller mutations)
         if throttle <= 0:
             return payload
         ctx.throttle_ms = throttle

@@ -31,7 +31,7 @@ from kio.schema.errors import ErrorCode
 from automq.broker import topic_configs as tc
 from automq.broker.controller.protocol import MetadataImage, TopicInfo
 from automq.broker.kafka import authorizer as authz
-from automq.broker.kafka import retention
+from automq.broker.kafka import quotas, retention
 from automq.broker.kafka.broker import INTERNAL_TOPICS
 from automq.broker.kafka.codec import ZERO_THROTTLE, build, has_field, nested
 from automq.broker.kafka.context import RequestContext
@@ -59,6 +59,7 @@ _LEGAL_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 # How long an admin call waits for this broker's metadata to show its own change, so the
 # client's next Metadata request here sees it. Bounded by the request's timeout.
 METADATA_PROPAGATION_WAIT_S = 5.0
+THROTTLED = "The throttling quota has been exceeded."  # Kafka's ThrottlingQuotaExceededException
 CONTROLLER_CALL_TIMEOUT_S = 30.0
 # Cluster operations reported when a client asks for authorized operations: no authorizer
 # runs, so every operation on the cluster resource is allowed (Kafka's AclOperation codes:
@@ -391,6 +392,8 @@ async def create_topics(request: Any, ctx: RequestContext) -> Any:
                 _authorize(ctx, authz.Op.CREATE, authz.TOPIC, topic.name)
             plan = plan_create_topic(topic, image, broker.config.kafka)
             info = None
+            if not request.validate_only and not quotas.check_mutation(ctx, plan.partitions):
+                raise AdminError(ErrorCode.throttling_quota_exceeded, THROTTLED)
             if not request.validate_only:
                 info = await _controller(
                     broker.cluster.create_topic(plan.name, plan.partitions, plan.configs), timeout_s or None
@@ -471,6 +474,8 @@ async def delete_topics(request: Any, ctx: RequestContext) -> Any:
             if name in INTERNAL_TOPICS:
                 # group offsets live there; deleting it would silently drop every committed offset
                 raise AdminError(ErrorCode.invalid_request, f"Cannot delete internal topic {name}")
+            if not quotas.check_mutation(ctx, len(info.partitions) if info is not None else 0):
+                raise AdminError(ErrorCode.throttling_quota_exceeded, THROTTLED)
             await _controller(broker.cluster.delete_topic(name), timeout_s or None)
             deleted.append(name)
             log.info("deleted topic %s for %s", name, ctx.peer)
@@ -503,6 +508,8 @@ async def create_partitions(request: Any, ctx: RequestContext) -> Any:
                 raise AdminError(ErrorCode.invalid_request, f"Duplicate topic in request: {topic.name}")
             _authorize(ctx, authz.Op.ALTER, authz.TOPIC, topic.name)
             info, leaders = plan_create_partitions(topic, image)
+            if not request.validate_only and not quotas.check_mutation(ctx, topic.count - len(info.partitions)):
+                raise AdminError(ErrorCode.throttling_quota_exceeded, THROTTLED)
             if not request.validate_only:
                 first_new = len(info.partitions)
                 grown_info = await _controller(

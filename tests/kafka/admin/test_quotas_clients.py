@@ -138,3 +138,34 @@ def test_quotas_are_managed_and_throttle_real_clients(inprocess_cluster) -> None
         assert (("client-id", "slow-producer"),) not in describe(kadmin, [])
     finally:
         kadmin.close()
+
+
+@pytest.mark.parametrize("inprocess_cluster", [1], indirect=True)  # Kafka's default windows: 11 x 1 s
+def test_controller_mutation_rate_refuses_topic_creation_over_it(inprocess_cluster) -> None:
+    from kafka.admin import NewTopic
+    from kafka.errors import ThrottlingQuotaExceededError
+
+    bs = inprocess_cluster.bootstrap
+    kadmin = KafkaAdminClient(bootstrap_servers=bs, client_id="mutator")
+    try:
+        assert alter(kadmin, [([("client-id", "mutator")], {"controller_mutation_rate": 2.0})]) == [(0, None)]
+        deadline = time.monotonic() + 10
+        while not inprocess_cluster.brokers[0].quotas.active:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # under the quota before it: accepted (50 partitions in the 10 s window: 5/s, over 2/s);
+        # kafka-python then honours the throttle time and pauses this connection itself
+        kadmin.create_topics([NewTopic("burst", 50, 1)])
+    finally:
+        kadmin.close()
+    # another connection of the same client id is refused by the broker while over the quota
+    # (the burst stays in the 11-second window)
+    again = KafkaAdminClient(bootstrap_servers=bs, client_id="mutator")
+    try:
+        with pytest.raises(ThrottlingQuotaExceededError):
+            again.create_topics([NewTopic("one-more", 1, 1)])
+    finally:
+        again.close()
+    topics = {t.name for t in inprocess_cluster.brokers[0].metadata.topics}
+    assert "burst" in topics and "one-more" not in topics
+    assert inprocess_cluster.brokers[0].quotas.throttled.labels("mutation")._value.get() >= 2

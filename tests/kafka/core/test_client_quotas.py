@@ -109,3 +109,16 @@ def test_timed_propagates_errors_and_cancellation() -> None:
             await task
 
     asyncio.run(main())
+
+
+def test_controller_mutations_strict_and_permissive() -> None:
+    m = manager(((("client-id", "c"),), {"controller_mutation_rate": 2.0}), num=2)
+    # under the quota before the request: accepted, even when this one overshoots it
+    assert m.mutate("u", "c", 30, strict=True, now=0.0) > 0
+    # now over it: a strict (recent version) request is refused, with the throttle to wait
+    assert m.mutate("u", "c", 1, strict=True, now=0.1) < 0
+    # an old version is accepted and only throttled
+    assert m.mutate("u", "c", 1, strict=False, now=0.1) > 0
+    # once the burst left the window, accepted again
+    assert m.mutate("u", "c", 1, strict=True, now=10.0) == 0
+    assert manager().mutate("u", "c", 10**6, strict=True) == 0  # no quota

@@ -489,6 +489,7 @@ async def delete_topics(request: Any, ctx: RequestContext) -> Any:
     results = await asyncio.gather(*(one(n, i) for n, i in wanted))
     if deleted:
         await _await_local(ctx, lambda img: all(_topic(img, n) is None for n in deleted), timeout_s)
+        await _await_cluster(ctx, [], timeout_s)  # no broker still serves the deleted topics
     return build(cls, throttle_time=ZERO_THROTTLE, responses=tuple(results))
 
 

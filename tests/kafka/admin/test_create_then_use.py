@@ -1,6 +1,6 @@
 """CreateTopics and CreatePartitions answer once every live broker serves the new metadata and
 the new partitions are open on their leaders: the very next Metadata or Produce on any broker,
-with no client retry, finds them. The second broker follows metadata half a second late here,
+with no client retry, finds them (and DeleteTopics once no broker serves the topic any more). The second broker follows metadata half a second late here,
 so answering at the controller's commit (as Kafka does) would fail this test every time."""
 
 from __future__ import annotations
@@ -137,3 +137,15 @@ def test_create_then_use_on_another_broker_without_retries(inprocess_cluster):
     leaders = {p.partition_index: p.leader_id for p in topic.partitions}
     assert sorted(leaders) == list(range(6))
     assert [_produce(port_of[leaders[i]], "fresh", i, batch) for i in (4, 5)] == [ErrorCode.none] * 2
+
+    from kio.schema.delete_topics.v6.request import DeleteTopicsRequest, DeleteTopicState
+
+    deleted = _call(
+        first_port,
+        DeleteTopicsRequest(
+            topics=(DeleteTopicState(name="fresh", topic_id=None),), timeout=datetime.timedelta(seconds=30)
+        ),
+    )
+    assert deleted.responses[0].error_code == ErrorCode.none
+    (gone,) = _metadata(second_port, "fresh").topics  # the other broker no longer serves it
+    assert gone.error_code == ErrorCode.unknown_topic_or_partition

@@ -113,7 +113,10 @@ async def produce(request, ctx: RequestContext):
                 )
                 continue
             try:
-                partition = await partitions.get_when_open(topic, index, OPEN_WAIT_S)
+                try:
+                    partition = partitions.get(topic, index)  # the hot path stays synchronous
+                except NotLeaderError:
+                    partition = await partitions.get_when_open(topic, index, OPEN_WAIT_S)
                 header = records.validate_produce_records(pdata.records, partition.max_message_bytes(default_max))
                 if header.is_control:
                     raise records.InvalidBatchError(

@@ -257,3 +257,82 @@ def test_list_config_resources(inprocess_cluster):
     assert everything == {"topic": topics_only["topic"], "broker": ["1", "2"]}
     assert "cfg-listed" in topics_only["topic"] and list(topics_only) == ["topic"]
     assert groups == {}  # no group has configs of its own here
+
+
+@pytest.mark.parametrize(
+    "inprocess_cluster",
+    [{"brokers": 1, "kafka": {"authorizer_class_name": "standard", "allow_everyone_if_no_acl_found": False}}],
+    indirect=True,
+)
+def test_new_apis_are_refused_without_acls(inprocess_cluster):
+    """With the authorizer on and no ACL, an anonymous client learns nothing through them."""
+    from kio.schema.alter_replica_log_dirs.v2.request import (
+        AlterReplicaLogDir,
+        AlterReplicaLogDirsRequest,
+        AlterReplicaLogDirTopic,
+    )
+    from kio.schema.describe_quorum.v2.request import DescribeQuorumRequest
+    from kio.schema.describe_quorum.v2.request import PartitionData as QuorumPartition
+    from kio.schema.describe_quorum.v2.request import TopicData as QuorumTopic
+    from kio.schema.describe_topic_partitions.v0.request import DescribeTopicPartitionsRequest, TopicRequest
+    from kio.schema.elect_leaders.v2.request import ElectLeadersRequest
+    from kio.schema.elect_leaders.v2.request import TopicPartitions as ElectTopic
+    from kio.schema.list_config_resources.v1.request import ListConfigResourcesRequest
+    from kio.schema.offset_for_leader_epoch.v4.request import (
+        OffsetForLeaderEpochRequest,
+        OffsetForLeaderPartition,
+        OffsetForLeaderTopic,
+    )
+
+    cluster = inprocess_cluster
+    cluster.run(cluster.brokers[0].ensure_topic("secret", 1, {}))
+    port = cluster.ports[0]
+    denied_cluster = ErrorCode.cluster_authorization_failed
+    elect = _call(
+        port,
+        ElectLeadersRequest(
+            election_type=0,
+            topic_partitions=(ElectTopic(topic="secret", partitions=(0,)),),
+            timeout=datetime.timedelta(seconds=5),
+        ),
+    )
+    assert elect.error_code == denied_cluster
+    quorum = _call(
+        port,
+        DescribeQuorumRequest(
+            topics=(QuorumTopic(topic_name="__cluster_metadata", partitions=(QuorumPartition(partition_index=0),)),)
+        ),
+    )
+    assert quorum.error_code == denied_cluster and quorum.topics == ()
+    listed = _call(port, ListConfigResourcesRequest(resource_types=()))
+    assert listed.error_code == denied_cluster and listed.config_resources == ()
+    dirs = _call(
+        port,
+        AlterReplicaLogDirsRequest(
+            dirs=(AlterReplicaLogDir(path="/x", topics=(AlterReplicaLogDirTopic(name="secret", partitions=(0,)),)),)
+        ),
+    )
+    assert dirs.results[0].partitions[0].error_code == denied_cluster
+    described = _call(
+        port,
+        DescribeTopicPartitionsRequest(topics=(TopicRequest(name="secret"),), response_partition_limit=10, cursor=None),
+    )
+    assert [(t.name, t.error_code, t.partitions) for t in described.topics] == [
+        ("secret", ErrorCode.topic_authorization_failed, ())
+    ]
+    everything = _call(port, DescribeTopicPartitionsRequest(topics=(), response_partition_limit=10, cursor=None))
+    assert everything.topics == ()  # a listing of all topics leaves out what may not be described
+    epochs = _call(
+        port,
+        OffsetForLeaderEpochRequest(
+            replica_id=-1,
+            topics=(
+                OffsetForLeaderTopic(
+                    topic="secret",
+                    partitions=(OffsetForLeaderPartition(partition=0, current_leader_epoch=-1, leader_epoch=0),),
+                ),
+            ),
+        ),
+    )
+    (answer,) = epochs.topics[0].partitions
+    assert (answer.error_code, answer.end_offset) == (ErrorCode.topic_authorization_failed, -1)

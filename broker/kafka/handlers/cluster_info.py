@@ -300,7 +300,9 @@ async def describe_quorum(request: Any, ctx: RequestContext) -> Any:
     urls = list(broker.config.controller_urls)
     statuses = await asyncio.gather(*(broker.cluster.controller_status(u, STATUS_TIMEOUT_S) for u in urls))
     voters = [(u, s) for u, s in zip(urls, statuses, strict=True) if s is not None]
-    leader = next((s for _u, s in voters if s.get("role") == "leader"), None)
+    # during a failover a deposed leader may still say so for a moment: the newest term wins
+    leaders = [s for _u, s in voters if s.get("role") == "leader"]
+    leader = max(leaders, key=lambda s: int(s.get("term", -1))) if leaders else None
     now_ms = int(time.time() * 1000)
 
     def voter_state(status: dict[str, Any]) -> Any:

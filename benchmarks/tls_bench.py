@@ -1,0 +1,119 @@
+"""Produce throughput and latency over SASL_SSL (TLS + SCRAM-SHA-512) next to plaintext, in
+the same run. Prints numbers; asserts nothing.
+
+    python benchmarks/tls_bench.py                  # 64 MiB per run, 2 rounds
+    python benchmarks/tls_bench.py --mib 256 --rounds 3
+
+Each round starts two one-broker `automq local up` clusters (real processes), one plain and
+one `--secure`, and produces --mib of 1 KiB records with acks=all from confluent-kafka
+(librdkafka). Reported per run: MiB/s, and p50/p99 of the time from produce() to the
+delivery report. The best round of each is compared, as the machine may be shared. The
+issue's goal: at most 25 % less throughput over SASL_SSL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from automq.broker import local
+
+MiB = 1 << 20
+RECORD = 1024
+
+
+def start(data: Path, secure: bool) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    port = local.free_port_block(1)
+    cmd = [sys.executable, "-m", "automq.broker.cli", "local", "up", "--brokers", "1"]
+    cmd += ["--data-dir", str(data), "--port", str(port)] + (["--secure"] if secure else [])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    conf: dict[str, str] = {}
+    for line in proc.stdout:
+        if "=" in line and not line.startswith(("#", "bootstrap: ")):
+            key, value = line.strip().split("=", 1)
+            conf[key] = value
+        if line.startswith("bootstrap: "):
+            conf["bootstrap.servers"] = line.split(" ", 1)[1].strip()
+            return proc, conf
+    stop(proc)
+    raise SystemExit(f"the local cluster did not start; logs under {data}/logs")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def produce(conf: dict[str, str], mib: int) -> tuple[float, float, float]:
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {**conf, "acks": "all", "linger.ms": 5, "batch.size": 1 << 20, "queue.buffering.max.kbytes": 1 << 20}
+    )
+    value = os.urandom(RECORD)
+    count = mib * MiB // RECORD
+    latencies: list[float] = []
+
+    def delivered(err, _msg, sent=None):
+        if err is None:
+            latencies.append(time.perf_counter() - sent)
+
+    producer.produce("warmup", value)
+    producer.flush(60)
+    started = time.perf_counter()
+    for _ in range(count):
+        sent = time.perf_counter()
+        while True:
+            try:
+                producer.produce("bench", value, on_delivery=lambda e, m, s=sent: delivered(e, m, s))
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    producer.flush(300)
+    elapsed = time.perf_counter() - started
+    latencies.sort()
+    if len(latencies) != count:
+        raise SystemExit(f"only {len(latencies)} of {count} records delivered")
+    return mib / elapsed, latencies[len(latencies) // 2] * 1000, latencies[int(len(latencies) * 0.99)] * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    best: dict[str, tuple[float, float, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="tls-bench-") as tmp:
+        for r in range(args.rounds):
+            for name, secure in (("plaintext", False), ("sasl_ssl", True)):
+                proc, conf = start(Path(tmp) / f"{name}-{r}", secure)
+                try:
+                    result = produce(conf, args.mib)
+                finally:
+                    stop(proc)
+                print(
+                    f"round {r + 1} {name:10s} {result[0]:7.1f} MiB/s  p50 {result[1]:7.1f} ms  p99 {result[2]:7.1f} ms"
+                )
+                if name not in best or result[0] > best[name][0]:
+                    best[name] = result
+    plain, secure = best["plaintext"], best["sasl_ssl"]
+    print(f"\nbest of {args.rounds} rounds, {args.mib} MiB of {RECORD}-byte records, acks=all, librdkafka:")
+    print(f"  plaintext (baseline) {plain[0]:7.1f} MiB/s  p50 {plain[1]:7.1f} ms  p99 {plain[2]:7.1f} ms")
+    print(f"  SASL_SSL SCRAM-512   {secure[0]:7.1f} MiB/s  p50 {secure[1]:7.1f} ms  p99 {secure[2]:7.1f} ms")
+    print(f"  throughput change: {100 * (secure[0] / plain[0] - 1):+.1f} % (goal: no worse than -25 %)")
+
+
+if __name__ == "__main__":
+    main()

@@ -137,6 +137,7 @@ async def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rate-mib", type=float, default=1.0)
     ap.add_argument("--append-kib", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     base = Path(args.dir or tempfile.mkdtemp(prefix="s3-wal-bench-"))
@@ -153,23 +154,30 @@ async def main() -> None:
         for size in (append, 4 * append):
             lat = await raw_puts(store, size, 200)
             print(f"raw PUT {size // 1024:5d} KiB, sequential: p50 {ms(pct(lat, 50))}  p99 {ms(pct(lat, 99))}")
-        raw = await raw_puts(store, append, 200)
         lists = await raw_lists(store, 200)
-        print(f"raw PUT {append // 1024:5d} KiB again:        p50 {ms(pct(raw, 50))}  p99 {ms(pct(raw, 99))}")
         print(f"fence LIST (after every WAL PUT):  p50 {ms(pct(lists, 50))}  p99 {ms(pct(lists, 99))}")
         par4 = await raw_parallel(store, 8 * MiB, 256 * MiB, 4)
         par8 = await raw_parallel(store, 8 * MiB, 256 * MiB, 8)
         print(f"raw parallel PUT, 8 MiB objects: 4 at a time {par4:7.1f} MiB/s, 8 at a time {par8:7.1f} MiB/s")
 
-        print(f"\n## light load: {args.rate_mib} MiB/s of {args.append_kib} KiB appends, open loop, {args.seconds}s")
-        lat, puts = await light_load(store, 1, append, args.rate_mib, args.seconds)
         print(
-            f"ack latency p50 {ms(pct(lat, 50))} ({pct(lat, 50) / pct(raw, 50):.2f}x raw PUT p50)  "
+            f"\n## light load: {args.rate_mib} MiB/s of {args.append_kib} KiB appends, open loop, "
+            f"{args.rounds} rounds of {args.seconds / args.rounds:.1f}s, each after 50 raw PUTs (load drifts)"
+        )
+        lat, puts, raw = [], 0, []
+        for r in range(args.rounds):
+            raw += await raw_puts(store, append, 50)
+            got, n = await light_load(store, 1 + r, append, args.rate_mib, args.seconds / args.rounds)
+            lat += got
+            puts += n
+        print(f"raw PUT {append // 1024} KiB (interleaved): p50 {ms(pct(raw, 50))}  p99 {ms(pct(raw, 99))}")
+        print(
+            f"S3 WAL ack latency:        p50 {ms(pct(lat, 50))} ({pct(lat, 50) / pct(raw, 50):.2f}x raw PUT p50)  "
             f"p99 {ms(pct(lat, 99))} ({pct(lat, 99) / pct(raw, 99):.2f}x raw PUT p99)  max {ms(max(lat))}; "
             f"{len(lat)} appends in {puts} PUTs"
         )
         print(f"\n## saturation: 64 appends of 1 MiB in flight, {args.seconds}s")
-        mibs = await saturation(store, 2, args.seconds)
+        mibs = await saturation(store, 1 + args.rounds, args.seconds)
         print(
             f"S3 WAL {mibs:7.1f} MiB/s acknowledged (raw parallel PUT 4 at a time {par4:7.1f}, 8 at a time {par8:7.1f})"
         )

@@ -219,6 +219,7 @@ async def fetch(request, ctx: RequestContext):
                 read.diverging = _diverging_epoch(read.partition, read.target)
             if read.error != ErrorCode.none or read.diverging is not None:
                 read.high_watermark = read.partition.high_watermark
+                read.last_stable_offset = read.partition.last_stable_offset
                 read.log_start_offset = read.partition.log_start_offset
                 read.partition = None  # nothing to read: an error, or the client must truncate first
         except NotLeaderError:

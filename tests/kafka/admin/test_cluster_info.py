@@ -65,6 +65,7 @@ def test_elect_leaders_is_never_needed_for_a_led_partition(inprocess_cluster):
     assert error is not None and error.code() == ErrorCode.election_not_needed
     # all partitions (null on the wire): only those an election was attempted for are reported
     assert rd.elect_leaders(ElectionType.UNCLEAN, None).result(30) == {}
+    del rd  # librdkafka's threads go now, not after the cluster (reconnect noise)
 
 
 def test_election_of_a_partition_without_leader_is_refused_honestly():
@@ -189,6 +190,7 @@ def test_librdkafka_gets_a_subscription_and_pushes_nothing(inprocess_cluster):
             producer.poll(0.1)
     finally:
         producer.flush(5)
+        del producer
     assert _requests(cluster, "PushTelemetry") == 0
 
 

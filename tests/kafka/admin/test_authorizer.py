@@ -135,3 +135,13 @@ def test_denials_are_counted_and_audited(caplog) -> None:
     lines = [r.getMessage() for r in caplog.records if r.name == "automq.authorizer"]
     assert len(lines) == 1 and "Denied" in lines[0] and "User:alice" in lines[0] and "TOPIC:t" in lines[0]
     assert a.denials.labels("TOPIC")._value.get() == 1
+
+
+def test_audit_log_option_logs_every_decision(caplog) -> None:
+    a = authorizer(acl(T, "t", ALICE, Op.READ), authorizer_audit_log=True)
+    with caplog.at_level("INFO", logger="automq.authorizer"):
+        assert a.authorize(ALICE, "10.1.1.1", Op.READ, T, "t")
+        assert a.authorize(ALICE, "10.1.1.1", Op.READ, T, "t")  # cached, still logged
+        assert not a.authorize(BOB, "10.1.1.1", Op.READ, T, "t")
+    lines = [r.getMessage() for r in caplog.records if r.name == "automq.authorizer"]
+    assert [("Allowed" in line, "Denied" in line) for line in lines] == [(True, False), (True, False), (False, True)]

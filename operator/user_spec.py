@@ -126,7 +126,7 @@ class UserQuotas(_Model):
         None, description="Broker time on this user's requests, percent of one core."
     )
     controller_mutation_rate: Annotated[float, Field(gt=0)] | None = Field(
-        None, description="Stored for Kafka compatibility; not enforced yet."
+        None, description="Partitions this user may create or delete per second (KIP-599)."
     )
 
 

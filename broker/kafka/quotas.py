@@ -28,6 +28,7 @@ per request than read that flag.
 from __future__ import annotations
 
 import collections
+import ipaddress
 import time
 import types
 from collections.abc import Generator
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter
 
 from automq.broker.controller.quotas import (
+    CONNECTION_CREATION_RATE,
     CONSUMER_BYTE_RATE,
     CONTROLLER_MUTATION_RATE,
     IP,
@@ -53,6 +55,7 @@ PRODUCE = "produce"
 FETCH = "fetch"
 REQUEST = "request"
 MUTATION = "mutation"
+CONNECTION = "connection"  # connection_creation_rate refusals (ip entities)
 _KEY_OF = {
     PRODUCE: PRODUCER_BYTE_RATE,
     FETCH: CONSUMER_BYTE_RATE,
@@ -112,6 +115,9 @@ class ClientQuotas:
         self.request_quotas = False  # any request_percentage: handlers are then timed
         self._resolved: dict[tuple[str, str, str], tuple[Entity, float] | None] = {}
         self._rates: dict[tuple[str, Entity], Rate] = {}
+        self.ip_table: dict[str | None, float] = {}
+        self.ip_active = False
+        self._ip_rates: dict[str, Rate] = {}
         registry = registry if registry is not None else CollectorRegistry()
         self.throttled = Counter(
             "kafka_quota_throttled_requests",
@@ -136,6 +142,35 @@ class ClientQuotas:
         self._resolved = {}
         live = {(kind, e) for kind in _KEY_OF for e in self.table}
         self._rates = {k: v for k, v in self._rates.items() if k in live}
+        # ip entities: connection_creation_rate per address (None: the default for every address)
+        self.ip_table = {
+            (None if q.entity[0][1] is None else ipaddress.ip_address(q.entity[0][1]).compressed): q.values[
+                CONNECTION_CREATION_RATE
+            ]
+            for q in entries
+            if q.entity[0][0] == IP and CONNECTION_CREATION_RATE in q.values
+        }
+        self.ip_active = bool(self.ip_table)
+
+    def connection_allowed(self, ip: str, now: float | None = None) -> bool:
+        """Count a new connection from `ip` against its connection_creation_rate (the address's
+        own quota, else the default ip quota, each address measured on its own); False when
+        it goes over, and the connection must be closed."""
+        limit = self.ip_table.get(ip, self.ip_table.get(None))
+        if limit is None:
+            return True
+        now = time.monotonic() if now is None else now
+        rate = self._ip_rates.get(ip)
+        if rate is None:
+            if len(self._ip_rates) >= CACHE_ENTRIES:
+                self._ip_rates.clear()  # a flood of addresses: start over rather than grow
+            rate = self._ip_rates[ip] = Rate(self.window_s, self.num)
+        rate.record(1, now)
+        observed, _ = rate.measure(now)
+        if observed <= limit:
+            return True
+        self.throttled.labels(CONNECTION).inc()
+        return False
 
     def quota(self, kind: str, user: str, client_id: str) -> tuple[Entity, float] | None:
         key = (kind, user, client_id)

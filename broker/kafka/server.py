@@ -763,6 +763,12 @@ class KafkaServer:
                 f"{conn.ip} has {self._per_ip[conn.ip]} connections open (max_connections_per_ip"
                 f"{'_overrides' if conn.ip in self._ip_limits else ''}: {limit})",
             )
+        limits = self.broker.quotas if self.broker is not None else None
+        if limits is not None and limits.ip_active and not limits.connection_allowed(conn.ip):
+            return self._refuse(
+                "connection_creation_rate",
+                f"{conn.ip} opens connections faster than its connection_creation_rate quota",
+            )
         self.connections.add(conn)
         self._per_ip[conn.ip] += 1
         return None

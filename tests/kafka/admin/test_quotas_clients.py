@@ -169,3 +169,39 @@ def test_controller_mutation_rate_refuses_topic_creation_over_it(inprocess_clust
     topics = {t.name for t in inprocess_cluster.brokers[0].metadata.topics}
     assert "burst" in topics and "one-more" not in topics
     assert inprocess_cluster.brokers[0].quotas.throttled.labels("mutation")._value.get() >= 2
+
+
+@pytest.mark.parametrize("inprocess_cluster", [QUOTAS], indirect=True)
+def test_connection_creation_rate_closes_connections_over_it(inprocess_cluster) -> None:
+    import socket
+
+    kadmin = KafkaAdminClient(bootstrap_servers=inprocess_cluster.bootstrap, client_id="quota-admin")
+    try:
+        assert alter(kadmin, [([("ip", "127.0.0.1")], {"connection_creation_rate": 2.0})]) == [(0, None)]
+    finally:
+        kadmin.close()
+    broker = inprocess_cluster.brokers[0]
+    deadline = time.monotonic() + 10
+    while not broker.quotas.ip_active:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    port = inprocess_cluster.ports[0]
+
+    def closed_by_broker(sock: socket.socket) -> bool:
+        sock.settimeout(2.0)
+        try:
+            return sock.recv(1) == b""
+        except TimeoutError:
+            return False  # still open: the broker waits for a request
+        except ConnectionResetError:
+            return True
+
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    try:
+        closed = [closed_by_broker(s) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+    # a 2/s quota measured over at least 1 s: the first couple are kept, the burst beyond is closed
+    assert not closed[0] and sum(closed) >= 10, closed
+    assert broker.metrics.connections_closed.labels("connection_creation_rate")._value.get() >= 10

@@ -122,3 +122,18 @@ def test_controller_mutations_strict_and_permissive() -> None:
     # once the burst left the window, accepted again
     assert m.mutate("u", "c", 1, strict=True, now=10.0) == 0
     assert manager().mutate("u", "c", 10**6, strict=True) == 0  # no quota
+
+
+def test_connection_creation_rate_per_address() -> None:
+    m = manager(
+        ((("ip", None),), {"connection_creation_rate": 1.0}),
+        ((("ip", "10.0.0.9"),), {"connection_creation_rate": 100.0}),
+        num=2,
+    )
+    assert m.ip_active and not m.active  # no client quota: the request path stays untouched
+    assert m.connection_allowed("10.0.0.1", now=0.0)
+    assert not m.connection_allowed("10.0.0.1", now=0.1)  # over 1/s (window of at least 1 s)
+    assert m.connection_allowed("10.0.0.2", now=0.1)  # the default applies to each address alone
+    assert all(m.connection_allowed("10.0.0.9", now=0.1) for _ in range(50))  # its own, larger quota
+    assert m.connection_allowed("10.0.0.1", now=10.0)  # later again
+    assert manager().connection_allowed("10.0.0.1")

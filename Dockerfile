@@ -82,9 +82,13 @@ RUN --mount=type=bind,from=spark-wheels,source=/wheels/spark,target=/wheels \
 # The pip-installed pyspark is a complete Spark distribution (bin/, jars/ incl.
 # spark-kubernetes). /opt/spark (Spark's own images' SPARK_HOME) links to wherever pip put it,
 # so the path does not depend on the base image's Python version or layout; the entrypoint
-# finds JAVA_HOME from `java` on PATH.
+# finds JAVA_HOME from `java` on PATH. /opt/automq/spark-job.py is the file spark-submit runs
+# in the operator's CronJobs (automq.operator.sparkjobs.SPARK_JOB_FILE), linked the same way.
 RUN ln -s "$(python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" /opt/spark \
- && test -d /opt/spark/jars
+ && test -d /opt/spark/jars \
+ && mkdir -p /opt/automq \
+ && ln -s "$(python -c 'import automq.spark.submit as m; print(m.__file__)')" /opt/automq/spark-job.py \
+ && test -f /opt/automq/spark-job.py
 ENV SPARK_HOME=/opt/spark \
     PYSPARK_PYTHON=python3 \
     PYSPARK_DRIVER_PYTHON=python3

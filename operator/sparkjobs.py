@@ -51,10 +51,10 @@ JOBS: tuple[JobName, ...] = ("compaction", "keyCompaction", "lakeIngestion")
 JOB_LABEL = f"{GROUP}/spark-job"  # on CronJobs, their Jobs and pods: which job this is
 
 # Paths inside the spark image (Dockerfile `spark` target): tini and the entrypoint, and the
-# file spark-submit runs (automq.spark.submit, in the image's site-packages next to pyspark,
-# whose path the Dockerfile's SPARK_HOME names too).
+# file spark-submit runs (a link the Dockerfile makes to automq/spark/submit.py wherever pip
+# installed it).
 ENTRYPOINT = ["/usr/bin/tini", "--", "/usr/local/bin/spark-entrypoint.sh"]
-SPARK_JOB_FILE = "/usr/local/lib/python3.11/site-packages/automq/spark/submit.py"
+SPARK_JOB_FILE = "/opt/automq/spark-job.py"
 SCRATCH_DIR = "/tmp"  # Spark's local dir and HOME: the root filesystem is read-only
 CATALOG_ENV = "AUTOMQ_SPARK_CATALOG"  # read by `automq spark ingest --catalog`
 
@@ -154,6 +154,8 @@ def _ingest_args(spec: AutoMQClusterSpec, lake: LakeIngestionSpec) -> tuple[list
         args.append("--only")
     if lake.expire_snapshots_older_than:
         args += ["--expire-snapshots-older-than", lake.expire_snapshots_older_than]
+    if lake.compact_files_below:
+        args += ["--compact-files-below", lake.compact_files_below]
     return args, env
 
 

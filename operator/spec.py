@@ -585,6 +585,11 @@ class LakeIngestionSpec(SparkJobSpec):
     expire_snapshots_older_than: Duration | None = Field(
         None, description="After each run drop table snapshots older than this, e.g. 168h (the current one stays)."
     )
+    compact_files_below: Size | None = Field(
+        None,
+        description="After each run rewrite each table's data files smaller than this (e.g. 32MiB) into large "
+        "ones, in one commit that keeps the table's offsets; tables with delete files (upsert) are left alone.",
+    )
 
     @model_validator(mode="after")
     def _one_catalog(self) -> LakeIngestionSpec:

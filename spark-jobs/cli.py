@@ -68,6 +68,11 @@ def ingest_command(
         "--expire-snapshots-older-than",
         help="After committing, drop table snapshots older than this, e.g. 168h (the current one always stays).",
     ),
+    compact_files_below: str | None = typer.Option(
+        None,
+        "--compact-files-below",
+        help="After committing, rewrite each table's data files smaller than this (e.g. 32MiB) into large ones.",
+    ),
     master: str | None = _MASTER,
 ) -> None:
     """Write table topics to Iceberg, exactly once (offsets live in the tables' snapshots)."""
@@ -78,6 +83,7 @@ def ingest_command(
     configure_logging(logging.INFO, process="spark")
     location = _location(data_dir, controller, object_store)
     expire_ms = _duration_ms(expire_snapshots, "--expire-snapshots-older-than") if expire_snapshots else None
+    small_bytes = _size(compact_files_below, "--compact-files-below") if compact_files_below else None
     if catalog is None:
         if data_dir is None:
             typer.echo("error: pass --catalog (or --data-dir for the embedded sqlite catalog)", err=True)
@@ -97,7 +103,14 @@ def ingest_command(
         raise typer.Exit(2) from None
     spark = spark_session(master, app_name="automq-ingest")
     results = ingest(
-        spark, location, cat, topic or None, force=force, enabled_topics=not only, expire_snapshots_ms=expire_ms
+        spark,
+        location,
+        cat,
+        topic or None,
+        force=force,
+        enabled_topics=not only,
+        expire_snapshots_ms=expire_ms,
+        compact_files_below=small_bytes,
     )
     for r in results:
         typer.echo(
@@ -110,6 +123,7 @@ def ingest_command(
                     "dead_letters": r.dead_letters,
                     "offsets": r.offsets,
                     "expired_snapshots": r.expired_snapshots,
+                    "compacted_files": r.compacted_files,
                     "message": r.message,
                 }
             )

@@ -8,8 +8,9 @@ One round per table:
 1. load the table; its current snapshot's `automq.offsets` says where it stands;
 2. plan from the controller: each partition from that offset (or its log start) up to the
    committed end offset of its stream;
-3. read that range with the `automq` data source (Spark executors, straight from the
-   object store) and convert it (convert.py);
+3. read that range with the `automq` data source's planner and reader (Spark tasks, straight
+   from the object store, results handed to the driver as Arrow: bulkread.py) and convert
+   it (convert.py);
 4. write the data files and commit ONE Iceberg transaction whose snapshot summary holds the
    new next offsets. The commit carries the requirement that the table's main branch is
    still the snapshot of step 1, so of two racing runs one loses; the loser re-plans from
@@ -39,9 +40,11 @@ from pyiceberg.expressions import And, EqualTo, In, Or
 from pyiceberg.table import Table
 
 from automq.spark import iceberg
+from automq.spark.bulkread import read_range
 from automq.spark.cluster import ClusterLocation, ClusterView, TopicView
 from automq.spark.convert import DLQ_SCHEMA, META_PREFIX, Converted, TableSettings, convert
-from automq.spark.reader import ROW_SCHEMA
+from automq.spark.lakecompact import compact_files
+from automq.spark.reader import OPEN_TRANSACTION, ROW_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ class TableResult:
     offsets: dict[int, int] = field(default_factory=dict)
     attempts: int = 0
     expired_snapshots: int = 0
+    compacted_files: int = 0  # small data files rewritten by --compact-files-below
     message: str = ""
 
 
@@ -85,12 +89,15 @@ def ingest(
     force: bool = False,
     enabled_topics: bool = True,
     expire_snapshots_ms: int | None = None,
+    compact_files_below: int | None = None,
     before_commit: Callable[[str, Table], None] | None = None,
 ) -> list[TableResult]:
     """One ingestion run over the chosen topics. `before_commit(table_name, table)` runs
     after the data files are written and before the commit (tests crash there).
     `enabled_topics=False`: only the topics named in `topics`. `expire_snapshots_ms`: after
-    each table's round, drop its snapshots older than that many ms (never the current one)."""
+    each table's round, drop its snapshots older than that many ms (never the current one).
+    `compact_files_below`: after each table's round, rewrite its data files smaller than that
+    many bytes into large ones (automq.spark.lakecompact), offsets unchanged."""
     view = ClusterView.load(location, with_objects=False)
     results = []
     for t in select_topics(view, topics, enabled_topics):
@@ -101,6 +108,11 @@ def ingest(
                 if table is not None:
                     cutoff = int(time.time() * 1000) - expire_snapshots_ms
                     result.expired_snapshots = iceberg.expire_snapshots(table, cutoff)
+            if compact_files_below is not None and result.status != "failed":
+                table = iceberg.load_table(catalog, result.table)
+                if table is not None:
+                    files = compact_files(table, compact_files_below)
+                    result.compacted_files = files.files_before if files.status == "compacted" else 0
             results.append(result)
         except Exception as exc:  # one table's failure must not stop the others
             log.exception("ingesting %s failed", t.name)
@@ -148,6 +160,7 @@ def ingest_topic(
             result.offsets = {p: max(committed.get(p, 0), start[p]) for p in end}
             return result
         rows = _read(spark, location, topic.name, start, end)
+        rows, end = _stop_at_open_transactions(rows, end)
         _check_range(rows, start, end)
         converted = convert(rows, settings)
         offsets = {**committed, **{p: max(start[p], end[p]) for p in end}}
@@ -172,18 +185,30 @@ def ingest_topic(
 
 
 def _read(spark, location: ClusterLocation, topic: str, start: dict[int, int], end: dict[int, int]) -> pa.Table:
-    import json
-
-    df = (
-        spark.read.format("automq")
-        .options(**location.to_options())
-        .option("topic", topic)
-        .option("startingOffsets", json.dumps({topic: {str(p): o for p, o in start.items()}}))
-        .option("endingOffsets", json.dumps({topic: {str(p): o for p, o in end.items()}}))
-        .load()
-    )
-    table = df.toArrow()
+    # The data source's plan and reader as plain tasks returning Arrow (bulkread.py): the rows
+    # go to the driver without Spark SQL's conversions to JVM rows and back.
+    table = read_range(spark, location, topic, start, end, report_open=True)
     return table.cast(ROW_SCHEMA) if table.num_rows else ROW_SCHEMA.empty_table()
+
+
+def _stop_at_open_transactions(rows: pa.Table, end: dict[int, int]) -> tuple[pa.Table, dict[int, int]]:
+    """Each partition up to its last stable offset: the first offset of a transaction with no
+    marker yet. Records after it wait for the run after the transaction ends (as a
+    read_committed consumer's do), so the offsets committed with the table never skip them."""
+    is_open = pc.equal(rows["timestamp_type"], OPEN_TRANSACTION)
+    opens = rows.filter(is_open)
+    rows = rows.filter(pc.invert(is_open))
+    if not opens.num_rows:
+        return rows, end
+    end = dict(end)
+    for p in set(opens["partition"].to_pylist()):
+        lso = pc.min(opens.filter(pc.equal(opens["partition"], p))["offset"]).as_py()
+        if lso < end[p]:
+            log.info("partition %d: a transaction is open at offset %d; ingesting up to it", p, lso)
+            end[p] = lso
+            keep = pc.or_(pc.not_equal(rows["partition"], p), pc.less(rows["offset"], lso))
+            rows = rows.filter(keep)
+    return rows, end
 
 
 def _check_range(rows: pa.Table, start: dict[int, int], end: dict[int, int]) -> None:

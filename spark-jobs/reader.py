@@ -5,6 +5,15 @@ single-process baseline of the benchmark): no Spark imports here.
 Requests per object: one ranged GET of the tail (footer + index, usually), then one ranged
 GET per run of adjacent blocks the range needs (a stream's blocks are contiguous in an
 object, so usually exactly one).
+
+Transactions (`read_stream_arrow`): what a read_committed consumer sees. Markers (control
+batches) are never rows. A transactional batch of producer P counts only if the next marker
+of P after it is a COMMIT; it is held back until that marker is read, looking past the task's
+own range into the stream's following slices when needed (headers only matter there). A
+transaction without a marker up to the planned end is open: its batches are left out, and
+with `report_open` one row with `timestamp_type = OPEN_TRANSACTION` at its first offset says
+so (the ingestion job stops each partition at the first open transaction, its last stable
+offset, and resumes there).
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ ROW_DDL = (
     "key binary, value binary, headers array<struct<key:string,value:binary>>"
 )
 MAX_ROWS_PER_BATCH = 65_536
+OPEN_TRANSACTION = -1  # timestamp_type of the row that reports an open transaction's first offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +164,14 @@ class ArrowBuilder:
         self.types.extend([ts_type] * len(decoded))
         return len(decoded)
 
+    def add_open_transaction(self, first_offset: int) -> None:
+        self.offsets.append(first_offset)
+        self.timestamps.append(0)
+        self.types.append(OPEN_TRANSACTION)
+        self.keys.append(None)
+        self.values.append(None)
+        self.headers.append([])
+
     def flush(self) -> pa.RecordBatch | None:
         n = len(self.offsets)
         if not n:
@@ -173,6 +191,73 @@ class ArrowBuilder:
         )
         self._reset()
         return batch
+
+
+@dataclass(slots=True)
+class _OpenTxn:
+    first_offset: int
+    batches: list[tuple[bytes | memoryview, int, int]]  # (batch, slice start, slice end)
+
+
+async def read_stream_arrow(
+    store: ObjectStore,
+    slices: list[ObjectSlice],
+    lookahead: tuple[ObjectSlice, ...] = (),
+    stats: ReadStats | None = None,
+    *,
+    report_open: bool = False,
+):
+    """Arrow record batches of consecutive slices of ONE stream, as read_committed shows them
+    (see the module docstring); `lookahead`: the stream's slices after them, for markers."""
+    builder = ArrowBuilder(slices[0].topic, slices[0].partition)
+    pending: dict[int, _OpenTxn] = {}
+
+    def add(batch: bytes | memoryview, start: int, end: int) -> None:
+        n = builder.add_batch(batch, start, end)
+        if stats is not None:
+            stats.records += n
+
+    def marker(header: records.BatchHeader, batch: bytes | memoryview) -> None:
+        txn = pending.pop(header.producer_id, None)
+        if txn is not None and records.control_type(batch, header) == records.CONTROL_COMMIT:
+            for held, start, end in txn.batches:
+                add(held, start, end)
+
+    for sl in slices:
+        async for base, _count, payload in read_slice_batches(store, sl, stats):
+            header = records.parse_header(payload)
+            if header.is_control:
+                marker(header, payload)
+            elif header.is_transactional:
+                txn = pending.setdefault(header.producer_id, _OpenTxn(max(base, sl.start_offset), []))
+                txn.batches.append((payload, sl.start_offset, sl.end_offset))
+            else:
+                add(payload, sl.start_offset, sl.end_offset)
+            if len(builder) >= MAX_ROWS_PER_BATCH:
+                out = builder.flush()
+                if out is not None:
+                    yield out
+    for sl in lookahead:
+        if not pending:
+            break
+        batches = read_slice_batches(store, sl, stats)
+        async for _base, _count, payload in batches:
+            header = records.parse_header(payload)
+            if header.is_control and header.producer_id in pending:
+                marker(header, payload)
+                if not pending:
+                    break
+        await batches.aclose()
+        if len(builder) >= MAX_ROWS_PER_BATCH:
+            out = builder.flush()
+            if out is not None:
+                yield out
+    if report_open:
+        for txn in pending.values():
+            builder.add_open_transaction(txn.first_offset)
+    out = builder.flush()
+    if out is not None:
+        yield out
 
 
 async def read_slice_arrow(store: ObjectStore, sl: ObjectSlice, stats: ReadStats | None = None):

@@ -31,7 +31,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from automq.broker.objectstore import open_object_store
 from automq.spark.cluster import ClusterLocation, ClusterView, PartitionView
-from automq.spark.reader import ROW_DDL, ObjectSlice, read_slice_arrow
+from automq.spark.reader import ROW_DDL, ObjectSlice, read_stream_arrow
 
 DEFAULT_MAX_BYTES_PER_PARTITION = 64 << 20
 
@@ -40,10 +40,16 @@ class SourceOptionError(ValueError):
     """A bad option of the automq data source; the message names it."""
 
 
+LOOKAHEAD_SLICES = 1024  # a task looks this far past its range for its transactions' markers
+
+
 @dataclass(frozen=True)
 class SliceGroup(InputPartition):
     object_store_url: str
     slices: tuple[ObjectSlice, ...]
+    # per stream of the group: the planned slices after the group's last one of that stream
+    lookahead: tuple[tuple[int, tuple[ObjectSlice, ...]], ...] = ()
+    report_open: bool = False
 
 
 def parse_offsets(text: str | None, name: str) -> dict[str, dict[int, int]] | str:
@@ -106,13 +112,49 @@ def group_slices(slices: list[ObjectSlice], max_bytes: int) -> list[list[ObjectS
     return groups
 
 
-def read_group(object_store_url: str, slices: tuple[ObjectSlice, ...]) -> Iterator:
+def with_lookahead(groups: list[list[ObjectSlice]], slices: list[ObjectSlice]) -> list[tuple]:
+    """For each group, per stream: the planned slices that follow the group's last slice of it."""
+    position = {id(sl): i for i, sl in enumerate(slices)}
+    out = []
+    for group in groups:
+        last: dict[int, int] = {}
+        for sl in group:
+            last[sl.stream_id] = position[id(sl)]
+        ahead = []
+        for sid, i in last.items():
+            following = []
+            for nxt in slices[i + 1 : i + 1 + LOOKAHEAD_SLICES]:
+                if nxt.stream_id != sid:
+                    break
+                following.append(nxt)
+            ahead.append((sid, tuple(following)))
+        out.append(tuple(ahead))
+    return out
+
+
+def _runs(slices: tuple[ObjectSlice, ...]) -> list[list[ObjectSlice]]:
+    runs: list[list[ObjectSlice]] = []
+    for sl in slices:
+        if runs and runs[-1][-1].stream_id == sl.stream_id:
+            runs[-1].append(sl)
+        else:
+            runs.append([sl])
+    return runs
+
+
+def read_group(
+    object_store_url: str,
+    slices: tuple[ObjectSlice, ...],
+    lookahead: tuple[tuple[int, tuple[ObjectSlice, ...]], ...] = (),
+    report_open: bool = False,
+) -> Iterator:
     """Arrow record batches of the slices, in order (drives the async store from sync code)."""
     loop = asyncio.new_event_loop()
     store = open_object_store(object_store_url)
+    ahead = dict(lookahead)
     try:
-        for sl in slices:
-            gen = read_slice_arrow(store, sl)
+        for run in _runs(slices):
+            gen = read_stream_arrow(store, run, ahead.get(run[0].stream_id, ()), report_open=report_open)
             while True:
                 try:
                     batch = loop.run_until_complete(gen.__anext__())
@@ -155,16 +197,18 @@ class AutoMQReader(DataSourceReader):
         missing = [t for t in topics if t not in view.topics]
         if missing:
             raise SourceOptionError(f"topic(s) {', '.join(missing)} do not exist")
+        report_open = (o.get("reportopentransactions") or "false").lower() == "true"
         slices = plan_slices(view, topics, starting, ending)
         groups = group_slices(slices, max_bytes)
         # Spark needs at least one partition; an empty one reads nothing
-        return [SliceGroup(location.object_store_url, tuple(g)) for g in groups] or [
-            SliceGroup(location.object_store_url, ())
-        ]
+        return [
+            SliceGroup(location.object_store_url, tuple(g), ahead, report_open)
+            for g, ahead in zip(groups, with_lookahead(groups, slices), strict=True)
+        ] or [SliceGroup(location.object_store_url, ())]
 
     def read(self, partition: InputPartition) -> Iterator:
         assert isinstance(partition, SliceGroup)
-        yield from read_group(partition.object_store_url, partition.slices)
+        yield from read_group(partition.object_store_url, partition.slices, partition.lookahead, partition.report_open)
 
 
 class AutoMQDataSource(DataSource):

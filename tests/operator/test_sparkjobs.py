@@ -139,7 +139,7 @@ def test_cron_jobs_are_valid_kubernetes_objects_with_the_job_settings() -> None:
             "failedJobsHistoryLimit": 5,
             "scheduling": {"nodeSelector": {"pool": "batch"}},
         },
-        lakeIngestion={**LAKE, "topics": ["orders"], "expireSnapshotsOlderThan": "168h"},
+        lakeIngestion={**LAKE, "topics": ["orders"], "expireSnapshotsOlderThan": "168h", "compactFilesBelow": "32MiB"},
     )
     assert set(jobs) == {"compaction", "keyCompaction", "lakeIngestion"}
     for cron in jobs.values():
@@ -190,6 +190,7 @@ def test_cron_jobs_are_valid_kubernetes_objects_with_the_job_settings() -> None:
     assert ingest[ingest.index("--warehouse") + 1] == "s3://demo-bucket/warehouse"
     assert "s3.endpoint=http://seaweedfs:8333" in ingest
     assert ingest[ingest.index("--expire-snapshots-older-than") + 1] == "168h"
+    assert ingest[ingest.index("--compact-files-below") + 1] == "32MiB"
     assert container(jobs["lakeIngestion"])["resources"] == sparkjobs.DEFAULT_JOB_RESOURCES
     kubernetes_validate.validate(sparkjobs.service_account(REF), "1.31", strict=True)
 
@@ -216,11 +217,12 @@ def test_the_operator_may_manage_cron_jobs_and_read_their_jobs() -> None:
     assert ("jobs", "list") in verbs
 
 
-def test_job_file_lives_where_the_spark_image_installs_the_package() -> None:
+def test_job_file_is_the_path_the_spark_image_links_it_to() -> None:
     dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
-    spark_home = re.search(r"SPARK_HOME=(\S+)/pyspark", dockerfile)
-    assert spark_home, "the spark target names pyspark's site-packages in SPARK_HOME"
-    assert f"{spark_home.group(1)}/automq/spark/submit.py" == sparkjobs.SPARK_JOB_FILE
+    spark_target = dockerfile[dockerfile.index("AS spark\n") :]
+    link = re.search(r"import automq\.spark\.submit as m; print\(m\.__file__\)'\)\" (\S+)", spark_target)
+    assert link, "the spark target links automq/spark/submit.py to a fixed path"
+    assert link.group(1) == sparkjobs.SPARK_JOB_FILE
     assert "/usr/local/bin/spark-entrypoint.sh" in dockerfile and "/usr/bin/tini" in dockerfile
 
 

@@ -330,3 +330,50 @@ def test_snapshot_expiry_keeps_the_current_snapshot_and_its_offsets(spark, spark
     assert len(table.snapshots()) == 1
     assert iceberg.committed_offsets(table) == {0: 30}
     assert sorted(table.scan().to_arrow()["offset"].to_pylist()) == list(range(30))
+
+
+def test_small_files_are_rewritten_atomically_with_offsets_kept(spark, spark_cluster, sh, catalog, location):
+    from automq.spark.lakecompact import compact_files
+
+    topic = sh.topic_name("files")
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=2)
+    total = 0
+    for rnd in range(4):  # every run commits at least one small file per partition
+        sh.produce_confluent(
+            spark_cluster.bootstrap, topic, [(f"k{i}".encode(), b"%d-%d" % (rnd, i), [], 0) for i in range(20)]
+        )
+        total += 20
+        spark_cluster.wait_uploaded(topic, total)
+        [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+        assert r.status == "committed"
+    table = catalog.load_table(r.table)
+    before_rows = _table_rows(table)
+    before_files = _data_files(table)
+    offsets = iceberg.committed_offsets(table)
+    assert len(before_rows) == total and len(before_files) >= 4 and sum(offsets.values()) == total
+
+    # a compaction based on a snapshot that is no longer current loses and changes nothing
+    stale = catalog.load_table(r.table)
+    sh.produce_confluent(spark_cluster.bootstrap, topic, [(b"late", b"late", [], 0)])
+    spark_cluster.wait_uploaded(topic, total + 1)
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert r.status == "committed"
+    assert compact_files(stale, 1 << 30).status == "lost"
+    table = catalog.load_table(r.table)
+    assert len(_table_rows(table)) == total + 1
+
+    # through the ingestion run, as the CronJob does it: one commit, same rows, same offsets
+    offsets = iceberg.committed_offsets(table)
+    rows = _table_rows(table)
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False, compact_files_below=1 << 30)
+    assert r.status == "up-to-date" and r.compacted_files >= 5
+    table = catalog.load_table(r.table)
+    assert _table_rows(table) == rows
+    assert iceberg.committed_offsets(table) == offsets
+    files = _data_files(table)
+    assert len(files) <= 2  # one per Kafka partition's file group at most (unpartitioned table: one)
+    assert duckdb.sql(f"select count(*) from read_parquet({files!r})").fetchall() == [(total + 1,)]
+    assert pl.scan_iceberg(table).collect().height == total + 1
+    # nothing is duplicated by the next ingestion run either
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert r.status == "up-to-date" and len(_table_rows(catalog.load_table(r.table))) == total + 1

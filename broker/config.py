@@ -181,6 +181,10 @@ class ControllerConfig(_Section):
     max_batch_commands: int = Field(2_000, ge=1)  # group commit: at most this many requests per log entry
 
 
+ConsumerAssignor = Literal["uniform", "range"]
+CONSUMER_ASSIGNORS: tuple[ConsumerAssignor, ...] = ("uniform", "range")
+
+
 class KafkaConfig(_Section):
     """Broker defaults a Kafka user knows by their Kafka names (dots become underscores)."""
 
@@ -195,6 +199,11 @@ class KafkaConfig(_Section):
     group_initial_rebalance_delay_ms: DurationMs = 3_000  # Kafka's default: members joining together rebalance once
     group_min_session_timeout_ms: DurationMs = 6_000
     group_max_session_timeout_ms: DurationMs = 1_800_000
+    group_consumer_session_timeout_ms: DurationMs = 45_000  # KIP-848 groups: a member silent this long is removed
+    group_consumer_heartbeat_interval_ms: DurationMs = 5_000  # KIP-848 groups: told to members in every heartbeat
+    group_consumer_assignors: list[ConsumerAssignor] = Field(
+        default_factory=lambda: list(CONSUMER_ASSIGNORS), min_length=1
+    )  # KIP-848 server assignors; the first is the default
     offsets_retention_ms: int = 7 * 24 * 3_600_000
     transactional_id_expiration_ms: int = 7 * 24 * 3_600_000
     producer_id_expiration_ms: int = 24 * 3_600_000

@@ -76,6 +76,8 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     51: (0, 0),  # AlterUserScramCredentials
     55: (0, 2),  # DescribeQuorum
     60: (0, 2),  # DescribeCluster
+    68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848)
+    69: (0, 1),  # ConsumerGroupDescribe (KIP-848)
     71: (0, 0),  # GetTelemetrySubscriptions
     72: (0, 0),  # PushTelemetry
     74: (0, 1),  # ListConfigResources (v1: Kafka 4.1, KIP-1142; v0 was ListClientMetricsResources)

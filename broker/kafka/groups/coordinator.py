@@ -34,6 +34,7 @@ from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka import records as batches
 from automq.broker.kafka.groups import log as grouplog
+from automq.broker.kafka.groups.consumer import HeartbeatRequest, HeartbeatResult, TopicMeta, TopicView
 from automq.broker.kafka.groups.model import (
     OFFSET_METADATA_MAX_BYTES,
     CommitPlan,
@@ -46,6 +47,7 @@ from automq.broker.kafka.groups.model import (
     Write,
 )
 from automq.broker.kafka.groups.state import GroupManager
+from automq.broker.kafka.topic_ids import topic_uuid
 
 if TYPE_CHECKING:
     from automq.broker.kafka.broker import Broker
@@ -126,9 +128,15 @@ class GroupCoordinator:
             max_session_timeout_ms=kafka.group_max_session_timeout_ms,
             initial_rebalance_delay_ms=kafka.group_initial_rebalance_delay_ms,
             offsets_retention_ms=kafka.offsets_retention_ms,
+            consumer_session_timeout_ms=kafka.group_consumer_session_timeout_ms,
+            consumer_heartbeat_interval_ms=kafka.group_consumer_heartbeat_interval_ms,
+            consumer_assignors=tuple(kafka.group_consumer_assignors),
         )
         self.num_partitions = kafka.offsets_topic_num_partitions
         self.manager = GroupManager(self.config, self.num_partitions)
+        self.manager.topic_view = self.topic_view
+        self._view: TopicView = {}
+        self._view_image: object = None
         self._partitions: dict[int, Partition] = {}  # loaded partition index
         self._loading: set[int] = set()
         self._loads: dict[int, asyncio.Task[None]] = {}
@@ -280,13 +288,14 @@ class GroupCoordinator:
                 for record_offset, key, value in grouplog.decode_batches(data.payload):
                     try:
                         k = grouplog.decode_key(key)
-                        v = None
+                        v: object | None = None
                         if value is not None:
-                            v = (
-                                grouplog.GroupValue.decode(value)
-                                if isinstance(k, grouplog.GroupKey)
-                                else grouplog.OffsetValue.decode(value)
-                            )
+                            if isinstance(k, grouplog.GroupKey):
+                                v = grouplog.GroupValue.decode(value)
+                            elif isinstance(k, grouplog.ConsumerGroupKey):
+                                v = value  # JSON, parsed by GroupManager.load
+                            else:
+                                v = grouplog.OffsetValue.decode(value)
                     except (grouplog.RecordFormatError, UnicodeDecodeError) as exc:
                         log.warning(
                             "%s-%d offset %d: unreadable record skipped: %s",
@@ -435,7 +444,9 @@ class GroupCoordinator:
         for g in self.manager.groups.values():
             if g.partition != index:
                 continue
-            if g.protocol_type or g.members or g.generation_id:
+            if g.consumer is not None:
+                out.append(self.manager.consumer_record(g))
+            elif g.protocol_type or g.members or g.generation_id:
                 out.append(g.record())
             for (t, p), o in g.offsets.items():
                 out.append(
@@ -526,6 +537,25 @@ class GroupCoordinator:
         fx = self.manager.sync(now_ms(), token=fut, **kwargs)
         await self.apply(fx)
         return await fut
+
+    def topic_view(self) -> TopicView:
+        """The cluster's topics by name (id, partition count), rebuilt when the image changes."""
+        image = self.broker.partitions.image
+        if image is None:
+            return {}
+        if image is not self._view_image:
+            self._view = {t.name: TopicMeta(topic_uuid(t.topic_id), len(t.partitions)) for t in image.topics}
+            self._view_image = image
+        return self._view
+
+    async def consumer_heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
+        """KIP-848: answer once the group's changed state (if any) is durable."""
+        result, fx = self.manager.consumer_heartbeat(now_ms(), request)
+        if fx.writes:
+            if not await self.write(fx.writes):
+                return HeartbeatResult(ErrorCode.not_coordinator, "the group's state could not be written")
+            self._wakeup.set()  # new deadlines (sessions, revocations)
+        return result
 
     def heartbeat(self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int) -> ErrorCode:
         # No timer wake-up: a heartbeat only moves a deadline later, and waking the timer

@@ -17,6 +17,12 @@ could decode them:
                             string client_id, string client_host, int32 rebalance_timeout,
                             int32 session_timeout, bytes subscription, bytes assignment
 
+  key 1000 (KIP-848 consumer group, this project's own): int16 version=1000, string group;
+  its value is the group's whole state as versioned JSON (groups/consumer.py). Kafka splits
+  that state over several record types (keys 3-8); one record per group keeps replay and
+  checkpoints simple. The key version lies outside Kafka's range so Kafka's tools skip it
+  instead of misreading it.
+
 A null value is a tombstone (offset deleted / group deleted). Records travel in plain
 (uncompressed) v2 record batches, built here; reading accepts only what this module writes
 and skips, with a log line, anything else a misbehaving client may have put there.
@@ -47,6 +53,7 @@ log = logging.getLogger(__name__)
 
 OFFSET_KEY_VERSION = 1
 GROUP_KEY_VERSION = 2
+CONSUMER_GROUP_KEY_VERSION = 1000
 
 
 class RecordFormatError(ValueError):
@@ -129,6 +136,14 @@ class GroupKey:
 
     def encode(self) -> bytes:
         return struct.pack(">h", GROUP_KEY_VERSION) + _str(self.group_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupKey:
+    group_id: str
+
+    def encode(self) -> bytes:
+        return struct.pack(">h", CONSUMER_GROUP_KEY_VERSION) + _str(self.group_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,13 +239,15 @@ class GroupValue:
         return cls(protocol_type, generation, protocol, leader, ts, members)
 
 
-def decode_key(buf: bytes) -> OffsetKey | GroupKey:
+def decode_key(buf: bytes) -> OffsetKey | GroupKey | ConsumerGroupKey:
     r = _Reader(buf)
     version = r.int16()
     if version in (0, OFFSET_KEY_VERSION):
         return OffsetKey(r.str(), r.str(), r.int32())
     if version == GROUP_KEY_VERSION:
         return GroupKey(r.str())
+    if version == CONSUMER_GROUP_KEY_VERSION:
+        return ConsumerGroupKey(r.str())
     raise RecordFormatError(f"unsupported key version {version}")
 
 

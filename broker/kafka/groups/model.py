@@ -10,11 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka.groups.log import GroupKey, GroupValue, MemberValue
+
+if TYPE_CHECKING:
+    from automq.broker.kafka.groups.consumer import ConsumerGroupData
 
 NEW_MEMBER_JOIN_TIMEOUT_MS = 5 * 60_000  # Kafka's GroupCoordinator.NewMemberJoinTimeoutMs
 OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes default
@@ -35,6 +38,10 @@ class GroupConfig:
     initial_rebalance_delay_ms: int = 3_000
     offsets_retention_ms: int = 7 * 24 * 3_600_000
     new_member_join_timeout_ms: int = NEW_MEMBER_JOIN_TIMEOUT_MS
+    # KIP-848 consumer groups (group.consumer.*)
+    consumer_session_timeout_ms: int = 45_000
+    consumer_heartbeat_interval_ms: int = 5_000
+    consumer_assignors: tuple[str, ...] = ("uniform", "range")
 
 
 # ---------------------------------------------------------------- results and effects
@@ -186,6 +193,7 @@ class Group:
     pending_sync: set[str] = field(default_factory=set)
     sync_deadline_ms: int | None = None
     subscribed_topics: set[str] | None = None
+    consumer: ConsumerGroupData | None = None  # set while the group uses the KIP-848 protocol
 
     def transition(self, state: GroupState, now_ms: int) -> None:
         self.state = state

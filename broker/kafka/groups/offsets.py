@@ -6,9 +6,11 @@ independent of the rebalance state machine.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from kio.schema.errors import ErrorCode
 
-from automq.broker.kafka.groups.log import GroupKey, OffsetKey, OffsetValue
+from automq.broker.kafka.groups.log import ConsumerGroupKey, GroupKey, OffsetKey, OffsetValue
 from automq.broker.kafka.groups.model import (
     OFFSET_METADATA_MAX_BYTES,
     CommitPlan,
@@ -28,6 +30,11 @@ class OffsetBook:
     groups: dict[str, Group]
 
     def _new_group(self, group_id: str, now_ms: int) -> Group:
+        raise NotImplementedError
+
+    def consumer_check_member(
+        self, group_id: str, member_id: str, member_epoch: int, partitions: Iterable[tuple[str, int]] = ()
+    ) -> ErrorCode | None:
         raise NotImplementedError
 
     def prepare_commit(
@@ -56,7 +63,11 @@ class OffsetBook:
             group = self._new_group(group_id, now_ms)  # offsets-only (standalone) group
         if group.state is GroupState.DEAD:
             return fail(ErrorCode.coordinator_not_available)
-        if generation_id >= 0 or member_id or group_instance_id is not None:
+        checked = self.consumer_check_member(group_id, member_id, generation_id, keys)
+        if checked is not None:
+            if checked != ErrorCode.none:
+                return fail(checked)
+        elif generation_id >= 0 or member_id or group_instance_id is not None:
             if group.is_static_fenced(member_id, group_instance_id):
                 return fail(ErrorCode.fenced_instance_id)
             if member_id not in group.members:
@@ -65,7 +76,7 @@ class OffsetBook:
                 return fail(ErrorCode.illegal_generation)
         elif group.state is not GroupState.EMPTY:
             return fail(ErrorCode.unknown_member_id)  # only members commit for a group with members
-        if group.state is GroupState.COMPLETING_REBALANCE:
+        if group.state is GroupState.COMPLETING_REBALANCE and group.consumer is None:
             return fail(ErrorCode.rebalance_in_progress)
         member = group.members.get(member_id)
         if member is not None:
@@ -144,6 +155,9 @@ class OffsetBook:
         for t, p in list(group.offsets):
             fx.writes.append(Write(group.partition, OffsetKey(group.group_id, t, p).encode(), None))
         fx.writes.append(Write(group.partition, GroupKey(group.group_id).encode(), None))
+        if group.consumer is not None:
+            fx.writes.append(Write(group.partition, ConsumerGroupKey(group.group_id).encode(), None))
+            group.consumer = None
         group.offsets.clear()
         group.transition(GroupState.DEAD, now_ms)
         del self.groups[group.group_id]

@@ -22,7 +22,9 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from automq.broker.kafka.groups.log import GroupKey, GroupValue, OffsetKey, OffsetValue
+from automq.broker.kafka.groups.consumer import ConsumerGroupData
+from automq.broker.kafka.groups.consumer_groups import ConsumerGroups
+from automq.broker.kafka.groups.log import ConsumerGroupKey, GroupKey, GroupValue, OffsetKey, OffsetValue
 from automq.broker.kafka.groups.model import (
     CommittedOffset,
     Effects,
@@ -57,13 +59,14 @@ __all__ = (
 # ---------------------------------------------------------------- the manager
 
 
-class GroupManager(OffsetBook):
+class GroupManager(ConsumerGroups, OffsetBook):
     """All groups of the loaded `__consumer_offsets` partitions of one broker."""
 
     def __init__(self, config: GroupConfig, num_partitions: int) -> None:
         self.config = config
         self.num_partitions = num_partitions
         self.groups: dict[str, Group] = {}
+        self._init_consumer_groups()
 
     # ----- placement
 
@@ -106,6 +109,16 @@ class GroupManager(OffsetBook):
                 fx.reply(token, JoinResult(ErrorCode.unknown_member_id, member_id))
                 return fx
             group = self._new_group(group_id, now_ms)
+        if group.consumer is not None:
+            # a KIP-848 group: the classic protocol may only take it over once it is empty
+            tombstone = self.consumer_leave_classic(group)
+            if tombstone is None:
+                fx.reply(token, JoinResult(ErrorCode.inconsistent_group_protocol, member_id))
+                return fx
+            fx.writes.append(tombstone)
+            group.protocol_type = None
+            group.subscribed_topics = None
+            group.transition(GroupState.EMPTY, now_ms)
         if group.state is GroupState.DEAD:
             fx.reply(token, JoinResult(ErrorCode.coordinator_not_available, member_id))
             return fx
@@ -470,6 +483,7 @@ class GroupManager(OffsetBook):
                 deadlines.append(group.join_deadline_ms)
             if group.pending_sync and group.sync_deadline_ms is not None:
                 deadlines.append(group.sync_deadline_ms)
+        deadlines.extend(self.consumer_deadlines())
         return min(deadlines, default=None)
 
     def tick(self, now_ms: int) -> Effects:
@@ -494,22 +508,29 @@ class GroupManager(OffsetBook):
                     if pending is not None:
                         self._remove_member_and_update_group(group, pending, now_ms, fx)
                 group.pending_sync.clear()
-            self._check_join_complete(group, now_ms, fx)
+            if group.consumer is None:
+                self._check_join_complete(group, now_ms, fx)
+        self.consumer_tick(now_ms, fx)
         return fx
 
     # ----- listing
 
-    def list_groups(self, states: Iterable[str] | None = None) -> list[tuple[str, str, str]]:
+    def list_groups(self, states: Iterable[str] | None = None) -> list[tuple[str, str, str, str]]:
+        """(group id, protocol type, state, type: "classic" or "consumer") of every group."""
         wanted = {s.lower() for s in states} if states else None
-        return [
-            (g.group_id, g.protocol_type or "", g.state.value)
-            for g in self.groups.values()
-            if wanted is None or g.state.value.lower() in wanted
-        ]
+        out = []
+        for g in self.groups.values():
+            if g.consumer is not None:
+                listed = (g.group_id, "consumer", g.consumer.state_name(), "consumer")
+            else:
+                listed = (g.group_id, g.protocol_type or "", g.state.value, "classic")
+            if wanted is None or listed[2].lower() in wanted:
+                out.append(listed)
+        return out
 
     def describe(self, group_id: str) -> GroupSummary | None:
         group = self.groups.get(group_id)
-        if group is None:
+        if group is None or group.consumer is not None:
             return None
         stable = group.state is GroupState.STABLE
         members = tuple(
@@ -535,7 +556,7 @@ class GroupManager(OffsetBook):
 
     def load(self, partition: int, records: Iterable[tuple[object, object | None]], now_ms: int) -> None:
         """Rebuild the groups of one partition from its decoded records in log order:
-        (OffsetKey | GroupKey, OffsetValue | GroupValue | None)."""
+        (OffsetKey | GroupKey | ConsumerGroupKey, OffsetValue | GroupValue | bytes | None)."""
         self.unload(partition)
         loaded: dict[str, Group] = {}
 
@@ -558,6 +579,18 @@ class GroupManager(OffsetBook):
                         value.commit_timestamp_ms,
                         value.expire_timestamp_ms,
                     )
+            elif isinstance(key, ConsumerGroupKey):
+                if value is None:
+                    if key.group_id in loaded:
+                        loaded[key.group_id].consumer = None
+                elif isinstance(value, bytes):
+                    try:
+                        consumer = ConsumerGroupData.from_json(value, now_ms)
+                    except (ValueError, KeyError, TypeError):
+                        continue  # unreadable (a newer layout?): the members rejoin
+                    g = group_for(key.group_id)
+                    g.consumer = consumer
+                    g.protocol_type = "consumer"
             elif isinstance(key, GroupKey):
                 if value is None:
                     loaded.pop(key.group_id, None)
@@ -587,7 +620,11 @@ class GroupManager(OffsetBook):
                         )
                     g.leader_id = value.leader_id
         for g in loaded.values():
-            if g.members:
+            if g.consumer is not None:
+                g.state = GroupState.STABLE if g.consumer.members else GroupState.EMPTY
+                if g.consumer.members:
+                    g.subscribed_topics = g.consumer.subscribed_topics(self.topic_view())
+            elif g.members:
                 # members keep their generation: they heartbeat on as if nothing happened
                 g.state = GroupState.STABLE
                 if g.protocol_type == "consumer":

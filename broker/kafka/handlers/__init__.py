@@ -8,6 +8,7 @@ from automq.broker.kafka.handlers import (  # noqa: F401 - imported for their re
     admin,  # topics, configs, records, cluster, reassignments
     api_versions,
     cluster_info,  # ElectLeaders, DescribeTopicPartitions, DescribeQuorum, AlterReplicaLogDirs, telemetry
+    consumer_groups,  # KIP-848 ConsumerGroupHeartbeat / ConsumerGroupDescribe
     fetch,
     groups,  # FindCoordinator and the group APIs
     leader_epochs,  # OffsetForLeaderEpoch

@@ -329,12 +329,21 @@ async def offset_commit(request: Any, ctx: RequestContext) -> Any:
 
 
 def _fetch_group(
-    ctx: RequestContext, group_id: str, requested: list[tuple[str, list[int]]] | None, require_stable: bool = False
+    ctx: RequestContext,
+    group_id: str,
+    requested: list[tuple[str, list[int]]] | None,
+    require_stable: bool = False,
+    member: tuple[str | None, int] = (None, -1),
 ) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, Any, ErrorCode]]]]]:
-    """(group error, [(topic, [(partition, CommittedOffset | None, partition error)])])."""
+    """(group error, [(topic, [(partition, CommittedOffset | None, partition error)])]).
+    `member`: OffsetFetch v9's member id and epoch, checked for KIP-848 groups."""
     error = _group_error(ctx, group_id, authz.Op.DESCRIBE)
     if error is None and not group_id:
         error = ErrorCode.invalid_group_id
+    if error is None and member[0] is not None and member[1] >= 0:
+        checked = _coordinator(ctx).manager.consumer_check_member(group_id, member[0], member[1])
+        if checked is not None and checked != ErrorCode.none:
+            error = checked
     if error is not None:
         if requested is None:
             return error, []
@@ -374,7 +383,13 @@ async def offset_fetch(request: Any, ctx: RequestContext) -> Any:
         groups = []
         for g in request.groups:
             requested = None if g.topics is None else [(t.name, list(t.partition_indexes)) for t in g.topics]
-            error, topics = _fetch_group(ctx, g.group_id, requested, stable)
+            error, topics = _fetch_group(
+                ctx,
+                g.group_id,
+                requested,
+                stable,
+                (getattr(g, "member_id", None), int(getattr(g, "member_epoch", -1))),
+            )
             groups.append(
                 build(
                     group_cls,
@@ -465,14 +480,12 @@ async def list_groups(request: Any, ctx: RequestContext) -> Any:
     coordinator = _coordinator(ctx)
     states = list(getattr(request, "states_filter", ()) or ())
     types = [t.lower() for t in (getattr(request, "types_filter", ()) or ())]
-    listed = coordinator.manager.list_groups(states)
+    listed = [g for g in coordinator.manager.list_groups(states) if not types or g[3] in types]
     if ctx.broker.authorizer is not None and not authz.cluster_allowed(ctx, authz.Op.DESCRIBE):
         listed = [g for g in listed if authz.allowed(ctx, authz.Op.DESCRIBE, authz.GROUP, g[0])]
-    if types and "classic" not in types:
-        listed = []
     error = ErrorCode.coordinator_load_in_progress if coordinator.loading else ErrorCode.none
     groups = tuple(
-        build(group_cls, group_id=g, protocol_type=pt, group_state=st, group_type="classic") for g, pt, st in listed
+        build(group_cls, group_id=g, protocol_type=pt, group_state=st, group_type=kind) for g, pt, st, kind in listed
     )
     return build(cls, throttle_time=ZERO_THROTTLE, error_code=error, groups=groups)
 
@@ -506,7 +519,23 @@ async def describe_groups(request: Any, ctx: RequestContext) -> Any:
                 )
             )
             continue
-        summary = _coordinator(ctx).manager.describe(group_id)
+        manager = _coordinator(ctx).manager
+        summary = manager.describe(group_id)
+        group = manager.groups.get(group_id)
+        if group is not None and group.consumer is not None:
+            # as Kafka: a KIP-848 group is described with ConsumerGroupDescribe
+            out.append(
+                build(
+                    group_cls,
+                    **{**common, "error_message": f"Group {group_id} is not a classic group."},
+                    error_code=ErrorCode.group_id_not_found,
+                    group_state="Dead",
+                    protocol_type="",
+                    protocol_data="",
+                    members=(),
+                )
+            )
+            continue
         if summary is None:
             if ctx.api_version >= 6:
                 out.append(

@@ -9,7 +9,6 @@ controller quorum, and admin clients send controller-bound requests to that node
 
 from __future__ import annotations
 
-import functools
 import re
 import uuid
 
@@ -21,6 +20,7 @@ from automq.broker.kafka import codec
 from automq.broker.kafka.broker import INTERNAL_TOPICS
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.registry import handles
+from automq.broker.kafka.topic_ids import topic_uuid as topic_uuid  # re-exported: fetch.py uses it
 
 API_KEY = 3
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
@@ -28,15 +28,6 @@ _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 def valid_topic_name(name: str) -> bool:
     return bool(_LEGAL_TOPIC.match(name)) and name not in (".", "..")
-
-
-@functools.lru_cache(maxsize=65536)
-def topic_uuid(topic_id: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(topic_id)
-    except ValueError:
-        # not a UUID string: derive a stable one so clients still get a usable id
-        return uuid.uuid5(uuid.NAMESPACE_OID, topic_id)
 
 
 def _topic_response(cls, topic: TopicInfo, image: MetadataImage, live: set[int], operations: int = authz.OMITTED):

@@ -476,9 +476,9 @@ def test_list_describe() -> None:
         and d.members[0].client_host == "/127.0.0.1"
     )
     assert c.m.describe("nope") is None
-    assert c.m.list_groups() == [("g", "consumer", "Stable")]
+    assert c.m.list_groups() == [("g", "consumer", "Stable", "classic")]
     assert c.m.list_groups(["empty"]) == []
-    assert c.m.list_groups(["STABLE"]) == [("g", "consumer", "Stable")]
+    assert c.m.list_groups(["STABLE"]) == [("g", "consumer", "Stable", "classic")]
 
 
 def test_load_rebuilds_groups_from_records_and_unload_answers_waiters() -> None:

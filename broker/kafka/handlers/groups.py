@@ -341,9 +341,10 @@ def _fetch_group(
     if error is None and not group_id:
         error = ErrorCode.invalid_group_id
     if error is None and member[0] is not None and member[1] >= 0:
-        checked = _coordinator(ctx).manager.consumer_check_member(group_id, member[0], member[1])
-        if checked is not None and checked != ErrorCode.none:
-            error = checked
+        asked = [(t, p) for t, ps in requested or () for p in ps]
+        member_error = _coordinator(ctx).manager.consumer_check_member(group_id, member[0], member[1], asked)
+        if member_error is not None and member_error != ErrorCode.none:
+            error = member_error
     if error is not None:
         if requested is None:
             return error, []

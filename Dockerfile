@@ -14,29 +14,42 @@ ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 ARG VERSION=0.1.0
 
 # ---------------------------------------------------------------------------------------
-FROM ${PYTHON_IMAGE} AS builder
+FROM ${PYTHON_IMAGE} AS deps
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# Dependencies first, from pyproject.toml alone, so a change to the source reuses these layers
+# instead of downloading and building every dependency again (the Spark set includes the
+# 456 MB pyspark sdist: minutes on a small machine).
+# No compiler here: every dependency publishes manylinux wheels for amd64 and arm64 (pyspark is
+# a pure-Python sdist). On another architecture, install build-essential in this stage only.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+open('runtime.txt', 'w').write('\n'.join(p['dependencies'])); \
+open('spark.txt', 'w').write('\n'.join(p['optional-dependencies']['spark']))" \
+ && pip wheel --wheel-dir /wheels/runtime -r runtime.txt
+
+# The Spark extra is large (pyspark ships its jars); only the `spark` target pulls it in.
+FROM deps AS spark-deps
+RUN pip wheel --wheel-dir /wheels/spark --find-links /wheels/runtime -r runtime.txt -r spark.txt
+
+FROM deps AS builder
 # Only what the wheel is built from (see .dockerignore): a change to tests or docs does not
 # invalidate this layer.
-COPY pyproject.toml setup.py README.md ./
+COPY setup.py README.md ./
 COPY broker/ broker/
 COPY operator/ operator/
 COPY spark-jobs/ spark-jobs/
-# No compiler here: every dependency publishes manylinux wheels for amd64 and arm64 (pyspark is
-# a pure-Python sdist). On another architecture, install build-essential in this stage only.
 # The manifest (sha256 of every wheel) ships in the image: it says exactly what is installed,
 # and COPYing it makes the install step's cache honest. buildah (podman build) leaves a RUN's
 # --mount=from content out of its cache key, so without a COPY of something that changes with
 # the wheels, a rebuilt builder would leave the previous package installed.
-RUN pip wheel --wheel-dir /wheels/runtime . \
+RUN pip wheel --no-deps --wheel-dir /wheels/runtime . \
  && sha256sum /wheels/runtime/*.whl > /wheels/runtime.sha256
 
-# The Spark extra is large (pyspark ships its jars); only the `spark` target pulls it in.
-FROM builder AS spark-wheels
-RUN pip wheel --wheel-dir /wheels/spark ".[spark]" \
- && sha256sum /wheels/spark/*.whl > /wheels/spark.sha256
+FROM spark-deps AS spark-wheels
+COPY --from=builder /wheels/runtime/automq_py-*.whl /wheels/spark/
+RUN sha256sum /wheels/spark/*.whl > /wheels/spark.sha256
 
 # ---------------------------------------------------------------------------------------
 # What both final images share: the unprivileged user and a Python that does not write

@@ -283,7 +283,11 @@ def test_every_copy_source_is_in_the_build_context(dockerfile, build_context):
 def test_builder_wheel_builds_from_the_context_and_holds_every_package(dockerfile, build_context, tmp_path):
     _, by_name, _ = dockerfile
     src = tmp_path / "src"
-    for args in by_name["builder"].all("COPY"):
+    # The builder starts from `deps` (pyproject.toml only, so dependency layers survive source
+    # changes): its context is what both stages copy.
+    builder_chain = lineage(by_name, "builder")
+    assert [stage.name for stage in builder_chain] == ["builder", "deps"]
+    for args in [c for stage in builder_chain for c in stage.all("COPY")]:
         *sources, _dest = args.split()
         for source in sources:
             source = source.rstrip("/")
@@ -293,7 +297,9 @@ def test_builder_wheel_builds_from_the_context_and_holds_every_package(dockerfil
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(ROOT / path, target)
     [run] = by_name["builder"].all("RUN")
-    assert re.match(r"pip wheel --wheel-dir /wheels/runtime \. +&& ", run), run
+    assert re.match(r"pip wheel --no-deps --wheel-dir /wheels/runtime \. +&& ", run), run
+    [deps_run] = by_name["deps"].all("RUN")
+    assert "pip wheel --wheel-dir /wheels/runtime -r runtime.txt" in deps_run
     # The builder's command, with build isolation like in the image (pip fetches the build
     # backend pyproject.toml asks for); dependencies are left to the image build (--no-deps).
     result = subprocess.run(

@@ -74,12 +74,13 @@ def declared_labels() -> dict[str, tuple[str, ...]]:
     from automq.broker.kafka.metrics import KafkaMetrics
     from automq.broker.storage.metrics import StorageMetrics
     from automq.operator import metrics as operator_metrics
+    from automq.operator import nodeloss
 
     registry = CollectorRegistry()
     KafkaMetrics(registry)
     StorageMetrics(registry)
     ControllerMetrics(registry)
-    collectors = [*registry._collector_to_names, *vars(operator_metrics).values()]
+    collectors = [*registry._collector_to_names, *vars(operator_metrics).values(), *vars(nodeloss).values()]
     out: dict[str, tuple[str, ...]] = {}
     for c in collectors:
         if hasattr(c, "_labelnames") and hasattr(c, "_name"):
@@ -107,9 +108,13 @@ def operator_families() -> dict[str, Family]:
     text = generate_latest(REGISTRY).decode()
     families = parse_families(text)
     from automq.operator import metrics as m
+    from automq.operator import nodeloss
 
     label_sets = {
-        metric._name: tuple(metric._labelnames) for metric in vars(m).values() if hasattr(metric, "_labelnames")
+        metric._name: tuple(metric._labelnames)
+        for module in (m, nodeloss)
+        for metric in vars(module).values()
+        if hasattr(metric, "_labelnames")
     }
     out = {}
     for name, family in families.items():
@@ -191,7 +196,10 @@ def _panel(
         "datasource": {"type": "prometheus", "uid": "${datasource}"},
         "gridPos": {"x": x, "y": y, "w": w, "h": h},
         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-        "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+        "options": {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "tooltip": {"mode": "multi"},
+        },
         "targets": targets,
     }
 
@@ -346,8 +354,8 @@ DASHBOARD_ROWS: list[tuple[str, list[tuple[str, list[tuple[str, str]], str]]]] =
                 "Node-loss recoveries",
                 [
                     (
-                        "sum by (cluster) (increase(automq_operator_node_loss_recoveries_total" + RATE + "))",
-                        "{{cluster}}",
+                        "sum by (strategy) (increase(automq_operator_node_loss_recoveries_total" + RATE + "))",
+                        "{{strategy}}",
                     )
                 ],
                 "short",

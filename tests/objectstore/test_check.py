@@ -4,6 +4,7 @@ creates anything on disk."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -65,9 +66,18 @@ async def test_unreachable_endpoint_fails_within_the_timeout():
         await check_object_store(url, setting="object_store_url", timeout_s=2.0)
 
 
-def test_local_up_refuses_a_missing_bucket_and_creates_nothing(seaweedfs, tmp_path):
+@pytest.mark.parametrize("fault", ["missing bucket", "wrong credentials", "unreachable endpoint"])
+def test_local_up_refuses_a_bad_store_and_creates_nothing(seaweedfs, s3_url, tmp_path, fault):
     data_dir = tmp_path / "never-made"
-    url = seaweedfs.url_for("automq-missing-bucket")
+    env = dict(os.environ)
+    if fault == "missing bucket":
+        url, message = seaweedfs.url_for("automq-missing-bucket"), "does not exist"
+    elif fault == "wrong credentials":
+        url, message = s3_url, "denied; check the credentials"
+        env["AWS_SECRET_ACCESS_KEY"] = "not-the-secret"
+    else:
+        url = f"s3://bucket?endpoint=http://127.0.0.1:{local.free_port()}&path_style=true"
+        message = "unreachable"
     result = subprocess.run(
         [
             sys.executable,
@@ -85,9 +95,11 @@ def test_local_up_refuses_a_missing_bucket_and_creates_nothing(seaweedfs, tmp_pa
         capture_output=True,
         text=True,
         timeout=60,
+        env=env,
     )
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "--object-store: the bucket of" in result.stderr and "does not exist" in result.stderr
+    assert "--object-store: " in result.stderr and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
     assert not data_dir.exists()
 
 

@@ -106,12 +106,19 @@ def podman_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+def engine(podman_env: dict[str, str]) -> Podman:
+    """For the module's image builds (builds leave no containers)."""
+    return Podman(podman_env)
+
+
+@pytest.fixture
 def podman(podman_env: dict[str, str]) -> Iterator[Podman]:
-    engine = Podman(podman_env)
+    """Per test, so a test's containers stop using the CPU as soon as it ends."""
+    per_test = Podman(podman_env)
     try:
-        yield engine
+        yield per_test
     finally:
-        engine.cleanup()
+        per_test.cleanup()
 
 
 def _build(podman: Podman, target: str, tag: str) -> None:
@@ -129,8 +136,8 @@ def _build(podman: Podman, target: str, tag: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def base_image(podman: Podman) -> str:
-    exists = podman("image", "exists", BASE_IMAGE, check=False).returncode == 0
+def base_image(engine: Podman) -> str:
+    exists = engine("image", "exists", BASE_IMAGE, check=False).returncode == 0
     if not exists and os.geteuid() != 0:
         pytest.skip(f"{BASE_IMAGE} is missing and building it needs root: sudo bash scripts/build-base-image.sh")
     if os.geteuid() == 0:  # the script keeps an image whose recipe hash matches
@@ -138,7 +145,7 @@ def base_image(podman: Podman) -> str:
             ["bash", str(ROOT / "scripts" / "build-base-image.sh"), BASE_IMAGE],
             capture_output=True,
             text=True,
-            env=podman.env,
+            env=engine.env,
             timeout=1200,
             check=False,
         )
@@ -147,14 +154,14 @@ def base_image(podman: Podman) -> str:
 
 
 @pytest.fixture(scope="module")
-def runtime_image(podman: Podman, base_image: str) -> str:
-    _build(podman, "runtime", RUNTIME_IMAGE)
+def runtime_image(engine: Podman, base_image: str) -> str:
+    _build(engine, "runtime", RUNTIME_IMAGE)
     return RUNTIME_IMAGE
 
 
 @pytest.fixture(scope="module")
-def spark_image(podman: Podman, base_image: str) -> str:
-    _build(podman, "spark", SPARK_IMAGE)
+def spark_image(engine: Podman, base_image: str) -> str:
+    _build(engine, "spark", SPARK_IMAGE)
     return SPARK_IMAGE
 
 

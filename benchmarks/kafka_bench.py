@@ -478,6 +478,8 @@ def main() -> int:
             print(
                 f"baseline: fdatasync'd file writes {rate:.0f} MiB/s (1 MiB per write+fdatasync, p99 {p99:.1f} ms) in {d}"
             )
+            _rate4, p99_4k = fsync_write_mib_s(d, total=4 * MiB, block=4096)
+            print(f"baseline: 4 KiB write+fdatasync p99 {p99_4k:.2f} ms (issue 14: produce p99 <= 5x this) in {d}")
     with Cluster(args) as cluster:
         print(
             f"cluster: {cluster.bootstrap} ({'SeaweedFS' if args.seaweedfs else args.object_store or 'embedded file:// store'})"

@@ -117,8 +117,8 @@ def test_principals_from_sasl_tls_and_plaintext_are_authorized_separately(acl_cl
     assert produce(anonymous, "team-a", 1) == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
     topics = AdminClient(anonymous).list_topics(timeout=10).topics
     assert "team-a" in topics and "team-b" not in topics
-    # a TLS client certificate's subject (CN=alice,O=acme) maps through principal_mapping_rules to
-    # User:alice, the super user: allowed, where the same connection without a certificate is not
+    # a TLS client certificate's principal is its subject DN (DEFAULT mapping here): no ACL for
+    # it yet, then one naming exactly that principal
     tls = {
         "bootstrap.servers": acl_cluster.bootstrap("TLS"),
         "security.protocol": "SSL",
@@ -126,6 +126,9 @@ def test_principals_from_sasl_tls_and_plaintext_are_authorized_separately(acl_cl
         "ssl.certificate.location": str(pki.client_cert),
         "ssl.key.location": str(pki.client_key),
     }
+    assert produce(tls, "team-a", 1) == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+    cert_acl = allow(ResourceType.TOPIC, "team-a", "User:CN=alice,O=acme", AclOperation.WRITE)
+    assert next(iter(admin.create_acls([cert_acl]).values())).result(30) is None
     assert produce(tls, "team-a", 1) == [None]
     no_cert = {k: v for k, v in tls.items() if not k.startswith("ssl.certificate") and not k.startswith("ssl.key")}
     assert produce(no_cert, "team-a", 1) == [KafkaError.TOPIC_AUTHORIZATION_FAILED]  # User:ANONYMOUS

@@ -479,8 +479,12 @@ class ObjectStoreWal(WriteAheadLog):
                 return
             marker = self._uploaded[count - 1][0]
             await self._store.put(f"{trim_prefix(self.node_id)}{self.node_epoch:010d}", str(marker).encode())
-            keys = [self._uploaded.popleft()[1] for _ in range(count)]
-            await self._store.delete_many(keys)
+            done = [self._uploaded.popleft() for _ in range(count)]
+            try:
+                await self._store.delete_many([key for _, key in done])
+            except BaseException:
+                self._uploaded.extendleft(reversed(done))  # the next trim deletes them
+                raise
 
     async def close(self) -> None:
         self._closed = True

@@ -323,7 +323,7 @@ async def main() -> None:
         server.start()
         server.export_environment()
         try:
-            print("\n## S3 WAL against SeaweedFS (bulk every 250 ms or 8 MiB)")
+            print("\n## S3 WAL against SeaweedFS (a bulk at once when no PUT runs; at most 250 ms / 8 MiB)")
             await raw_put(server.url_for(server.create_bucket()), 1024, 0.3)  # warm up connections and volumes
             store = open_object_store(server.url_for(server.create_bucket()))
             bulk = os.urandom(8 * MiB)

@@ -294,6 +294,18 @@ class NodeConfig(_Section):
             raise ValueError(f"tls.cert_file and tls.key_file are required by {', '.join(tls_users)}")
         if self.tls.client_auth != "none" and tls_users and not self.tls.ca_file:
             raise ValueError(f"tls.client_auth={self.tls.client_auth} needs tls.ca_file to verify client certificates")
+        sasl = any(lst.security_protocol.startswith("SASL") for lst in self.listeners)
+        security = self.security
+        if (
+            sasl
+            and "OAUTHBEARER" in security.sasl_enabled_mechanisms
+            and not security.sasl_oauthbearer_jwks_file
+            and not security.sasl_oauthbearer_allow_unsecured
+        ):
+            raise ValueError(
+                "security.sasl_enabled_mechanisms has OAUTHBEARER but no token can pass: set "
+                "security.sasl_oauthbearer_jwks_file (or sasl_oauthbearer_allow_unsecured for development)"
+            )
         names = [lst.name for lst in self.listeners]
         if len(set(names)) != len(names):
             raise ValueError(f"listeners: names must be distinct, got {names}")

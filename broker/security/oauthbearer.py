@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +31,17 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from automq.broker.config import ConfigError, SecurityConfig
 from automq.broker.security.scram import SaslAuthenticationError
+
+log = logging.getLogger(__name__)
+
+
+def _file_stamp(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, -1)
+    return (st.st_mtime_ns, st.st_size)
+
 
 _HASHES: dict[str, type[hashes.SHA256 | hashes.SHA384 | hashes.SHA512]] = {
     "256": hashes.SHA256,
@@ -109,10 +122,28 @@ class TokenValidator:
     config: SecurityConfig
     now_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000))
     keys: list[Jwk] = field(init=False, default_factory=list)
+    _stamp: tuple[int, int] = field(init=False, default=(0, -1))
 
     def __post_init__(self) -> None:
         if self.config.sasl_oauthbearer_jwks_file:
+            self._stamp = _file_stamp(self.config.sasl_oauthbearer_jwks_file)
             self.keys = load_jwks(self.config.sasl_oauthbearer_jwks_file)
+
+    def _refresh(self) -> None:
+        """The identity provider rotates keys: a changed JWKS file is read again (a broken one
+        keeps the keys we have, logged)."""
+        path = self.config.sasl_oauthbearer_jwks_file
+        if not path:
+            return
+        stamp = _file_stamp(path)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            self.keys = load_jwks(path)
+            log.info("OAUTHBEARER: reloaded %d key(s) from %s", len(self.keys), path)
+        except ConfigError as exc:
+            log.warning("OAUTHBEARER: keeping the previous keys: %s", exc)
 
     def validate(self, token: str) -> tuple[str, int]:
         """(principal name, expiry in epoch ms); SaslAuthenticationError saying why not."""
@@ -137,6 +168,7 @@ class TokenValidator:
             if signature:
                 raise SaslAuthenticationError("invalid_token: an unsecured token must have an empty signature")
         else:
+            self._refresh()
             if not self.keys:
                 raise SaslAuthenticationError(
                     "invalid_token: no security.sasl_oauthbearer_jwks_file to verify signed tokens"

@@ -259,3 +259,25 @@ def test_tls_listeners_need_certificates_and_names_are_distinct():
         parse_config({"node_id": 1, "listeners": [{"name": "A", "port": 1}, {"name": "A", "port": 2}]})
     with pytest.raises(ConfigError, match="security_protocol"):
         parse_config({"node_id": 1, "listeners": [{"name": "A", "port": 1, "security_protocol": "TLS"}]})
+
+
+def test_a_rotated_jwks_file_is_read_again(keys, tmp_path):
+    rsa_key, _, jwks = keys
+    path = tmp_path / "jwks.json"
+    only_ec = json.loads(open(jwks).read())
+    only_ec["keys"] = [k for k in only_ec["keys"] if k["kty"] == "EC"]
+    path.write_text(json.dumps(only_ec))
+    v = _validator(str(path))
+    token = _jwt({"alg": "RS256", "kid": "r1"}, {"sub": "a", "exp": int(time.time()) + 60}, _rs256(rsa_key))
+    with pytest.raises(SaslAuthenticationError, match="signature"):
+        v.validate(token)
+    path.write_text(open(jwks).read() + " ")  # the provider added the RSA key (size changes)
+    assert v.validate(token)[0] == "a"
+    path.write_text("{broken")  # a bad rotation keeps the keys we have
+    assert v.validate(token)[0] == "a"
+
+
+def test_oauthbearer_without_any_way_to_validate_is_a_config_error():
+    listeners = [{"name": "S", "port": 1, "security_protocol": "SASL_PLAINTEXT"}]
+    with pytest.raises(ConfigError, match="sasl_oauthbearer_jwks_file"):
+        parse_config({"node_id": 1, "listeners": listeners, "security": {"sasl_enabled_mechanisms": ["OAUTHBEARER"]}})

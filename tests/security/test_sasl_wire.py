@@ -220,3 +220,20 @@ def test_a_rotated_certificate_is_served_to_new_connections(reauth_cluster, pki,
     assert reauth_cluster.run(check()) is True
     assert _served_serial(port, pki) == cert.serial_number != old
     assert kept.call(_metadata()).brokers
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"])
+def test_garbage_tokens_fail_and_the_broker_keeps_serving(reauth_cluster, mechanism):
+    import random
+
+    rng = random.Random(mechanism)
+    for size in (0, 1, 7, 300, 70_000):
+        raw = Raw(reauth_cluster.port("SASL"))
+        assert raw.call(SaslHandshakeRequest(mechanism=mechanism)).error_code == ErrorCode.none
+        token = bytes(rng.randrange(256) for _ in range(size))
+        response = raw.call(SaslAuthenticateRequest(auth_bytes=token))
+        assert response.error_code == ErrorCode.sasl_authentication_failed, (size, response)
+        assert raw.closed()
+    ok = Raw(reauth_cluster.port("SASL"))
+    assert ok.plain("alice", USERS["alice"]).error_code == ErrorCode.none
+    assert ok.call(_metadata()).brokers

@@ -219,6 +219,9 @@ class KafkaConfig(_Section):
     max_connections_per_ip_overrides: dict[str, ConnectionCount] = Field(default_factory=dict)  # {host or IP: limit}
     request_frame_timeout_ms: DurationMs = Field(60_000, gt=0)  # automq only: close a frame unfinished this long
     queued_max_request_bytes: Size = 256 << 20  # unfinished request frames of all connections hold at most this
+    inter_broker_listener_name: str | None = (
+        None  # listener brokers use to reach each other (txn markers); default: the first
+    )
     fetch_session_cache_slots: int = Field(1000, ge=0)  # incremental fetch sessions kept (KIP-227); 0 disables
     authorizer_class_name: AuthorizerName = ""  # "standard": every request is checked against ACLs; "": no authorizer
     super_users: str = ""  # "User:admin;User:ops": principals every check allows (Kafka's super.users)
@@ -306,6 +309,16 @@ class NodeConfig(_Section):
                 "security.sasl_enabled_mechanisms has OAUTHBEARER but no token can pass: set "
                 "security.sasl_oauthbearer_jwks_file (or sasl_oauthbearer_allow_unsecured for development)"
             )
+        inter = self.kafka.inter_broker_listener_name
+        if inter is not None:
+            chosen = next((lst for lst in self.listeners if lst.name == inter), None)
+            if chosen is None and self.listeners:
+                raise ValueError(f"kafka.inter_broker_listener_name {inter!r} is not one of the listeners")
+            if chosen is not None and chosen.security_protocol != "PLAINTEXT":
+                raise ValueError(
+                    f"kafka.inter_broker_listener_name {inter!r} must be a PLAINTEXT listener: broker-to-broker "
+                    "calls carry no TLS or SASL credentials yet"
+                )
         names = [lst.name for lst in self.listeners]
         if len(set(names)) != len(names):
             raise ValueError(f"listeners: names must be distinct, got {names}")

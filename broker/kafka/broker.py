@@ -147,8 +147,10 @@ class Broker:
         image = self.metadata
         if image is None:
             return None
-        if listener is None:
-            listener = self.config.listeners[0].name if self.config.listeners else None
+        if listener is None:  # broker-to-broker (transaction markers)
+            listener = self.config.kafka.inter_broker_listener_name or (
+                self.config.listeners[0].name if self.config.listeners else None
+            )
         for b in image.brokers:
             if b.node_id == node_id and b.endpoints and b.state != "fenced":
                 e = next((e for e in b.endpoints if e.listener == listener), None)

@@ -281,3 +281,13 @@ def test_oauthbearer_without_any_way_to_validate_is_a_config_error():
     listeners = [{"name": "S", "port": 1, "security_protocol": "SASL_PLAINTEXT"}]
     with pytest.raises(ConfigError, match="sasl_oauthbearer_jwks_file"):
         parse_config({"node_id": 1, "listeners": listeners, "security": {"sasl_enabled_mechanisms": ["OAUTHBEARER"]}})
+
+
+def test_inter_broker_listener_must_exist_and_be_plaintext():
+    listeners = [{"name": "INTERNAL", "port": 1}, {"name": "SASL", "port": 2, "security_protocol": "SASL_PLAINTEXT"}]
+    ok = parse_config({"node_id": 1, "listeners": listeners, "kafka": {"inter_broker_listener_name": "INTERNAL"}})
+    assert ok.kafka.inter_broker_listener_name == "INTERNAL"
+    with pytest.raises(ConfigError, match="not one of the listeners"):
+        parse_config({"node_id": 1, "listeners": listeners, "kafka": {"inter_broker_listener_name": "NOPE"}})
+    with pytest.raises(ConfigError, match="must be a PLAINTEXT listener"):
+        parse_config({"node_id": 1, "listeners": listeners, "kafka": {"inter_broker_listener_name": "SASL"}})

@@ -61,6 +61,14 @@ async def consumer_group_heartbeat(request: Any, ctx: RequestContext) -> Any:
     error = _group_error(ctx, request.group_id)
     if error is not None:
         return respond(error, None, None, -1, None)
+    if ctx.broker.authorizer is not None and request.subscribed_topic_names:
+        # Kafka: subscribing needs DESCRIBE on every named topic
+        hidden = sorted(
+            t for t in request.subscribed_topic_names if not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TOPIC, t)
+        )
+        if hidden:
+            message = "The client is not authorized to describe topics: " + ", ".join(hidden)
+            return respond(ErrorCode.topic_authorization_failed, message, None, -1, None)
     result = await coordinator.consumer_heartbeat(
         HeartbeatRequest(
             group_id=request.group_id,

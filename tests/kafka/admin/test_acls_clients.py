@@ -291,3 +291,71 @@ def test_denied_for_aiokafka_kcat_and_idempotent_librdkafka(inprocess_cluster) -
         )
         assert done.returncode != 0
         assert b"authorization failed" in done.stderr.lower(), done.stderr
+
+
+@pytest.mark.parametrize("inprocess_cluster", [{"brokers": 1, "kafka": SECURE["kafka"]}], indirect=True)
+def test_kip848_consumer_needs_group_read_and_topic_describe(inprocess_cluster) -> None:
+    cluster = inprocess_cluster
+    seed(
+        cluster,
+        binding(model.ResourceType.CLUSTER, "kafka-cluster", model.AclOperation.CREATE),
+        binding(model.ResourceType.TOPIC, "k-ok", model.AclOperation.WRITE),
+        binding(model.ResourceType.TOPIC, "k-ok", model.AclOperation.READ),
+        binding(model.ResourceType.TOPIC, "k-no", model.AclOperation.WRITE),
+        binding(model.ResourceType.GROUP, "g848", model.AclOperation.READ),
+    )
+    bs = cluster.bootstrap
+    admin = AdminClient({"bootstrap.servers": bs})
+    for f in admin.create_topics([NewTopic("k-ok", 1), NewTopic("k-no", 1)]).values():
+        f.result(30)
+    assert produce(bs, "k-ok", 3) == [None] * 3
+
+    def consume848(topic: str, group: str) -> tuple[int, list]:
+        c = Consumer(
+            {"bootstrap.servers": bs, "group.id": group, "group.protocol": "consumer", "auto.offset.reset": "earliest"}
+        )
+        c.subscribe([topic])
+        got, errors = 0, []
+        deadline = time.monotonic() + 30
+        try:
+            while got < 3 and not errors and time.monotonic() < deadline:
+                msg = c.poll(0.5)
+                if msg is None:
+                    continue
+                if msg.error():
+                    errors.append(msg.error().code())
+                else:
+                    got += 1
+        finally:
+            c.close()
+        return got, errors
+
+    assert consume848("k-ok", "g848") == (3, [])
+    got, errors = consume848("k-ok", "other")
+    assert got == 0 and errors and errors[0] == KafkaError.GROUP_AUTHORIZATION_FAILED
+    got, errors = consume848("k-no", "g848")  # WRITE implies DESCRIBE, but READ is missing
+    assert got == 0 and errors and errors[0] == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # on the wire: a heartbeat subscribing to a topic the client may not DESCRIBE
+    import datetime
+    import socket
+    import struct
+
+    from kio.schema.consumer_group_heartbeat.v0.request import ConsumerGroupHeartbeatRequest
+
+    from automq.broker.kafka import codec
+
+    cluster.run(cluster.brokers[0].cluster.create_topic("k-secret", 1, {}))
+    request = ConsumerGroupHeartbeatRequest(
+        group_id="g848",
+        member_id="",
+        member_epoch=0,
+        rebalance_timeout=datetime.timedelta(seconds=30),
+        subscribed_topic_names=("k-ok", "k-secret"),
+        topic_partitions=(),
+    )
+    with socket.create_connection(("127.0.0.1", cluster.ports[0]), timeout=10) as sock:
+        frame = codec.encode_request(7, request)
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+        _, response = codec.decode_response(sock.recv(size, socket.MSG_WAITALL), ConsumerGroupHeartbeatRequest)
+    assert response.error_code == KafkaError.TOPIC_AUTHORIZATION_FAILED and "k-secret" in response.error_message

@@ -22,7 +22,10 @@ if TYPE_CHECKING:  # the client (kio) is imported when a command runs: `automq -
 T = TypeVar("T")
 
 topics_app = typer.Typer(help="List, describe, create, delete and configure topics.", no_args_is_help=True)
-groups_app = typer.Typer(help="List and describe consumer groups (members, offsets, lag).", no_args_is_help=True)
+groups_app = typer.Typer(
+    help="List and describe consumer groups, classic and KIP-848 (members, epochs, offsets, lag).",
+    no_args_is_help=True,
+)
 
 BOOTSTRAP = typer.Option(None, "--bootstrap", "-b", help="HOST:PORT; default: the local cluster in --data-dir.")
 DATA_DIR = typer.Option(Path(".automq-local"), "--data-dir", help="A local cluster's data dir.")
@@ -186,15 +189,15 @@ def topics_alter_config(
 
 @groups_app.command("list")
 def groups_list(bootstrap: str | None = BOOTSTRAP, data_dir: Path = DATA_DIR, output: str = OUTPUT) -> None:
-    """Groups with their state and coordinator."""
+    """Groups with their type (classic, or consumer: KIP-848), state and coordinator."""
     groups = _run(bootstrap, data_dir, output, lambda a: a.list_groups())
     if output == "json":
         _json(groups)
     else:
         _table(
             None,
-            ["group", "state", "protocol type", "coordinator"],
-            [[g.group_id, g.state, g.protocol_type, g.coordinator] for g in groups],
+            ["group", "type", "state", "protocol type", "coordinator"],
+            [[g.group_id, g.type, g.state, g.protocol_type, g.coordinator] for g in groups],
         )
 
 
@@ -212,20 +215,38 @@ def groups_describe(
         data["total_lag"] = detail.total_lag
         typer.echo(json.dumps(data, indent=2))
         return
-    typer.echo(
-        f"group {detail.group_id}: {detail.state}, protocol {detail.protocol_type or '-'}/{detail.protocol or '-'}, "
-        f"coordinator {detail.coordinator}, {len(detail.members)} member(s), total lag {detail.total_lag}"
-    )
-    _table(
-        "members",
-        ["member", "client", "host", "partitions"],
-        [
-            [m.member_id, m.client_id, m.host, ", ".join(f"{t}-{p}" for t, p in m.assignment) or "-"]
-            for m in detail.members
-        ],
-    )
+    if detail.type == "consumer":
+        typer.echo(
+            f"group {detail.group_id} (consumer protocol, KIP-848): {detail.state}, "
+            f"group epoch {detail.group_epoch}, assignment epoch {detail.assignment_epoch}, "
+            f"assignor {detail.assignor or '-'}, coordinator {detail.coordinator}, "
+            f"{len(detail.members)} member(s), total lag {detail.total_lag}"
+        )
+        _table(
+            "members",
+            ["member", "epoch", "client", "host", "assigned", "target"],
+            [
+                [m.member_id, m.member_epoch, m.client_id, m.host, _partitions(m.assignment), _partitions(m.target)]
+                for m in detail.members
+            ],
+        )
+    else:
+        typer.echo(
+            f"group {detail.group_id} (classic): {detail.state}, "
+            f"protocol {detail.protocol_type or '-'}/{detail.protocol or '-'}, "
+            f"coordinator {detail.coordinator}, {len(detail.members)} member(s), total lag {detail.total_lag}"
+        )
+        _table(
+            "members",
+            ["member", "client", "host", "partitions"],
+            [[m.member_id, m.client_id, m.host, _partitions(m.assignment)] for m in detail.members],
+        )
     _table(
         "offsets",
         ["topic", "partition", "committed", "end", "lag", "member"],
         [[o.topic, o.partition, o.committed, o.end_offset, o.lag, o.owner] for o in detail.offsets],
     )
+
+
+def _partitions(pairs: list[tuple[str, int]] | None) -> str:
+    return ", ".join(f"{t}-{p}" for t, p in pairs or ()) or "-"

@@ -54,6 +54,7 @@ class GroupSummary:
     state: str
     protocol_type: str
     coordinator: int
+    type: str = "classic"  # classic | consumer (KIP-848); ListGroups v5's group type
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,10 @@ class MemberDetail:
     client_id: str
     host: str
     assignment: list[tuple[str, int]]
+    # KIP-848 members only (None for classic groups)
+    member_epoch: int | None = None
+    instance_id: str | None = None
+    target: list[tuple[str, int]] | None = None  # the assignment the group is moving it to
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,12 @@ class GroupDetail:
     coordinator: int
     members: list[MemberDetail] = field(default_factory=list)
     offsets: list[OffsetLag] = field(default_factory=list)
+    type: str = "classic"  # classic | consumer (KIP-848)
+    # KIP-848 groups only: the epoch membership/subscriptions reached, the epoch of the
+    # target assignment, and the server-side assignor
+    group_epoch: int | None = None
+    assignment_epoch: int | None = None
+    assignor: str | None = None
 
     @property
     def total_lag(self) -> int:
@@ -278,15 +289,15 @@ class AdminClient(KafkaAdmin):
 
     async def list_groups(self) -> list[GroupSummary]:
         """Every broker's groups (a group lives on its coordinator)."""
-        from kio.schema.list_groups.v4.request import ListGroupsRequest
+        from kio.schema.list_groups.v5.request import ListGroupsRequest
 
         meta = await self.metadata()
 
         async def ask(broker: int) -> list[GroupSummary]:
-            r = await self._to(broker, ListGroupsRequest(states_filter=()))
+            r = await self._to(broker, ListGroupsRequest(states_filter=(), types_filter=()))
             _check(r.error_code, None, f"list groups on broker {broker}")  # type: ignore[attr-defined]
             return [
-                GroupSummary(g.group_id, g.group_state, g.protocol_type, broker)
+                GroupSummary(g.group_id, g.group_state, g.protocol_type, broker, (g.group_type or "classic").lower())
                 for g in r.groups  # type: ignore[attr-defined]
             ]
 
@@ -302,24 +313,88 @@ class AdminClient(KafkaAdmin):
         return int(c.node_id)
 
     async def describe_group(self, group: str) -> GroupDetail:
-        from kio.schema.describe_groups.v5.request import DescribeGroupsRequest
-        from kio.schema.offset_fetch.v8.request import OffsetFetchRequest, OffsetFetchRequestGroup
-
+        """A group of either protocol. As Kafka's admin client: ConsumerGroupDescribe first
+        (DescribeGroups answers GROUP_ID_NOT_FOUND for KIP-848 groups), DescribeGroups when
+        the group is not a consumer group."""
         coordinator = await self._coordinator(group)
+        detail = await self._describe_consumer_group(group, coordinator)
+        if detail is None:
+            detail = await self._describe_classic_group(group, coordinator)
+        owners = {tp: m.member_id for m in detail.members for tp in m.assignment}
+        await self._lags(detail, owners)
+        return detail
+
+    async def _describe_consumer_group(self, group: str, coordinator: int) -> GroupDetail | None:
+        """None when the group is not a KIP-848 group (or the broker does not know the API)."""
+        from kio.schema.consumer_group_describe.v0.request import ConsumerGroupDescribeRequest
+
+        try:
+            r = await self._to(
+                coordinator,
+                ConsumerGroupDescribeRequest(group_ids=(GroupId(group),), include_authorized_operations=False),
+            )
+        except KafkaAdminError as exc:
+            if exc.code is None:  # a broker without api 69 closes the connection: it has no such groups
+                return None
+            raise
+        [g] = r.groups  # type: ignore[attr-defined]
+        if g.error_code == ErrorCode.group_id_not_found:
+            return None
+        _check(g.error_code, g.error_message, f"describe group {group!r}")
+
+        def pairs(assignment: object) -> list[tuple[str, int]]:
+            return sorted(
+                (str(tp.topic_name), int(p))
+                for tp in assignment.topic_partitions  # type: ignore[attr-defined]
+                for p in tp.partitions
+            )
+
+        detail = GroupDetail(
+            group,
+            g.group_state,
+            "consumer",
+            g.assignor_name,
+            coordinator,
+            type="consumer",
+            group_epoch=int(g.group_epoch),
+            assignment_epoch=int(g.assignment_epoch),
+            assignor=g.assignor_name,
+        )
+        for m in sorted(g.members, key=lambda m: (m.client_id, m.member_id)):
+            detail.members.append(
+                MemberDetail(
+                    m.member_id,
+                    m.client_id,
+                    m.client_host,
+                    pairs(m.assignment),
+                    member_epoch=int(m.member_epoch),
+                    instance_id=m.instance_id,
+                    target=pairs(m.target_assignment),
+                )
+            )
+        return detail
+
+    async def _describe_classic_group(self, group: str, coordinator: int) -> GroupDetail:
+        from kio.schema.describe_groups.v5.request import DescribeGroupsRequest
+
         r = await self._to(
             coordinator, DescribeGroupsRequest(groups=(GroupId(group),), include_authorized_operations=False)
         )
         [g] = r.groups  # type: ignore[attr-defined]
         _check(g.error_code, None, f"describe group {group!r}")
         detail = GroupDetail(group, g.group_state, g.protocol_type, g.protocol_data, coordinator)
-        owners: dict[tuple[str, int], str] = {}
         for m in g.members:
             assignment = parse_assignment(m.member_assignment) if g.protocol_type == "consumer" else []
             detail.members.append(MemberDetail(m.member_id, m.client_id, m.client_host, assignment))
-            for tp in assignment:
-                owners[tp] = m.member_id
+        return detail
+
+    async def _lags(self, detail: GroupDetail, owners: Mapping[tuple[str, int], str]) -> None:
+        """Committed offset, end offset and lag of every partition the group committed or owns."""
+        from kio.schema.offset_fetch.v8.request import OffsetFetchRequest, OffsetFetchRequestGroup
+
+        group = detail.group_id
         o = await self._to(
-            coordinator,
+            detail.coordinator,
             OffsetFetchRequest(
                 groups=(OffsetFetchRequestGroup(group_id=GroupId(group), topics=None),), require_stable=False
             ),
@@ -335,4 +410,3 @@ class AdminClient(KafkaAdmin):
                 c, end = committed.get(key, -1), ends.get(key, -1)
                 lag = max(0, end - c) if c >= 0 and end >= 0 else None
                 detail.offsets.append(OffsetLag(key[0], key[1], c, end, lag, owners.get(key)))
-        return detail

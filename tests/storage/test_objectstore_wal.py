@@ -9,7 +9,7 @@ import pytest
 
 from automq.broker.objectstore import open_object_store
 from automq.broker.storage.wal.base import WalClosedError, WalCorruptionError, WalFencedError, WalRecord
-from automq.broker.storage.wal.objectstore import ObjectStoreWal, data_prefix
+from automq.broker.storage.wal.objectstore import ObjectStoreWal, data_prefix, encode_bulk
 
 
 @pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
@@ -241,6 +241,28 @@ async def test_a_trim_interrupted_half_way_loses_no_acknowledged_append(store):
     await wal.trim(ends[2])
     assert len(await keys(store, data_prefix(4))) == 3
     await crash(wal)
+    await recovering.start(recovering.report.end_position)
+    assert await keys(store, data_prefix(4)) == []
+    await recovering.close()
+
+
+async def test_a_put_landing_after_its_epoch_was_recovered_is_never_replayed(store):
+    gated = GatedStore(store)
+    gated.gates[0] = asyncio.Event()
+    wal, _ = await started(gated, 1, bulk_interval_ms=60_000)
+    stuck = wal.append(rec(0))  # the writer's first PUT hangs in the store...
+    await until(lambda: len(gated.started) == 1, "the PUT started")
+    await crash(wal)  # ...and the writer dies; nothing was acknowledged
+    assert isinstance(stuck.exception(), WalClosedError)  # never acknowledged
+    second, got = await started(store, 2)  # recovery finds no bulk: nothing to replay
+    assert got == []
+    await second.close()
+    # the dead writer's PUT reaches the store only now (a request the server finished late)
+    encoded = encode_bulk(4, 1, [rec(0)])
+    await store.put(f"{data_prefix(4)}{1:010d}/{0:020d}-{len(encoded):020d}", encoded)
+    recovering = ObjectStoreWal(store, 4, 3)
+    assert await recovering.recover() == []  # epoch 1 was recovered by epoch 2: not replayed
+    assert any("recovered before" in d for d in recovering.report.details)
     await recovering.start(recovering.report.end_position)
     assert await keys(store, data_prefix(4)) == []
     await recovering.close()

@@ -212,12 +212,21 @@ class ObjectStoreWal(WriteAheadLog):
                 keys.append((epoch, start, end, info.key))
         keys.sort()
         trims = await self._trim_positions()
+        fenced = await self._fence_epochs()
         records: list[WalRecord] = []
         position = 0
         epoch_seen, expected = -1, 0
         for epoch, start, end, key in keys:
             if epoch != epoch_seen:
                 epoch_seen, expected = epoch, trims.get(epoch, 0)
+                if epoch not in fenced:
+                    # Every incarnation writes its fence marker before any bulk, and only
+                    # start() after a recovery deletes it (after deleting that recovery's
+                    # bulks): this epoch was recovered already. What is left is a PUT that
+                    # landed after that (its writer was dead: never acknowledged) or a bulk
+                    # whose delete failed (committed): neither is replayed.
+                    report.details.append(f"epoch {epoch} was recovered before; dropped its leftover {key}")
+                    expected = 1 << 63
             if end <= expected and start < end:
                 continue  # below the epoch's trim position: committed already (a trim that did not finish)
             if start > expected:
@@ -248,6 +257,15 @@ class ObjectStoreWal(WriteAheadLog):
         self._recovered_keys = [k for _, _, _, k in keys]
         self.report = report
         return records
+
+    async def _fence_epochs(self) -> set[int]:
+        out = set()
+        async for info in self._store.list(fence_prefix(self.node_id)):
+            try:
+                out.add(int(info.key.rsplit("/", 1)[1]))
+            except ValueError:
+                continue
+        return out
 
     async def _trim_positions(self) -> dict[int, int]:
         out: dict[int, int] = {}

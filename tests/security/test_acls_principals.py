@@ -33,6 +33,9 @@ def acl_cluster(tmp_path_factory, pki):
             "quota_window_size_seconds": 1,
         }
     )
+    # the certificate's principal stays its full DN here (User:CN=alice,O=acme), not the
+    # SASL super user alice that the shared fixture's mapping rule would make of it
+    broker_raw["tls"] = {**broker_raw["tls"], "principal_mapping_rules": ["DEFAULT"]}
     cluster = ThreadedCluster(controller_cfg, broker_raw).start()
     yield cluster
     cluster.stop()

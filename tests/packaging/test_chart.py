@@ -341,6 +341,7 @@ BAD_VALUES = [
     ({"serviceAccount": {"name": "bad name"}}, "/serviceAccount/name"),
     ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
     ({"replicaCount": 2}, "replicaCount"),
+    ({"logFormat": "yaml"}, "/logFormat"),
     ({"rbac": {"create": "true"}}, "/rbac/create"),
     ({"tolerations": {"key": "x"}}, "/tolerations"),
 ]
@@ -472,3 +473,11 @@ def test_derived_install_files_are_in_sync():
 def test_one_operator_replica_has_no_disruption_budget(render):
     docs = documents(render({"replicas": 1}))
     assert deployment(docs)["spec"]["replicas"] == 1 and not only(docs, "PodDisruptionBudget")
+
+
+def test_log_format_reaches_the_operator_container(render):
+    for value in ("text", "json"):
+        docs = [d for ds in render({"logFormat": value}).values() for d in ds]
+        [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        assert {"name": "AUTOMQ_LOG_FORMAT", "value": value} in container["env"]

@@ -185,6 +185,10 @@ ConsumerAssignor = Literal["uniform", "range"]
 CONSUMER_ASSIGNORS: tuple[ConsumerAssignor, ...] = ("uniform", "range")
 
 
+def _assignors() -> list[ConsumerAssignor]:
+    return list(CONSUMER_ASSIGNORS)
+
+
 class KafkaConfig(_Section):
     """Broker defaults a Kafka user knows by their Kafka names (dots become underscores)."""
 
@@ -202,8 +206,8 @@ class KafkaConfig(_Section):
     group_consumer_session_timeout_ms: DurationMs = 45_000  # KIP-848 groups: a member silent this long is removed
     group_consumer_heartbeat_interval_ms: DurationMs = 5_000  # KIP-848 groups: told to members in every heartbeat
     group_consumer_assignors: list[ConsumerAssignor] = Field(
-        default_factory=lambda: list(CONSUMER_ASSIGNORS), min_length=1
-    )  # KIP-848 server assignors; the first is the default
+        default_factory=_assignors, min_length=1
+    )  # KIP-848; 1st: default
     offsets_retention_ms: int = 7 * 24 * 3_600_000
     transactional_id_expiration_ms: int = 7 * 24 * 3_600_000
     producer_id_expiration_ms: int = 24 * 3_600_000

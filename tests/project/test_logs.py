@@ -219,3 +219,19 @@ def test_a_controller_that_cannot_reach_its_store_logs_json_with_counts(tmp_path
     attempts = len([e for e in emitted if "repeated" not in e]) + sum(e["repeated"] for e in emitted if "repeated" in e)
     assert summaries[0]["level"] in {"WARNING", "ERROR"}
     assert len(emitted) < attempts, "repeats were written line by line"
+
+
+def test_a_cluster_spec_switches_its_nodes_to_json_logs():
+    """On Kubernetes, `spec.config` of an AutoMQCluster reaches every node's config file."""
+    from automq.operator import builders
+    from automq.operator.builders import ClusterRef
+    from automq.operator.spec import InvalidSpec, parse_spec
+
+    ref = ClusterRef(name="demo", namespace="streaming", uid="0b7d7c1e-1111-4c4c-8888-000000000001")
+    spec = parse_spec({"objectStore": {"bucket": "automq-data"}, "config": {"log_format": "json"}})
+    assert builders.node_config(spec, ref, "controller").log_format == "json"
+    assert builders.node_config(spec, ref, "broker").log_format == "json"
+    default = parse_spec({"objectStore": {"bucket": "automq-data"}})
+    assert builders.node_config(default, ref, "broker").log_format is None  # AUTOMQ_LOG_FORMAT, else text
+    with pytest.raises(InvalidSpec, match="log_format"):
+        parse_spec({"objectStore": {"bucket": "automq-data"}, "config": {"log_format": "yaml"}})

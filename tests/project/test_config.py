@@ -71,6 +71,7 @@ _REAL_KAFKA_BROKER_KEYS = frozenset(
         "group.consumer.session.timeout.ms",
         "group.consumer.heartbeat.interval.ms",
         "group.consumer.assignors",
+        "inter.broker.listener.name",
         "transactional.id.expiration.ms",
         "producer.id.expiration.ms",
         "offsets.topic.num.partitions",

@@ -36,7 +36,8 @@ from automq.broker.storage.objects.format import (
 
 # Exactly the Arrow schema Spark derives from ROW_DDL (it checks batches against it): every
 # field nullable, list items named "element", timestamps in UTC.
-HEADER_TYPE = pa.list_(pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])))
+HEADER_FIELDS = [pa.field("key", pa.string()), pa.field("value", pa.binary())]
+HEADER_TYPE = pa.list_(pa.field("element", pa.struct(HEADER_FIELDS)))
 ROW_SCHEMA = pa.schema(
     [
         pa.field("topic", pa.string()),
@@ -140,7 +141,11 @@ class ArrowBuilder:
         self.types: list[int] = []
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
-        self.headers: list[list[dict] | None] = []
+        # Headers as flat columns plus each record's end in them: building the list<struct>
+        # column from these is far cheaper than from per-record lists of dicts (profiled).
+        self.header_keys: list[str] = []
+        self.header_values: list[bytes | None] = []
+        self.header_ends: list[int] = []
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -155,12 +160,17 @@ class ArrowBuilder:
         if decoded[0][0] < start or decoded[-1][0] >= end:
             decoded = [r for r in decoded if start <= r[0] < end]
         ts_type = 1 if header.attributes & records.TIMESTAMP_TYPE_BIT else 0
+        header_keys, header_values, header_ends = self.header_keys, self.header_values, self.header_ends
         for offset, ts, key, value, hdrs in decoded:
             self.offsets.append(offset)
             self.timestamps.append(ts * 1000)
             self.keys.append(key)
             self.values.append(value)
-            self.headers.append([{"key": k, "value": v} for k, v in hdrs] if hdrs else [])
+            if hdrs:
+                for k, v in hdrs:
+                    header_keys.append(k)
+                    header_values.append(v)
+            header_ends.append(len(header_keys))
         self.types.extend([ts_type] * len(decoded))
         return len(decoded)
 
@@ -170,7 +180,7 @@ class ArrowBuilder:
         self.types.append(OPEN_TRANSACTION)
         self.keys.append(None)
         self.values.append(None)
-        self.headers.append([])
+        self.header_ends.append(len(self.header_keys))
 
     def flush(self) -> pa.RecordBatch | None:
         n = len(self.offsets)
@@ -185,7 +195,14 @@ class ArrowBuilder:
                 pa.array(self.types, pa.int32()),
                 pa.array(self.keys, pa.binary()),
                 pa.array(self.values, pa.binary()),
-                pa.array(self.headers, HEADER_TYPE),
+                pa.ListArray.from_arrays(
+                    pa.array([0, *self.header_ends], pa.int32()),
+                    pa.StructArray.from_arrays(
+                        [pa.array(self.header_keys, pa.string()), pa.array(self.header_values, pa.binary())],
+                        fields=HEADER_FIELDS,
+                    ),
+                    type=HEADER_TYPE,
+                ),
             ],
             schema=ROW_SCHEMA,
         )

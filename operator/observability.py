@@ -274,8 +274,20 @@ DASHBOARD_ROWS: list[tuple[str, list[tuple[str, list[tuple[str, str]], str]]]] =
             (
                 "Consumer groups",
                 [
-                    ("sum(kafka_coordinator_groups)", "groups"),
-                    ("sum(kafka_coordinator_members)", "members"),
+                    ("sum by (type) (kafka_coordinator_groups)", "{{type}} groups"),
+                    ("sum by (type) (kafka_coordinator_members)", "{{type}} members"),
+                ],
+                "short",
+            ),
+            (
+                "KIP-848 rebalances and fencings",
+                [
+                    ("sum(rate(kafka_coordinator_consumer_group_rebalances_total" + RATE + "))", "rebalances/s"),
+                    (
+                        "sum by (reason) (rate(kafka_coordinator_consumer_member_fencings_total" + RATE + "))",
+                        "fenced ({{reason}})/s",
+                    ),
+                    ("sum(kafka_coordinator_consumer_members_reconciling)", "members reconciling"),
                 ],
                 "short",
             ),

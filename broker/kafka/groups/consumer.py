@@ -53,6 +53,16 @@ UNRELEASED = "unreleased_partitions"
 
 RECORD_VERSION = 1
 
+# why a member was fenced (metrics): a heartbeat with the wrong epoch, a silent session, or
+# partitions not revoked within the member's rebalance timeout
+FENCED_EPOCH = "epoch"
+SESSION_TIMEOUT = "session_timeout"
+REBALANCE_TIMEOUT = "rebalance_timeout"
+FENCING_REASONS = (FENCED_EPOCH, SESSION_TIMEOUT, REBALANCE_TIMEOUT)
+
+# Kafka's ConsumerGroupState names (ConsumerGroupData.state_name)
+CONSUMER_GROUP_STATES = ("Empty", "Assigning", "Reconciling", "Stable")
+
 Partitions = dict[uuid.UUID, set[int]]
 
 
@@ -531,14 +541,17 @@ class ConsumerGroupRules:
             if m.revoke_deadline_ms is not None:
                 yield m.revoke_deadline_ms
 
-    def expire(self, data: ConsumerGroupData, session_timeout_ms: int, topics: TopicView, now_ms: int) -> list[str]:
-        """Remove members whose session or revocation time ran out; their ids."""
-        gone = [
-            m.member_id
-            for m in data.members.values()
-            if now_ms >= m.last_heartbeat_ms + session_timeout_ms
-            or (m.revoke_deadline_ms is not None and now_ms >= m.revoke_deadline_ms)
-        ]
+    def expire(
+        self, data: ConsumerGroupData, session_timeout_ms: int, topics: TopicView, now_ms: int
+    ) -> dict[str, str]:
+        """Remove members whose session or revocation time ran out: {member id: why}, why being
+        SESSION_TIMEOUT or REBALANCE_TIMEOUT (for the fencing metrics)."""
+        gone: dict[str, str] = {}
+        for m in data.members.values():
+            if now_ms >= m.last_heartbeat_ms + session_timeout_ms:
+                gone[m.member_id] = SESSION_TIMEOUT
+            elif m.revoke_deadline_ms is not None and now_ms >= m.revoke_deadline_ms:
+                gone[m.member_id] = REBALANCE_TIMEOUT
         for member_id in gone:
             self.remove(data, member_id)
         if gone:

@@ -17,6 +17,8 @@ from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka.groups import assignors
 from automq.broker.kafka.groups.consumer import (
+    FENCED_EPOCH,
+    FENCING_REASONS,
     ConsumerGroupData,
     ConsumerGroupRules,
     ConsumerMember,
@@ -50,11 +52,17 @@ class ConsumerGroups:
     consumer_rules: ConsumerGroupRules
     # the coordinator replaces this with the broker's view of the cluster's topics
     topic_view: Callable[[], TopicView]
+    # for metrics, since this manager started: group epoch bumps (each one a rebalance of its
+    # group) and members fenced, by reason (consumer.FENCING_REASONS)
+    consumer_rebalances: int
+    consumer_fencings: dict[str, int]
 
     def _init_consumer_groups(self) -> None:
         enabled = tuple(a for a in self.config.consumer_assignors if a in assignors.ASSIGNORS) or assignors.ASSIGNORS
         self.consumer_rules = ConsumerGroupRules(enabled[0], enabled)
         self.topic_view = dict
+        self.consumer_rebalances = 0
+        self.consumer_fencings = dict.fromkeys(FENCING_REASONS, 0)
 
     def _new_group(self, group_id: str, now_ms: int) -> Group:
         raise NotImplementedError
@@ -85,7 +93,11 @@ class ConsumerGroups:
             group.protocol_name = None
             group.generation_id = 0
         data = group.consumer
+        epoch_before = data.group_epoch
         result, changed = self.consumer_rules.heartbeat(data, req, self.topic_view(), now_ms)
+        self.consumer_rebalances += data.group_epoch - epoch_before
+        if result.error == ErrorCode.fenced_member_epoch:
+            self.consumer_fencings[FENCED_EPOCH] += 1
         if changed:
             self._consumer_changed(group, now_ms, fx)
         return result, fx
@@ -127,7 +139,12 @@ class ConsumerGroups:
                 continue
             if topics is None:
                 topics = self.topic_view()
-            if self.consumer_rules.expire(data, timeout, topics, now_ms):
+            epoch_before = data.group_epoch
+            gone = self.consumer_rules.expire(data, timeout, topics, now_ms)
+            if gone:
+                self.consumer_rebalances += data.group_epoch - epoch_before
+                for reason in gone.values():
+                    self.consumer_fencings[reason] += 1
                 self._consumer_changed(group, now_ms, fx)
 
     def consumer_check_member(

@@ -34,7 +34,14 @@ from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka import records as batches
 from automq.broker.kafka.groups import log as grouplog
-from automq.broker.kafka.groups.consumer import HeartbeatRequest, HeartbeatResult, TopicMeta, TopicView
+from automq.broker.kafka.groups.consumer import (
+    CONSUMER_GROUP_STATES,
+    STABLE,
+    HeartbeatRequest,
+    HeartbeatResult,
+    TopicMeta,
+    TopicView,
+)
 from automq.broker.kafka.groups.model import (
     OFFSET_METADATA_MAX_BYTES,
     CommitPlan,
@@ -82,7 +89,8 @@ class _PendingWrite:
 
 
 class _GroupMetrics:
-    """Prometheus collector: groups by state, members, loaded offsets partitions, commits."""
+    """Prometheus collector: groups by type and state, members, loaded offsets partitions,
+    commits, KIP-848 rebalances (group epoch bumps) and member fencings."""
 
     def __init__(self, coordinator: GroupCoordinator) -> None:
         self._coordinator = coordinator
@@ -92,20 +100,56 @@ class _GroupMetrics:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         c = self._coordinator
+        manager = c.manager
         groups = GaugeMetricFamily(
-            "kafka_coordinator_groups", "Consumer groups this broker coordinates, by state", labels=["state"]
+            "kafka_coordinator_groups",
+            "Groups this broker coordinates, by type (classic, consumer: KIP-848) and state",
+            labels=["type", "state"],
         )
-        counts: dict[str, int] = {s.value: 0 for s in GroupState}
-        members = 0
-        for g in c.manager.groups.values():
-            counts[g.state.value] += 1
-            members += len(g.members)
-        for state, n in counts.items():
-            groups.add_metric([state], n)
+        # every (type, state) pair is always exported, so a dashboard sees zeros, not gaps
+        counts: dict[tuple[str, str], int] = {("classic", s.value): 0 for s in GroupState}
+        counts.update({("consumer", s): 0 for s in CONSUMER_GROUP_STATES})
+        members = {"classic": 0, "consumer": 0}
+        unreconciled = 0
+        for g in manager.groups.values():
+            data = g.consumer
+            if data is None:
+                counts[("classic", g.state.value)] += 1
+                members["classic"] += len(g.members)
+                continue
+            counts[("consumer", data.state_name())] += 1
+            members["consumer"] += len(data.members)
+            unreconciled += sum(
+                1 for m in data.members.values() if m.member_epoch != data.assignment_epoch or m.state != STABLE
+            )
+        for (kind, state), n in counts.items():
+            groups.add_metric([kind, state], n)
         yield groups
-        yield GaugeMetricFamily(
-            "kafka_coordinator_members", "Members of the groups this broker coordinates", value=members
+        by_type = GaugeMetricFamily(
+            "kafka_coordinator_members", "Members of the groups this broker coordinates, by group type", labels=["type"]
         )
+        for kind, n in members.items():
+            by_type.add_metric([kind], n)
+        yield by_type
+        yield GaugeMetricFamily(
+            "kafka_coordinator_consumer_members_reconciling",
+            "KIP-848 members not yet at their group's assignment epoch or still revoking/awaiting partitions",
+            value=unreconciled,
+        )
+        yield CounterMetricFamily(
+            "kafka_coordinator_consumer_group_rebalances",
+            "KIP-848 group epoch bumps (each one a rebalance: membership, subscriptions or partitions changed)",
+            value=manager.consumer_rebalances,
+        )
+        fencings = CounterMetricFamily(
+            "kafka_coordinator_consumer_member_fencings",
+            "KIP-848 members fenced: a heartbeat with a wrong epoch (epoch), a silent session (session_timeout), "
+            "partitions not revoked in time (rebalance_timeout)",
+            labels=["reason"],
+        )
+        for reason, n in manager.consumer_fencings.items():
+            fencings.add_metric([reason], n)
+        yield fencings
         yield GaugeMetricFamily(
             "kafka_coordinator_partitions_loaded", "__consumer_offsets partitions loaded here", value=len(c._partitions)
         )

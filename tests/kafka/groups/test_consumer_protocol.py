@@ -310,3 +310,33 @@ def test_uniform_with_different_subscriptions() -> None:
     assert out["b"].get(T2) is None
     assert sum(len(ps) for ps in out["a"].values()) + sum(len(ps) for ps in out["b"].values()) == 8
     assert abs(len(out["b"][T1]) - sum(len(ps) for ps in out["a"].values())) <= 2
+
+
+def test_rebalances_and_fencings_are_counted_for_metrics() -> None:
+    c = Cluster(consumer_session_timeout_ms=SESSION)
+    c.join("a")  # epoch 1: the group's first rebalance
+    rb = c.join("b")  # epoch 2
+    assert c.m.consumer_rebalances == 2
+    # a heartbeat that changes nothing is no rebalance
+    c.hb("b", rb.member_epoch)
+    assert c.m.consumer_rebalances == 2
+    # a wrong epoch is fenced (and changes nothing)
+    assert c.hb("b", 99).error == ErrorCode.fenced_member_epoch
+    assert c.m.consumer_fencings == {"epoch": 1, "session_timeout": 0, "rebalance_timeout": 0}
+    assert c.m.consumer_rebalances == 2
+    # a never confirms its revocation: fenced after its rebalance timeout; b stays alive
+    c.hb("a", 1)
+    c.now += 30_001
+    c.hb("b", 2)
+    c.m.tick(c.now)
+    assert c.m.consumer_fencings["rebalance_timeout"] == 1
+    assert c.m.consumer_rebalances == 3  # a's removal bumped the epoch
+    c.now += SESSION + 1
+    c.m.tick(c.now)
+    assert c.m.consumer_fencings == {"epoch": 1, "session_timeout": 1, "rebalance_timeout": 1}
+    assert c.m.consumer_rebalances == 4
+    # leaving is no fencing
+    c.join("d")
+    c.hb("d", 5, owned={})
+    assert c.hb("d", -1).error == ErrorCode.none
+    assert sum(c.m.consumer_fencings.values()) == 3

@@ -323,10 +323,50 @@ async def test_coordinator_metrics_are_exported(cluster) -> None:
         topics=(_commit_topic([(0, 1, ""), (1, 2, "")]),),
     )
     text = generate_latest(n1.broker.registry).decode()
-    assert 'kafka_coordinator_groups{state="Stable"} 1.0' in text
-    assert "kafka_coordinator_members 1.0" in text
+    assert 'kafka_coordinator_groups{state="Stable",type="classic"} 1.0' in text
+    assert 'kafka_coordinator_members{type="classic"} 1.0' in text
     assert "kafka_coordinator_offset_commits_total 2.0" in text
     assert "kafka_coordinator_partitions_loading 0.0" in text
+
+
+async def test_consumer_protocol_group_metrics_are_exported(cluster) -> None:
+    """KIP-848 groups in the collector: by type and state, members, rebalances (group epoch
+    bumps) and fencings, read from the broker's registry after real heartbeats."""
+    import datetime
+
+    from prometheus_client import generate_latest
+
+    n1 = await cluster.start_node(1)
+    await n1.broker.ensure_topic("t", partitions=2)
+    assert await coordinator_of(n1, "cg") == 1
+    await ready(n1, "cg")
+
+    async def heartbeat(member_id: str, epoch: int, **fields):
+        return await n1.call(68, 0, group_id="cg", member_id=member_id, member_epoch=epoch, **fields)
+
+    joined = await heartbeat(
+        "",
+        0,
+        rebalance_timeout=datetime.timedelta(seconds=30),
+        subscribed_topic_names=("t",),
+        topic_partitions=(),
+    )
+    assert joined.error_code == ErrorCode.none and joined.member_epoch == 1
+    fenced = await heartbeat(joined.member_id, 7, topic_partitions=None)
+    assert fenced.error_code == ErrorCode.fenced_member_epoch
+    text = generate_latest(n1.broker.registry).decode()
+    assert 'kafka_coordinator_groups{state="Stable",type="consumer"} 1.0' in text
+    assert 'kafka_coordinator_groups{state="Reconciling",type="consumer"} 0.0' in text
+    assert 'kafka_coordinator_members{type="consumer"} 1.0' in text
+    assert "kafka_coordinator_consumer_group_rebalances_total 1.0" in text
+    assert 'kafka_coordinator_consumer_member_fencings_total{reason="epoch"} 1.0' in text
+    assert 'kafka_coordinator_consumer_member_fencings_total{reason="session_timeout"} 0.0' in text
+    assert "kafka_coordinator_consumer_members_reconciling 0.0" in text
+    left = await heartbeat(joined.member_id, -1, topic_partitions=None)
+    assert left.error_code == ErrorCode.none
+    text = generate_latest(n1.broker.registry).decode()
+    assert 'kafka_coordinator_groups{state="Empty",type="consumer"} 1.0' in text
+    assert "kafka_coordinator_consumer_group_rebalances_total 2.0" in text
 
 
 async def test_empty_timer_effects_do_not_wake_the_timer(cluster, monkeypatch) -> None:

@@ -123,6 +123,9 @@ class ProducerStateManager:
     def entry(self, producer_id: int) -> ProducerEntry | None:
         return self._producers.get(producer_id)
 
+    def entries(self) -> list[ProducerEntry]:
+        return list(self._producers.values())
+
     def check(self, producer_id: int, producer_epoch: int, base_sequence: int, record_count: int) -> int | None:
         """None: new and in order (now pending until `record`/`discard`). An int: the
         batch duplicates one already written at that base offset. Raises ProducerStateError."""

@@ -76,6 +76,9 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     51: (0, 0),  # AlterUserScramCredentials
     55: (0, 2),  # DescribeQuorum
     60: (0, 2),  # DescribeCluster
+    61: (0, 0),  # DescribeProducers
+    65: (0, 0),  # DescribeTransactions
+    66: (0, 1),  # ListTransactions
     68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848)
     69: (0, 1),  # ConsumerGroupDescribe (KIP-848)
     71: (0, 0),  # GetTelemetrySubscriptions

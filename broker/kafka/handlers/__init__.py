@@ -19,6 +19,7 @@ from automq.broker.kafka.handlers import (  # noqa: F401 - imported for their re
     quotas,  # AlterClientQuotas, DescribeClientQuotas
     sasl,  # SaslHandshake, SaslAuthenticate
     scram_users,  # Describe/AlterUserScramCredentials
+    transaction_admin,  # ListTransactions, DescribeTransactions, DescribeProducers
     transactions,  # AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, WriteTxnMarkers, TxnOffsetCommit
 )
 from automq.broker.kafka.handlers.registry import handles, lookup, registrations

@@ -21,6 +21,7 @@ has verify_only, KIP-890 part 1).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -158,28 +159,29 @@ async def write_txn_markers(request: Any, ctx: RequestContext) -> Any:
     marker_cls = nested(cls, "WritableTxnMarkerResult")
     topic_cls = nested(cls, "WritableTxnMarkerTopicResult")
     partition_cls = nested(cls, "WritableTxnMarkerPartitionResult")
-    out = []
     allowed = authz.cluster_allowed(ctx, authz.Op.CLUSTER_ACTION)
+
+    async def write(marker: Any, topic: str, index: int) -> ErrorCode:
+        if not allowed:
+            return ErrorCode.cluster_authorization_failed
+        return await markers.write_local(
+            ctx.broker,
+            topic,
+            index,
+            marker.producer_id,
+            marker.producer_epoch,
+            bool(marker.transaction_result),
+            marker.coordinator_epoch,
+        )
+
+    # every partition at once (their appends share WAL syncs); answered in request order
+    jobs = [(m, t.name, i) for m in request.markers for t in m.topics for i in t.partition_indexes]
+    errors = iter(await asyncio.gather(*(write(m, t, i) for m, t, i in jobs)))
+    out = []
     for marker in request.markers:
         topics = []
         for t in marker.topics:
-            parts = []
-            for index in t.partition_indexes:
-                if not allowed:
-                    parts.append(
-                        build(partition_cls, partition_index=index, error_code=ErrorCode.cluster_authorization_failed)
-                    )
-                    continue
-                error = await markers.write_local(
-                    ctx.broker,
-                    t.name,
-                    index,
-                    marker.producer_id,
-                    marker.producer_epoch,
-                    bool(marker.transaction_result),
-                    marker.coordinator_epoch,
-                )
-                parts.append(build(partition_cls, partition_index=index, error_code=error))
+            parts = [build(partition_cls, partition_index=i, error_code=next(errors)) for i in t.partition_indexes]
             topics.append(build(topic_cls, name=t.name, partitions=tuple(parts)))
         out.append(build(marker_cls, producer_id=marker.producer_id, topics=tuple(topics)))
     return build(cls, markers=tuple(out))

@@ -9,11 +9,16 @@ finishes the transactions it finds in PrepareCommit/PrepareAbort (the markers ar
 which is harmless: a marker for a transaction already closed in a partition changes nothing) and
 aborts the open ones whose timeout passes.
 
-EndTxn answers once the Prepare state is durable (the outcome is decided); the markers are then
-written to every partition of the transaction (locally, or WriteTxnMarkers to their leaders,
-retried until each is written or the partition is gone), and the transaction becomes
-CompleteCommit/CompleteAbort. Meanwhile the producer's next AddPartitionsToTxn, and a new
-InitProducerId, get CONCURRENT_TRANSACTIONS, which clients retry.
+Once the Prepare state is durable the outcome is decided; the markers are then written to every
+partition of the transaction at once (locally, or WriteTxnMarkers to their leaders, retried
+until each is written or the partition is gone), and the transaction becomes
+CompleteCommit/CompleteAbort. Kafka answers EndTxn right after the Prepare write, so the
+producer's next AddPartitionsToTxn usually gets CONCURRENT_TRANSACTIONS and waits out a client
+retry backoff (librdkafka: ~100 ms per transaction); here EndTxn waits until the markers are
+written (at most END_TXN_WAIT_S, then it answers anyway: the decision is already durable), so a
+committed transaction is readable when commit returns, and an AddPartitionsToTxn that still
+finds the transaction completing waits for it on the broker instead of bouncing. A new
+InitProducerId meanwhile gets CONCURRENT_TRANSACTIONS.
 
 Fencing: InitProducerId bumps the epoch; with a transaction open, it first aborts it under a
 bumped epoch (its markers carry that epoch, so the old instance's late batches are refused by
@@ -56,6 +61,7 @@ TXN_TOPIC = "__transaction_state"
 TXN_TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 LOAD_READ_BYTES = 4 << 20
 MARKER_RETRY_S = (0.05, 2.0)  # first and largest backoff between marker attempts
+END_TXN_WAIT_S = 5.0  # EndTxn waits this long at most for the markers before answering
 CHECKPOINT_MIN_RECORDS = 10_000
 CHECKPOINT_FACTOR = 4
 
@@ -81,6 +87,7 @@ class TransactionCoordinator:
         self._loads: dict[int, asyncio.Task[None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._completing: dict[str, asyncio.Task[None]] = {}
+        self._marked: dict[str, asyncio.Future[None]] = {}  # resolved once a completion's markers are written
         self._records: dict[int, int] = {}  # records appended per partition since its last checkpoint
         self._channel = markers.MarkerChannel()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -213,6 +220,10 @@ class TransactionCoordinator:
             return ErrorCode.not_coordinator
         return None
 
+    @property
+    def loading(self) -> bool:
+        return bool(self._loading)
+
     def _lock(self, transactional_id: str) -> asyncio.Lock:
         lock = self._locks.get(transactional_id)
         if lock is None:
@@ -221,8 +232,9 @@ class TransactionCoordinator:
 
     # ---------------------------------------------------------------- durability
 
-    async def _persist(self, md: TxnMetadata) -> bool:
-        """Append md's record to its partition; True once durable (then md is current)."""
+    async def _persist(self, md: TxnMetadata, *, make_current: bool = True) -> bool:
+        """Append md's record to its partition; True once durable (then md is current, unless
+        the caller made it current already: `make_current=False`)."""
         partition = self._partitions.get(md.coordinator_partition)
         if partition is None or partition.closed:
             return False
@@ -236,7 +248,8 @@ class TransactionCoordinator:
             return False
         if self._partitions.get(md.coordinator_partition) is not partition:
             return False  # resigned while writing: the next coordinator replays it
-        self.txns[md.transactional_id] = md
+        if make_current:
+            self.txns[md.transactional_id] = md
         count = self._records.get(md.coordinator_partition, 0) + 1
         self._records[md.coordinator_partition] = count
         if count >= CHECKPOINT_MIN_RECORDS:
@@ -335,6 +348,18 @@ class TransactionCoordinator:
             if error is not None:
                 return error
             assert md is not None
+            completing = self._completing.get(transactional_id) if md.state.preparing else None
+            if md.state.preparing and completing is None:
+                return ErrorCode.concurrent_transactions
+        if completing is not None:
+            # the previous transaction is finishing: wait here rather than bounce the client
+            await asyncio.wait({completing}, timeout=END_TXN_WAIT_S)  # its outcome: re-read below
+        async with self._lock(transactional_id):
+            md = self.txns.get(transactional_id)
+            error = check_producer(md, producer_id, producer_epoch)
+            if error is not None:
+                return error
+            assert md is not None
             if md.state.preparing:
                 return ErrorCode.concurrent_transactions
             if md.state is TxnState.ONGOING and set(partitions) <= md.partitions:
@@ -393,7 +418,11 @@ class TransactionCoordinator:
             if not await self._persist(nxt):
                 return ErrorCode.not_coordinator
             self._start_completion(transactional_id)
-            return ErrorCode.none
+            marked = self._marked.get(transactional_id)
+        # (outside the lock: the completion takes it to record CompleteCommit/CompleteAbort)
+        if marked is not None:
+            await asyncio.wait({marked}, timeout=END_TXN_WAIT_S)
+        return ErrorCode.none
 
     async def _begin_abort(self, md: TxnMetadata, *, fence: bool) -> bool:
         """PrepareAbort (with a bumped epoch when fencing), then markers. Caller holds the lock."""
@@ -409,19 +438,26 @@ class TransactionCoordinator:
 
     # ---------------------------------------------------------------- markers and completion
 
-    def _start_completion(self, transactional_id: str) -> None:
+    def _start_completion(self, transactional_id: str) -> asyncio.Task[None] | None:
         if transactional_id in self._completing:
-            return
+            return self._completing[transactional_id]
         task = asyncio.get_running_loop().create_task(
             self._complete(transactional_id), name=f"txn-markers-{transactional_id}"
         )
         self._completing[transactional_id] = task
+        marked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._marked[transactional_id] = marked
 
         def done(t: asyncio.Task[None]) -> None:
             if self._completing.get(transactional_id) is t:
                 del self._completing[transactional_id]
+            if self._marked.get(transactional_id) is marked:
+                del self._marked[transactional_id]
+            if not marked.done():
+                marked.set_result(None)
 
         task.add_done_callback(done)
+        return task
 
     async def _complete(self, transactional_id: str) -> None:
         md = self.txns.get(transactional_id)
@@ -434,6 +470,9 @@ class TransactionCoordinator:
         coordinator_epoch = partition.leader_epoch
         if not await self._write_markers(md, commit, coordinator_epoch):
             return
+        marked = self._marked.get(transactional_id)
+        if marked is not None and not marked.done():
+            marked.set_result(None)
         async with self._lock(transactional_id):
             if self.txns.get(transactional_id) is not md:
                 return
@@ -442,8 +481,15 @@ class TransactionCoordinator:
                 partitions=frozenset(),
                 last_update_ms=now_ms(),
             )
-            if not await self._persist(done):
-                log.warning("transaction %r: markers written, completion not recorded", transactional_id)
+            # Every marker is written, so the record only spares a next coordinator sending
+            # them again: the state changes now and the producer's next AddPartitionsToTxn need
+            # not wait for this write. Its append starts (reserving its offset) in the write
+            # task's first step, which asyncio runs before any task woken by releasing the
+            # lock, so the log keeps the records of this id in order.
+            write = asyncio.ensure_future(self._persist(done, make_current=False))
+            self.txns[transactional_id] = done
+        if not await write:
+            log.warning("transaction %r: markers written, completion not recorded", transactional_id)
 
     async def _write_markers(self, md: TxnMetadata, commit: bool, coordinator_epoch: int) -> bool:
         """True once every partition has its marker; False when this broker stopped
@@ -462,22 +508,22 @@ class TransactionCoordinator:
                 leader = self.broker.leader_of(*tp)
                 by_leader.setdefault(leader[0] if leader is not None else -1, []).append(tp)
             results: dict[tuple[str, int], ErrorCode] = {}
+            sends = []  # every partition at once: their appends share WAL syncs
             for leader_id, tps in by_leader.items():
                 if leader_id == self.broker.node_id:
-                    for tp in tps:
-                        results[tp] = await markers.write_local(
-                            self.broker, tp[0], tp[1], md.producer_id, md.producer_epoch, commit, coordinator_epoch
-                        )
+                    sends += [self._mark_local(md, tp, commit, coordinator_epoch) for tp in tps]
                     continue
                 endpoint = self.broker.endpoint_of(leader_id) if leader_id >= 0 else None
                 if endpoint is None:
                     results.update(dict.fromkeys(tps, ErrorCode.leader_not_available))
                     continue
-                results.update(
-                    await self._channel.send(
+                sends.append(
+                    self._channel.send(
                         endpoint[0], endpoint[1], tps, md.producer_id, md.producer_epoch, commit, coordinator_epoch
                     )
                 )
+            for answer in await asyncio.gather(*sends):
+                results.update(answer)
             for tp, err in results.items():
                 if err in (ErrorCode.none, ErrorCode.unknown_topic_or_partition):
                     remaining.discard(tp)
@@ -490,6 +536,14 @@ class TransactionCoordinator:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MARKER_RETRY_S[1])
         return True
+
+    async def _mark_local(
+        self, md: TxnMetadata, tp: tuple[str, int], commit: bool, coordinator_epoch: int
+    ) -> dict[tuple[str, int], ErrorCode]:
+        error = await markers.write_local(
+            self.broker, tp[0], tp[1], md.producer_id, md.producer_epoch, commit, coordinator_epoch
+        )
+        return {tp: error}
 
     # ---------------------------------------------------------------- timeouts
 

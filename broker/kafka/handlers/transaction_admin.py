@@ -37,9 +37,11 @@ async def list_transactions(request: Any, ctx: RequestContext) -> Any:
     cls = ctx.response_class
     state_cls = nested(cls, "TransactionState")
     coordinator = ctx.broker.transactions
-    wanted_states = {_STATES[s] for s in request.state_filters if s in _STATES}
-    unknown = tuple(s for s in request.state_filters if s not in _STATES)
-    pids = set(request.producer_id_filters)
+    # (a null array decodes as None: no filter, as an empty one)
+    state_filters = request.state_filters or ()
+    wanted_states = {_STATES[s] for s in state_filters if s in _STATES}
+    unknown = tuple(s for s in state_filters if s not in _STATES)
+    pids = set(request.producer_id_filters or ())
     min_duration = getattr(request, "duration_filter", -1)
     now = int(time.time() * 1000)
     error = ErrorCode.coordinator_load_in_progress if coordinator.loading else ErrorCode.none
@@ -68,7 +70,7 @@ async def describe_transactions(request: Any, ctx: RequestContext) -> Any:
     topic_cls = nested(cls, "TopicData")
     coordinator = ctx.broker.transactions
     out = []
-    for tid in request.transactional_ids:
+    for tid in request.transactional_ids or ():
         md = None
         if not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TRANSACTIONAL_ID, tid):
             error = ErrorCode.transactional_id_authorization_failed
@@ -110,7 +112,7 @@ async def describe_producers(request: Any, ctx: RequestContext) -> Any:
     for t in request.topics:
         parts = []
         readable = authz.allowed(ctx, authz.Op.READ, authz.TOPIC, t.name)
-        for index in t.partition_indexes:
+        for index in t.partition_indexes or ():
             error, message, producers = ErrorCode.none, None, []
             try:
                 if not readable:

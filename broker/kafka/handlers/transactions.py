@@ -66,7 +66,8 @@ def _known(ctx: RequestContext, topic: str, partition: int) -> bool:
 async def _add_partitions(
     ctx: RequestContext, tid: str, pid: int, epoch: int, topics: Any, verify_only: bool
 ) -> dict[tuple[str, int], ErrorCode]:
-    wanted = [(t.name, p) for t in topics for p in t.partitions]
+    # (a null primitive array decodes as None: hostile requests are answered, not crashed on)
+    wanted = [(t.name, p) for t in topics or () for p in t.partitions or ()]
     if not _may_write_txn(ctx, tid):
         return dict.fromkeys(wanted, ErrorCode.transactional_id_authorization_failed)
     refused = [tp for tp in wanted if not authz.allowed(ctx, authz.Op.WRITE, authz.TOPIC, tp[0])]
@@ -175,13 +176,15 @@ async def write_txn_markers(request: Any, ctx: RequestContext) -> Any:
         )
 
     # every partition at once (their appends share WAL syncs); answered in request order
-    jobs = [(m, t.name, i) for m in request.markers for t in m.topics for i in t.partition_indexes]
+    jobs = [(m, t.name, i) for m in request.markers for t in m.topics for i in t.partition_indexes or ()]
     errors = iter(await asyncio.gather(*(write(m, t, i) for m, t, i in jobs)))
     out = []
     for marker in request.markers:
         topics = []
         for t in marker.topics:
-            parts = [build(partition_cls, partition_index=i, error_code=next(errors)) for i in t.partition_indexes]
+            parts = [
+                build(partition_cls, partition_index=i, error_code=next(errors)) for i in t.partition_indexes or ()
+            ]
             topics.append(build(topic_cls, name=t.name, partitions=tuple(parts)))
         out.append(build(marker_cls, producer_id=marker.producer_id, topics=tuple(topics)))
     return build(cls, markers=tuple(out))

@@ -380,3 +380,10 @@ async def test_list_and_describe_transactions_and_producers(cluster) -> None:
         (p.producer_id, p.producer_epoch, p.last_sequence, p.current_txn_start_offset) for p in d0.active_producers
     ] == [(pid, epoch, 0, 0)]
     assert r.topics[1].partitions[0].error_code == ErrorCode.unknown_topic_or_partition
+    # hostile: null arrays (the wire allows them where the schema does not) are answered as empty
+    r = await node.call(DESCRIBE_TXNS, 0, transactional_ids=None)
+    assert r.transaction_states == ()
+    r = await node.call(LIST_TXNS, 1, state_filters=None, producer_id_filters=None, duration_filter=-1)
+    assert [s.transactional_id for s in r.transaction_states] == ["dtx"]
+    r = await node.call(DESCRIBE_PRODUCERS, 0, topics=(codec.build(topic_cls, name="d", partition_indexes=None),))
+    assert r.topics[0].partitions == ()

@@ -38,7 +38,7 @@ async def list_transactions(request: Any, ctx: RequestContext) -> Any:
     state_cls = nested(cls, "TransactionState")
     coordinator = ctx.broker.transactions
     # (a null array decodes as None: no filter, as an empty one)
-    state_filters = request.state_filters or ()
+    state_filters = [s for s in request.state_filters or () if s is not None]
     wanted_states = {_STATES[s] for s in state_filters if s in _STATES}
     unknown = tuple(s for s in state_filters if s not in _STATES)
     pids = set(request.producer_id_filters or ())
@@ -72,7 +72,9 @@ async def describe_transactions(request: Any, ctx: RequestContext) -> Any:
     out = []
     for tid in request.transactional_ids or ():
         md = None
-        if not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TRANSACTIONAL_ID, tid):
+        if tid is None:  # a null string inside the array (hostile): no such id
+            tid, error = "", ErrorCode.invalid_request
+        elif not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TRANSACTIONAL_ID, tid):
             error = ErrorCode.transactional_id_authorization_failed
         else:
             error = coordinator.coordinator_error(tid) or ErrorCode.none

@@ -387,3 +387,13 @@ async def test_list_and_describe_transactions_and_producers(cluster) -> None:
     assert [s.transactional_id for s in r.transaction_states] == ["dtx"]
     r = await node.call(DESCRIBE_PRODUCERS, 0, topics=(codec.build(topic_cls, name="d", partition_indexes=None),))
     assert r.topics[0].partitions == ()
+    r = await node.call(DESCRIBE_TXNS, 0, transactional_ids=("dtx", None))
+    assert [s.error_code for s in r.transaction_states] == [ErrorCode.none, ErrorCode.invalid_request]
+    r = await node.call(LIST_TXNS, 1, state_filters=(None, "Ongoing"), producer_id_filters=(), duration_filter=-1)
+    assert r.unknown_state_filters == () and [s.transactional_id for s in r.transaction_states] == ["dtx"]
+    # and both answers encode (what a client would receive)
+    for api, version, fields in (
+        (DESCRIBE_TXNS, 0, {"transactional_ids": ("dtx", None)}),
+        (LIST_TXNS, 1, {"state_filters": (None,), "producer_id_filters": (), "duration_filter": -1}),
+    ):
+        codec.encode_response(7, await node.call(api, version, **fields))

@@ -121,7 +121,8 @@ def test_open_transaction_holds_back_read_committed_and_list_offsets(cluster, e2
     assert _read_all(cluster.bootstrap, topic, 1, "read_committed") == [b"before", b"in-txn", b"after"]
 
 
-def test_confluent_consume_transform_produce_exactly_once(cluster, e2e):
+@pytest.mark.parametrize("group_protocol", ["classic", "consumer"])  # consumer: KIP-848 member epochs
+def test_confluent_consume_transform_produce_exactly_once(cluster, e2e, group_protocol):
     src, dst = e2e.topic_name("src"), e2e.topic_name("dst")
     e2e.create_topic(cluster.bootstrap, src, partitions=2)
     e2e.create_topic(cluster.bootstrap, dst, partitions=2)
@@ -134,6 +135,7 @@ def test_confluent_consume_transform_produce_exactly_once(cluster, e2e):
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
+            "group.protocol": group_protocol,
         }
     )
     consumer.subscribe([src])

@@ -303,6 +303,8 @@ def undrain_broker(tx: Tx, node_id: int) -> None:
         raise BrokerNotAvailableError(f"node {node_id} is not an active broker")
     if b.state == "draining":
         tx.emit(r.BrokerStateChanged(node_id, "active"))
+        # partitions created while every broker was draining have no leader yet: this one can take them
+        place_offline_partitions(tx)
 
 
 def reassign_partition(tx: Tx, topic: str, partition: int, target: int) -> None:

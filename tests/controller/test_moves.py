@@ -150,3 +150,17 @@ def test_state_machine_survives_a_snapshot_mid_move():
     k.restart(k.old)
     k.run(c.close_stream, k.sid, e0, k.old, k.epochs[k.old])
     assert (k.p.state, k.p.leader) == ("online", k.target)
+
+
+def test_topic_created_while_every_broker_drains_is_placed_on_undrain():
+    """Found by the state-machine property test: with every broker draining a new topic has no
+    leader, and undraining a broker must place it (it used to stay offline until some broker
+    registered again)."""
+    cluster = Cluster()
+    for node in (1, 2, 3):
+        cluster.run(c.drain_broker, node)
+    created = cluster.run(c.create_topic, "late", 1, {}).partitions[0]
+    assert created.leader == -1
+    cluster.run(c.undrain_broker, 2)
+    p = cluster.state.topics["late"].partitions[0]
+    assert (p.state, p.leader) == ("online", 2)

@@ -265,6 +265,33 @@ def test_owned_partitions_of_unknown_topics_and_partitions_do_not_hurt(fuzz_brok
     still_fine(fuzz_broker, member)
 
 
+def test_huge_owned_partitions_list_is_answered_and_harmless(fuzz_broker, member) -> None:
+    """A member claiming 300 000 partitions of the real topic and 5 000 unknown topics: the
+    claim is no grant, the member keeps exactly what the broker assigned it."""
+    group = "hostile-848-owned"
+    topic_id = member[3]
+    conn = Conn(fuzz_broker.port)
+    try:
+        r = join(conn, group=group)
+        assert r.error_code == ErrorCode.none, r
+        claimed = ((topic_id, tuple(range(300_000))), *((uuid.uuid4(), (0, 1, 2)) for _ in range(5_000)))
+        big = heartbeat(conn, r.member_id, r.member_epoch, group=group, owned=claimed)
+        assert big.error_code == ErrorCode.none, big
+        assert big.assignment is not None  # what it owns differs from its claim: the real assignment is re-sent
+        assert [(tp.topic_id, sorted(tp.partitions)) for tp in big.assignment.topic_partitions] == [
+            (topic_id, list(range(PARTITIONS)))
+        ]
+        described = conn.call(
+            ConsumerGroupDescribeRequest(group_ids=(GroupId(group),), include_authorized_operations=False)
+        )
+        [m] = described.groups[0].members
+        assert [sorted(tp.partitions) for tp in m.assignment.topic_partitions] == [list(range(PARTITIONS))]
+        assert heartbeat(conn, r.member_id, big.member_epoch, group=group).error_code == ErrorCode.none
+    finally:
+        conn.close()
+    still_fine(fuzz_broker, member)
+
+
 def test_huge_subscription_list_is_answered_and_harmless(fuzz_broker, member) -> None:
     names = (*(f"no-such-topic-{i:06d}" for i in range(50_000)), TOPIC)
     conn = Conn(fuzz_broker.port)

@@ -188,9 +188,21 @@ def topics_alter_config(
 
 
 @groups_app.command("list")
-def groups_list(bootstrap: str | None = BOOTSTRAP, data_dir: Path = DATA_DIR, output: str = OUTPUT) -> None:
+def groups_list(
+    bootstrap: str | None = BOOTSTRAP,
+    data_dir: Path = DATA_DIR,
+    output: str = OUTPUT,
+    type_: list[str] | None = typer.Option(
+        None, "--type", "-t", help="Only groups of this type: classic or consumer (KIP-848); repeatable."
+    ),
+) -> None:
     """Groups with their type (classic, or consumer: KIP-848), state and coordinator."""
-    groups = _run(bootstrap, data_dir, output, lambda a: a.list_groups())
+    types = [t.lower() for t in type_ or []]
+    bad = [t for t in types if t not in ("classic", "consumer")]
+    if bad:
+        typer.echo(f"--type must be classic or consumer, got {bad[0]!r}", err=True)
+        raise typer.Exit(2)
+    groups = _run(bootstrap, data_dir, output, lambda a: a.list_groups(types))
     if output == "json":
         _json(groups)
     else:

@@ -287,14 +287,15 @@ class AdminClient(KafkaAdmin):
 
     # ------------------------------------------------------------------ groups
 
-    async def list_groups(self) -> list[GroupSummary]:
-        """Every broker's groups (a group lives on its coordinator)."""
+    async def list_groups(self, types: Iterable[str] = ()) -> list[GroupSummary]:
+        """Every broker's groups (a group lives on its coordinator); `types`: only groups of
+        these types (classic, consumer), filtered by the brokers (ListGroups v5)."""
         from kio.schema.list_groups.v5.request import ListGroupsRequest
 
         meta = await self.metadata()
 
         async def ask(broker: int) -> list[GroupSummary]:
-            r = await self._to(broker, ListGroupsRequest(states_filter=(), types_filter=()))
+            r = await self._to(broker, ListGroupsRequest(states_filter=(), types_filter=tuple(types)))
             _check(r.error_code, None, f"list groups on broker {broker}")  # type: ignore[attr-defined]
             return [
                 GroupSummary(g.group_id, g.group_state, g.protocol_type, broker, (g.group_type or "classic").lower())

@@ -143,6 +143,13 @@ async def test_groups_cli_shows_consumer_protocol_groups(real_cluster) -> None:
         assert listed[CLASSIC]["type"] == "classic" and listed[CLASSIC]["state"] == "Empty"
         code, table = await asyncio.to_thread(cli, "groups", "list", *b)
         assert code == 0 and "type" in table and "consumer" in table and "classic" in table
+        for kind, wanted, other in (("consumer", GROUP, CLASSIC), ("classic", CLASSIC, GROUP)):
+            code, out = await asyncio.to_thread(cli, "groups", "list", *b, "--type", kind, "--output", "json")
+            assert code == 0, out
+            ids = {g["group_id"] for g in json.loads(out)}
+            assert wanted in ids and other not in ids
+        code, out = await asyncio.to_thread(cli, "groups", "list", *b, "--type", "share")
+        assert code == 2 and "--type must be classic or consumer" in out
 
         code, out = await asyncio.to_thread(cli, "groups", "describe", GROUP, *b, "--output", "json")
         assert code == 0, out

@@ -523,13 +523,20 @@ async def describe_groups(request: Any, ctx: RequestContext) -> Any:
         manager = _coordinator(ctx).manager
         summary = manager.describe(group_id)
         group = manager.groups.get(group_id)
+        missing: str | None = None
         if group is not None and group.consumer is not None:
             # as Kafka: a KIP-848 group is described with ConsumerGroupDescribe
+            missing = f"Group {group_id} is not a classic group."
+        elif summary is None:
+            missing = f"Group {group_id} not found."
+        if missing is not None:
+            # v6+ says so; older versions answer a Dead group without an error
+            found_error = ErrorCode.group_id_not_found if ctx.api_version >= 6 else ErrorCode.none
             out.append(
                 build(
                     group_cls,
-                    **{**common, "error_message": f"Group {group_id} is not a classic group."},
-                    error_code=ErrorCode.group_id_not_found,
+                    **{**common, "error_message": missing if ctx.api_version >= 6 else None},
+                    error_code=found_error,
                     group_state="Dead",
                     protocol_type="",
                     protocol_data="",
@@ -537,32 +544,7 @@ async def describe_groups(request: Any, ctx: RequestContext) -> Any:
                 )
             )
             continue
-        if summary is None:
-            if ctx.api_version >= 6:
-                out.append(
-                    build(
-                        group_cls,
-                        **{**common, "error_message": f"Group {group_id} not found."},
-                        error_code=ErrorCode.group_id_not_found,
-                        group_state="Dead",
-                        protocol_type="",
-                        protocol_data="",
-                        members=(),
-                    )
-                )
-            else:
-                out.append(
-                    build(
-                        group_cls,
-                        error_code=ErrorCode.none,
-                        group_state="Dead",
-                        protocol_type="",
-                        protocol_data="",
-                        members=(),
-                        **common,
-                    )
-                )
-            continue
+        assert summary is not None
         members = tuple(
             build(
                 member_cls,

@@ -178,40 +178,31 @@ def test_partition_count_change_bumps_the_epoch() -> None:
     assert owned(r2) == {(T1, p) for p in range(8)}
 
 
+def classic_join(c: Cluster):
+    return c.m.join(
+        c.now,
+        group_id="g",
+        member_id="",
+        group_instance_id=None,
+        client_id="old",
+        client_host="/h",
+        session_timeout_ms=10_000,
+        rebalance_timeout_ms=10_000,
+        protocol_type="consumer",
+        protocols=[("range", b"")],
+        require_known_member_id=False,
+        token="t",
+    )
+
+
 def test_classic_and_consumer_protocols_share_a_group_id_only_when_empty() -> None:
     c = Cluster(initial_rebalance_delay_ms=0)
     c.join("a")
-    fx = c.m.join(
-        c.now,
-        group_id="g",
-        member_id="",
-        group_instance_id=None,
-        client_id="old",
-        client_host="/h",
-        session_timeout_ms=10_000,
-        rebalance_timeout_ms=10_000,
-        protocol_type="consumer",
-        protocols=[("range", b"")],
-        require_known_member_id=False,
-        token="t",
-    )
+    fx = classic_join(c)
     assert fx.replies[0][1].error == ErrorCode.inconsistent_group_protocol
     c.hb("a", 1, owned=None)
     c.hb("a", -1)
-    fx = c.m.join(
-        c.now,
-        group_id="g",
-        member_id="",
-        group_instance_id=None,
-        client_id="old",
-        client_host="/h",
-        session_timeout_ms=10_000,
-        rebalance_timeout_ms=10_000,
-        protocol_type="consumer",
-        protocols=[("range", b"")],
-        require_known_member_id=False,
-        token="t",
-    )
+    fx = classic_join(c)
     assert c.m.groups["g"].consumer is None
     assert any(isinstance(decode_key(w.key), ConsumerGroupKey) and w.value is None for w in fx.writes)
     # and the classic group now refuses the consumer protocol

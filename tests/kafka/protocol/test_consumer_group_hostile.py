@@ -1,12 +1,14 @@
 """Hostile ConsumerGroupHeartbeat / ConsumerGroupDescribe requests (KIP-848) over the wire,
 as raw frames built with kio: each gets the error code a Kafka broker gives, within seconds,
 and the broker keeps serving (a plain ApiVersions on a fresh connection, and the group's
-honest member heartbeating on unharmed)."""
+honest member heartbeating on unharmed). Raw heartbeats also freeze a group mid-reconciliation
+for `automq groups describe` (assigned vs target partitions)."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import logging
 import socket
 import struct
@@ -326,3 +328,63 @@ def test_describe_of_hostile_group_ids(fuzz_broker, member) -> None:
     assert by_id[GROUP].error_code == ErrorCode.none and len(by_id[GROUP].members) == 1
     assert {g.error_code for g in r.groups if g.group_id.startswith("g-")} == {ErrorCode.group_id_not_found}
     still_fine(fuzz_broker, member)
+
+
+RECONCILING_GROUP = "reconciling-848"
+
+
+def test_describe_shows_assigned_and_target_while_reconciling(fuzz_broker, member) -> None:
+    """`automq groups describe` of a group caught mid-reconciliation, made deterministic with
+    raw heartbeats: A holds every partition, B joins and A has not heartbeated since, so the
+    group is Reconciling, B's target is non-empty while it holds nothing, and A still holds
+    what its target no longer gives it."""
+    from typer.testing import CliRunner
+
+    from automq.broker.cli import app
+
+    a, b = Conn(fuzz_broker.port), Conn(fuzz_broker.port)
+    try:
+        ra = join(a, group=RECONCILING_GROUP)
+        owned = ((member[3], tuple(range(PARTITIONS))),)
+        assert (
+            heartbeat(a, ra.member_id, ra.member_epoch, group=RECONCILING_GROUP, owned=owned).error_code
+            == ErrorCode.none
+        )
+        rb = join(b, group=RECONCILING_GROUP)
+        assert rb.error_code == ErrorCode.none and rb.member_epoch == 2
+        result = CliRunner().invoke(
+            app,
+            [
+                "groups",
+                "describe",
+                RECONCILING_GROUP,
+                "--bootstrap",
+                f"127.0.0.1:{fuzz_broker.port}",
+                "--output",
+                "json",
+            ],
+            catch_exceptions=False,
+        )
+        assert result.exit_code == 0, result.output
+        detail = json.loads(result.output)
+        assert detail["type"] == "consumer" and detail["state"] == "Reconciling"
+        assert (detail["group_epoch"], detail["assignment_epoch"]) == (2, 2)
+        members = {m["member_id"]: m for m in detail["members"]}
+        ma, mb = members[ra.member_id], members[rb.member_id]
+        # A is still at epoch 1 holding all 3; the target splits them
+        assert ma["member_epoch"] == 1 and [p for _, p in ma["assignment"]] == list(range(PARTITIONS))
+        assert mb["member_epoch"] == 2 and mb["assignment"] == []
+        assert mb["target"] and ma["target"]
+        assert {p for _, p in ma["target"]} | {p for _, p in mb["target"]} == set(range(PARTITIONS))
+        assert not {p for _, p in ma["target"]} & {p for _, p in mb["target"]}
+        # lag rows name the current owner (A), not the target one
+        assert {o["partition"]: o["owner"] for o in detail["offsets"]} == dict.fromkeys(range(PARTITIONS), ra.member_id)
+        table = CliRunner().invoke(
+            app,
+            ["groups", "describe", RECONCILING_GROUP, "--bootstrap", f"127.0.0.1:{fuzz_broker.port}"],
+            catch_exceptions=False,
+        )
+        assert table.exit_code == 0 and "Reconciling" in table.output
+    finally:
+        a.close()
+        b.close()

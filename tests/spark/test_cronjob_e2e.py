@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from kubelet_harness import KubeletHarness, s3_cluster_spec
 from sequenced_load import create_topic
 
+from automq.spark import iceberg
 from automq.spark.cluster import ClusterLocation, ClusterView
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.spark, pytest.mark.timeout(600)]
@@ -51,15 +52,48 @@ def _read_all(bootstrap: str, topic: str, n: int) -> list[tuple[int, bytes | Non
     return out
 
 
-def test_compaction_cron_job_runs_its_container_command_against_the_cluster(k8s: KubeletHarness) -> None:
+def _run_cron_job(k8s: KubeletHarness, name: str) -> str:
+    """Start a run of the CronJob, wait until its Job finished; the run's output."""
+    job = k8s.call(k8s.jobs.trigger_cron_job(name))
+    done = k8s.wait_for(
+        f"Job {job} finished",
+        lambda: (
+            (j := k8s.get("Job", job))
+            and any(
+                c["type"] in ("Complete", "Failed") and c["status"] == "True"
+                for c in (j.get("status") or {}).get("conditions") or []
+            )
+            and j
+        ),
+        timeout=420,
+    )
+    run = next(r for r in k8s.jobs.runs if r.job == job)
+    log = (k8s.root / "logs" / f"{run.pod}.log").read_text(errors="replace")
+    assert done["status"].get("succeeded") == 1, log[-3000:]
+    # The process ran the CronJob's own args: spark-submit through the entrypoint's driver mode.
+    container = k8s.get("CronJob", name)["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert run.args[: run.args.index("--conf")] == container["args"][: container["args"].index("--conf")]
+    return log
+
+
+def test_spark_cron_jobs_run_their_container_command_against_the_cluster(k8s: KubeletHarness, tmp_path) -> None:
+    lake = tmp_path / "lake"
     spec = s3_cluster_spec(
         k8s.s3_url,  # type: ignore[attr-defined]
         config={"storage.upload_interval_ms": "300", "storage.upload_block_bytes": "64KiB"},
         compaction={"enabled": True, "minAge": "0s", "cores": 1, "driverMemory": "512m", "keys": {"enabled": False}},
+        lakeIngestion={
+            "enabled": True,
+            "cores": 1,
+            "driverMemory": "512m",
+            "topics": ["events"],
+            "catalogUri": f"sqlite:///{lake}/catalog.db",
+            "warehouse": f"file://{lake}/warehouse",
+        },
     )
     k8s.create_cluster("demo", spec)
     k8s.wait_ready("demo", brokers=1)
-    cron = k8s.wait_for("compaction CronJob", lambda: k8s.get("CronJob", "demo-compact"))
+    k8s.wait_for("compaction CronJob", lambda: k8s.get("CronJob", "demo-compact"))
     assert k8s.get("CronJob", "demo-keycompact") is None
 
     bootstrap = k8s.bootstrap("demo")
@@ -86,25 +120,7 @@ def test_compaction_cron_job_runs_its_container_command_against_the_cluster(k8s:
     before = _read_all(bootstrap, "events", n)
     assert len(before) == n
 
-    job = k8s.call(k8s.jobs.trigger_cron_job("demo-compact"))
-    done = k8s.wait_for(
-        f"Job {job} finished",
-        lambda: (
-            (j := k8s.get("Job", job))
-            and any(
-                c["type"] in ("Complete", "Failed") and c["status"] == "True"
-                for c in (j.get("status") or {}).get("conditions") or []
-            )
-            and j
-        ),
-        timeout=420,
-    )
-    run = next(r for r in k8s.jobs.runs if r.job == job)
-    log = (k8s.root / "logs" / f"{run.pod}.log").read_text(errors="replace")
-    assert done["status"].get("succeeded") == 1, log[-3000:]
-    # The process ran the CronJob's own args: spark-submit through the entrypoint's driver mode.
-    container = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
-    assert run.args[: run.args.index("--conf")] == container["args"][: container["args"].index("--conf")]
+    log = _run_cron_job(k8s, "demo-compact")
     assert '"committed": ' in log and '"errors": []' in log, log[-3000:]
 
     after_objects = _objects(location, "events")
@@ -120,3 +136,18 @@ def test_compaction_cron_job_runs_its_container_command_against_the_cluster(k8s:
         ),
     )
     assert status["cronJob"] == "demo-compact" and not status.get("lastFailedJob"), status
+
+    # Lake ingestion, the same way: every record once in the Iceberg table, offsets in its snapshot.
+    log = _run_cron_job(k8s, "demo-ingest")
+    assert '"status": "committed"' in log, log[-3000:]
+    table = iceberg.open_catalog(f"sqlite:///{lake}/catalog.db").load_table("kafka.events")
+    rows = table.scan().to_arrow().sort_by("offset")
+    assert rows["offset"].to_pylist() == [o for o, _, _ in before]
+    assert rows["value"].to_pylist() == [v for _, _, v in before]
+    assert iceberg.committed_offsets(table) == {0: n}
+    k8s.wait_for(
+        "ingestion success in the cluster status",
+        lambda: ((k8s.get("AutoMQCluster", "demo")["status"].get("sparkJobs") or {}).get("lakeIngestion") or {}).get(
+            "lastSuccessfulTime"
+        ),
+    )

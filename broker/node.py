@@ -7,25 +7,64 @@ how a node process logs and which event loop it runs on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from automq.broker.config import NodeConfig
 from automq.broker.logs import TEXT_FORMAT, configure_logging
+from automq.broker.objectstore.check import ObjectStoreCheckError, check_object_store
 
 LOG_FORMAT = TEXT_FORMAT
+EXIT_BAD_CONFIG = 2
+
+log = logging.getLogger(__name__)
+
+Serve = Callable[[NodeConfig], Coroutine[Any, Any, int]]
 
 
-def run_node(
-    config: NodeConfig, serve: Callable[[NodeConfig], Coroutine[Any, Any, int]], role: str | None = None
-) -> None:
+async def _refused_by_store(url: str) -> str | None:
+    """The start-up check's one line when the store answers that the setting is wrong (no
+    bucket, credentials denied, no conditional writes); None when it works or does not answer
+    yet (it may be starting: the node retries it as always)."""
+    try:
+        await check_object_store(url)
+    except ObjectStoreCheckError as exc:
+        return None if exc.transient else str(exc)
+    return None
+
+
+async def _serve_checked(config: NodeConfig, serve: Serve) -> int:
+    """`serve`, with the object store checked alongside (not before: a restarting node must
+    not lose time before it registers again). A store that refuses the setting ends the
+    process with exit 2 and one line, as `automq local up` does, instead of retrying forever."""
+    main = asyncio.ensure_future(serve(config))
+    check = asyncio.ensure_future(_refused_by_store(config.object_store_url))
+    done, _ = await asyncio.wait({main, check}, return_when=asyncio.FIRST_COMPLETED)
+    if main in done:
+        check.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await check
+        return main.result()
+    refused = check.result()
+    if refused is None:
+        return await main
+    log.error("%s", refused)
+    main.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await main
+    return EXIT_BAD_CONFIG
+
+
+def run_node(config: NodeConfig, serve: Serve, role: str | None = None) -> None:
     """Block until `serve` returns; a non-zero result becomes the process exit code."""
     configure_logging(config.log_level, process=role, node_id=config.node_id, log_format=config.log_format)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        code = asyncio.run(serve(config))
+        code = asyncio.run(_serve_checked(config, serve))
     else:
-        code = uvloop.run(serve(config))
+        code = uvloop.run(_serve_checked(config, serve))
     if code:
         raise SystemExit(code)

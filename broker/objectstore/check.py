@@ -30,7 +30,13 @@ PROBE_PREFIX = ".automq-probe/"
 
 
 class ObjectStoreCheckError(Exception):
-    """The object store a setting names cannot be used; the message is one line for a user."""
+    """The object store a setting names cannot be used; the message is one line for a user.
+    `transient`: the store did not answer (it may be starting, or the network may be down),
+    as opposed to an answer that says the setting is wrong (no bucket, denied, malformed)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 def _redact(url: str) -> str:
@@ -76,7 +82,8 @@ async def check_object_store(url: str, *, setting: str = "object_store_url", tim
         await asyncio.wait_for(_probe(store, key), timeout_s)
     except TimeoutError:
         raise ObjectStoreCheckError(
-            f"{setting}: {shown} did not answer within {timeout_s:g}s (is the endpoint right and reachable?)"
+            f"{setting}: {shown} did not answer within {timeout_s:g}s (is the endpoint right and reachable?)",
+            transient=True,
         ) from None
     except BucketNotFound as exc:
         raise ObjectStoreCheckError(f"{setting}: the bucket of {shown} does not exist ({exc})") from None
@@ -91,7 +98,7 @@ async def check_object_store(url: str, *, setting: str = "object_store_url", tim
             "If-None-Match writes (the metadata log depends on them)"
         ) from None
     except ObjectStoreUnavailable as exc:
-        raise ObjectStoreCheckError(f"{setting}: {shown} is unreachable ({exc})") from None
+        raise ObjectStoreCheckError(f"{setting}: {shown} is unreachable ({exc})", transient=True) from None
     except (ObjectStoreError, OSError) as exc:
         raise ObjectStoreCheckError(f"{setting}: {shown} cannot be written ({type(exc).__name__}: {exc})") from None
     finally:

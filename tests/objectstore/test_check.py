@@ -115,3 +115,36 @@ def test_a_process_with_a_malformed_store_url_exits_2_naming_the_key(tmp_path):
     assert result.returncode == 2
     assert "object_store_url: S3 object store URL" in result.stderr and "missing bucket" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("fault", ["missing bucket", "wrong credentials"])
+def test_a_process_whose_store_refuses_it_exits_2(seaweedfs, s3_url, tmp_path, fault):
+    """`automq controller` started directly (a container, a pod) fails as `local up` does when
+    the store answers that the setting is wrong, instead of retrying for ever."""
+    env = dict(os.environ)
+    if fault == "missing bucket":
+        url, message = seaweedfs.url_for("automq-missing-bucket"), "does not exist"
+    else:
+        url, message = s3_url, "denied; check the credentials"
+        env["AWS_SECRET_ACCESS_KEY"] = "not-the-secret"
+    config = tmp_path / "controller.yaml"
+    config.write_text(f"node_id: 0\ndata_dir: {tmp_path / 'data'}\nhttp_port: 0\nobject_store_url: '{url}'\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "automq.broker.cli", "controller", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "object_store_url: " in result.stderr and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_store_that_does_not_answer_yet_is_transient():
+    import asyncio
+
+    url = f"s3://bucket?endpoint=http://127.0.0.1:{local.free_port()}&path_style=true"
+    with pytest.raises(ObjectStoreCheckError) as err:
+        asyncio.run(check_object_store(url, timeout_s=2.0))
+    assert err.value.transient

@@ -20,10 +20,12 @@ job's `min_age`:
 
 `max.compaction.lag.ms` is met by scheduling: every run cleans everything cleanable, so a
 record waits at most one schedule interval past its min lag. Data still only in a broker's
-WAL (the active tail) is never touched. Consumers see the compacted log once the broker's
-caches no longer hold the old batches: the log cache (recent appends, FIFO) keeps serving
-what it holds until it is evicted, the partition moves, or the broker restarts. Transactional data is not handled specially yet
-(there are no transactions in this system so far).
+WAL (the active tail) is never touched. Consumers see the compacted log at once: the commit is
+a visible metadata change and the leader's log cache drops its batches below it.
+
+Transactional data is not handled yet: control batches (markers) are dropped and aborted
+records are not left out when a key's latest value is chosen, so an aborted value can survive
+as if committed (docs/spark.md says not to key-compact topics transactional producers write).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.types import GroupId, TopicName
+from kio.serial.errors import OutOfBoundValue
 from kio.static.primitive import Records, i32
 from request_builder import encode_with_null, null_paths
 
@@ -192,7 +193,14 @@ def test_broker_answers_or_closes_and_stays_up(fuzz_broker, topics, failures, ap
         assert len(answers) <= 1, f"{len(answers)} answers to one request"
         if answers:
             STATS["answered"] += 1
-            got_id, _response = codec.decode_response(answers[0], type(request))
+            try:
+                got_id, _response = codec.decode_response(answers[0], type(request))
+            except OutOfBoundValue as exc:
+                # kio's reader refuses Kafka's -1 "no time" in a datetime field (e.g. the start
+                # time DescribeTransactions gives an unknown id): the answer is Kafka's, the
+                # test's decoder is what falls short
+                assert "negative timestamp" in str(exc), exc
+                (got_id,) = struct.unpack_from(">i", answers[0], 0)
             assert got_id == correlation_id
         elif closed:
             STATS["closed"] += 1

@@ -184,22 +184,35 @@ def _printer_columns() -> list[dict[str, Any]]:
     ]
 
 
-def build_crd() -> dict[str, Any]:
-    """The CustomResourceDefinition document."""
-    spec_schema = structural(AutoMQClusterSpec.model_json_schema(by_alias=True, mode="validation"))
-    status_schema = structural(AutoMQClusterStatus.model_json_schema(by_alias=True, mode="validation"))
+def crd_document(
+    *,
+    kind: str,
+    plural: str,
+    singular: str,
+    short_names: tuple[str, ...] | list[str],
+    description: str,
+    spec_model: Any,
+    status_model: Any,
+    name_max: int,
+    name_pattern: str,
+    subresources: dict[str, Any],
+    printer_columns: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A namespaced CustomResourceDefinition of this group whose spec and status schemas are
+    generated from pydantic models (AutoMQCluster and AutoMQUser share this shape)."""
+    spec_schema = structural(spec_model.model_json_schema(by_alias=True, mode="validation"))
+    status_schema = structural(status_model.model_json_schema(by_alias=True, mode="validation"))
     root = {
         "type": "object",
-        "description": "An AutoMQ cluster: Kafka-compatible brokers that keep no partition data, "
-        "a write-ahead log per broker and one object storage bucket, run by the AutoMQ operator.",
+        "description": description,
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object (automq.io/v1alpha1)."},
-            "kind": {"type": "string", "description": "Kind of this object (AutoMQCluster)."},
+            "kind": {"type": "string", "description": f"Kind of this object ({kind})."},
             # Structural schemas may restrict metadata.name (and nothing else in metadata).
             "metadata": {
                 "type": "object",
                 "properties": {
-                    "name": {"type": "string", "maxLength": CLUSTER_NAME_MAX, "pattern": CLUSTER_NAME_PATTERN},
+                    "name": {"type": "string", "maxLength": name_max, "pattern": name_pattern},
                 },
             },
             "spec": spec_schema,
@@ -211,18 +224,18 @@ def build_crd() -> dict[str, Any]:
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": CRD_NAME,
+            "name": f"{plural}.{GROUP}",
             "labels": {"app.kubernetes.io/name": "automq", "app.kubernetes.io/part-of": "automq"},
         },
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": ["automq"],
             },
             "versions": [
@@ -230,22 +243,40 @@ def build_crd() -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.broker.replicas",
-                            # Pods that exist (like a Deployment's status.replicas), not ready ones:
-                            # an HPA treats this as the current size while it computes the next.
-                            "statusReplicasPath": ".status.brokers.replicas",
-                            "labelSelectorPath": ".status.brokerSelector",
-                        },
-                    },
-                    "additionalPrinterColumns": _printer_columns(),
+                    "subresources": subresources,
+                    "additionalPrinterColumns": printer_columns,
                     "schema": {"openAPIV3Schema": root},
                 }
             ],
         },
     }
+
+
+def build_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition document."""
+    return crd_document(
+        kind=KIND,
+        plural=PLURAL,
+        singular=SINGULAR,
+        short_names=SHORT_NAMES,
+        description="An AutoMQ cluster: Kafka-compatible brokers that keep no partition data, "
+        "a write-ahead log per broker and one object storage bucket, run by the AutoMQ operator.",
+        spec_model=AutoMQClusterSpec,
+        status_model=AutoMQClusterStatus,
+        name_max=CLUSTER_NAME_MAX,
+        name_pattern=CLUSTER_NAME_PATTERN,
+        subresources={
+            "status": {},
+            "scale": {
+                "specReplicasPath": ".spec.broker.replicas",
+                # Pods that exist (like a Deployment's status.replicas), not ready ones:
+                # an HPA treats this as the current size while it computes the next.
+                "statusReplicasPath": ".status.brokers.replicas",
+                "labelSelectorPath": ".status.brokerSelector",
+            },
+        },
+        printer_columns=_printer_columns(),
+    )
 
 
 HEADER = (

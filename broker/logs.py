@@ -204,6 +204,9 @@ def _flush_loop() -> None:
 
 def _flush_at_exit() -> None:
     for repeat_filter in list(_filters):
+        stream = getattr(repeat_filter.handler, "stream", None)
+        if getattr(stream, "closed", False):
+            continue  # e.g. a test runner's captured stderr, closed before interpreter exit
         repeat_filter.flush_all()
 
 

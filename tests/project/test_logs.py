@@ -109,6 +109,22 @@ def test_the_next_window_starts_with_a_line_again_and_a_quiet_call_flushes_at_ex
     assert lines(stream)[-1]["repeated"] == 1 and "(attempt 4)" in lines(stream)[-1]["message"]
 
 
+def test_exit_flush_skips_a_handler_whose_stream_is_already_closed(monkeypatch, capsys):
+    """A test runner closes its captured stderr before the interpreter exits: the exit flush
+    must not write to it (that printed "--- Logging error ---" with a traceback)."""
+    from automq.broker import logs
+
+    logger, stream, repeat, _ = make_logger()
+    failing_call(logger, 1)
+    failing_call(logger, 2)  # one repeat pending
+    monkeypatch.setattr(logs, "_filters", {repeat})
+    monkeypatch.setattr(logging, "raiseExceptions", True)
+    stream.close()
+    logs._flush_at_exit()
+    assert "Logging error" not in capsys.readouterr().err
+    assert repeat.windows, "the pending count stays unflushed: nowhere to write it"
+
+
 def test_different_calls_levels_and_info_lines_are_never_merged():
     logger, stream, _, _ = make_logger()
     for partition in range(5):

@@ -156,6 +156,9 @@ class ConsumerGroupData:
     target: dict[str, Partitions] = field(default_factory=dict)  # member id -> target assignment
     # the subscribed topics' (name, id, partitions) the target was computed from
     topics_signature: tuple[tuple[str, str, int], ...] = ()
+    # the last record written for (or read into) this state: a heartbeat serializes the group
+    # once and compares, instead of serializing before and after
+    persisted: bytes | None = field(default=None, compare=False, repr=False)
 
     def state_name(self) -> str:
         """Kafka's ConsumerGroupState names, as ListGroups and ConsumerGroupDescribe spell them."""
@@ -172,6 +175,11 @@ class ConsumerGroupData:
         for m in self.members.values():
             names |= member_topics(m, topics)
         return names
+
+    def record(self) -> bytes:
+        """The record to write for this state; remembered as the persisted one."""
+        self.persisted = self.to_json()
+        return self.persisted
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -199,6 +207,7 @@ class ConsumerGroupData:
                 data.static_members[member.instance_id] = member.member_id
         data.target = {mid: _parts_from_json(p) for mid, p in doc.get("target", {}).items()}
         data.topics_signature = tuple((str(n), str(i), int(c)) for n, i, c in doc.get("signature", ()))
+        data.persisted = data.to_json()
         return data
 
 
@@ -386,8 +395,8 @@ class ConsumerGroupRules:
     def heartbeat(
         self, data: ConsumerGroupData, req: HeartbeatRequest, topics: TopicView, now_ms: int
     ) -> tuple[HeartbeatResult, bool]:
-        """Answer one heartbeat. Returns (result, whether the group's state changed)."""
-        before = data.to_json()
+        """Answer one heartbeat. Returns (result, whether the group's state changed since the last
+        record written for it)."""
         if req.member_epoch == LEAVE_EPOCH:
             member_id = req.member_id
             if req.instance_id is not None:
@@ -433,7 +442,7 @@ class ConsumerGroupRules:
             member_epoch=member.member_epoch,
             assignment=self._to_send(member, req),
         )
-        return result, data.to_json() != before
+        return result, data.to_json() != data.persisted
 
     def _check_epoch(self, member: ConsumerMember, req: HeartbeatRequest) -> HeartbeatResult | None:
         if req.member_epoch == member.member_epoch:

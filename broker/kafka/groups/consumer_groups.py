@@ -115,7 +115,7 @@ class ConsumerGroups:
     @staticmethod
     def consumer_record(group: Group) -> Write:
         assert group.consumer is not None
-        return Write(group.partition, ConsumerGroupKey(group.group_id).encode(), group.consumer.to_json())
+        return Write(group.partition, ConsumerGroupKey(group.group_id).encode(), group.consumer.record())
 
     def consumer_leave_classic(self, group: Group) -> Write | None:
         """An empty consumer group turning classic: forget its KIP-848 state (tombstone)."""

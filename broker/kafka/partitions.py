@@ -7,8 +7,8 @@ deleted are closed (flush + upload); for a `moving` partition the controller is 
 `partition_closed` so it can hand the partition to its target.
 
 A `Partition` is the one place appends and reads of a partition's log go through. It owns the
-idempotent-producer state (the ProducerStateManager) and wakes long-polling fetches when an
-append becomes durable. A stream fenced under us (StreamClosedError) means another broker
+idempotent-producer state (the ProducerStateManager; persisted and rebuilt across owners by
+producer_recovery.py) and wakes long-polling fetches when an append becomes durable. A stream fenced under us (StreamClosedError) means another broker
 leads now: the partition is dropped and callers get NotLeaderError (→ NOT_LEADER_OR_FOLLOWER,
 clients refresh metadata).
 """
@@ -24,26 +24,16 @@ from typing import Any, Protocol
 
 from automq.broker.config import NodeConfig
 from automq.broker.controller.protocol import ClusterClient, MetadataImage, PartitionInfo, TopicInfo
-from automq.broker.kafka import records
+from automq.broker.kafka import producer_recovery, records
 from automq.broker.kafka.leader_epochs import LeaderEpochHistory
 from automq.broker.kafka.metrics import KafkaMetrics
-from automq.broker.kafka.producer_snapshots import ProducerSnapshot, ProducerSnapshotStore, retained
+from automq.broker.kafka.producer_snapshots import ProducerSnapshotStore
 from automq.broker.kafka.producers import ProducerStateManager
 from automq.broker.kafka.txn_state import AbortedTxn, PartitionTxnState
 from automq.broker.storage.api import FetchResult, Stream, StreamClient, StreamClosedError
 from automq.broker.storage.metadata import NodeFencedError, StreamFencedError, StreamNotFoundError
 
 log = logging.getLogger(__name__)
-
-# Producer state is persisted as snapshots in the object store (producer_snapshots.py); a
-# newly opened partition loads the newest one and replays only the batches after it. A
-# snapshot is written once this many offsets were appended since the last one (and at most
-# every PRODUCER_SNAPSHOT_MIN_INTERVAL_S), and when the partition closes, so the replay on
-# open stays short whatever the partition's size: reassignment time must not grow with it.
-PRODUCER_SNAPSHOT_INTERVAL_OFFSETS = 10_000
-PRODUCER_SNAPSHOT_MIN_INTERVAL_S = 5.0
-PRODUCER_SNAPSHOT_CLOSE_TIMEOUT_S = 10.0  # a final snapshot must not hold a stalled close for long
-PRODUCER_STATE_REBUILD_BYTES = 8 << 20
 
 
 class PartitionError(Exception):
@@ -119,14 +109,10 @@ class Partition:
         self.max_timestamp: tuple[int, int] | None = None
         # open transactions and aborted ranges (read_committed): txn_state.py
         self.txns = PartitionTxnState()
-        # Producer-state snapshots: base offsets of appends between their offset reservation
-        # and their producer-state record (a snapshot may only cover offsets below all of
-        # them), the offset of the newest snapshot, and the task writing one.
-        self._snapshots = snapshots
-        self._unrecorded: set[int] = set()
-        self.snapshot_offset = -1
-        self._snapshot_task: asyncio.Task[None] | None = None
-        self._snapshot_due = 0.0  # monotonic time before which no periodic snapshot starts
+        # producer-state snapshots (producer_recovery.py); appends note the offsets they
+        # reserved but have not recorded yet, which a snapshot must not cover
+        self.snapshots = producer_recovery.PartitionSnapshots(self, snapshots)
+        self._unrecorded = self.snapshots.unrecorded
 
     # ---------------------------------------------------------------- offsets
 
@@ -236,12 +222,7 @@ class Partition:
                 timestamp,
             )
         unrecorded.discard(base_offset)
-        if (
-            self._snapshots is not None
-            and base_offset - self.snapshot_offset >= PRODUCER_SNAPSHOT_INTERVAL_OFFSETS
-            and self._snapshot_task is None
-        ):
-            self._start_snapshot()
+        self.snapshots.after_append(base_offset)
         self._wake()
         return AppendResult(base_offset, append_time)
 
@@ -323,83 +304,26 @@ class Partition:
     async def close(self) -> None:
         self.closed = True
         self._wake()  # long-polling fetches answer now (and get NOT_LEADER next time)
-        # Before the stream is released (which lets the next owner open it): a snapshot at
-        # the end, so the next owner replays nothing.
-        try:
-            await asyncio.wait_for(self._final_snapshot(), PRODUCER_SNAPSHOT_CLOSE_TIMEOUT_S)
-        except Exception as exc:
-            log.warning(
-                "final producer snapshot of %s-%d not written (%r); the next owner replays from the last one",
-                self.topic,
-                self.partition,
-                exc,
-            )
+        await self.snapshots.write_final()  # before the stream is released to the next owner
         try:
             await self.stream.close()
         except StreamClosedError:
             pass
 
-    # ---------------------------------------------------------------- producer snapshots
+    # ---------------------------------------------------------------- producer state across owners
 
-    def _safe_snapshot_offset(self) -> int:
-        """The highest offset below which every batch is durable and recorded."""
-        offset = self.stream.confirm_offset
-        if self._unrecorded:
-            offset = min(offset, min(self._unrecorded))
-        return offset
-
-    def _start_snapshot(self) -> None:
-        now = time.monotonic()
-        if now < self._snapshot_due:
-            return
-        self._snapshot_due = now + PRODUCER_SNAPSHOT_MIN_INTERVAL_S
-        self._snapshot_task = asyncio.get_running_loop().create_task(
-            self._write_snapshot(), name=f"producer-snapshot-{self.topic}-{self.partition}"
-        )
-
-    async def _write_snapshot(self) -> None:
-        try:
-            await self.write_snapshot()
-        except Exception as exc:
-            log.warning("writing the producer snapshot of %s-%d failed: %s", self.topic, self.partition, exc)
-        finally:
-            self._snapshot_task = None
+    @property
+    def snapshot_offset(self) -> int:
+        """The offset of the newest producer snapshot written or loaded (-1: none)."""
+        return self.snapshots.offset
 
     async def write_snapshot(self) -> int | None:
-        """Persist the producer state as of the highest safe offset; returns that offset
-        (None when there is nothing new). All but the newest two snapshots are deleted."""
-        store = self._snapshots
-        if store is None:
-            return None
-        offset = self._safe_snapshot_offset()
-        if offset <= self.snapshot_offset:
-            return None
-        state = self.producer_state
-        latest = self.max_timestamp
-        snapshot = ProducerSnapshot(
-            self.stream.stream_id,
-            offset,
-            state.snapshot(offset) if state is not None else [],
-            latest if latest is not None and latest[0] < offset else None,
-            transactions=self.txns.at(offset),
-        )
-        await store.write(snapshot)
-        self.txns.snapshot_written(offset)
-        self.snapshot_offset = max(self.snapshot_offset, offset)
-        try:
-            await store.collect(self.stream.stream_id)
-        except Exception as exc:
-            log.info("collecting old producer snapshots of %s-%d failed: %s", self.topic, self.partition, exc)
-        return offset
+        return await self.snapshots.write()
 
-    async def _final_snapshot(self) -> None:
-        task = self._snapshot_task
-        if task is not None:
-            await asyncio.shield(task)
-        # appends already past their offset reservation finish (or fail) first
-        while self._unrecorded:
-            await asyncio.sleep(0.01)
-        await self.write_snapshot()
+    async def rebuild_producer_state(self) -> None:
+        await producer_recovery.rebuild_producer_state(self)
+
+    # ---------------------------------------------------------------- timestamps
 
     async def offset_of_max_timestamp(self) -> tuple[int, int] | None:
         """ListOffsets MAX_TIMESTAMP: (offset, timestamp) of the record with the largest
@@ -439,65 +363,6 @@ class Partition:
             else:
                 low = max(batch.next_offset, mid + 1)
         return answer
-
-    async def rebuild_producer_state(self) -> None:
-        """Load the newest producer snapshot at or below the end and replay the batches after
-        it (the whole log when there is none), noting the largest timestamp on the way (for
-        ListOffsets MAX_TIMESTAMP). Producers whose data is all trimmed, or idle longer than
-        producer.id.expiration.ms, are forgotten as Kafka does."""
-        state = self.producer_state
-        stream = self.stream
-        end = stream.confirm_offset
-        start = stream.start_offset
-        snapshot = None
-        covered = -1  # batches below this are in the snapshot
-        if self._snapshots is not None:
-            snapshot = await self._snapshots.load_latest(stream.stream_id, end)
-        if snapshot is not None:
-            if state is not None:
-                state.load(retained(snapshot.producers, start))
-            if snapshot.max_timestamp is not None and snapshot.max_timestamp[0] >= start:
-                self.max_timestamp = snapshot.max_timestamp
-            self.snapshot_offset = covered = snapshot.offset
-            start = max(start, snapshot.offset)
-            self.txns.load(snapshot.transactions)
-        offset = start
-        while offset < end:
-            result = await stream.fetch(offset, end, PRODUCER_STATE_REBUILD_BYTES)
-            if not result.batches:
-                break
-            for data in result.batches:
-                if data.base_offset < covered:
-                    continue  # already in the snapshot
-                for _pos, h in records.iter_headers(data.payload):
-                    if h.producer_id < 0:
-                        continue
-                    if h.is_control:
-                        kind = records.control_type(data.payload[_pos : _pos + h.size], h)
-                        if kind is not None:
-                            self.txns.on_marker(h.producer_id, kind == records.CONTROL_COMMIT, h.base_offset)
-                            if state is not None:
-                                state.record_marker(h.producer_id, h.producer_epoch, h.max_timestamp)
-                        continue
-                    if h.is_transactional:
-                        self.txns.on_data(h.producer_id, h.base_offset)
-                    if state is not None and h.base_sequence >= 0:
-                        state.record(
-                            h.producer_id,
-                            h.producer_epoch,
-                            h.base_sequence,
-                            h.record_count,
-                            h.base_offset,
-                            h.max_timestamp,
-                        )
-                latest = records.max_timestamp(data.payload)
-                if latest is not None and (self.max_timestamp is None or latest[1] > self.max_timestamp[1]):
-                    self.max_timestamp = latest
-            offset = result.batches[-1].next_offset
-        if state is not None:
-            state.expire(int(time.time() * 1000))
-        if end - max(self.snapshot_offset, 0) >= PRODUCER_SNAPSHOT_INTERVAL_OFFSETS:
-            self._start_snapshot()  # a long replay: spare the next owner the same one
 
 
 class PartitionManager:

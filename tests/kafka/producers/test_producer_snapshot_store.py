@@ -14,8 +14,7 @@ import pytest
 
 from automq.broker.config import NodeConfig
 from automq.broker.controller.protocol import PartitionInfo, TopicInfo
-from automq.broker.kafka import partitions as partitions_module
-from automq.broker.kafka import records
+from automq.broker.kafka import producer_recovery, records
 from automq.broker.kafka.partitions import Partition
 from automq.broker.kafka.producer_snapshots import (
     ProducerSnapshot,
@@ -117,8 +116,8 @@ async def test_a_crashed_leader_s_successor_dedupes_from_snapshot_plus_tail(
     tmp_path: Path, file_url: str, monkeypatch
 ) -> None:
     """No graceful close: the new owner has only the periodic snapshot and the log after it."""
-    monkeypatch.setattr(partitions_module, "PRODUCER_SNAPSHOT_INTERVAL_OFFSETS", 1_000)
-    monkeypatch.setattr(partitions_module, "PRODUCER_SNAPSHOT_MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(producer_recovery, "PRODUCER_SNAPSHOT_INTERVAL_OFFSETS", 1_000)
+    monkeypatch.setattr(producer_recovery, "PRODUCER_SNAPSHOT_MIN_INTERVAL_S", 0.0)
     config = NodeConfig(
         node_id=1,
         data_dir=str(tmp_path / "node"),
@@ -146,8 +145,8 @@ async def test_a_crashed_leader_s_successor_dedupes_from_snapshot_plus_tail(
     assert first.base_offset == 0
     for _ in range(25):  # 2,500 records after it: snapshots at ~1,000 and ~2,000, then a tail
         await old.append_batch(*_batch(100))
-    while old._snapshot_task is not None:
-        await old._snapshot_task
+    while old.snapshots.task is not None:
+        await old.snapshots.task
     assert old.snapshot_offset >= 1_000
     assert await snapshots.offsets(stream_id), "no periodic snapshot was written"
     end = old.log_end_offset
@@ -197,7 +196,7 @@ async def test_snapshot_never_covers_an_append_still_in_flight(tmp_path: Path, f
     await p.append_batch(*_batch(10, pid=5, seq=0))
     pending = asyncio.ensure_future(p.append_batch(*_batch(10, pid=5, seq=10)))
     await asyncio.sleep(0)  # the append reserved offsets 10..19 and waits for the WAL
-    assert p._safe_snapshot_offset() <= 10
+    assert p.snapshots.safe_offset() <= 10
     assert await p.write_snapshot() == 10
     await pending
     assert await p.write_snapshot() == 20

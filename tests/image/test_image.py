@@ -375,18 +375,12 @@ class KubeApiServer:
 
     async def _start(self) -> str:
         import kmock
-        from kmock_emulator import ScalingEmulator
+        from kmock_emulator import ScalingEmulator, install_cluster_crd
 
         from automq.operator.kube import KubeApi
-        from automq.operator.spec import GROUP, PLURAL, VERSION
 
         self.emulator = ScalingEmulator()
-        self.emulator.resources.load_bundled()
-        info = self.emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"]
-        info.kind = "AutoMQCluster"
-        info.namespaced = True
-        info.verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
-        info.subresources = {"status", "scale"}
+        install_cluster_crd(self.emulator)
         self.server = kmock.Server(self.emulator)
         await self.server.__aenter__()
         self.url = str(self.server.url).rstrip("/")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 import re
 import threading
 import time
@@ -29,8 +28,7 @@ from typing import Any
 import aiohttp.web
 import kmock
 import pytest
-import yaml
-from kubernetes.config import kube_config
+from kmock_emulator import KubeconfigSwap, install_cluster_crd
 from prometheus_client import REGISTRY
 
 from automq.broker.config import NodeConfig
@@ -212,22 +210,7 @@ class Harness:
         self.thread.start()
         url = self.call(self._start())
         kubeconfig = self.tmp / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "kmock", "cluster": {"server": url}}],
-                    "users": [{"name": "test", "user": {"token": "test-token"}}],
-                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test", "namespace": NS}}],
-                    "current-context": "kmock",
-                }
-            )
-        )
-        self._old_kubeconfig = os.environ.get("KUBECONFIG")
-        os.environ["KUBECONFIG"] = str(kubeconfig)
-        self._old_default = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
-        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
+        self.kubeconfig_swap = KubeconfigSwap(kubeconfig, url, NS)
         controller_url = self.controller.url
         self.controller_down = False
 
@@ -259,12 +242,7 @@ class Harness:
 
     async def _start(self) -> str:
         self.emulator = self.emulator_class()
-        self.emulator.resources.load_bundled()
-        info = self.emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"]
-        info.kind = "AutoMQCluster"
-        info.namespaced = True
-        info.verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
-        info.subresources = {"status", "scale"}
+        install_cluster_crd(self.emulator)
         self.server = kmock.Server(self.emulator)
         await self.server.__aenter__()
         self.api = KubeApi(str(self.server.url))
@@ -317,11 +295,7 @@ class Harness:
         self.call(shutdown())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(WAIT_S)
-        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = self._old_default
-        if self._old_kubeconfig is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = self._old_kubeconfig
+        self.kubeconfig_swap.restore()
 
     # -- helpers
 

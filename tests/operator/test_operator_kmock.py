@@ -26,8 +26,7 @@ from typing import Any
 
 import kmock
 import pytest
-import yaml
-from kubernetes.config import kube_config
+from kmock_emulator import KubeconfigSwap, install_cluster_crd
 
 from automq.operator import builders
 from automq.operator.builders import ClusterRef
@@ -202,24 +201,7 @@ class Harness:
         self.thread.start()
         self.url = self.call(self._start_kmock())
         kubeconfig = self.tmp / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
-                    "users": [{"name": "test", "user": {"token": "test-token"}}],
-                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test", "namespace": NS}}],
-                    "current-context": "kmock",
-                }
-            )
-        )
-        self._old_kubeconfig = os.environ.get("KUBECONFIG")
-        os.environ["KUBECONFIG"] = str(kubeconfig)
-        # kopf logs in through the kubernetes client, which read KUBECONFIG when it was imported
-        # (long before this fixture); point its default at our file for the operator thread.
-        self._old_default = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
-        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
+        self.kubeconfig_swap = KubeconfigSwap(kubeconfig, self.url, NS)
         self.context = OperatorContext(
             controller_api_factory=lambda urls: RecordingControllerApi(self.log, urls),
             settings=ReconcileSettings(
@@ -235,12 +217,7 @@ class Harness:
 
     async def _start_kmock(self) -> str:
         self.emulator = self.emulator_class()
-        self.emulator.resources.load_bundled()
-        info = self.emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"]
-        info.kind = "AutoMQCluster"
-        info.namespaced = True
-        info.verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
-        info.subresources = {"status", "scale"}
+        install_cluster_crd(self.emulator)
         self.server = kmock.Server(self.emulator)
         await self.server.__aenter__()
         self.api = KubeApi(str(self.server.url))
@@ -268,11 +245,7 @@ class Harness:
         self.call(shutdown())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(WAIT_S)
-        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = self._old_default
-        if self._old_kubeconfig is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = self._old_kubeconfig
+        self.kubeconfig_swap.restore()
 
     # -- helpers for tests -------------------------------------------------------------------
 

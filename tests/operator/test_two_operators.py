@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import os
 import threading
 import time
 import uuid
@@ -24,8 +23,7 @@ from typing import Any
 import aiohttp
 import kmock
 import pytest
-import yaml
-from kubernetes.config import kube_config
+from kmock_emulator import KubeconfigSwap, install_cluster_crd
 
 from automq.operator import builders
 from automq.operator.builders import ClusterRef
@@ -34,7 +32,7 @@ from automq.operator.kube import KubeApi
 from automq.operator.main import operate
 from automq.operator.nodeloss import ANNOTATION
 from automq.operator.reconcile import ReconcileSettings
-from automq.operator.spec import GROUP, PLURAL, VERSION, parse_spec
+from automq.operator.spec import GROUP, VERSION, parse_spec
 
 NS = "streaming"
 OPERATOR_NS = "automq-system"
@@ -200,12 +198,7 @@ class World:
 
     async def _start_kmock(self) -> str:
         self.emulator = self.emulator_class()
-        self.emulator.resources.load_bundled()
-        info = self.emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"]
-        info.kind = "AutoMQCluster"
-        info.namespaced = True
-        info.verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
-        info.subresources = {"status", "scale"}
+        install_cluster_crd(self.emulator)
         self.server = kmock.Server(self.emulator)
         await self.server.__aenter__()
         self.api = KubeApi(str(self.server.url))
@@ -215,22 +208,7 @@ class World:
         self.thread.start()
         self.url = self.call(self._start_kmock())
         kubeconfig = self.tmp / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
-                    "users": [{"name": "test", "user": {"token": "test-token"}}],
-                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test", "namespace": NS}}],
-                    "current-context": "kmock",
-                }
-            )
-        )
-        self._old_kubeconfig = os.environ.get("KUBECONFIG")
-        os.environ["KUBECONFIG"] = str(kubeconfig)
-        self._old_default = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
-        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
+        self.kubeconfig_swap = KubeconfigSwap(kubeconfig, self.url, NS)
         for who in ("op-a", "op-b"):
             self.operators[who] = Operator(who, self.url, self.log, self.controller)
             self.operators[who].start()
@@ -247,11 +225,7 @@ class World:
         self.call(shutdown())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(WAIT_S)
-        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = self._old_default
-        if self._old_kubeconfig is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = self._old_kubeconfig
+        self.kubeconfig_swap.restore()
 
     def wait_for(self, what: str, check: Callable[[], Any]) -> Any:
         deadline = time.monotonic() + WAIT_S

@@ -13,15 +13,19 @@ process stopped.
 
 from __future__ import annotations
 
+import os
 import uuid
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web
 import jsonpatch
 import kmock
+import yaml
+from kubernetes.config import kube_config
 
 from automq.operator.crd import build_crd
-from automq.operator.spec import PLURAL
+from automq.operator.spec import GROUP, PLURAL, VERSION
 
 SCALE = build_crd()["spec"]["versions"][0]["subresources"]["scale"]
 
@@ -192,3 +196,49 @@ def _grace_period(request: kmock.Request) -> int | None:
         return None if value is None else int(value)
     except (TypeError, ValueError):
         return None
+
+
+def install_cluster_crd(emulator: kmock.KubernetesEmulator) -> None:
+    """Kubernetes' bundled kinds plus AutoMQCluster as its CRD declares it (namespaced, status and
+    scale subresources), as an API server knows them once the chart's CRDs are installed."""
+    emulator.resources.load_bundled()
+    info = emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"]
+    info.kind = "AutoMQCluster"
+    info.namespaced = True
+    info.verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
+    info.subresources = {"status", "scale"}
+
+
+class KubeconfigSwap:
+    """Writes a kubeconfig for kmock at `path` and makes it the one every client in this process
+    uses: KUBECONFIG, and the kubernetes client's default location (kopf logs in through that
+    client, which read KUBECONFIG when it was imported, long before a test starts).
+    `restore()` puts both back."""
+
+    def __init__(self, path: Path, url: str, namespace: str) -> None:
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "kmock", "cluster": {"server": url}}],
+                    "users": [{"name": "test", "user": {"token": "test-token"}}],
+                    "contexts": [
+                        {"name": "kmock", "context": {"cluster": "kmock", "user": "test", "namespace": namespace}}
+                    ],
+                    "current-context": "kmock",
+                }
+            )
+        )
+        self.path = path
+        self._old_env = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = str(path)
+        self._old_default = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(path)
+
+    def restore(self) -> None:
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = self._old_default
+        if self._old_env is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = self._old_env

@@ -97,10 +97,9 @@ import aiohttp
 import kmock
 import pytest
 import yaml
-from kmock_emulator import KUBELET_FINALIZER, KubeletEmulator
+from kmock_emulator import KUBELET_FINALIZER, KubeconfigSwap, KubeletEmulator, install_cluster_crd
 from kubelet_jobs import JobRunner
 from kubelet_volumes import Volumes
-from kubernetes.config import kube_config
 
 from automq.broker.config import dump_config
 from automq.broker.local import free_port_block, port_is_free
@@ -238,25 +237,7 @@ class KubeletHarness:
         self.thread.start()
         self.url = self.call(self._start_kmock())
         self.kubeconfig = self.root / "kubeconfig"
-        self.kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
-                    "users": [{"name": "test", "user": {"token": "test-token"}}],
-                    "contexts": [
-                        {"name": "kmock", "context": {"cluster": "kmock", "user": "test", "namespace": self.namespace}}
-                    ],
-                    "current-context": "kmock",
-                }
-            )
-        )
-        self._old_kubeconfig = os.environ.get("KUBECONFIG")
-        os.environ["KUBECONFIG"] = str(self.kubeconfig)
-        # kopf logs in through the kubernetes client, which read KUBECONFIG when it was imported.
-        self._old_default = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
-        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(self.kubeconfig)
+        self.kubeconfig_swap = KubeconfigSwap(self.kubeconfig, self.url, self.namespace)
         self.context = self._context_factory(self)
         self.operator_thread = threading.Thread(target=self._run_operator, name="operator", daemon=True)
         self.operator_thread.start()
@@ -265,12 +246,7 @@ class KubeletHarness:
 
     async def _start_kmock(self) -> str:
         self.emulator = KubeletEmulator()
-        self.emulator.resources.load_bundled()
-        info = self.emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"]
-        info.kind = "AutoMQCluster"
-        info.namespaced = True
-        info.verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
-        info.subresources = {"status", "scale"}
+        install_cluster_crd(self.emulator)
         self.server = kmock.Server(self.emulator)
         await self.server.__aenter__()
         url = str(self.server.url).rstrip("/")
@@ -332,11 +308,7 @@ class KubeletHarness:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(WAIT_S)
-            kube_config.KUBE_CONFIG_DEFAULT_LOCATION = self._old_default
-            if self._old_kubeconfig is None:
-                os.environ.pop("KUBECONFIG", None)
-            else:
-                os.environ["KUBECONFIG"] = self._old_kubeconfig
+            self.kubeconfig_swap.restore()
 
     def call(self, coro: Any, timeout: float = WAIT_S) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

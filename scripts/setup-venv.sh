@@ -48,3 +48,16 @@ spec="."
 [ -z "$extras" ] || spec=".[$extras]"
 echo "setup-venv: installing $spec into .venv ($(.venv/bin/python --version))" >&2
 .venv/bin/python -m pip install --disable-pip-version-check -q -e "$spec"
+
+# Stream-processing apps the end-to-end tests run as their own processes (tests/e2e/apps):
+# their own environment, because quixstreams caps confluent-kafka below the version the suite needs.
+case ",$extras," in
+  *,dev,*)
+    if ! .venv-streams/bin/python -m pip --version >/dev/null 2>&1; then
+      rm -rf .venv-streams
+      "$python" -m venv .venv-streams
+    fi
+    echo "setup-venv: installing tests/e2e/apps/requirements.txt into .venv-streams" >&2
+    .venv-streams/bin/python -m pip install --disable-pip-version-check -q -r tests/e2e/apps/requirements.txt
+    ;;
+esac

@@ -208,6 +208,13 @@ class KafkaConfig(_Section):
     group_consumer_assignors: list[ConsumerAssignor] = Field(
         default_factory=_assignors, min_length=1
     )  # KIP-848; 1st: default
+    group_share_enable: bool = True  # KIP-932 share groups; false: their APIs are not served (Kafka: share.version=0)
+    group_share_session_timeout_ms: DurationMs = 45_000  # share groups: a member silent this long is removed
+    group_share_heartbeat_interval_ms: DurationMs = 5_000  # share groups: told to members in every heartbeat
+    group_share_max_size: int = Field(200, ge=1)  # share groups: members beyond this get GROUP_MAX_SIZE_REACHED
+    group_share_record_lock_duration_ms: DurationMs = Field(30_000, gt=0)  # share groups: a record's acquisition lock
+    group_share_delivery_count_limit: int = Field(5, ge=2, le=10)  # share groups: deliveries before archiving
+    group_share_partition_max_record_locks: int = Field(2_000, ge=100)  # share groups: in-flight records per partition
     offsets_retention_ms: int = 7 * 24 * 3_600_000
     transactional_id_expiration_ms: int = 7 * 24 * 3_600_000
     producer_id_expiration_ms: int = 24 * 3_600_000

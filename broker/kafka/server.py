@@ -520,7 +520,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
         from automq.broker.kafka.handlers.api_versions import api_versions_response
 
-        response = api_versions_response(ApiVersionsResponse, ErrorCode.unsupported_version)
+        response = api_versions_response(ApiVersionsResponse, ErrorCode.unsupported_version, self.server.served)
         slot = _Slot(correlation_id, done=True, payload=codec.encode_response_chunks(correlation_id, response))
         self._slots.append(slot)
         self._flush()
@@ -688,7 +688,7 @@ class KafkaServer:
         self.broker = broker
         self.config = config if config is not None else broker.config  # type: ignore[union-attr]
         self.connections: set[KafkaConnection] = set()
-        self.served = registry.served_ranges()
+        self.served = registry.served_ranges(self.config)
         kafka = self.config.kafka
         self.scratch = memoryview(bytearray(SCRATCH_BYTES))  # shared by every connection's reads
         self.max_frame = kafka.socket_request_max_bytes

@@ -85,6 +85,8 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     72: (0, 0),  # PushTelemetry
     74: (0, 1),  # ListConfigResources (v1: Kafka 4.1, KIP-1142; v0 was ListClientMetricsResources)
     75: (0, 0),  # DescribeTopicPartitions
+    76: (1, 1),  # ShareGroupHeartbeat (KIP-932; v0 was Kafka 4.0's early access)
+    77: (1, 1),  # ShareGroupDescribe (KIP-932)
 }
 
 

@@ -77,6 +77,8 @@ class ConsumerGroups:
             if req.member_epoch != 0:
                 return error(ErrorCode.group_id_not_found, f"Group {req.group_id} not found."), fx
             group = self._new_group(req.group_id, now_ms)
+        if group.share is not None:
+            return error(ErrorCode.group_id_not_found, f"Group {req.group_id} is not a consumer group."), fx
         if group.consumer is None:
             if group.members or group.state not in (GroupState.EMPTY, GroupState.DEAD):
                 return (

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -53,6 +54,7 @@ from automq.broker.kafka.groups.model import (
     SyncResult,
     Write,
 )
+from automq.broker.kafka.groups.share import SHARE_GROUP_STATES, ShareHeartbeatRequest, ShareHeartbeatResult
 from automq.broker.kafka.groups.state import GroupManager
 from automq.broker.kafka.topic_ids import topic_uuid
 
@@ -103,15 +105,20 @@ class _GroupMetrics:
         manager = c.manager
         groups = GaugeMetricFamily(
             "kafka_coordinator_groups",
-            "Groups this broker coordinates, by type (classic, consumer: KIP-848) and state",
+            "Groups this broker coordinates, by type (classic, consumer: KIP-848, share: KIP-932) and state",
             labels=["type", "state"],
         )
         # every (type, state) pair is always exported, so a dashboard sees zeros, not gaps
         counts: dict[tuple[str, str], int] = {("classic", s.value): 0 for s in GroupState}
         counts.update({("consumer", s): 0 for s in CONSUMER_GROUP_STATES})
-        members = {"classic": 0, "consumer": 0}
+        counts.update({("share", s): 0 for s in SHARE_GROUP_STATES})
+        members = {"classic": 0, "consumer": 0, "share": 0}
         unreconciled = 0
         for g in manager.groups.values():
+            if g.share is not None:
+                counts[("share", g.share.state_name())] += 1
+                members["share"] += len(g.share.members)
+                continue
             data = g.consumer
             if data is None:
                 counts[("classic", g.state.value)] += 1
@@ -150,6 +157,20 @@ class _GroupMetrics:
         for reason, n in manager.consumer_fencings.items():
             fencings.add_metric([reason], n)
         yield fencings
+        yield CounterMetricFamily(
+            "kafka_coordinator_share_group_rebalances",
+            "KIP-932 share group epoch bumps (membership, subscriptions or partitions changed)",
+            value=manager.share_rebalances,
+        )
+        share_fencings = CounterMetricFamily(
+            "kafka_coordinator_share_member_fencings",
+            "KIP-932 share group members fenced: a heartbeat with a wrong epoch (epoch), a silent session "
+            "(session_timeout)",
+            labels=["reason"],
+        )
+        for reason, n in manager.share_fencings.items():
+            share_fencings.add_metric([reason], n)
+        yield share_fencings
         yield GaugeMetricFamily(
             "kafka_coordinator_partitions_loaded", "__consumer_offsets partitions loaded here", value=len(c._partitions)
         )
@@ -175,6 +196,10 @@ class GroupCoordinator:
             consumer_session_timeout_ms=kafka.group_consumer_session_timeout_ms,
             consumer_heartbeat_interval_ms=kafka.group_consumer_heartbeat_interval_ms,
             consumer_assignors=tuple(kafka.group_consumer_assignors),
+            share_enable=kafka.group_share_enable,
+            share_session_timeout_ms=kafka.group_share_session_timeout_ms,
+            share_heartbeat_interval_ms=kafka.group_share_heartbeat_interval_ms,
+            share_max_size=kafka.group_share_max_size,
         )
         self.num_partitions = kafka.offsets_topic_num_partitions
         self.manager = GroupManager(self.config, self.num_partitions)
@@ -194,6 +219,7 @@ class GroupCoordinator:
         self._closing = False
         self._timer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._share_listeners: list[Callable[[str, str], None]] = []
         self.metrics = _GroupMetrics(self)
         registry = getattr(broker, "registry", None)
         if registry is not None:
@@ -336,7 +362,7 @@ class GroupCoordinator:
                         if value is not None:
                             if isinstance(k, grouplog.GroupKey):
                                 v = grouplog.GroupValue.decode(value)
-                            elif isinstance(k, grouplog.ConsumerGroupKey):
+                            elif isinstance(k, (grouplog.ConsumerGroupKey, grouplog.ShareGroupKey)):
                                 v = value  # JSON, parsed by GroupManager.load
                             else:
                                 v = grouplog.OffsetValue.decode(value)
@@ -490,6 +516,8 @@ class GroupCoordinator:
                 continue
             if g.consumer is not None:
                 out.append(self.manager.consumer_record(g))
+            elif g.share is not None:
+                out.append(self.manager.share_record(g))
             elif g.protocol_type or g.members or g.generation_id:
                 out.append(g.record())
             for (t, p), o in g.offsets.items():
@@ -562,6 +590,7 @@ class GroupCoordinator:
             try:
                 current = now_ms()
                 self._apply_if_any(self.manager.tick(current))
+                self._tell_share_listeners()
                 if current >= next_retention:
                     next_retention = current + RETENTION_CHECK_INTERVAL_MS
                     self._apply_if_any(self.manager.expire_offsets(current))
@@ -600,6 +629,38 @@ class GroupCoordinator:
                 return HeartbeatResult(ErrorCode.not_coordinator, "the group's state could not be written")
             self._wakeup.set()  # new deadlines (sessions, revocations)
         return result
+
+    async def share_heartbeat(self, request: ShareHeartbeatRequest) -> ShareHeartbeatResult:
+        """KIP-932: answer once the group's changed state (if any) is durable."""
+        result, fx = self.manager.share_heartbeat(now_ms(), request)
+        if fx.writes:
+            if not await self.write(fx.writes):
+                return ShareHeartbeatResult(ErrorCode.not_coordinator, "the group's state could not be written")
+            self._wakeup.set()  # new deadlines (sessions)
+        self._tell_share_listeners()
+        return result
+
+    def share_member(self, group_id: str, member_id: str) -> bool | None:
+        """For the partition side: whether `member_id` is in share group `group_id`, or None when
+        this broker does not coordinate the group (then nothing is known here)."""
+        if self.coordinator_error(group_id) is not None:
+            return None
+        return self.manager.share_member(group_id, member_id)
+
+    def add_share_listener(self, listener: Callable[[str, str], None]) -> None:
+        """`listener(group_id, member_id)` runs when a share-group member coordinated here leaves
+        or is fenced, so the partition side can release what it holds without waiting for locks
+        to time out."""
+        self._share_listeners.append(listener)
+
+    def _tell_share_listeners(self) -> None:
+        departed, self.manager.share_departed = self.manager.share_departed, []
+        for group_id, member_id in departed:
+            for listener in self._share_listeners:
+                try:
+                    listener(group_id, member_id)
+                except Exception:
+                    log.exception("share group listener failed for %s/%s", group_id, member_id)
 
     def heartbeat(self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int) -> ErrorCode:
         # No timer wake-up: a heartbeat only moves a deadline later, and waking the timer

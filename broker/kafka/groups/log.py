@@ -22,6 +22,8 @@ could decode them:
   that state over several record types (keys 3-8); one record per group keeps replay and
   checkpoints simple. The key version lies outside Kafka's range so Kafka's tools skip it
   instead of misreading it.
+  key 1001 (KIP-932 share group, this project's own): the same, for a share group's members,
+  epochs and target assignment (groups/share.py).
 
 A null value is a tombstone (offset deleted / group deleted). Records travel in plain
 (uncompressed) v2 record batches, built here; reading accepts only what this module writes
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 OFFSET_KEY_VERSION = 1
 GROUP_KEY_VERSION = 2
 CONSUMER_GROUP_KEY_VERSION = 1000
+SHARE_GROUP_KEY_VERSION = 1001
 
 
 class RecordFormatError(ValueError):
@@ -144,6 +147,14 @@ class ConsumerGroupKey:
 
     def encode(self) -> bytes:
         return struct.pack(">h", CONSUMER_GROUP_KEY_VERSION) + _str(self.group_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareGroupKey:
+    group_id: str
+
+    def encode(self) -> bytes:
+        return struct.pack(">h", SHARE_GROUP_KEY_VERSION) + _str(self.group_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +250,7 @@ class GroupValue:
         return cls(protocol_type, generation, protocol, leader, ts, members)
 
 
-def decode_key(buf: bytes) -> OffsetKey | GroupKey | ConsumerGroupKey:
+def decode_key(buf: bytes) -> OffsetKey | GroupKey | ConsumerGroupKey | ShareGroupKey:
     r = _Reader(buf)
     version = r.int16()
     if version in (0, OFFSET_KEY_VERSION):
@@ -248,6 +259,8 @@ def decode_key(buf: bytes) -> OffsetKey | GroupKey | ConsumerGroupKey:
         return GroupKey(r.str())
     if version == CONSUMER_GROUP_KEY_VERSION:
         return ConsumerGroupKey(r.str())
+    if version == SHARE_GROUP_KEY_VERSION:
+        return ShareGroupKey(r.str())
     raise RecordFormatError(f"unsupported key version {version}")
 
 

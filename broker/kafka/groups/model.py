@@ -18,6 +18,7 @@ from automq.broker.kafka.groups.log import GroupKey, GroupValue, MemberValue
 
 if TYPE_CHECKING:
     from automq.broker.kafka.groups.consumer import ConsumerGroupData
+    from automq.broker.kafka.groups.share import ShareGroupData
 
 NEW_MEMBER_JOIN_TIMEOUT_MS = 5 * 60_000  # Kafka's GroupCoordinator.NewMemberJoinTimeoutMs
 OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes default
@@ -42,6 +43,11 @@ class GroupConfig:
     consumer_session_timeout_ms: int = 45_000
     consumer_heartbeat_interval_ms: int = 5_000
     consumer_assignors: tuple[str, ...] = ("uniform", "range")
+    # KIP-932 share groups (group.share.*)
+    share_enable: bool = True
+    share_session_timeout_ms: int = 45_000
+    share_heartbeat_interval_ms: int = 5_000
+    share_max_size: int = 200
 
 
 # ---------------------------------------------------------------- results and effects
@@ -194,6 +200,7 @@ class Group:
     sync_deadline_ms: int | None = None
     subscribed_topics: set[str] | None = None
     consumer: ConsumerGroupData | None = None  # set while the group uses the KIP-848 protocol
+    share: ShareGroupData | None = None  # set for a KIP-932 share group (a group id is one type for life)
 
     def transition(self, state: GroupState, now_ms: int) -> None:
         self.state = state

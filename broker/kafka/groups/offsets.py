@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from kio.schema.errors import ErrorCode
 
-from automq.broker.kafka.groups.log import ConsumerGroupKey, GroupKey, OffsetKey, OffsetValue
+from automq.broker.kafka.groups.log import ConsumerGroupKey, GroupKey, OffsetKey, OffsetValue, ShareGroupKey
 from automq.broker.kafka.groups.model import (
     OFFSET_METADATA_MAX_BYTES,
     CommitPlan,
@@ -63,6 +63,8 @@ class OffsetBook:
             group = self._new_group(group_id, now_ms)  # offsets-only (standalone) group
         if group.state is GroupState.DEAD:
             return fail(ErrorCode.coordinator_not_available)
+        if group.share is not None:
+            return fail(ErrorCode.group_id_not_found)  # Kafka: a share group has no committed offsets
         checked = self.consumer_check_member(group_id, member_id, generation_id, keys)
         if checked is not None:
             if checked != ErrorCode.none:
@@ -124,7 +126,7 @@ class OffsetBook:
     ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode], Effects]:
         fx = Effects()
         group = self.groups.get(group_id)
-        if group is None or group.state is GroupState.DEAD:
+        if group is None or group.state is GroupState.DEAD or group.share is not None:
             return ErrorCode.group_id_not_found, {}, fx
         errors: dict[tuple[str, int], ErrorCode] = {}
         if group.state is not GroupState.EMPTY:
@@ -158,6 +160,9 @@ class OffsetBook:
         if group.consumer is not None:
             fx.writes.append(Write(group.partition, ConsumerGroupKey(group.group_id).encode(), None))
             group.consumer = None
+        if group.share is not None:
+            fx.writes.append(Write(group.partition, ShareGroupKey(group.group_id).encode(), None))
+            group.share = None
         group.offsets.clear()
         group.transition(GroupState.DEAD, now_ms)
         del self.groups[group.group_id]
@@ -171,6 +176,8 @@ class OffsetBook:
         fx = Effects()
         retention = self.config.offsets_retention_ms
         for group in list(self.groups.values()):
+            if group.share is not None:
+                continue  # no committed offsets; an empty share group lives until DeleteGroups
             if group.state is GroupState.EMPTY:
                 candidates = list(group.offsets.items())
                 # a group with a protocol type counts from when it became Empty; a standalone one

@@ -24,7 +24,14 @@ from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka.groups.consumer import ConsumerGroupData
 from automq.broker.kafka.groups.consumer_groups import ConsumerGroups
-from automq.broker.kafka.groups.log import ConsumerGroupKey, GroupKey, GroupValue, OffsetKey, OffsetValue
+from automq.broker.kafka.groups.log import (
+    ConsumerGroupKey,
+    GroupKey,
+    GroupValue,
+    OffsetKey,
+    OffsetValue,
+    ShareGroupKey,
+)
 from automq.broker.kafka.groups.model import (
     CommittedOffset,
     Effects,
@@ -42,6 +49,8 @@ from automq.broker.kafka.groups.model import (
     partition_for,
 )
 from automq.broker.kafka.groups.offsets import OffsetBook
+from automq.broker.kafka.groups.share import ShareGroupData
+from automq.broker.kafka.groups.share_groups import ShareGroups
 
 __all__ = (
     "Effects",
@@ -59,7 +68,7 @@ __all__ = (
 # ---------------------------------------------------------------- the manager
 
 
-class GroupManager(ConsumerGroups, OffsetBook):
+class GroupManager(ConsumerGroups, ShareGroups, OffsetBook):
     """All groups of the loaded `__consumer_offsets` partitions of one broker."""
 
     def __init__(self, config: GroupConfig, num_partitions: int) -> None:
@@ -67,6 +76,7 @@ class GroupManager(ConsumerGroups, OffsetBook):
         self.num_partitions = num_partitions
         self.groups: dict[str, Group] = {}
         self._init_consumer_groups()
+        self._init_share_groups()
 
     # ----- placement
 
@@ -109,6 +119,10 @@ class GroupManager(ConsumerGroups, OffsetBook):
                 fx.reply(token, JoinResult(ErrorCode.unknown_member_id, member_id))
                 return fx
             group = self._new_group(group_id, now_ms)
+        if group.share is not None:
+            # a group id is one type for life; a share group never speaks the classic protocol
+            fx.reply(token, JoinResult(ErrorCode.inconsistent_group_protocol, member_id))
+            return fx
         if group.consumer is not None:
             # a KIP-848 group: the classic protocol may only take it over once it is empty
             tombstone = self.consumer_leave_classic(group)
@@ -484,6 +498,7 @@ class GroupManager(ConsumerGroups, OffsetBook):
             if group.pending_sync and group.sync_deadline_ms is not None:
                 deadlines.append(group.sync_deadline_ms)
         deadlines.extend(self.consumer_deadlines())
+        deadlines.extend(self.share_deadlines())
         return min(deadlines, default=None)
 
     def tick(self, now_ms: int) -> Effects:
@@ -508,20 +523,23 @@ class GroupManager(ConsumerGroups, OffsetBook):
                     if pending is not None:
                         self._remove_member_and_update_group(group, pending, now_ms, fx)
                 group.pending_sync.clear()
-            if group.consumer is None:
+            if group.consumer is None and group.share is None:
                 self._check_join_complete(group, now_ms, fx)
         self.consumer_tick(now_ms, fx)
+        self.share_tick(now_ms, fx)
         return fx
 
     # ----- listing
 
     def list_groups(self, states: Iterable[str] | None = None) -> list[tuple[str, str, str, str]]:
-        """(group id, protocol type, state, type: "classic" or "consumer") of every group."""
+        """(group id, protocol type, state, type: "classic", "consumer" or "share") of every group."""
         wanted = {s.lower() for s in states} if states else None
         out = []
         for g in self.groups.values():
             if g.consumer is not None:
                 listed = (g.group_id, "consumer", g.consumer.state_name(), "consumer")
+            elif g.share is not None:
+                listed = (g.group_id, "share", g.share.state_name(), "share")
             else:
                 listed = (g.group_id, g.protocol_type or "", g.state.value, "classic")
             if wanted is None or listed[2].lower() in wanted:
@@ -530,7 +548,7 @@ class GroupManager(ConsumerGroups, OffsetBook):
 
     def describe(self, group_id: str) -> GroupSummary | None:
         group = self.groups.get(group_id)
-        if group is None or group.consumer is not None:
+        if group is None or group.consumer is not None or group.share is not None:
             return None
         stable = group.state is GroupState.STABLE
         members = tuple(
@@ -556,7 +574,7 @@ class GroupManager(ConsumerGroups, OffsetBook):
 
     def load(self, partition: int, records: Iterable[tuple[object, object | None]], now_ms: int) -> None:
         """Rebuild the groups of one partition from its decoded records in log order:
-        (OffsetKey | GroupKey | ConsumerGroupKey, OffsetValue | GroupValue | bytes | None)."""
+        (OffsetKey | GroupKey | ConsumerGroupKey | ShareGroupKey, OffsetValue | GroupValue | bytes | None)."""
         self.unload(partition)
         loaded: dict[str, Group] = {}
 
@@ -591,6 +609,17 @@ class GroupManager(ConsumerGroups, OffsetBook):
                     g = group_for(key.group_id)
                     g.consumer = consumer
                     g.protocol_type = "consumer"
+            elif isinstance(key, ShareGroupKey):
+                if value is None:
+                    loaded.pop(key.group_id, None)
+                elif isinstance(value, bytes):
+                    try:
+                        share = ShareGroupData.from_json(value, now_ms)
+                    except (ValueError, KeyError, TypeError):
+                        continue  # unreadable (a newer layout?): the members rejoin
+                    g = group_for(key.group_id)
+                    g.share = share
+                    g.protocol_type = "share"
             elif isinstance(key, GroupKey):
                 if value is None:
                     loaded.pop(key.group_id, None)
@@ -620,7 +649,10 @@ class GroupManager(ConsumerGroups, OffsetBook):
                         )
                     g.leader_id = value.leader_id
         for g in loaded.values():
-            if g.consumer is not None:
+            if g.share is not None:
+                g.state = GroupState.STABLE if g.share.members else GroupState.EMPTY
+                g.subscribed_topics = g.share.subscribed_topics() if g.share.members else None
+            elif g.consumer is not None:
                 g.state = GroupState.STABLE if g.consumer.members else GroupState.EMPTY
                 if g.consumer.members:
                     g.subscribed_topics = g.consumer.subscribed_topics(self.topic_view())

@@ -53,13 +53,25 @@ def lookup(api_key: int) -> Registration | None:
     return _HANDLERS.get(api_key)
 
 
-def served_ranges() -> dict[int, tuple[int, int]]:
+# KIP-932 share groups' APIs (ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch,
+# ShareAcknowledge, Describe/Alter/DeleteShareGroupOffsets): neither advertised nor served when
+# kafka.group_share_enable is false, as a Kafka cluster with share.version=0.
+SHARE_GROUP_APIS = frozenset({76, 77, 78, 79, 90, 91, 92})
+
+
+def served_ranges(config: Any = None) -> dict[int, tuple[int, int]]:
     """api key -> (min, max) version for every registered handler: what ApiVersions advertises
-    and what the server accepts (anything else is answered as Kafka does)."""
+    and what the server accepts (anything else is answered as Kafka does). With the broker's
+    `config`, APIs it turns off are left out."""
     from automq.broker.kafka.codec import supported_range
 
+    disabled: frozenset[int] = frozenset()
+    if config is not None and not config.kafka.group_share_enable:
+        disabled = SHARE_GROUP_APIS
     served = {}
     for key, reg in sorted(_HANDLERS.items()):
+        if key in disabled:
+            continue
         span = supported_range(key, reg.min_version, reg.max_version)
         if span is not None:
             served[key] = span

@@ -4,8 +4,9 @@ same store in the same run (issue 14 goal 3).
     python benchmarks/s3_wal_bench.py [--seconds 10] [--rate-mib 1] [--append-kib 16]
 
 1. Baselines: sequential raw PUTs of one append's size and of a typical light-load bulk
-   (p50/p99), the fence LIST the WAL does after every PUT (p50/p99), and raw parallel PUT
-   throughput of 8 MiB objects (4 and 8 at a time).
+   (p50/p99), the same as conditional creates (If-None-Match, what the WAL's bulk PUTs are),
+   a LIST of the fence markers (what each ack also waited for before the tombstone fencing),
+   and raw parallel PUT throughput of 8 MiB objects (4 and 8 at a time).
 2. Light load: appends offered open-loop at --rate-mib (a timer, not waiting for acks), each
    acknowledgement's latency.
 3. Saturation: 64 appends of 1 MiB in flight for --seconds; MiB/s acknowledged.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import sys
 import tempfile
@@ -40,12 +42,13 @@ def ms(v: float) -> str:
     return f"{v * 1000:7.2f} ms"
 
 
-async def raw_puts(store, size: int, count: int) -> list[float]:
+async def raw_puts(store, size: int, count: int, conditional: bool = False) -> list[float]:
     data = os.urandom(size)
     lat = []
+    tag = os.urandom(4).hex()  # fresh keys: a conditional create of an existing key fails
     for i in range(count):
         t0 = time.perf_counter()
-        await store.put(f"bench/raw/{size}/{i}", data)
+        await store.put(f"bench/raw/{size}/{tag}/{i}", data, if_none_match=conditional)
         lat.append(time.perf_counter() - t0)
     return lat
 
@@ -73,15 +76,23 @@ async def raw_parallel(store, size: int, total: int, concurrency: int) -> float:
     return total / MiB / (time.perf_counter() - t0)
 
 
-async def open_wal(store, epoch: int) -> ObjectStoreWal:
-    wal = ObjectStoreWal(store, 1, epoch)
+async def open_wal(store, epoch: int, wal_class: type = ObjectStoreWal, node: int = 1) -> ObjectStoreWal:
+    wal = wal_class(store, node, epoch)
     await wal.recover()
     await wal.start(wal.report.end_position)
     return wal
 
 
-async def light_load(store, epoch: int, append_bytes: int, rate_mib: float, seconds: float) -> tuple[list[float], int]:
-    wal = await open_wal(store, epoch)
+async def light_load(
+    store,
+    epoch: int,
+    append_bytes: int,
+    rate_mib: float,
+    seconds: float,
+    wal_class: type = ObjectStoreWal,
+    node: int = 1,
+) -> tuple[list[float], int]:
+    wal = await open_wal(store, epoch, wal_class, node)
     payload = os.urandom(append_bytes)
     interval = append_bytes / (rate_mib * MiB)
     lat: list[float] = []
@@ -139,7 +150,20 @@ async def main() -> None:
     ap.add_argument("--append-kib", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--dir", default=None)
+    ap.add_argument(
+        "--old-wal",
+        default=None,
+        help="path of another version of broker/storage/wal/objectstore.py (e.g. from `git show`): "
+        "its light load runs right after this one's in every round, on its own node id",
+    )
     args = ap.parse_args()
+    old_class = None
+    if args.old_wal:
+        spec = importlib.util.spec_from_file_location("old_s3_wal", args.old_wal)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        old_class = module.ObjectStoreWal
     base = Path(args.dir or tempfile.mkdtemp(prefix="s3-wal-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     server = SeaweedFS(data_dir=base / "seaweedfs")
@@ -154,8 +178,10 @@ async def main() -> None:
         for size in (append, 4 * append):
             lat = await raw_puts(store, size, 200)
             print(f"raw PUT {size // 1024:5d} KiB, sequential: p50 {ms(pct(lat, 50))}  p99 {ms(pct(lat, 99))}")
+            lat = await raw_puts(store, size, 200, conditional=True)
+            print(f"raw conditional PUT {size // 1024:5d} KiB:  p50 {ms(pct(lat, 50))}  p99 {ms(pct(lat, 99))}")
         lists = await raw_lists(store, 200)
-        print(f"fence LIST (after every WAL PUT):  p50 {ms(pct(lists, 50))}  p99 {ms(pct(lists, 99))}")
+        print(f"fence LIST (no longer on the ack path): p50 {ms(pct(lists, 50))}  p99 {ms(pct(lists, 99))}")
         par4 = await raw_parallel(store, 8 * MiB, 256 * MiB, 4)
         par8 = await raw_parallel(store, 8 * MiB, 256 * MiB, 8)
         print(f"raw parallel PUT, 8 MiB objects: 4 at a time {par4:7.1f} MiB/s, 8 at a time {par8:7.1f} MiB/s")
@@ -165,17 +191,30 @@ async def main() -> None:
             f"{args.rounds} rounds of {args.seconds / args.rounds:.1f}s, each after 50 raw PUTs (load drifts)"
         )
         lat, puts, raw = [], 0, []
+        old_lat, old_puts = [], 0
         for r in range(args.rounds):
             raw += await raw_puts(store, append, 50)
             got, n = await light_load(store, 1 + r, append, args.rate_mib, args.seconds / args.rounds)
             lat += got
             puts += n
+            if old_class is not None:
+                got, n = await light_load(
+                    store, 1 + r, append, args.rate_mib, args.seconds / args.rounds, old_class, node=2
+                )
+                old_lat += got
+                old_puts += n
         print(f"raw PUT {append // 1024} KiB (interleaved): p50 {ms(pct(raw, 50))}  p99 {ms(pct(raw, 99))}")
         print(
             f"S3 WAL ack latency:        p50 {ms(pct(lat, 50))} ({pct(lat, 50) / pct(raw, 50):.2f}x raw PUT p50)  "
             f"p99 {ms(pct(lat, 99))} ({pct(lat, 99) / pct(raw, 99):.2f}x raw PUT p99)  max {ms(max(lat))}; "
             f"{len(lat)} appends in {puts} PUTs"
         )
+        if old_lat:
+            print(
+                f"--old-wal ack latency:     p50 {ms(pct(old_lat, 50))} ({pct(old_lat, 50) / pct(raw, 50):.2f}x)  "
+                f"p99 {ms(pct(old_lat, 99))} ({pct(old_lat, 99) / pct(raw, 99):.2f}x)  max {ms(max(old_lat))}; "
+                f"{len(old_lat)} appends in {old_puts} PUTs"
+            )
         print(f"\n## saturation: 64 appends of 1 MiB in flight, {args.seconds}s")
         mibs = await saturation(store, 1 + args.rounds, args.seconds)
         print(

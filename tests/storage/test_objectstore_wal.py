@@ -1,4 +1,5 @@
-"""The S3 WAL: bulk objects, ordered acks, fencing by a newer epoch, damage detection.
+"""The S3 WAL: bulk objects, ordered acks, fencing by a newer epoch (tombstones created
+conditionally where the old writer's next PUT would go), damage detection.
 Runs on file:// and on SeaweedFS (marked s3)."""
 
 from __future__ import annotations
@@ -7,9 +8,9 @@ import asyncio
 
 import pytest
 
-from automq.broker.objectstore import open_object_store
+from automq.broker.objectstore import PreconditionFailed, open_object_store
 from automq.broker.storage.wal.base import WalClosedError, WalCorruptionError, WalFencedError, WalRecord
-from automq.broker.storage.wal.objectstore import ObjectStoreWal, data_prefix, encode_bulk
+from automq.broker.storage.wal.objectstore import ObjectStoreWal, data_key, data_prefix, encode_bulk
 
 
 @pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
@@ -26,6 +27,15 @@ def rec(i: int, size: int = 300) -> WalRecord:
 
 async def keys(store, prefix: str) -> list[str]:
     return [info.key async for info in store.list(prefix)]
+
+
+async def bulks(store) -> list[str]:
+    """Data objects that are not tombstones (empty: never deleted)."""
+    return [info.key async for info in store.list(data_prefix(4)) if info.size]
+
+
+async def tombstones(store) -> list[str]:
+    return [info.key async for info in store.list(data_prefix(4)) if not info.size]
 
 
 async def started(store, epoch: int, **kw) -> tuple[ObjectStoreWal, list[WalRecord]]:
@@ -198,7 +208,9 @@ async def test_out_of_order_puts_ack_in_order_and_replay_stops_at_a_hole(store):
     assert ids(got) == [0, 1, 2]
     assert any("dropped unacknowledged bulk" in d for d in recovering.report.details)
     await recovering.start(recovering.report.end_position)
-    assert await keys(store, data_prefix(4)) == []
+    assert await bulks(store) == []
+    # the hole (bulk 1's position) holds the tombstone that fences the dead writer
+    assert await tombstones(store) == [gated.started[1]]
     await recovering.close()
 
 
@@ -239,10 +251,12 @@ async def test_a_trim_interrupted_half_way_loses_no_acknowledged_append(store):
     # had the writer lived, its next trim would have deleted what the failed one left
     gated.delete_only_after_first = False
     await wal.trim(ends[2])
-    assert len(await keys(store, data_prefix(4))) == 3
+    assert len(await bulks(store)) == 3
+    with pytest.raises(WalFencedError):  # the recovery's tombstone stops the writer
+        await wal.append(rec(6))
     await crash(wal)
     await recovering.start(recovering.report.end_position)
-    assert await keys(store, data_prefix(4)) == []
+    assert await bulks(store) == []
     await recovering.close()
 
 
@@ -257,12 +271,87 @@ async def test_a_put_landing_after_its_epoch_was_recovered_is_never_replayed(sto
     second, got = await started(store, 2)  # recovery finds no bulk: nothing to replay
     assert got == []
     await second.close()
-    # the dead writer's PUT reaches the store only now (a request the server finished late)
+    # the dead writer's PUT reaches the store only now (a request the server finished late):
+    # its key holds the recovery's tombstone, so the conditional create loses
     encoded = encode_bulk(4, 1, [rec(0)])
+    with pytest.raises(PreconditionFailed):
+        await store.put(data_key(4, 1, 0), encoded, if_none_match=True)
+    # a leftover of the previous key layout (which a writer PUT unconditionally) is dropped too
     await store.put(f"{data_prefix(4)}{1:010d}/{0:020d}-{len(encoded):020d}", encoded)
     recovering = ObjectStoreWal(store, 4, 3)
     assert await recovering.recover() == []  # epoch 1 was recovered by epoch 2: not replayed
     assert any("recovered before" in d for d in recovering.report.details)
     await recovering.start(recovering.report.end_position)
-    assert await keys(store, data_prefix(4)) == []
+    assert await bulks(store) == []
+    assert await tombstones(store) == [data_key(4, 1, 0)]
     await recovering.close()
+
+
+class RecovererGate:
+    """The recoverer's view of the same store, held just before it creates a tombstone
+    (its listing is done by then), so a test can let the old writer's PUT land first."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.at_tombstone = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def put(self, key, data, **kw):
+        if key.startswith(data_prefix(4)) and not data:
+            self.at_tombstone.set()
+            await self.release.wait()
+        return await self.inner.put(key, data, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+async def test_a_put_landing_after_the_recoverers_listing_is_replayed_if_acknowledged(store):
+    """The race the tombstone closes: the old writer's PUT completes after the recoverer
+    listed the WAL. Without a LIST after each PUT, the writer acknowledges it; the
+    recoverer's tombstone create then loses, and it replays that bulk."""
+    gated = GatedStore(store)
+    gated.gates[3] = asyncio.Event()
+    old, _ = await started(gated, 1, bulk_interval_ms=60_000)
+    for i in range(3):
+        await old.append(rec(i))
+    late = old.append(rec(3))
+    await until(lambda: len(gated.started) == 4, "the fourth PUT started")
+    view = RecovererGate(store)
+    recovering = asyncio.create_task(ObjectStoreWal(view, 4, 2).recover())
+    await view.at_tombstone.wait()  # listed: bulks 0..2 only
+    gated.gates[3].set()
+    assert await late > 0  # acknowledged: the writer did not wait for any LIST
+    view.release.set()
+    replayed = await recovering
+    assert ids(replayed) == [0, 1, 2, 3]  # the acknowledged append is not lost
+    with pytest.raises(WalFencedError, match="fenced by epoch 2"):
+        await old.append(rec(4))  # the next position holds the tombstone
+    await old.close()
+
+
+async def test_a_put_landing_after_the_tombstone_is_never_acknowledged(store):
+    gated = GatedStore(store)
+    gated.gates[3] = asyncio.Event()
+    old, _ = await started(gated, 1, bulk_interval_ms=60_000, bulk_bytes=300)
+    for i in range(3):
+        await old.append(rec(i))
+    late = old.append(rec(3))
+    more = old.append(rec(4))  # its own bulk (a full one is due at once), PUT while the fourth hangs
+    await until(lambda: len(gated.completed) == 4, "the fifth PUT completed")
+    recovering = ObjectStoreWal(store, 4, 2)
+    replayed = await recovering.recover()
+    assert ids(replayed) == [0, 1, 2]  # a hole at the fourth bulk: the tombstone goes there
+    gated.gates[3].set()
+    with pytest.raises(WalFencedError):
+        await late
+    with pytest.raises(WalFencedError):
+        await more  # stored, but after the fenced one: never acknowledged
+    await old.close()
+    await recovering.start(recovering.report.end_position)
+    await recovering.close()
+    # the next recovery sees exactly what the first one replayed, and nothing of epoch 1
+    again, got = await started(store, 3)
+    assert got == []
+    assert await bulks(store) == []
+    await again.close()

@@ -1,19 +1,23 @@
 """The S3 WAL: appends buffered into bulk objects in the object store (no volume needed).
 
-An append is acknowledged once the PUT of the bulk object holding it completed (and the
-fence check after it passed). Cadence adapts to the load: when no PUT is in flight, the
-first append starts a bulk at once (an idle WAL acks at PUT speed); what arrives while a PUT
-is in flight is grouped into the next bulk, which is cut when no PUT is running any more, or
-when `bulk_bytes` are buffered, or when the oldest buffered append is `bulk_interval_ms` old,
-whichever comes first (so those two are upper bounds, not a cadence). The fence check after
-a PUT is one LIST shared by every PUT that completed before it started. At most `max_inflight` bulks are cut and not yet acknowledged at any time; PUTs
-may complete out of order, but appends are acknowledged strictly in position order.
+An append is acknowledged once the conditional PUT of the bulk object holding it completed.
+Cadence adapts to the load: when no PUT is in flight, the first append starts a bulk at once
+(an idle WAL acks at PUT speed); what arrives while a PUT is in flight is grouped into the
+next bulk, which is cut when no PUT is running any more, or when `bulk_bytes` are buffered,
+or when the oldest buffered append is `bulk_interval_ms` old, whichever comes first (so those
+two are upper bounds, not a cadence). At most `max_inflight` bulks are cut and not yet
+acknowledged at any time; PUTs may complete out of order, but appends are acknowledged
+strictly in position order.
 
 Keys (per node, sorted so a listing is replay order):
 
-    wal/<node>/data/<node epoch>/<first position>-<end position>   bulk objects
-    wal/<node>/fence/<node epoch>                                  one marker per incarnation
-    wal/<node>/trim/<node epoch>                                   the epoch's trim position
+    wal/<node>/data/<node epoch>/<first position>   bulk objects (end = first + size);
+                                                    an empty one is a tombstone (below)
+    wal/<node>/fence/<node epoch>                   one marker per incarnation
+    wal/<node>/trim/<node epoch>                    the epoch's trim position
+    wal/<node>/closed/<node epoch>                  the incarnation closed cleanly
+
+(Keys `<first>-<end>` of the previous layout are still replayed.)
 
 Replay order and holes: within an epoch, positions are dense, so the bulks replayed must
 chain (each starts where the previous ended). A hole means either a PUT that never
@@ -25,13 +29,27 @@ acknowledged) are dropped rather than replayed with a gap in their streams. The 
 deleter of bulks is `start()` after a recovery, which deletes what that recovery already
 committed or dropped, so a hole it leaves behind hides nothing either.
 
-Fencing: a new incarnation (or another node recovering this one) first writes its fence
-marker, then lists and replays the data objects. A writer checks the fence markers after
-each PUT and acknowledges nothing once a newer epoch's marker exists. Strongly consistent
-listing makes this safe: either the recoverer's listing saw the old writer's object (and
-replays it), or that object was written after the marker, so the old writer's check after
-its PUT sees the marker and never acknowledges it (and deletes that object, so a later
-recovery does not commit a write nobody acknowledged).
+Fencing, with nothing but the PUT on the ack path. A bulk's key is determined by its epoch
+and first position, and every bulk is written with a conditional create (If-None-Match: *).
+A recoverer (a new incarnation of the node, or another node recovering it) writes its fence
+marker, lists the data, and for every older epoch whose writer may still be alive (fence
+marker present, no `closed` marker) conditionally creates an empty *tombstone* at the first
+position its chain does not cover (the hole, or the end). The store lets exactly one of two
+creates of a key win:
+- the tombstone wins: the old writer's PUT at that position fails with 412, the writer stops
+  (WalFencedError) and, since acks are in position order, acknowledges nothing at or after
+  that position; everything below it is in the recoverer's chain;
+- the old writer's PUT wins: the recoverer's create fails, it reads that bulk (it may have
+  been acknowledged), appends it to the chain and tries the next position, until a tombstone
+  is created or found.
+So the chain the recoverer replays holds every append the old writer ever acknowledged, and
+the old writer can acknowledge nothing beyond it: no LIST after each PUT (the previous design:
+an ack cost a PUT plus a LIST), and no clock or lease assumption. Tombstones are never deleted
+(a writer frozen for any length of time must still hit it when it resumes); one empty object
+per epoch that ended without `close()`. A cleanly closed epoch writes its `closed` marker after
+its last PUT settled, so recovering it needs no tombstone; markers of older epochs go in
+`start()`. Fence markers also keep an older incarnation from starting (recover() refuses) and
+mark which epochs still need replay (below).
 
 Bulk object format: a 32-byte header (magic, version, node id, node epoch, record count,
 CRC) then records framed as `stream id u64 | stream epoch u64 | base offset u64 | record
@@ -48,7 +66,7 @@ from collections import deque
 
 import crc32c
 
-from automq.broker.objectstore import ObjectNotFound, ObjectStore
+from automq.broker.objectstore import ObjectNotFound, ObjectStore, PreconditionFailed
 from automq.broker.storage.wal.base import (
     RecoveryReport,
     WalClosedError,
@@ -79,6 +97,28 @@ def fence_prefix(node_id: int) -> str:
 
 def trim_prefix(node_id: int) -> str:
     return f"wal/{node_id}/trim/"
+
+
+def closed_prefix(node_id: int) -> str:
+    return f"wal/{node_id}/closed/"
+
+
+def data_key(node_id: int, node_epoch: int, start: int) -> str:
+    return f"{data_prefix(node_id)}{node_epoch:010d}/{start:020d}"
+
+
+def parse_data_key(node_id: int, key: str, size: int) -> tuple[int, int, int] | None:
+    """(epoch, start, end) of a bulk key, None for a key that is not one. An empty object
+    under the current layout is a tombstone: start == end."""
+    try:
+        epoch_s, span = key[len(data_prefix(node_id)) :].split("/")
+        if "-" in span:  # the previous layout named the end too
+            start_s, end_s = span.split("-")
+            return int(epoch_s), int(start_s), int(end_s)
+        start = int(span)
+        return int(epoch_s), start, start + size
+    except ValueError:
+        return None
 
 
 def encode_bulk(node_id: int, node_epoch: int, records: list[WalRecord]) -> bytes:
@@ -168,104 +208,153 @@ class ObjectStoreWal(WriteAheadLog):
         self._recovered_keys: list[str] = []
         self._task: asyncio.Task | None = None
         self._put_tasks: set[asyncio.Task] = set()
-        self._puts_running = 0  # bulks being encoded or PUT (not those in their fence check)
-        self._fence_running: asyncio.Future[int] | None = None  # a fence LIST in progress
-        self._fence_next: asyncio.Future[int] | None = None  # the one to start after it
+        self._puts_running = 0  # bulks being encoded or PUT
         self._closed = False
+        self._started = False
         self._failed: BaseException | None = None
         self.report = RecoveryReport()
 
-    def _data_key(self, start: int, end: int) -> str:
-        return f"{data_prefix(self.node_id)}{self.node_epoch:010d}/{start:020d}-{end:020d}"
+    def _data_key(self, start: int) -> str:
+        return data_key(self.node_id, self.node_epoch, start)
 
     # ------------------------------------------------------------------ recovery
 
-    async def _newest_fence(self) -> int:
-        newest = -1
-        async for info in self._store.list(fence_prefix(self.node_id)):
+    async def _epochs_marked(self, prefix: str) -> set[int]:
+        out = set()
+        async for info in self._store.list(prefix):
             try:
-                newest = max(newest, int(info.key.rsplit("/", 1)[1]))
+                out.add(int(info.key.rsplit("/", 1)[1]))
             except ValueError:
                 continue
-        return newest
+        return out
+
+    async def _newest_fence(self) -> int:
+        return max(await self._epochs_marked(fence_prefix(self.node_id)), default=-1)
 
     async def recover(self) -> list[WalRecord]:
-        newest = await self._newest_fence()
+        fenced = await self._epochs_marked(fence_prefix(self.node_id))
+        newest = max(fenced, default=-1)
         if newest > self.node_epoch:
             raise WalFencedError(
                 f"S3 WAL of node {self.node_id} is fenced by epoch {newest} (this is epoch {self.node_epoch})"
             )
         await self._store.put(f"{fence_prefix(self.node_id)}{self.node_epoch:010d}", b"")
         report = RecoveryReport(stop_reason="empty")
-        keys = []
+        keys: list[tuple[int, int, int, str]] = []
         async for info in self._store.list(data_prefix(self.node_id)):
-            rest = info.key[len(data_prefix(self.node_id)) :]
-            try:
-                epoch_s, span = rest.split("/")
-                epoch = int(epoch_s)
-                start_s, end_s = span.split("-")
-                start, end = int(start_s), int(end_s)
-            except ValueError:
+            parsed = parse_data_key(self.node_id, info.key, info.size)
+            if parsed is None:
                 report.details.append(f"ignored foreign key {info.key}")
                 continue
-            if epoch <= self.node_epoch:
-                keys.append((epoch, start, end, info.key))
+            if parsed[0] <= self.node_epoch:
+                keys.append((*parsed, info.key))
         keys.sort()
         trims = await self._trim_positions()
-        fenced = await self._fence_epochs()
-        records: list[WalRecord] = []
-        position = 0
-        epoch_seen, expected = -1, 0
+        closed = await self._epochs_marked(closed_prefix(self.node_id))
+        by_epoch: dict[int, list[tuple[int, int, str]]] = {}
         for epoch, start, end, key in keys:
-            if epoch != epoch_seen:
-                epoch_seen, expected = epoch, trims.get(epoch, 0)
-                if epoch not in fenced:
-                    # Every incarnation writes its fence marker before any bulk, and only
-                    # start() after a recovery deletes it (after deleting that recovery's
-                    # bulks): this epoch was recovered already. What is left is a PUT that
-                    # landed after that (its writer was dead: never acknowledged) or a bulk
-                    # whose delete failed (committed): neither is replayed.
-                    report.details.append(f"epoch {epoch} was recovered before; dropped its leftover {key}")
-                    expected = 1 << 63
-            if end <= expected and start < end:
-                continue  # below the epoch's trim position: committed already (a trim that did not finish)
-            if start > expected:
-                # A hole above the trim position: a PUT that never completed. Nothing after it
-                # in this epoch was acknowledged; replaying it would leave gaps in streams.
-                report.details.append(
-                    f"epoch {epoch}: no bulk at position {expected}; dropped unacknowledged bulk {key}"
-                )
-                expected = 1 << 63  # drop the rest of this epoch too
+            by_epoch.setdefault(epoch, []).append((start, end, key))
+        # Epochs whose writer may still be alive: each gets a tombstone past its chain.
+        live = {e for e in fenced if e < self.node_epoch and e not in closed}
+        records: list[WalRecord] = []
+        tombstones: list[str] = []
+        position = 0
+        for epoch in sorted(set(by_epoch) | live):
+            expected = trims.get(epoch, 0)
+            if epoch not in fenced:
+                # Every incarnation writes its fence marker before any bulk, and only
+                # start() after a recovery deletes it (after deleting that recovery's
+                # bulks): this epoch was recovered already. What is left is a PUT that
+                # landed after that (never acknowledged: that recovery's tombstone or its
+                # writer's `closed` marker came first), a tombstone, or a bulk whose delete
+                # failed (committed): none is replayed.
+                for start, end, key in by_epoch.get(epoch, []):
+                    if start == end and "-" not in key.rsplit("/", 1)[1]:
+                        tombstones.append(key)
+                    else:
+                        report.details.append(f"epoch {epoch} was recovered before; dropped its leftover {key}")
                 continue
-            try:
-                data = await self._store.get(key)
-            except ObjectNotFound:
-                # deleted after we listed (a racing earlier incarnation's trim): committed
-                continue
-            if len(data) != end - start:
-                raise WalCorruptionError(f"S3 WAL object {key}: {len(data)} bytes, its key says {end - start}")
-            recs = decode_bulk(data, key, position)
-            position += len(data)
-            expected = end
-            records.extend(recs)
-            report.records += len(recs)
-            report.bytes += sum(len(r.payload) for r in recs)
-            report.stop_reason = "end"
+            ended = False  # the chain reached a hole or a tombstone
+            tombstoned = False  # ... a tombstone: its end is claimed already
+            for start, end, key in by_epoch.get(epoch, []):
+                if start == end:
+                    tombstones.append(key)
+                    if start == expected and not ended:
+                        ended = tombstoned = True  # an earlier recovery of this epoch ended it here
+                    continue
+                if ended:
+                    report.details.append(f"epoch {epoch}: dropped unacknowledged bulk {key} past the chain's end")
+                    continue
+                if end <= expected:
+                    continue  # below the epoch's trim position: committed already (a trim that did not finish)
+                if start > expected:
+                    # A hole above the trim position: a PUT that never completed. Nothing after it
+                    # in this epoch was acknowledged; replaying it would leave gaps in streams.
+                    report.details.append(
+                        f"epoch {epoch}: no bulk at position {expected}; dropped unacknowledged bulk {key}"
+                    )
+                    ended = True
+                    continue
+                try:
+                    data = await self._store.get(key)
+                except ObjectNotFound:
+                    # deleted after we listed (a racing earlier incarnation's trim): committed
+                    expected = end
+                    continue
+                if len(data) != end - start:
+                    raise WalCorruptionError(f"S3 WAL object {key}: {len(data)} bytes, its key says {end - start}")
+                position = self._replayed(data, key, position, records, report)
+                expected = end
+            if epoch in live and not tombstoned:
+                # at the hole, or past the last bulk (a bulk listed past the hole may end up
+                # replayed after all, if the hole's PUT lands first: the claim then walks on)
+                position = await self._claim_end(epoch, expected, position, records, report, tombstones)
         report.end_position = position
-        # start() deletes all of them: replayed ones once committed, dropped ones because
-        # they hold only appends that were never acknowledged.
-        self._recovered_keys = [k for _, _, _, k in keys]
+        # start() deletes all of them but the tombstones: replayed ones once committed,
+        # dropped ones because they hold only appends that were never acknowledged.
+        keep = set(tombstones)
+        self._recovered_keys = [k for _, _, _, k in keys if k not in keep]
         self.report = report
         return records
 
-    async def _fence_epochs(self) -> set[int]:
-        out = set()
-        async for info in self._store.list(fence_prefix(self.node_id)):
+    def _replayed(self, data: bytes, key: str, position: int, records: list[WalRecord], report: RecoveryReport) -> int:
+        recs = decode_bulk(data, key, position)
+        records.extend(recs)
+        report.records += len(recs)
+        report.bytes += sum(len(r.payload) for r in recs)
+        report.stop_reason = "end"
+        return position + len(data)
+
+    async def _claim_end(
+        self,
+        epoch: int,
+        at: int,
+        position: int,
+        records: list[WalRecord],
+        report: RecoveryReport,
+        tombstones: list[str],
+    ) -> int:
+        """End `epoch`'s chain at position `at` with a tombstone, the fence of a writer that
+        may still be alive. Losing the create means its writer's PUT landed there after our
+        listing (and may be acknowledged): replay it and claim the next position."""
+        while True:
+            key = data_key(self.node_id, epoch, at)
             try:
-                out.add(int(info.key.rsplit("/", 1)[1]))
-            except ValueError:
-                continue
-        return out
+                await self._store.put(key, b"", if_none_match=True)
+                tombstones.append(key)
+                return position
+            except PreconditionFailed:
+                pass
+            try:
+                data = await self._store.get(key)
+            except ObjectNotFound:
+                continue  # cannot happen (nobody deletes above a chain's end); try again
+            if not data:
+                tombstones.append(key)  # another recoverer's tombstone
+                return position
+            report.details.append(f"epoch {epoch}: bulk {key} landed while recovering; replayed")
+            position = self._replayed(data, key, position, records, report)
+            at += len(data)
 
     async def _trim_positions(self) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -286,7 +375,7 @@ class ObjectStoreWal(WriteAheadLog):
         # Markers after data: a trim marker deleted while some of its epoch's bulks stay
         # would only make a later recovery drop bulks this one already committed.
         old_markers = []
-        for prefix in (trim_prefix(self.node_id), fence_prefix(self.node_id)):
+        for prefix in (trim_prefix(self.node_id), fence_prefix(self.node_id), closed_prefix(self.node_id)):
             async for info in self._store.list(prefix):
                 try:
                     if int(info.key.rsplit("/", 1)[1]) < self.node_epoch:
@@ -296,6 +385,7 @@ class ObjectStoreWal(WriteAheadLog):
         if old_markers:
             await self._store.delete_many(old_markers)
         self._task = asyncio.create_task(self._flush_loop(), name=f"s3-wal-{self.node_id}")
+        self._started = True
 
     # ------------------------------------------------------------------ appends
 
@@ -367,7 +457,7 @@ class ObjectStoreWal(WriteAheadLog):
                 for r, _ in pending:
                     pos += REC_HEADER_SIZE + len(r.payload)
                     r.wal_end = pos
-                bulk = _Bulk(pending, start, self._next, self._data_key(start, self._next))
+                bulk = _Bulk(pending, start, self._next, self._data_key(start))
                 self._inflight.append(bulk)
                 self._puts_running += 1
                 task = asyncio.create_task(self._put(bulk))
@@ -392,29 +482,29 @@ class ObjectStoreWal(WriteAheadLog):
             try:
                 while True:
                     try:
-                        await self._store.put(bulk.key, data)
+                        # Conditional: a recoverer's tombstone at this key fences us (module docstring).
+                        await self._store.put(bulk.key, data, if_none_match=True)
                         break
+                    except PreconditionFailed:
+                        raise
                     except Exception as exc:
                         if self._closed and self._failed is not None:
                             raise
                         log.warning("S3 WAL PUT %s failed (%r); retrying in %.1fs", bulk.key, exc, delay)
                         await asyncio.sleep(delay)
                         delay = min(5.0, delay * 2)
+            except PreconditionFailed:
+                try:
+                    newest = str(await self._newest_fence())
+                except Exception:
+                    newest = "a newer one"
+                raise WalFencedError(
+                    f"S3 WAL of node {self.node_id} epoch {self.node_epoch} was fenced by epoch {newest} "
+                    f"(a recovery claimed position {bulk.start})"
+                ) from None
             finally:
                 self._puts_running -= 1
                 self._kick.set()  # no PUT running any more: what was grouped can go now
-            newest = await self._fence_check()
-            if newest > self.node_epoch:
-                # Never acknowledged; remove it so a later recovery does not resurrect it
-                # (best effort: if this fails, a recovery may commit it, which is allowed
-                # for an unacknowledged write but not what anyone wants).
-                try:
-                    await self._store.delete(bulk.key)
-                except Exception:
-                    log.warning("fenced S3 WAL writer could not delete its last object %s", bulk.key)
-                raise WalFencedError(
-                    f"S3 WAL of node {self.node_id} epoch {self.node_epoch} was fenced by epoch {newest}"
-                )
             if self._metrics is not None:
                 self._metrics.wal_sync_seconds.observe(time.perf_counter() - started)
                 self._metrics.wal_bytes_written.inc(len(data))
@@ -422,40 +512,6 @@ class ObjectStoreWal(WriteAheadLog):
             self._complete_in_order()
         except BaseException as exc:
             self._fail(exc)
-
-    async def _fence_check(self) -> int:
-        """The newest fence epoch, from a LIST that started after the caller's PUT completed
-        (only such a LIST proves a recoverer's listing will see the object). PUTs that
-        complete while a LIST runs share the next one."""
-        loop = asyncio.get_running_loop()
-        if self._fence_running is None:
-            fut = self._fence_running = loop.create_future()
-            task = asyncio.create_task(self._fence_lists())
-            self._put_tasks.add(task)
-            task.add_done_callback(self._put_tasks.discard)
-        else:
-            if self._fence_next is None:
-                self._fence_next = loop.create_future()
-            fut = self._fence_next
-        return await asyncio.shield(fut)
-
-    async def _fence_lists(self) -> None:
-        while self._fence_running is not None:
-            fut = self._fence_running
-            try:
-                fut.set_result(await self._newest_fence())
-            except BaseException as exc:
-                if not fut.done():
-                    fut.set_exception(exc)
-                    fut.exception()  # retrieved by its waiters; none may be left
-                if self._fence_next is not None and not self._fence_next.done():
-                    self._fence_next.set_exception(exc)
-                    self._fence_next.exception()
-                self._fence_running = self._fence_next = None
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            self._fence_running, self._fence_next = self._fence_next, None
 
     def _complete_in_order(self) -> None:
         if self._inflight and self._inflight[0].done:
@@ -515,3 +571,15 @@ class ObjectStoreWal(WriteAheadLog):
             self._task = None
         if self._put_tasks:
             await asyncio.wait(list(self._put_tasks), timeout=30)
+        if self._started and self._failed is None and not self._put_tasks and not self._inflight:
+            # Every PUT of this epoch has settled and no more will be made: a recovery of it
+            # needs no tombstone (so none is left behind for a clean stop).
+            try:
+                await self._store.put(f"{closed_prefix(self.node_id)}{self.node_epoch:010d}", b"")
+            except Exception as exc:
+                log.warning(
+                    "S3 WAL of node %d: could not mark epoch %d closed (%r); its recovery will fence it",
+                    self.node_id,
+                    self.node_epoch,
+                    exc,
+                )

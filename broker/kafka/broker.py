@@ -10,6 +10,7 @@ Handlers reach the rest of the system through `ctx.broker`:
 - `registry`: the prometheus CollectorRegistry, `metrics`: KafkaMetrics
 - `authorizer`: the ACL Authorizer, or None when authorization is off
 - `quotas`: ClientQuotas (client quotas from the metadata image; `active` once one exists)
+- `share_partitions`: SharePartitionManager (KIP-932 share-partitions led here), `share_sessions`
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from automq.broker.kafka.metrics import KafkaMetrics
 from automq.broker.kafka.partitions import PartitionManager
 from automq.broker.kafka.producers import ProducerIdAllocator
 from automq.broker.kafka.quotas import ClientQuotas
+from automq.broker.kafka.share.manager import SharePartitionManager
+from automq.broker.kafka.share.sessions import ShareSessionCache
 from automq.broker.kafka.transactions.coordinator import TXN_TOPIC, TransactionCoordinator
 from automq.broker.security.sasl import SaslMechanisms
 from automq.broker.security.scram import ScramCredential
@@ -80,6 +83,9 @@ class Broker:
         from automq.broker.kafka.fetch_sessions import FetchSessionCache
 
         self.fetch_sessions = FetchSessionCache(config.kafka.fetch_session_cache_slots, self.metrics)
+        # KIP-932: share-partitions led here (their durable state lives in the object store)
+        self.share_partitions = SharePartitionManager(self)
+        self.share_sessions = ShareSessionCache()
         self._creating: dict[str, asyncio.Task[TopicInfo | None]] = {}
         self._scram: dict[tuple[str, str], ScramCredential] = {}  # from the metadata image
         # SASL mechanisms of the SASL_* listeners (None: no such listener)
@@ -107,6 +113,10 @@ class Broker:
             await self.groups.close()
         except Exception:
             log.exception("closing the group coordinator failed")
+        try:
+            await self.share_partitions.close()
+        except Exception:
+            log.exception("writing share-partition state at shutdown failed")
         await self.partitions.close()
 
     def _on_metadata(self, image: MetadataImage) -> None:

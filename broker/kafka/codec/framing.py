@@ -87,6 +87,8 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     75: (0, 0),  # DescribeTopicPartitions
     76: (1, 1),  # ShareGroupHeartbeat (KIP-932; v0 was Kafka 4.0's early access)
     77: (1, 1),  # ShareGroupDescribe (KIP-932)
+    78: (1, 2),  # ShareFetch (KIP-932; v0 was Kafka 4.0's early access)
+    79: (1, 2),  # ShareAcknowledge (KIP-932)
 }
 
 

@@ -19,6 +19,7 @@ from automq.broker.kafka.handlers import (  # noqa: F401 - imported for their re
     quotas,  # AlterClientQuotas, DescribeClientQuotas
     sasl,  # SaslHandshake, SaslAuthenticate
     scram_users,  # Describe/AlterUserScramCredentials
+    share_fetch,  # ShareFetch, ShareAcknowledge (KIP-932, the partition leader's side)
     share_groups,  # KIP-932 ShareGroupHeartbeat / ShareGroupDescribe
     transaction_admin,  # ListTransactions, DescribeTransactions, DescribeProducers
     transactions,  # AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, WriteTxnMarkers, TxnOffsetCommit

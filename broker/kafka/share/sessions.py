@@ -1,0 +1,59 @@
+"""Share sessions (KIP-932): what one share-group member fetches from this broker.
+
+Keyed by (group id, member id), unlike fetch sessions which the broker numbers. Epoch 0
+opens a session (a full ShareFetch; acknowledgements are not allowed then), each later
+ShareFetch or ShareAcknowledge carries the next epoch (1, 2, ...; wrapping to 1), and -1
+closes it, releasing what the member still holds on this broker. A wrong epoch is
+INVALID_SHARE_SESSION_EPOCH, an unknown session SHARE_SESSION_NOT_FOUND, a full cache
+SHARE_SESSION_LIMIT_REACHED (`kafka.group_share_max_share_sessions`, Kafka's 2000).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+INITIAL_EPOCH = 0
+FINAL_EPOCH = -1
+DEFAULT_MAX_SESSIONS = 2000
+
+
+@dataclass(slots=True)
+class ShareSession:
+    group_id: str
+    member_id: str
+    epoch: int = 1  # the epoch the next request must carry
+    # (topic name, partition) of every partition the session fetches
+    partitions: dict[tuple[str, int], None] = field(default_factory=dict)
+    last_used: float = field(default_factory=time.monotonic)
+
+    def next_epoch(self) -> None:
+        self.epoch = 1 if self.epoch >= 0x7FFFFFFF else self.epoch + 1
+        self.last_used = time.monotonic()
+
+
+class ShareSessionCache:
+    def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+        self.max_sessions = max_sessions
+        self._sessions: dict[tuple[str, str], ShareSession] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, group_id: str, member_id: str) -> ShareSession | None:
+        return self._sessions.get((group_id, member_id))
+
+    def create(self, group_id: str, member_id: str) -> ShareSession | None:
+        """A new session for the member (replacing its old one), or None when the cache is full."""
+        key = (group_id, member_id)
+        if key not in self._sessions and len(self._sessions) >= self.max_sessions:
+            return None
+        session = ShareSession(group_id, member_id)
+        self._sessions[key] = session
+        return session
+
+    def remove(self, group_id: str, member_id: str) -> ShareSession | None:
+        return self._sessions.pop((group_id, member_id), None)
+
+    def sessions_of_group(self, group_id: str) -> list[ShareSession]:
+        return [s for (g, _m), s in self._sessions.items() if g == group_id]

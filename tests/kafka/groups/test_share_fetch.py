@@ -1,0 +1,298 @@
+"""ShareFetch / ShareAcknowledge on the partition leader (KIP-932), through the registered
+handlers of real brokers (real controller, storage engine, file:// object store): share
+sessions, acquisition, acknowledgements made durable, redelivery, delivery-count limit,
+state recovered by the next leader, and Kafka's error codes for hostile requests."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from automq.broker.kafka import records
+from automq.broker.kafka.share.manager import ShareGroupSettings
+from automq.broker.kafka.share.partition_state import ACCEPT, REJECT, RELEASE
+
+SHARE_FETCH, SHARE_ACK = 78, 79
+GROUP = "sg"
+
+
+async def _produce(node, topic: str, partition: int, count: int, per_batch: int = 1) -> None:
+    p = await node.broker.partitions.get_when_open(topic, partition, 10)
+    for start in range(0, count, per_batch):
+        n = min(per_batch, count - start)
+        batch = bytearray(
+            records.build_batch(
+                0,
+                [records.encode_record(0, i, None, f"v{start + i}".encode()) for i in range(n)],
+                last_offset_delta=n - 1,
+                base_timestamp=1,
+                max_timestamp=1,
+            )
+        )
+        await p.append_batch(batch, records.parse_header(batch))
+
+
+def _topic_id(node, topic: str) -> uuid.UUID:
+    return uuid.UUID(node.broker.partitions.topic(topic).topic_id)
+
+
+async def _fetch(
+    node,
+    member: str,
+    epoch: int,
+    parts: dict[int, list[tuple[int, int, list[int]]]] | None = None,
+    *,
+    topic: str = "q",
+    max_records: int = 500,
+    max_wait_ms: int = 0,
+    group: str = GROUP,
+    topic_id: uuid.UUID | None = None,
+    forgotten: tuple = (),
+) -> Any:
+    tid = topic_id or _topic_id(node, topic)
+    topics = ()
+    if parts is not None:
+        topics = (
+            {
+                "topic_id": tid,
+                "partitions": tuple(
+                    {
+                        "partition_index": index,
+                        "acknowledgement_batches": tuple(
+                            {"first_offset": f, "last_offset": la, "acknowledge_types": tuple(t)} for f, la, t in acks
+                        ),
+                    }
+                    for index, acks in parts.items()
+                ),
+            },
+        )
+    from datetime import timedelta
+
+    from automq.broker.kafka import codec
+
+    req_cls = codec.request_class(SHARE_FETCH, 1)
+
+    def build(d: dict) -> Any:
+        topic_cls = codec.nested(req_cls, "FetchTopic")
+        part_cls = codec.nested(req_cls, "FetchPartition")
+        batch_cls = codec.nested(req_cls, "AcknowledgementBatch")
+        return topic_cls(
+            topic_id=d["topic_id"],
+            partitions=tuple(
+                part_cls(
+                    partition_index=p["partition_index"],
+                    acknowledgement_batches=tuple(batch_cls(**b) for b in p["acknowledgement_batches"]),
+                )
+                for p in d["partitions"]
+            ),
+        )
+
+    return await node.call(
+        SHARE_FETCH,
+        1,
+        group_id=group,
+        member_id=member,
+        share_session_epoch=epoch,
+        max_wait=timedelta(milliseconds=max_wait_ms),
+        min_bytes=1,
+        max_bytes=1 << 20,
+        max_records=max_records,
+        batch_size=500,
+        topics=tuple(build(t) for t in topics),
+        forgotten_topics_data=forgotten,
+    )
+
+
+async def _ack(node, member: str, epoch: int, index: int, acks: list[tuple[int, int, list[int]]], topic="q") -> Any:
+    from automq.broker.kafka import codec
+
+    req_cls = codec.request_class(SHARE_ACK, 1)
+    batch_cls = codec.nested(req_cls, "AcknowledgementBatch")
+    part_cls = codec.nested(req_cls, "AcknowledgePartition")
+    topic_cls = codec.nested(req_cls, "AcknowledgeTopic")
+    return await node.call(
+        SHARE_ACK,
+        1,
+        group_id=GROUP,
+        member_id=member,
+        share_session_epoch=epoch,
+        topics=(
+            topic_cls(
+                topic_id=_topic_id(node, topic),
+                partitions=(
+                    part_cls(
+                        partition_index=index,
+                        acknowledgement_batches=tuple(
+                            batch_cls(first_offset=f, last_offset=la, acknowledge_types=tuple(t)) for f, la, t in acks
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
+def _acquired(resp) -> dict[int, list[tuple[int, int, int]]]:
+    out: dict[int, list[tuple[int, int, int]]] = {}
+    for t in resp.responses:
+        for p in t.partitions:
+            assert p.error_code == ErrorCode.none, p
+            if p.acquired_records:
+                out[p.partition_index] = [(a.first_offset, a.last_offset, a.delivery_count) for a in p.acquired_records]
+    return out
+
+
+def _ack_errors(resp) -> dict[int, ErrorCode]:
+    return {p.partition_index: p.acknowledge_error_code for t in resp.responses for p in t.partitions}
+
+
+def _settings(**kw: Any):
+    return lambda _broker, _group: ShareGroupSettings(auto_offset_reset="earliest", **kw)
+
+
+async def _node(cluster, partitions: int = 1, **settings: Any):
+    node = await cluster.start_node(1)
+    node.broker.share_partitions._settings = _settings(**settings)
+    await node.broker.ensure_topic("q", partitions=partitions)
+    return node
+
+
+async def test_members_share_a_partition_and_acknowledgements_are_durable(cluster) -> None:
+    node = await _node(cluster)
+    await _produce(node, "q", 0, 10, per_batch=5)
+    r1 = await _fetch(node, "m1", 0, {0: []}, max_records=6)
+    assert r1.error_code == ErrorCode.none
+    assert _acquired(r1) == {0: [(0, 5, 1)]}  # max_records cuts the range, not the batch data
+    assert r1.acquisition_lock_timeout.total_seconds() == 30
+    r2 = await _fetch(node, "m2", 0, {0: []})
+    assert _acquired(r2) == {0: [(6, 9, 1)]}  # what m1 holds is not handed out twice
+    r3 = await _fetch(node, "m3", 0, {0: []})
+    assert _acquired(r3) == {}
+    # m1 accepts 0..3 and releases 4..5 on its next fetch, which hands 4..5 out again
+    r1 = await _fetch(node, "m1", 1, {0: [(0, 5, [ACCEPT, ACCEPT, ACCEPT, ACCEPT, RELEASE, RELEASE])]})
+    assert _ack_errors(r1) == {0: ErrorCode.none}
+    assert _acquired(r1) == {0: [(4, 5, 2)]}
+    share = await node.broker.share_partitions.get(GROUP, "q", 0)
+    assert share.state.start_offset == 4
+    # what a new leader would load: 0..3 done (below the start), the rest redeliverable
+    stream_id = node.broker.partitions.get("q", 0).stream.stream_id
+    snapshot, _etag = await node.broker.share_partitions.store.load(GROUP, stream_id)
+    assert snapshot.start_offset == 4 and snapshot.leader_epoch >= 0
+    r = await _ack(node, "m2", 1, 0, [(6, 9, [ACCEPT])])
+    assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.none]
+    r = await _ack(node, "m1", 2, 0, [(4, 5, [REJECT])])
+    assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.none]
+    assert (await node.broker.share_partitions.summary(GROUP, "q", 0))[0] == 10
+
+
+async def test_hostile_requests_get_kafkas_codes(cluster) -> None:
+    node = await _node(cluster)
+    await _produce(node, "q", 0, 4)
+    # acknowledgements on the session-opening fetch
+    r = await _fetch(node, "m1", 0, {0: [(0, 0, [ACCEPT])]})
+    assert r.error_code == ErrorCode.invalid_request
+    # no session yet
+    assert (await _fetch(node, "m1", 1, {0: []})).error_code == ErrorCode.share_session_not_found
+    assert (await _ack(node, "m1", 1, 0, [(0, 0, [ACCEPT])])).error_code == ErrorCode.share_session_not_found
+    assert _acquired(await _fetch(node, "m1", 0, {0: []})) == {0: [(0, 3, 1)]}
+    # wrong epochs
+    assert (await _fetch(node, "m1", 5, {0: []})).error_code == ErrorCode.invalid_share_session_epoch
+    assert (await _ack(node, "m1", 0, 0, [(0, 0, [ACCEPT])])).error_code == ErrorCode.invalid_share_session_epoch
+    # records the member does not hold, an oversized batch, overlapping batches, bad types
+    r = await _fetch(node, "m1", 1, {0: [(0, (1 << 62), [ACCEPT])]})
+    assert _ack_errors(r) == {0: ErrorCode.invalid_record_state}
+    r = await _fetch(node, "m1", 2, {0: [(0, 2, [ACCEPT]), (2, 3, [ACCEPT])]})
+    assert _ack_errors(r) == {0: ErrorCode.invalid_request}
+    r = await _fetch(node, "m1", 3, {0: [(0, 1, [ACCEPT, 7])]})
+    assert _ack_errors(r) == {0: ErrorCode.invalid_request}
+    r = await _ack(node, "m2", 0, 0, [(0, 0, [ACCEPT])])
+    assert r.error_code == ErrorCode.invalid_share_session_epoch
+    # another member's records
+    assert _acquired(await _fetch(node, "m2", 0, {0: []})) == {}
+    r = await _ack(node, "m2", 1, 0, [(0, 0, [ACCEPT])])
+    assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.invalid_record_state]
+    # unknown topic id, unknown partition
+    r = await _fetch(node, "m3", 0, {0: []}, topic_id=uuid.uuid4())
+    assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.unknown_topic_id]
+    r = await _fetch(node, "m4", 0, {7: []})
+    assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.unknown_topic_or_partition]
+    # no member id, no group id
+    assert (await _fetch(node, "", 0, {0: []})).error_code == ErrorCode.invalid_request
+    assert (await _fetch(node, "m5", 0, {0: []}, group="")).error_code == ErrorCode.invalid_group_id
+    # after all that the records are still m1's, and m1 can accept them
+    r = await _fetch(node, "m1", 4, {0: [(0, 3, [ACCEPT])]})
+    assert _ack_errors(r) == {0: ErrorCode.none}
+
+
+async def test_closing_a_session_releases_and_the_delivery_limit_archives_a_poison_record(cluster) -> None:
+    node = await _node(cluster, delivery_count_limit=3)
+    await _produce(node, "q", 0, 2)
+    assert _acquired(await _fetch(node, "a", 0, {0: []}, max_records=1)) == {0: [(0, 0, 1)]}
+    await _fetch(node, "a", -1)  # closes the session: offset 0 goes back
+    assert _acquired(await _fetch(node, "b", 0, {0: []}, max_records=1)) == {0: [(0, 0, 2)]}
+    r = await _fetch(node, "b", 1, {0: [(0, 0, [RELEASE])]}, max_records=1)
+    assert _acquired(r) == {0: [(0, 0, 3)]}
+    r = await _fetch(node, "b", 2, {0: [(0, 0, [RELEASE])]}, max_records=1)
+    # third delivery released: archived, never delivered again; the next record comes instead
+    assert _acquired(r) == {0: [(1, 1, 1)]}
+    share = await node.broker.share_partitions.get(GROUP, "q", 0)
+    assert share.state.start_offset == 1
+
+
+async def test_an_expired_lock_makes_records_available_again(cluster) -> None:
+    node = await _node(cluster, record_lock_duration_ms=200)
+    await _produce(node, "q", 0, 3)
+    r = await _fetch(node, "dead", 0, {0: []})
+    assert _acquired(r) == {0: [(0, 2, 1)]}
+    assert r.acquisition_lock_timeout.total_seconds() == 0.2
+    # "dead" never acknowledges; a long poll of another member is woken by the expiry
+    r = await _fetch(node, "alive", 0, {0: []}, max_wait_ms=30_000)
+    assert _acquired(r) == {0: [(0, 2, 2)]}
+    r = await _ack(node, "dead", 1, 0, [(0, 2, [ACCEPT])])  # too late
+    assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.invalid_record_state]
+
+
+async def test_a_new_leader_redelivers_locked_records_but_nothing_acknowledged(cluster) -> None:
+    n1 = await _node(cluster, partitions=2)
+    n2 = await cluster.start_node(2)
+    n2.broker.share_partitions._settings = _settings()
+    await _produce(n1, "q", 0, 6)
+    assert _acquired(await _fetch(n1, "m", 0, {0: []})) == {0: [(0, 5, 1)]}
+    assert _ack_errors(await _fetch(n1, "m", 1, {0: [(0, 2, [ACCEPT])]})) == {0: ErrorCode.none}
+    old = await n1.broker.share_partitions.get(GROUP, "q", 0)
+    # move q-0 to node 2: the old leader writes the state once more, the new one loads it
+    await n1.broker.cluster.reassign_partition("q", 0, 2)
+    for _ in range(400):
+        if any(p.topic == "q" and p.partition == 0 for p in n2.broker.partitions.led()):
+            break
+        await asyncio.sleep(0.05)
+    got = _acquired(await _fetch(n2, "m2", 0, {0: []}))
+    assert got == {0: [(3, 5, 2)]}  # 0..2 acknowledged on the old leader are not redelivered
+    # the deposed leader's state can no longer be written
+    assert old.closed or old.fenced
+    # the old leader answers NOT_LEADER_OR_FOLLOWER with the new leader's endpoint
+    r = await _fetch(n1, "m", 2, {0: [(3, 5, [ACCEPT])]})
+    part = r.responses[0].partitions[0]
+    assert part.acknowledge_error_code == ErrorCode.not_leader_or_follower
+    assert part.current_leader.leader_id == 2
+
+
+async def test_a_crashed_leaders_successor_loads_the_last_write(cluster) -> None:
+    """A crash loses the locks (not written) but not the acknowledgements (written before
+    they were answered); a deposed writer is fenced by the successor's claim."""
+    node = await _node(cluster)
+    await _produce(node, "q", 0, 4)
+    assert _acquired(await _fetch(node, "m", 0, {0: []})) == {0: [(0, 3, 1)]}
+    assert _ack_errors(await _fetch(node, "m", 1, {0: [(1, 1, [ACCEPT])]})) == {0: ErrorCode.none}
+    manager = node.broker.share_partitions
+    zombie = manager._shares.pop((GROUP, "q", 0))  # as if the broker forgot everything
+    assert _acquired(await _fetch(node, "n", 0, {0: []})) == {0: [(0, 0, 2), (2, 3, 2)]}
+    zombie.changed()
+    try:
+        await zombie.persist()
+        raise AssertionError("a deposed writer overwrote the state")
+    except Exception as exc:
+        assert type(exc).__name__ == "ShareStateFenced"

@@ -24,9 +24,9 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from automq.broker.kafka.groups.share_settings import ShareGroupSettings, share_settings
 from automq.broker.kafka.partitions import NotLeaderError, Partition
 from automq.broker.kafka.share.partition_state import SharePartitionState
 from automq.broker.kafka.share.state_store import ShareStateSnapshot, ShareStateStore
@@ -38,22 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class ShareGroupSettings:
-    """Kafka's defaults; per-group overrides come from the group side (share_settings)."""
-
-    record_lock_duration_ms: int = 30_000
-    delivery_count_limit: int = 5
-    auto_offset_reset: str = "latest"
-    isolation_level: str = "read_uncommitted"
-    partition_max_record_locks: int = 2_000
-
-
 SettingsSource = Callable[["Broker", str], ShareGroupSettings]
-
-
-def default_settings(_broker: Broker, _group_id: str) -> ShareGroupSettings:
-    return ShareGroupSettings()
 
 
 class ShareStateFenced(Exception):
@@ -228,7 +213,7 @@ class SharePartitionManager:
     """The broker's share-partitions, created on demand and dropped with their partition.
     Registered as a PartitionListener: resignation writes the state one last time."""
 
-    def __init__(self, broker: Broker, settings: SettingsSource = default_settings) -> None:
+    def __init__(self, broker: Broker, settings: SettingsSource = share_settings) -> None:
         self._broker = broker
         self._settings = settings
         # None: a broker without storage (protocol-only tests), which leads no partition
@@ -237,6 +222,8 @@ class SharePartitionManager:
         self._shares: dict[tuple[str, str, int], SharePartition] = {}
         self._loading: dict[tuple[str, str, int], asyncio.Task[SharePartition]] = {}
         broker.partitions.add_listener(self)
+        # the group coordinator (when it is this broker) says when a member left or was fenced
+        broker.groups.add_share_listener(self._member_departed)
 
     @property
     def store(self) -> ShareStateStore:
@@ -317,6 +304,12 @@ class SharePartitionManager:
         return partition.high_watermark
 
     # ---------------------------------------------------------------- members
+
+    def _member_departed(self, group_id: str, member_id: str) -> None:
+        self._broker.share_sessions.remove(group_id, member_id)
+        released = self.release_member(group_id, member_id)
+        if released:
+            log.info("share group %s: member %s left, %d records released", group_id, member_id, released)
 
     def release_member(self, group_id: str, member_id: str, keys: list[tuple[str, int]] | None = None) -> int:
         """Release what a member holds (its share session closed, or it left the group)."""

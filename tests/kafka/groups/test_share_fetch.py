@@ -12,7 +12,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka import records
-from automq.broker.kafka.share.manager import ShareGroupSettings
+from automq.broker.kafka.groups.share_settings import ShareGroupSettings
 from automq.broker.kafka.share.partition_state import ACCEPT, REJECT, RELEASE
 
 SHARE_FETCH, SHARE_ACK = 78, 79

@@ -160,20 +160,27 @@ def rebalance(
     controller: list[str] | None = typer.Option(
         None, "--controller", help="Controller URL: use its view (draining/fenced brokers). Repeatable."
     ),
+    command_config: Path | None = typer.Option(
+        None, "--command-config", help="Kafka client properties for TLS / SASL (as Kafka's tools take them)."
+    ),
 ) -> None:
     """Balance partitions by measured load (exit 0 ok, 1 a move failed, 2 no decision)."""
+    from automq.broker.admin.cli import client_security
     from automq.broker.balancer.cli import RebalanceOptions, parse_metrics_urls, run_rebalance
+    from automq.broker.config import ConfigError
 
     if output not in ("table", "json"):
         typer.echo(f"--output must be table or json, got {output!r}", err=True)
         raise typer.Exit(2)
     try:
         urls = parse_metrics_urls(metrics_url or [])
-    except ValueError as exc:
+        security = client_security(command_config)
+    except (ValueError, ConfigError) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
     options = RebalanceOptions(
         bootstrap=bootstrap,
+        security=security,
         dry_run=dry_run,
         tolerance=tolerance,
         max_moves=max_moves,

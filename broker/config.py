@@ -126,6 +126,9 @@ class TlsConfig(_Section):
     principal_mapping_rules: list[str] = Field(default_factory=lambda: ["DEFAULT"])  # ssl.principal.mapping.rules
     reload_check_interval_ms: DurationMs = 10_000  # how often cert_file/key_file/ca_file are checked for changes
     handshake_timeout_ms: DurationMs = Field(10_000, gt=0)  # a TLS handshake unfinished this long is dropped
+    # Kafka's ssl.endpoint.identification.algorithm: "https" checks the other broker's certificate
+    # names its advertised host (inter-broker connections); "" trusts any certificate of the CA
+    endpoint_identification_algorithm: Literal["https", ""] = "https"  # ssl.endpoint.identification.algorithm
 
 
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
@@ -151,6 +154,17 @@ class SecurityConfig(_Section):
     sasl_oauthbearer_clock_skew_ms: DurationMs = 30_000  # tolerance on exp / nbf / iat
     sasl_oauthbearer_allow_unsecured: bool = Field(
         False, description="Development only: accept unsigned (`alg: none`) tokens, as Kafka's unsecured validator"
+    )
+    sasl_mechanism_inter_broker_protocol: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None,
+        description="SASL mechanism brokers authenticate to each other with on a SASL inter-broker listener "
+        "(`sasl.mechanism.inter.broker.protocol`); unset: the first client-capable one of sasl_enabled_mechanisms",
+    )
+    sasl_inter_broker_jaas_config_file: str | None = Field(
+        None,
+        description="A file holding the broker's own SASL credentials in Kafka's `sasl.jaas.config` syntax "
+        '(`... required username="broker" password="...";`), used on a SASL inter-broker listener; re-read '
+        "for every new connection",
     )
     controller_token_file: str | None = Field(
         None,
@@ -230,9 +244,7 @@ class KafkaConfig(_Section):
     max_connections_per_ip_overrides: dict[str, ConnectionCount] = Field(default_factory=dict)  # {host or IP: limit}
     request_frame_timeout_ms: DurationMs = Field(60_000, gt=0)  # automq only: close a frame unfinished this long
     queued_max_request_bytes: Size = 256 << 20  # unfinished request frames of all connections hold at most this
-    inter_broker_listener_name: str | None = (
-        None  # listener brokers use to reach each other (txn markers); default: the first
-    )
+    inter_broker_listener_name: str | None = None  # brokers reach each other here; default: first usable listener
     fetch_session_cache_slots: int = Field(1000, ge=0)  # incremental fetch sessions kept (KIP-227); 0 disables
     authorizer_class_name: AuthorizerName = ""  # "standard": every request is checked against ACLs; "": no authorizer
     super_users: str = ""  # "User:admin;User:ops": principals every check allows (Kafka's super.users)
@@ -325,11 +337,18 @@ class NodeConfig(_Section):
             chosen = next((lst for lst in self.listeners if lst.name == inter), None)
             if chosen is None and self.listeners:
                 raise ValueError(f"kafka.inter_broker_listener_name {inter!r} is not one of the listeners")
-            if chosen is not None and chosen.security_protocol != "PLAINTEXT":
-                raise ValueError(
-                    f"kafka.inter_broker_listener_name {inter!r} must be a PLAINTEXT listener: broker-to-broker "
-                    "calls carry no TLS or SASL credentials yet"
-                )
+            if chosen is not None and chosen.security_protocol.startswith("SASL"):
+                if not security.sasl_inter_broker_jaas_config_file:
+                    raise ValueError(
+                        f"kafka.inter_broker_listener_name {inter!r} is a {chosen.security_protocol} listener: set "
+                        "security.sasl_inter_broker_jaas_config_file to the broker's own credentials"
+                    )
+                mechanism = security.sasl_mechanism_inter_broker_protocol
+                if mechanism is not None and mechanism not in security.sasl_enabled_mechanisms:
+                    raise ValueError(
+                        f"security.sasl_mechanism_inter_broker_protocol {mechanism} must be one of "
+                        f"security.sasl_enabled_mechanisms {security.sasl_enabled_mechanisms}"
+                    )
         names = [lst.name for lst in self.listeners]
         if len(set(names)) != len(names):
             raise ValueError(f"listeners: names must be distinct, got {names}")

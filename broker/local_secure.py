@@ -2,7 +2,8 @@
 
 Under `<data-dir>/secure/` (made once, reused by later starts): a private CA, a node
 certificate for 127.0.0.1/localhost signed by it (keys 0600, never leave the machine), the
-controller API token, and the password of the SCRAM-SHA-512 user `admin`. Brokers listen
+controller API token, the password of the SCRAM-SHA-512 user `admin`, and the brokers'
+inter-broker credentials (the same user, in Kafka's JAAS syntax). Brokers listen
 with SASL_SSL only (the first listener, on --port); the controller API is https with the
 token. Once the cluster is ready the `admin` user is created through the controller, and the
 client settings are printed.
@@ -96,7 +97,18 @@ class SecureLocal:
         for name, size in (("controller-token", 32), ("admin.password", 18)):
             if not (directory / name).exists():
                 _write_private(directory / name, secrets.token_urlsafe(size).encode())
-        return cls(directory)
+        local = cls(directory)
+        # brokers reach each other (transaction markers) on the same SASL_SSL listener, as `admin`
+        _write_private(
+            local.inter_broker_jaas,
+            f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN_USER}" '
+            f'password="{local.admin_password}";\n'.encode(),
+        )
+        return local
+
+    @property
+    def inter_broker_jaas(self) -> Path:
+        return self.directory / "inter-broker.jaas"
 
     @property
     def ca_file(self) -> Path:
@@ -118,6 +130,8 @@ class SecureLocal:
                 "sasl_enabled_mechanisms": ["SCRAM-SHA-512", "SCRAM-SHA-256"],
                 "controller_token_file": str(self.directory / "controller-token"),
                 "controller_tls": True,
+                "sasl_mechanism_inter_broker_protocol": "SCRAM-SHA-512",
+                "sasl_inter_broker_jaas_config_file": str(self.inter_broker_jaas),
             },
         }
 

@@ -1,7 +1,8 @@
 """`automq topics ...` and `automq groups ...`: typer sub-apps over `AdminClient`.
 
 Every command takes `--bootstrap` (default: the local cluster in `--data-dir`, else
-127.0.0.1:9092) and `--output table|json`; errors print one line naming the Kafka error and
+127.0.0.1:9092), `--command-config FILE` (TLS / SASL client properties, as Kafka's tools) and
+`--output table|json`; errors print one line naming the Kafka error and
 exit 1, bad usage exits 2.
 """
 
@@ -18,6 +19,7 @@ import typer
 
 if TYPE_CHECKING:  # the client (kio) is imported when a command runs: `automq --help` stays instant
     from automq.broker.admin.kafka import AdminClient, GroupDetail, TopicDetail
+    from automq.broker.security.client import ClientSecurity
 
 T = TypeVar("T")
 
@@ -28,6 +30,12 @@ groups_app = typer.Typer(
 )
 
 BOOTSTRAP = typer.Option(None, "--bootstrap", "-b", help="HOST:PORT; default: the local cluster in --data-dir.")
+COMMAND_CONFIG = typer.Option(
+    None,
+    "--command-config",
+    help="Client properties (security.protocol, sasl.mechanism, sasl.jaas.config or sasl.username/sasl.password, "
+    "ssl.ca.location, ...) as Kafka's tools take them; default: a --secure local cluster's own settings.",
+)
 DATA_DIR = typer.Option(Path(".automq-local"), "--data-dir", help="A local cluster's data dir.")
 OUTPUT = typer.Option("table", "--output", "-o", help="table or json.")
 
@@ -46,17 +54,45 @@ def local_bootstrap(data_dir: Path) -> str | None:
     return ",".join(addresses) or None
 
 
-def _run(bootstrap: str | None, data_dir: Path, output: str, call: Callable[[AdminClient], Awaitable[T]]) -> T:
+def client_security(command_config: Path | None, data_dir: Path | None = None) -> ClientSecurity:
+    """Security of the admin connections: --command-config, else a `local up --secure` cluster's
+    own settings when `data_dir` is one, else PLAINTEXT. ConfigError names what is wrong."""
+    from automq.broker.security import client
+
+    if command_config is not None:
+        return client.from_properties(client.read_properties(command_config))
+    if data_dir is not None and (data_dir / "secure" / "ca.crt").exists() and local_bootstrap(data_dir):
+        from automq.broker.local_secure import SecureLocal
+
+        lines = SecureLocal(data_dir / "secure").client_settings("").splitlines()
+        props = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+        return client.from_properties(props, f"{data_dir / 'secure'}")
+    return client.PLAINTEXT
+
+
+def _run(
+    bootstrap: str | None,
+    command_config: Path | None,
+    data_dir: Path,
+    output: str,
+    call: Callable[[AdminClient], Awaitable[T]],
+) -> T:
     if output not in ("table", "json"):
         typer.echo(f"--output must be table or json, got {output!r}", err=True)
         raise typer.Exit(2)
     from automq.broker.admin.kafka import AdminClient
     from automq.broker.balancer.kafka_admin import KafkaAdminError
+    from automq.broker.config import ConfigError
 
     address = bootstrap or local_bootstrap(data_dir) or "127.0.0.1:9092"
+    try:
+        security = client_security(command_config, None if bootstrap else data_dir)
+    except ConfigError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
 
     async def go() -> T:
-        admin = AdminClient(address, timeout_s=15.0)
+        admin = AdminClient(address, timeout_s=15.0, security=security)
         try:
             return await call(admin)
         finally:
@@ -107,12 +143,13 @@ def _pairs(items: list[str], option: str) -> dict[str, str]:
 @topics_app.command("list")
 def topics_list(
     bootstrap: str | None = BOOTSTRAP,
+    command_config: Path | None = COMMAND_CONFIG,
     data_dir: Path = DATA_DIR,
     output: str = OUTPUT,
     internal: bool = typer.Option(False, "--internal", help="Include internal topics (__consumer_offsets)."),
 ) -> None:
     """Topics and their partition counts."""
-    topics = _run(bootstrap, data_dir, output, lambda a: a.list_topics(include_internal=internal))
+    topics = _run(bootstrap, command_config, data_dir, output, lambda a: a.list_topics(include_internal=internal))
     if output == "json":
         _json(topics)
     else:
@@ -123,11 +160,12 @@ def topics_list(
 def topics_describe(
     name: str = typer.Argument(..., help="Topic name."),
     bootstrap: str | None = BOOTSTRAP,
+    command_config: Path | None = COMMAND_CONFIG,
     data_dir: Path = DATA_DIR,
     output: str = OUTPUT,
 ) -> None:
     """Partitions (leader, start and end offsets) and the configs set on the topic."""
-    detail: TopicDetail = _run(bootstrap, data_dir, output, lambda a: a.describe_topic(name))
+    detail: TopicDetail = _run(bootstrap, command_config, data_dir, output, lambda a: a.describe_topic(name))
     if output == "json":
         _json(detail)
         return
@@ -150,20 +188,24 @@ def topics_create(
     partitions: int = typer.Option(1, "--partitions", "-p", min=1, help="Number of partitions."),
     config: list[str] | None = typer.Option(None, "--config", "-c", help="KEY=VALUE topic config (repeatable)."),
     bootstrap: str | None = BOOTSTRAP,
+    command_config: Path | None = COMMAND_CONFIG,
     data_dir: Path = DATA_DIR,
 ) -> None:
     """Create a topic (one replica per partition: durability comes from the WAL and object store)."""
     configs = _pairs(config or [], "--config")
-    _run(bootstrap, data_dir, "table", lambda a: a.create_topic(name, partitions, configs))
+    _run(bootstrap, command_config, data_dir, "table", lambda a: a.create_topic(name, partitions, configs))
     typer.echo(f"created topic {name} with {partitions} partition(s)")
 
 
 @topics_app.command("delete")
 def topics_delete(
-    name: str = typer.Argument(..., help="Topic name."), bootstrap: str | None = BOOTSTRAP, data_dir: Path = DATA_DIR
+    name: str = typer.Argument(..., help="Topic name."),
+    bootstrap: str | None = BOOTSTRAP,
+    command_config: Path | None = COMMAND_CONFIG,
+    data_dir: Path = DATA_DIR,
 ) -> None:
     """Delete a topic and its data."""
-    _run(bootstrap, data_dir, "table", lambda a: a.delete_topic(name))
+    _run(bootstrap, command_config, data_dir, "table", lambda a: a.delete_topic(name))
     typer.echo(f"deleted topic {name}")
 
 
@@ -173,6 +215,7 @@ def topics_alter_config(
     set_: list[str] | None = typer.Option(None, "--set", help="KEY=VALUE to set (repeatable)."),
     delete: list[str] | None = typer.Option(None, "--delete", help="KEY to reset to the default (repeatable)."),
     bootstrap: str | None = BOOTSTRAP,
+    command_config: Path | None = COMMAND_CONFIG,
     data_dir: Path = DATA_DIR,
 ) -> None:
     """Set or reset topic configs (IncrementalAlterConfigs)."""
@@ -180,7 +223,7 @@ def topics_alter_config(
     if not values and not delete:
         typer.echo("nothing to change: give --set KEY=VALUE and/or --delete KEY", err=True)
         raise typer.Exit(2)
-    _run(bootstrap, data_dir, "table", lambda a: a.alter_topic_config(name, values, delete or []))
+    _run(bootstrap, command_config, data_dir, "table", lambda a: a.alter_topic_config(name, values, delete or []))
     typer.echo(f"altered configs of {name}")
 
 
@@ -190,6 +233,7 @@ def topics_alter_config(
 @groups_app.command("list")
 def groups_list(
     bootstrap: str | None = BOOTSTRAP,
+    command_config: Path | None = COMMAND_CONFIG,
     data_dir: Path = DATA_DIR,
     output: str = OUTPUT,
     type_: list[str] | None = typer.Option(
@@ -202,7 +246,7 @@ def groups_list(
     if bad:
         typer.echo(f"--type must be classic or consumer, got {bad[0]!r}", err=True)
         raise typer.Exit(2)
-    groups = _run(bootstrap, data_dir, output, lambda a: a.list_groups(types))
+    groups = _run(bootstrap, command_config, data_dir, output, lambda a: a.list_groups(types))
     if output == "json":
         _json(groups)
     else:
@@ -217,11 +261,12 @@ def groups_list(
 def groups_describe(
     group: str = typer.Argument(..., help="Group id."),
     bootstrap: str | None = BOOTSTRAP,
+    command_config: Path | None = COMMAND_CONFIG,
     data_dir: Path = DATA_DIR,
     output: str = OUTPUT,
 ) -> None:
     """Members and their partitions, committed offsets, end offsets and lag per partition."""
-    detail: GroupDetail = _run(bootstrap, data_dir, output, lambda a: a.describe_group(group))
+    detail: GroupDetail = _run(bootstrap, command_config, data_dir, output, lambda a: a.describe_group(group))
     if output == "json":
         data = asdict(detail)
         data["total_lag"] = detail.total_lag

@@ -27,6 +27,7 @@ from automq.broker.balancer.model import FENCED, ClusterMetadata, Incomplete
 from automq.broker.balancer.planner import Goals, GoalsError, Proposal, drain, plan
 from automq.broker.balancer.scrape import measure
 from automq.broker.controller.client import ControllerClient
+from automq.broker.security.client import PLAINTEXT, ClientSecurity
 from automq.broker.storage.metadata import MetadataError
 
 EXIT_OK, EXIT_MOVES_FAILED, EXIT_NO_DECISION = 0, 1, 2
@@ -46,6 +47,7 @@ class RebalanceOptions:
     max_concurrent: int = 4
     move_timeout_s: float = 60.0
     controller_urls: Sequence[str] = ()  # the controller's view: draining/fenced brokers, registered metrics URLs
+    security: ClientSecurity = PLAINTEXT  # TLS / SASL of the Kafka connections (--command-config)
 
 
 def parse_metrics_urls(items: Sequence[str]) -> dict[int, str]:
@@ -156,7 +158,7 @@ async def rebalance(options: RebalanceOptions) -> int:
     except GoalsError as exc:
         return report.fail("invalid", f"--tolerance/--max-moves: {exc}")
     try:
-        admin = KafkaAdmin(options.bootstrap, timeout_s=min(30.0, options.move_timeout_s))
+        admin = KafkaAdmin(options.bootstrap, timeout_s=min(30.0, options.move_timeout_s), security=options.security)
     except ValueError as exc:
         return report.fail("invalid", f"--bootstrap: {exc}")
     async with admin:

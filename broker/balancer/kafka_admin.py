@@ -6,16 +6,15 @@ ListOffsets to one broker (does the new leader serve the partition yet?). The st
 APIs, so the balancer needs nothing but a bootstrap address; the full Kafka clients are test
 dependencies only, the product does not import them.
 
-One connection per broker, one request in flight on it at a time (the balancer sends few
-requests; simplicity beats pipelining here). A connection that fails is dropped and the next
-call reconnects.
+One connection per broker (`automq.broker.kafka.client.BrokerConnection`: TLS and SASL as
+`security` says), one request in flight on it at a time. A connection that fails is dropped
+and the next call reconnects.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
-import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -24,20 +23,15 @@ from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from automq.broker.balancer.model import BrokerMeta, ClusterMetadata, PartitionKey
-from automq.broker.kafka import codec
+from automq.broker.kafka.client import BrokerConnection, KafkaClientError
+from automq.broker.security.client import PLAINTEXT, ClientSecurity
 
 METRICS_URL_CONFIG = "automq.metrics.url"  # what brokers report (handlers/admin.py)
 _BROKER_RESOURCE = 4
-_SIZE = struct.Struct(">i")
-MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 
 
-class KafkaAdminError(Exception):
-    """A request failed: a connection problem (code None) or a Kafka error code."""
-
-    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
-        super().__init__(message)
-        self.code = code
+# one error type for every caller of this client (a connection problem: code None)
+KafkaAdminError = KafkaClientError
 
 
 def parse_bootstrap(bootstrap: str) -> list[tuple[str, int]]:
@@ -72,58 +66,12 @@ class KafkaMetadata:
     topic_errors: Mapping[str, ErrorCode]
 
 
-class _Connection:
-    def __init__(self, host: str, port: int, timeout_s: float) -> None:
-        self.address = f"{host}:{port}"
-        self._host, self._port = host, port
-        self._timeout_s = timeout_s
-        self._lock = asyncio.Lock()
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._correlation = 0
-
-    async def close(self) -> None:
-        writer, self._reader, self._writer = self._writer, None, None
-        if writer is not None:
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except (OSError, ConnectionError):
-                pass
-
-    async def call(self, request: object) -> object:
-        async with self._lock:
-            try:
-                return await asyncio.wait_for(self._call(request), self._timeout_s)
-            except TimeoutError:
-                await self.close()
-                raise KafkaAdminError(f"{self.address}: no answer within {self._timeout_s:g}s") from None
-            except (OSError, ConnectionError, asyncio.IncompleteReadError) as exc:
-                await self.close()
-                raise KafkaAdminError(f"{self.address}: {type(exc).__name__}: {exc}") from None
-
-    async def _call(self, request: object) -> object:
-        if self._writer is None:
-            self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
-        assert self._reader is not None
-        self._correlation = (self._correlation + 1) & 0x7FFFFFFF
-        frame = codec.encode_request(self._correlation, request, client_id="automq-balancer")
-        self._writer.write(_SIZE.pack(len(frame)) + frame)
-        await self._writer.drain()
-        (size,) = _SIZE.unpack(await self._reader.readexactly(4))
-        if not 0 <= size <= MAX_RESPONSE_BYTES:
-            raise ConnectionError(f"response size {size} out of range")
-        correlation, response = codec.decode_response(await self._reader.readexactly(size), type(request))
-        if correlation != self._correlation:
-            raise ConnectionError(f"correlation id {correlation}, expected {self._correlation}")
-        return response
-
-
 class KafkaAdmin:
-    def __init__(self, bootstrap: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, bootstrap: str, *, timeout_s: float = 30.0, security: ClientSecurity = PLAINTEXT) -> None:
         self.bootstrap = parse_bootstrap(bootstrap)
         self.timeout_s = timeout_s
-        self._connections: dict[tuple[str, int], _Connection] = {}
+        self.security = security
+        self._connections: dict[tuple[str, int], BrokerConnection] = {}
         self._brokers: dict[int, KafkaBroker] = {}
 
     async def close(self) -> None:
@@ -137,10 +85,12 @@ class KafkaAdmin:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _connection(self, host: str, port: int) -> _Connection:
+    def _connection(self, host: str, port: int) -> BrokerConnection:
         c = self._connections.get((host, port))
         if c is None:
-            c = self._connections[(host, port)] = _Connection(host, port, self.timeout_s)
+            c = self._connections[(host, port)] = BrokerConnection(
+                host, port, client_id="automq-balancer", security=self.security, timeout_s=self.timeout_s
+            )
         return c
 
     async def _any(self, request: object) -> object:

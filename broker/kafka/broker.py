@@ -32,6 +32,7 @@ from automq.broker.kafka.quotas import ClientQuotas
 from automq.broker.kafka.share.manager import SharePartitionManager
 from automq.broker.kafka.share.sessions import ShareSessionCache
 from automq.broker.kafka.transactions.coordinator import TXN_TOPIC, TransactionCoordinator
+from automq.broker.security.client import inter_broker_listener
 from automq.broker.security.sasl import SaslMechanisms
 from automq.broker.security.scram import ScramCredential
 from automq.broker.storage.api import StreamClient
@@ -92,6 +93,12 @@ class Broker:
         self.sasl: SaslMechanisms | None = None
         if any(lst.security_protocol.startswith("SASL") for lst in config.listeners):
             self.sasl = SaslMechanisms(config.security, self.scram_credential)
+        if config.listeners and inter_broker_listener(config) is None:
+            log.warning(
+                "every listener needs SASL and security.sasl_inter_broker_jaas_config_file is not set: transaction "
+                "markers for partitions led by other brokers cannot be delivered; set it (and "
+                "kafka.inter_broker_listener_name)"
+            )
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -158,9 +165,8 @@ class Broker:
         if image is None:
             return None
         if listener is None:  # broker-to-broker (transaction markers)
-            listener = self.config.kafka.inter_broker_listener_name or (
-                self.config.listeners[0].name if self.config.listeners else None
-            )
+            chosen = inter_broker_listener(self.config)
+            listener = chosen.name if chosen is not None else None
         for b in image.brokers:
             if b.node_id == node_id and b.endpoints and b.state != "fenced":
                 e = next((e for e in b.endpoints if e.listener == listener), None)

@@ -183,3 +183,57 @@ class ScramServer:
         self.complete = True
         self._state = "done"
         return b"v=" + base64.b64encode(_hmac(self._hash, cred.server_key, auth_message))
+
+
+def _encode_saslname(name: str) -> str:
+    return name.replace("=", "=3D").replace(",", "=2C")
+
+
+class ScramClient:
+    """The client side of one exchange (a broker calling another broker, the admin CLIs):
+    `first()`, then `final(server_first)`, then `verify(server_final)`; any server answer
+    that does not fit (a foreign nonce, a bad signature, an iteration count Kafka would not
+    use) raises SaslAuthenticationError, so a man in the middle cannot pass as the broker."""
+
+    def __init__(self, mechanism: str, username: str, password: str, nonce: str | None = None) -> None:
+        if mechanism not in MECHANISMS:
+            raise ValueError(mechanism)
+        self._hash = MECHANISMS[mechanism]
+        self._password = password
+        self._nonce = nonce or secrets.token_urlsafe(24)
+        self._first_bare = f"n={_encode_saslname(username)},r={self._nonce}"
+        self._server_key = b""
+        self._auth_message = b""
+
+    def first(self) -> bytes:
+        return f"n,,{self._first_bare}".encode()
+
+    def final(self, server_first: bytes) -> bytes:
+        text = server_first.decode("utf-8", "replace")
+        attrs = _attributes(text)
+        nonce, salt_b64, iterations = attrs.get("r", ""), attrs.get("s", ""), attrs.get("i", "")
+        if not nonce.startswith(self._nonce) or len(nonce) == len(self._nonce):
+            raise SaslAuthenticationError("SCRAM server-first message does not extend our nonce")
+        if not iterations.isdigit() or not MIN_ITERATIONS <= int(iterations) <= MAX_ITERATIONS:
+            raise SaslAuthenticationError(f"SCRAM server-first message has an invalid iteration count {iterations!r}")
+        try:
+            salt = base64.b64decode(salt_b64, validate=True)
+        except ValueError:
+            raise SaslAuthenticationError("SCRAM server-first message has an invalid salt") from None
+        salted = hashlib.pbkdf2_hmac(self._hash, self._password.encode(), salt, int(iterations))
+        client_key = _hmac(self._hash, salted, b"Client Key")
+        stored_key = hashlib.new(self._hash, client_key).digest()
+        head = f"c=biws,r={nonce}"
+        self._auth_message = f"{self._first_bare},{text},{head}".encode()
+        signature = _hmac(self._hash, stored_key, self._auth_message)
+        proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+        self._server_key = _hmac(self._hash, salted, b"Server Key")
+        return f"{head},p={base64.b64encode(proof).decode()}".encode()
+
+    def verify(self, server_final: bytes) -> None:
+        attrs = _attributes(server_final.decode("utf-8", "replace"))
+        if "e" in attrs:
+            raise SaslAuthenticationError(f"SCRAM server refused: {attrs['e']}")
+        expected = base64.b64encode(_hmac(self._hash, self._server_key, self._auth_message)).decode()
+        if not hmac.compare_digest(attrs.get("v", ""), expected):
+            raise SaslAuthenticationError("SCRAM server signature does not match: not the broker we trust")

@@ -283,11 +283,25 @@ def test_oauthbearer_without_any_way_to_validate_is_a_config_error():
         parse_config({"node_id": 1, "listeners": listeners, "security": {"sasl_enabled_mechanisms": ["OAUTHBEARER"]}})
 
 
-def test_inter_broker_listener_must_exist_and_be_plaintext():
+def test_inter_broker_listener_must_exist_and_sasl_needs_credentials(tmp_path):
     listeners = [{"name": "INTERNAL", "port": 1}, {"name": "SASL", "port": 2, "security_protocol": "SASL_PLAINTEXT"}]
     ok = parse_config({"node_id": 1, "listeners": listeners, "kafka": {"inter_broker_listener_name": "INTERNAL"}})
     assert ok.kafka.inter_broker_listener_name == "INTERNAL"
     with pytest.raises(ConfigError, match="not one of the listeners"):
         parse_config({"node_id": 1, "listeners": listeners, "kafka": {"inter_broker_listener_name": "NOPE"}})
-    with pytest.raises(ConfigError, match="must be a PLAINTEXT listener"):
+    with pytest.raises(ConfigError, match="sasl_inter_broker_jaas_config_file"):
         parse_config({"node_id": 1, "listeners": listeners, "kafka": {"inter_broker_listener_name": "SASL"}})
+    jaas = str(tmp_path / "jaas")
+    with pytest.raises(ConfigError, match="sasl_mechanism_inter_broker_protocol SCRAM-SHA-256 must be one of"):
+        parse_config(
+            {
+                "node_id": 1,
+                "listeners": listeners,
+                "kafka": {"inter_broker_listener_name": "SASL"},
+                "security": {
+                    "sasl_enabled_mechanisms": ["PLAIN"],
+                    "sasl_inter_broker_jaas_config_file": jaas,
+                    "sasl_mechanism_inter_broker_protocol": "SCRAM-SHA-256",
+                },
+            }
+        )

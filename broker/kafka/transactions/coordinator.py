@@ -89,7 +89,7 @@ class TransactionCoordinator:
         self._completing: dict[str, asyncio.Task[None]] = {}
         self._marked: dict[str, asyncio.Future[None]] = {}  # resolved once a completion's markers are written
         self._records: dict[int, int] = {}  # records appended per partition since its last checkpoint
-        self._channel = markers.MarkerChannel()
+        self._channel = markers.MarkerChannel.for_node(broker.config)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timer: asyncio.Task[None] | None = None
         self._closing = False

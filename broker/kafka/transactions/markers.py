@@ -4,29 +4,32 @@
 coordinator calls directly for partitions it leads itself): append the control batch, and
 for a `__consumer_offsets` partition let the group coordinator make the transaction's
 offsets visible (commit) or drop them (abort). `MarkerChannel` sends WriteTxnMarkers (v1,
-Kafka's inter-broker API) to other brokers over the Kafka protocol, one connection per broker.
+Kafka's inter-broker API) to other brokers over the Kafka protocol, one connection per broker,
+on the inter-broker listener with the broker's TLS trust store and SASL credentials
+(`automq.broker.security.client.inter_broker`); the receiving broker authorizes it as
+CLUSTER_ACTION on the cluster, so that principal must be a super user or hold that ACL.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka import codec
+from automq.broker.kafka.client import BrokerConnection, KafkaClientError
 from automq.broker.kafka.partitions import NotLeaderError, UnknownPartitionError
 from automq.broker.kafka.producers import ProducerStateError
+from automq.broker.security.client import PLAINTEXT, ClientSecurity, inter_broker
 from automq.broker.storage.api import StreamClosedError
 
 if TYPE_CHECKING:
+    from automq.broker.config import NodeConfig
     from automq.broker.kafka.broker import Broker
 
 log = logging.getLogger(__name__)
 
-_SIZE = struct.Struct(">i")
 WRITE_TXN_MARKERS = 27
 REQUEST_TIMEOUT_S = 30.0
 
@@ -54,51 +57,16 @@ async def write_local(
     return ErrorCode.none
 
 
-class _Connection:
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self._lock = asyncio.Lock()
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._correlation = 0
-
-    async def close(self) -> None:
-        writer, self._reader, self._writer = self._writer, None, None
-        if writer is not None:
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except (OSError, ConnectionError):
-                pass
-
-    async def call(self, request: Any) -> Any:
-        async with self._lock:
-            try:
-                return await asyncio.wait_for(self._call(request), REQUEST_TIMEOUT_S)
-            except BaseException:
-                await self.close()
-                raise
-
-    async def _call(self, request: Any) -> Any:
-        if self._writer is None:
-            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
-        assert self._reader is not None
-        self._correlation = (self._correlation + 1) & 0x7FFFFFFF
-        frame = codec.encode_request(self._correlation, request, client_id="automq-txn-coordinator")
-        self._writer.write(_SIZE.pack(len(frame)) + frame)
-        await self._writer.drain()
-        (size,) = _SIZE.unpack(await self._reader.readexactly(4))
-        correlation, response = codec.decode_response(await self._reader.readexactly(size), type(request))
-        if correlation != self._correlation:
-            raise ConnectionError(f"correlation id {correlation}, expected {self._correlation}")
-        return response
-
-
 class MarkerChannel:
     """WriteTxnMarkers to other brokers (one marker, all its partitions on that broker)."""
 
-    def __init__(self) -> None:
-        self._connections: dict[tuple[str, int], _Connection] = {}
+    def __init__(self, security: ClientSecurity = PLAINTEXT) -> None:
+        self.security = security
+        self._connections: dict[tuple[str, int], BrokerConnection] = {}
+
+    @classmethod
+    def for_node(cls, config: NodeConfig) -> MarkerChannel:
+        return cls(inter_broker(config))
 
     async def close(self) -> None:
         for c in list(self._connections.values()):
@@ -135,11 +103,15 @@ class MarkerChannel:
         )
         connection = self._connections.get((host, port))
         if connection is None:
-            connection = self._connections[(host, port)] = _Connection(host, port)
+            connection = self._connections[(host, port)] = BrokerConnection(
+                host, port, client_id="automq-txn-coordinator", security=self.security, timeout_s=REQUEST_TIMEOUT_S
+            )
         try:
             response = await connection.call(request)
         except Exception as exc:
-            log.info("WriteTxnMarkers to %s:%d failed: %r", host, port, exc)
+            # an authentication failure is a setting to fix, not a blip: say so louder
+            auth = isinstance(exc, KafkaClientError) and exc.code == ErrorCode.sasl_authentication_failed
+            log.log(logging.WARNING if auth else logging.INFO, "WriteTxnMarkers to %s:%d failed: %s", host, port, exc)
             return dict.fromkeys(partitions, ErrorCode.not_leader_or_follower)
         out: dict[tuple[str, int], ErrorCode] = dict.fromkeys(partitions, ErrorCode.unknown_server_error)
         for marker in response.markers:

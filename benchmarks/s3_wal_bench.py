@@ -28,7 +28,7 @@ from pathlib import Path
 from automq.broker.objectstore import open_object_store
 from automq.broker.objectstore.seaweedfs import SeaweedFS
 from automq.broker.storage.wal.base import WalRecord
-from automq.broker.storage.wal.objectstore import ObjectStoreWal, fence_prefix
+from automq.broker.storage.wal.objectstore import MAX_INFLIGHT, ObjectStoreWal, fence_prefix
 
 MiB = 1 << 20
 
@@ -116,8 +116,10 @@ async def light_load(
     return lat, puts
 
 
-async def saturation(store, epoch: int, seconds: float, inflight: int = 64) -> float:
-    wal = await open_wal(store, epoch)
+async def saturation(store, epoch: int, seconds: float, inflight: int = 64, max_bulks: int = MAX_INFLIGHT) -> float:
+    wal = ObjectStoreWal(store, 1, epoch, max_inflight=max_bulks)
+    await wal.recover()
+    await wal.start(wal.report.end_position)
     payload = os.urandom(MiB)
     done = 0
     stop = time.perf_counter() + seconds
@@ -150,6 +152,9 @@ async def main() -> None:
     ap.add_argument("--append-kib", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--max-bulks", type=int, default=MAX_INFLIGHT, help="the WAL's max_inflight for saturation")
+    ap.add_argument("--saturation-rounds", type=int, default=2)
+    ap.add_argument("--saturation-only", action="store_true")
     ap.add_argument(
         "--old-wal",
         default=None,
@@ -174,52 +179,62 @@ async def main() -> None:
         store = open_object_store(server.url_for(server.create_bucket()))
         await raw_puts(store, 1024, 20)  # warm up connections and volumes
         append = args.append_kib * 1024
-        print("\n## baselines (same store, same run)")
-        for size in (append, 4 * append):
-            lat = await raw_puts(store, size, 200)
-            print(f"raw PUT {size // 1024:5d} KiB, sequential: p50 {ms(pct(lat, 50))}  p99 {ms(pct(lat, 99))}")
-            lat = await raw_puts(store, size, 200, conditional=True)
-            print(f"raw conditional PUT {size // 1024:5d} KiB:  p50 {ms(pct(lat, 50))}  p99 {ms(pct(lat, 99))}")
-        lists = await raw_lists(store, 200)
-        print(f"fence LIST (no longer on the ack path): p50 {ms(pct(lists, 50))}  p99 {ms(pct(lists, 99))}")
-        par4 = await raw_parallel(store, 8 * MiB, 256 * MiB, 4)
-        par8 = await raw_parallel(store, 8 * MiB, 256 * MiB, 8)
-        print(f"raw parallel PUT, 8 MiB objects: 4 at a time {par4:7.1f} MiB/s, 8 at a time {par8:7.1f} MiB/s")
+        if not args.saturation_only:
+            print("\n## baselines (same store, same run)")
+            for size in (append, 4 * append):
+                lat = await raw_puts(store, size, 200)
+                print(f"raw PUT {size // 1024:5d} KiB, sequential: p50 {ms(pct(lat, 50))}  p99 {ms(pct(lat, 99))}")
+                lat = await raw_puts(store, size, 200, conditional=True)
+                print(f"raw conditional PUT {size // 1024:5d} KiB:  p50 {ms(pct(lat, 50))}  p99 {ms(pct(lat, 99))}")
+            lists = await raw_lists(store, 200)
+            print(f"fence LIST (no longer on the ack path): p50 {ms(pct(lists, 50))}  p99 {ms(pct(lists, 99))}")
+            par4 = await raw_parallel(store, 8 * MiB, 256 * MiB, 4)
+            par8 = await raw_parallel(store, 8 * MiB, 256 * MiB, 8)
+            print(f"raw parallel PUT, 8 MiB objects: 4 at a time {par4:7.1f} MiB/s, 8 at a time {par8:7.1f} MiB/s")
 
-        print(
-            f"\n## light load: {args.rate_mib} MiB/s of {args.append_kib} KiB appends, open loop, "
-            f"{args.rounds} rounds of {args.seconds / args.rounds:.1f}s, each after 50 raw PUTs (load drifts)"
-        )
-        lat, puts, raw = [], 0, []
-        old_lat, old_puts = [], 0
-        for r in range(args.rounds):
-            raw += await raw_puts(store, append, 50)
-            got, n = await light_load(store, 1 + r, append, args.rate_mib, args.seconds / args.rounds)
-            lat += got
-            puts += n
-            if old_class is not None:
-                got, n = await light_load(
-                    store, 1 + r, append, args.rate_mib, args.seconds / args.rounds, old_class, node=2
-                )
-                old_lat += got
-                old_puts += n
-        print(f"raw PUT {append // 1024} KiB (interleaved): p50 {ms(pct(raw, 50))}  p99 {ms(pct(raw, 99))}")
-        print(
-            f"S3 WAL ack latency:        p50 {ms(pct(lat, 50))} ({pct(lat, 50) / pct(raw, 50):.2f}x raw PUT p50)  "
-            f"p99 {ms(pct(lat, 99))} ({pct(lat, 99) / pct(raw, 99):.2f}x raw PUT p99)  max {ms(max(lat))}; "
-            f"{len(lat)} appends in {puts} PUTs"
-        )
-        if old_lat:
             print(
-                f"--old-wal ack latency:     p50 {ms(pct(old_lat, 50))} ({pct(old_lat, 50) / pct(raw, 50):.2f}x)  "
-                f"p99 {ms(pct(old_lat, 99))} ({pct(old_lat, 99) / pct(raw, 99):.2f}x)  max {ms(max(old_lat))}; "
-                f"{len(old_lat)} appends in {old_puts} PUTs"
+                f"\n## light load: {args.rate_mib} MiB/s of {args.append_kib} KiB appends, open loop, "
+                f"{args.rounds} rounds of {args.seconds / args.rounds:.1f}s, each after 50 raw PUTs (load drifts)"
             )
-        print(f"\n## saturation: 64 appends of 1 MiB in flight, {args.seconds}s")
-        mibs = await saturation(store, 1 + args.rounds, args.seconds)
+            lat, puts, raw = [], 0, []
+            old_lat, old_puts = [], 0
+            for r in range(args.rounds):
+                raw += await raw_puts(store, append, 50)
+                got, n = await light_load(store, 1 + r, append, args.rate_mib, args.seconds / args.rounds)
+                lat += got
+                puts += n
+                if old_class is not None:
+                    got, n = await light_load(
+                        store, 1 + r, append, args.rate_mib, args.seconds / args.rounds, old_class, node=2
+                    )
+                    old_lat += got
+                    old_puts += n
+            print(f"raw PUT {append // 1024} KiB (interleaved): p50 {ms(pct(raw, 50))}  p99 {ms(pct(raw, 99))}")
+            print(
+                f"S3 WAL ack latency:        p50 {ms(pct(lat, 50))} ({pct(lat, 50) / pct(raw, 50):.2f}x raw PUT p50)  "
+                f"p99 {ms(pct(lat, 99))} ({pct(lat, 99) / pct(raw, 99):.2f}x raw PUT p99)  max {ms(max(lat))}; "
+                f"{len(lat)} appends in {puts} PUTs"
+            )
+            if old_lat:
+                print(
+                    f"--old-wal ack latency:     p50 {ms(pct(old_lat, 50))} ({pct(old_lat, 50) / pct(raw, 50):.2f}x)  "
+                    f"p99 {ms(pct(old_lat, 99))} ({pct(old_lat, 99) / pct(raw, 99):.2f}x)  max {ms(max(old_lat))}; "
+                    f"{len(old_lat)} appends in {old_puts} PUTs"
+                )
         print(
-            f"S3 WAL {mibs:7.1f} MiB/s acknowledged (raw parallel PUT 4 at a time {par4:7.1f}, 8 at a time {par8:7.1f})"
+            f"\n## saturation: 64 appends of 1 MiB in flight, {args.seconds}s, at most {args.max_bulks} bulks "
+            "unacknowledged; raw parallel PUTs (8 MiB, 4 at a time) right before and right after (load drifts)"
         )
+        epoch = 1 + args.rounds
+        for _ in range(args.saturation_rounds):
+            before = await raw_parallel(store, 8 * MiB, 128 * MiB, 4)
+            mibs = await saturation(store, epoch, args.seconds, max_bulks=args.max_bulks)
+            after = await raw_parallel(store, 8 * MiB, 128 * MiB, 4)
+            epoch += 1
+            print(
+                f"S3 WAL {mibs:7.1f} MiB/s acknowledged; raw parallel PUT before {before:7.1f}, after {after:7.1f} "
+                f"({mibs / ((before + after) / 2):.2f}x their mean)"
+            )
         await store.close()
     finally:
         server.stop()

@@ -238,6 +238,7 @@ class KafkaConfig(_Section):
         900_000, gt=0
     )  # a producer's transaction.timeout.ms may not exceed it
     transaction_abort_timed_out_transaction_cleanup_interval_ms: DurationMs = Field(10_000, gt=0)  # timeout checks
+    transaction_partition_verification_enable: bool = True  # KIP-890: a txn's 1st batch per partition checked
     connections_max_idle_ms: DurationMs = 600_000  # close client connections idle this long (Kafka's default)
     max_connections: int = Field(10_000, ge=1)  # more client connections are closed at once (Kafka: unlimited)
     max_connections_per_ip: int = Field(2_147_483_647, ge=1)  # connections from one address beyond this are closed

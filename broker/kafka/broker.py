@@ -32,6 +32,7 @@ from automq.broker.kafka.quotas import ClientQuotas
 from automq.broker.kafka.share.manager import SharePartitionManager
 from automq.broker.kafka.share.sessions import ShareSessionCache
 from automq.broker.kafka.transactions.coordinator import TXN_TOPIC, TransactionCoordinator
+from automq.broker.kafka.transactions.verification import TxnVerifier
 from automq.broker.security.client import inter_broker_listener
 from automq.broker.security.sasl import SaslMechanisms
 from automq.broker.security.scram import ScramCredential
@@ -81,6 +82,7 @@ class Broker:
         self.producer_ids = ProducerIdAllocator(node_id=self.node_id, node_epoch=node_epoch)
         self.groups = GroupCoordinator(self)
         self.transactions = TransactionCoordinator(self)
+        self.txn_verifier = TxnVerifier(self)  # KIP-890: transactional produce checked with the coordinator
         from automq.broker.kafka.fetch_sessions import FetchSessionCache
 
         self.fetch_sessions = FetchSessionCache(config.kafka.fetch_session_cache_slots, self.metrics)
@@ -114,6 +116,7 @@ class Broker:
     async def close(self) -> None:
         try:
             await self.transactions.close()
+            await self.txn_verifier.close()
         except Exception:
             log.exception("closing the transaction coordinator failed")
         try:

@@ -22,13 +22,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kio.schema.errors import ErrorCode
+
 from automq.broker.config import NodeConfig
 from automq.broker.controller.protocol import ClusterClient, MetadataImage, PartitionInfo, TopicInfo
 from automq.broker.kafka import producer_recovery, records
 from automq.broker.kafka.leader_epochs import LeaderEpochHistory
 from automq.broker.kafka.metrics import KafkaMetrics
 from automq.broker.kafka.producer_snapshots import ProducerSnapshotStore
-from automq.broker.kafka.producers import ProducerStateManager
+from automq.broker.kafka.producers import ProducerStateError, ProducerStateManager
 from automq.broker.kafka.txn_state import AbortedTxn, PartitionTxnState
 from automq.broker.storage.api import FetchResult, Stream, StreamClient, StreamClosedError
 from automq.broker.storage.metadata import NodeFencedError, StreamFencedError, StreamNotFoundError
@@ -168,17 +170,30 @@ class Partition:
     # ---------------------------------------------------------------- appends
 
     async def append_batch(
-        self, batch: bytearray | memoryview, header: records.BatchHeader, *, sequenced: bool = True
+        self,
+        batch: bytearray | memoryview,
+        header: records.BatchHeader,
+        *,
+        sequenced: bool = True,
+        verification_guard: object | None = None,
     ) -> AppendResult:
         """Append one validated v2 batch (a private, mutable copy): offsets assigned here.
 
         Between the producer-state check and the stream's synchronous offset reservation
         there is no await, so two retries of one idempotent batch cannot both append.
         `sequenced=False`: a coordinator's own transactional batch (TxnOffsetCommit), which
-        carries the producer id without a sequence, as in Kafka.
+        carries the producer id without a sequence, as in Kafka. `verification_guard`: the
+        batch was verified with the transaction coordinator (KIP-890); refused if a marker of
+        its producer was written here since the verification began.
         """
         if self.closed:
             raise NotLeaderError(f"{self.topic}-{self.partition} is no longer led here")
+        if verification_guard is not None and not self.txns.verified(header.producer_id, verification_guard):
+            raise ProducerStateError(
+                ErrorCode.invalid_txn_state,
+                f"producer {header.producer_id}: its transaction ended in {self.topic}-{self.partition} "
+                "while the batch was being verified",
+            )
         state = self.producer_state
         idempotent = header.producer_id >= 0 and state is not None and sequenced
         if idempotent:

@@ -48,6 +48,10 @@ class PartitionTxnState:
         self._aborted_last: list[int] = []  # last_offset of each, for bisect
         # markers since the last snapshot: (producer id, first offset or -1, marker offset)
         self._completed: list[tuple[int, int, int]] = []
+        # KIP-890 verification guards: producer id -> the token of a verification started
+        # while it had no open transaction here; a marker or the opening batch ends it, so a
+        # batch verified before a marker cannot open a transaction after it (transactions/verification.py)
+        self.verifying: dict[int, object] = {}
 
     def __bool__(self) -> bool:
         return bool(self.ongoing or self._aborted)
@@ -68,7 +72,20 @@ class PartitionTxnState:
         if producer_id in self.ongoing:
             return False
         self.ongoing[producer_id] = base_offset
+        if self.verifying:
+            self.verifying.pop(producer_id, None)
         return True
+
+    def verification_guard(self, producer_id: int) -> object:
+        """The token a verification of this producer's next transaction here carries."""
+        guard = self.verifying.get(producer_id)
+        if guard is None:
+            guard = self.verifying[producer_id] = object()
+        return guard
+
+    def verified(self, producer_id: int, guard: object) -> bool:
+        """May a batch verified under `guard` be appended? (no marker since it began)"""
+        return producer_id in self.ongoing or self.verifying.get(producer_id) is guard
 
     def undo_open(self, producer_id: int, base_offset: int) -> None:
         """The append of a batch that opened a transaction failed: it is not in the log."""
@@ -77,6 +94,8 @@ class PartitionTxnState:
 
     def on_marker(self, producer_id: int, commit: bool, marker_offset: int) -> None:
         first = self.ongoing.pop(producer_id, -1)
+        if self.verifying:
+            self.verifying.pop(producer_id, None)
         self._completed.append((producer_id, first, marker_offset))
         if not commit and first >= 0:
             self._aborted.append(AbortedTxn(producer_id, first, marker_offset))

@@ -85,6 +85,7 @@ _REAL_KAFKA_BROKER_KEYS = frozenset(
         "transaction.state.log.num.partitions",
         "transaction.max.timeout.ms",
         "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        "transaction.partition.verification.enable",
         "connections.max.idle.ms",
         "max.connections",
         "max.connections.per.ip",

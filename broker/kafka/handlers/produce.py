@@ -5,8 +5,10 @@ and the object store are its replicas. acks=0 gets no response; as in Kafka, a f
 produce closes the connection so the client notices. Batches stay bytes: one copy into a
 bytearray to rewrite baseOffset/partitionLeaderEpoch (and maxTimestamp for LogAppendTime
 topics), never per-record work. Transactional batches are accepted (the partition notes the
-transaction it opens: txn_state.py); control batches come only from the transaction
-coordinator (WriteTxnMarkers), so a client's is refused with INVALID_RECORD, as in Kafka.
+transaction it opens: txn_state.py); one that would open a transaction in a partition is first
+verified with the transaction coordinator (KIP-890, transactions/verification.py). Control
+batches come only from the transaction coordinator (WriteTxnMarkers), so a client's is refused
+with INVALID_RECORD, as in Kafka.
 
 Ordering: every partition append is started as a task before the handler's first await, and
 request handlers start in arrival order, so pipelined produce requests of one connection
@@ -29,6 +31,7 @@ from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.registry import handles
 from automq.broker.kafka.partitions import AppendResult, NotLeaderError, UnknownPartitionError
 from automq.broker.kafka.producers import ProducerStateError
+from automq.broker.kafka.transactions.verification import FIRST_PRODUCE_ADDING
 from automq.broker.storage.api import RecordTooLargeError
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 OPEN_WAIT_S = 5.0
 
 API_KEY = 0
+_NO_TXN_ID = "a transactional batch needs the request's transactional id"
 
 
 def _error_of(exc: BaseException) -> tuple[ErrorCode, str | None]:
@@ -83,11 +87,15 @@ async def produce(request, ctx: RequestContext):
     # (topic, index) -> either an error (code, message) or a pending append task
     # topic, index, the append task or (error, message), the batch header (0 when refused before parsing)
     outcome: list[tuple[str, int, Any, records.BatchHeader | int]] = []
+    transactional_id = getattr(request, "transactional_id", None)
     txn_denied = (
         broker.authorizer is not None
-        and getattr(request, "transactional_id", None) is not None
-        and not authz.allowed(ctx, authz.Op.WRITE, authz.TRANSACTIONAL_ID, request.transactional_id)
+        and transactional_id is not None
+        and not authz.allowed(ctx, authz.Op.WRITE, authz.TRANSACTIONAL_ID, transactional_id)
     )
+    verifier = broker.txn_verifier
+    # (producer id, epoch) -> the coordinator's answer and the partitions it is asked about
+    verifications: dict[tuple[int, int], tuple[asyncio.Future[Any], list[tuple[str, int]]]] = {}
     for topic_data in request.topic_data:
         topic = topic_data.name
         denied = broker.authorizer is not None and (
@@ -138,9 +146,26 @@ async def produce(request, ctx: RequestContext):
             records_buf = pdata.records
             if not (isinstance(records_buf, memoryview) and not records_buf.readonly):
                 records_buf = bytearray(records_buf)  # kio decoded a small frame: private copy
-            task = asyncio.ensure_future(partition.append_batch(records_buf, header))
+            if header.is_transactional and verifier.needed(partition, header):
+                # KIP-890: the batch would open a transaction here; the coordinator is asked first
+                if transactional_id is None:
+                    outcome.append((topic, index, (ErrorCode.transactional_id_authorization_failed, _NO_TXN_ID), 0))
+                    continue
+                key = (header.producer_id, header.producer_epoch)
+                if key not in verifications:
+                    verifications[key] = (asyncio.get_running_loop().create_future(), [])
+                answer, verify_tps = verifications[key]
+                verify_tps.append((topic, index))
+                task = verifier.append(partition, records_buf, header, answer, ctx.api_version)
+            else:
+                task = asyncio.ensure_future(partition.append_batch(records_buf, header))
             outcome.append((topic, index, task, header))
 
+    for (producer_id, producer_epoch), (answer, verify_tps) in verifications.items():
+        assert transactional_id is not None
+        verifier.verify(
+            answer, transactional_id, producer_id, producer_epoch, verify_tps, ctx.api_version >= FIRST_PRODUCE_ADDING
+        )
     tasks = [o[2] for o in outcome if isinstance(o[2], asyncio.Future)]
     if tasks:
         timeout_s = request.timeout.total_seconds()

@@ -15,8 +15,9 @@ group for AddOffsetsToTxn and TxnOffsetCommit (GROUP_AUTHORIZATION_FAILED), READ
 of TxnOffsetCommit, CLUSTER_ACTION for WriteTxnMarkers (CLUSTER_AUTHORIZATION_FAILED).
 
 Versions: EndTxn up to v4 and TxnOffsetCommit up to v4 (v5 belongs to KIP-890 part 2, the epoch
-bump per transaction, not implemented); AddPartitionsToTxn v0-v5 (v4+ batches transactions and
-has verify_only, KIP-890 part 1).
+bump per transaction, not implemented); AddPartitionsToTxn v0-v5 (v4+ is the inter-broker form:
+batched transactions, verify_only for KIP-890 part 1 verification by partition leaders,
+CLUSTER_ACTION required, TRANSACTION_ABORTABLE from v5 and INVALID_TXN_STATE before).
 """
 
 from __future__ import annotations
@@ -111,12 +112,25 @@ async def add_partitions_to_txn(request: Any, ctx: RequestContext) -> Any:
             False,
         )
         return build(cls, throttle_time=ZERO_THROTTLE, results_by_topic_v3_and_below=_topic_results(cls, errors))
+    # v4+ come from brokers (a partition leader verifying or adding for a producer, KIP-890)
+    if not authz.cluster_allowed(ctx, authz.Op.CLUSTER_ACTION):
+        return build(
+            cls,
+            throttle_time=ZERO_THROTTLE,
+            error_code=ErrorCode.cluster_authorization_failed,
+            results_by_transaction=(),
+        )
     result_cls = nested(cls, "AddPartitionsToTxnResult")
     results = []
-    for txn in request.transactions:
+    for txn in request.transactions or ():
         errors = await _add_partitions(
             ctx, txn.transactional_id, txn.producer_id, txn.producer_epoch, txn.topics, txn.verify_only
         )
+        if ctx.api_version < 5:  # TRANSACTION_ABORTABLE is new in v5
+            errors = {
+                tp: ErrorCode.invalid_txn_state if e == ErrorCode.transaction_abortable else e
+                for tp, e in errors.items()
+            }
         results.append(
             build(result_cls, transactional_id=txn.transactional_id, topic_results=_topic_results(cls, errors))
         )

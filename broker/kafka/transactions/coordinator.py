@@ -379,16 +379,21 @@ class TransactionCoordinator:
     def verify(
         self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]]
     ) -> dict[tuple[str, int], ErrorCode]:
-        """AddPartitionsToTxn verify_only (KIP-890): is each partition in the open transaction?"""
+        """AddPartitionsToTxn verify_only (KIP-890 part 1), asked by a partition leader before
+        a transactional batch may open a transaction there: is each partition in the
+        producer's ongoing transaction? Kafka's answers: a wrong producer id or epoch for the
+        whole request, CONCURRENT_TRANSACTIONS while a transaction is completing, else per
+        partition NONE or TRANSACTION_ABORTABLE (the handler says INVALID_TXN_STATE to v4)."""
         error = self.coordinator_error(transactional_id)
         md = self.txns.get(transactional_id)
         if error is None:
             error = check_producer(md, producer_id, producer_epoch)
+        if error is None and md is not None and md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            error = ErrorCode.concurrent_transactions
         if error is not None:
             return dict.fromkeys(partitions, error)
         assert md is not None
-        ok = md.state is TxnState.ONGOING
-        return {tp: ErrorCode.none if ok and tp in md.partitions else ErrorCode.invalid_txn_state for tp in partitions}
+        return {tp: ErrorCode.none if tp in md.partitions else ErrorCode.transaction_abortable for tp in partitions}
 
     # ---------------------------------------------------------------- EndTxn
 

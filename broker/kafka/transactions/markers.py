@@ -13,7 +13,7 @@ CLUSTER_ACTION on the cluster, so that principal must be a super user or hold th
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
@@ -58,7 +58,8 @@ async def write_local(
 
 
 class MarkerChannel:
-    """WriteTxnMarkers to other brokers (one marker, all its partitions on that broker)."""
+    """WriteTxnMarkers to other brokers (one marker, all its partitions on that broker); the
+    partition leaders' KIP-890 verification calls use a channel of their own."""
 
     def __init__(self, security: ClientSecurity = PLAINTEXT) -> None:
         self.security = security
@@ -72,6 +73,15 @@ class MarkerChannel:
         for c in list(self._connections.values()):
             await c.close()
         self._connections.clear()
+
+    async def call(self, host: str, port: int, request: Any) -> Any:
+        """Any request to a broker over this channel's connection to it (raises on failure)."""
+        connection = self._connections.get((host, port))
+        if connection is None:
+            connection = self._connections[(host, port)] = BrokerConnection(
+                host, port, client_id="automq-txn-coordinator", security=self.security, timeout_s=REQUEST_TIMEOUT_S
+            )
+        return await connection.call(request)
 
     async def send(
         self,
@@ -101,13 +111,8 @@ class MarkerChannel:
                 ),
             )
         )
-        connection = self._connections.get((host, port))
-        if connection is None:
-            connection = self._connections[(host, port)] = BrokerConnection(
-                host, port, client_id="automq-txn-coordinator", security=self.security, timeout_s=REQUEST_TIMEOUT_S
-            )
         try:
-            response = await connection.call(request)
+            response = await self.call(host, port, request)
         except Exception as exc:
             # an authentication failure is a setting to fix, not a blip: say so louder
             auth = isinstance(exc, KafkaClientError) and exc.code == ErrorCode.sasl_authentication_failed

@@ -1,0 +1,288 @@
+"""KIP-890 part 1, server-side transaction verification, on two real brokers (BrokerService with
+its Kafka listener, so a partition leader asks a coordinator on the other broker over the wire):
+a transactional batch for a partition that is not in the producer's transaction is refused with
+Kafka's error for the Produce version and nothing is appended; a batch verified before an abort
+marker cannot open a transaction after it (the hanging transaction KIP-890 prevents); Produce v12
+adds the partition itself; well-behaved producers pay one verification per transaction and
+partition, not per batch."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from typing import Any
+
+import pytest
+from kafka.record.default_records import DefaultRecordBatchBuilder
+from kio.schema.errors import ErrorCode
+
+from automq.broker.kafka import codec, handlers, records
+from automq.broker.kafka.context import RequestContext
+from automq.broker.kafka.groups.state import partition_for
+from automq.broker.kafka.producers import ProducerStateError
+
+PRODUCE, INIT_PID, ADD_PARTS, END_TXN = 0, 22, 24, 26
+TXN_TOPIC = "__transaction_state"
+MINUTE = datetime.timedelta(minutes=1)
+
+
+async def call(broker: Any, api_key: int, version: int, **fields: Any) -> Any:
+    request = codec.build(codec.request_class(api_key, version), **fields)
+    ctx = RequestContext(
+        api_key, version, 1, "test-client", "127.0.0.1:5555", codec.response_class(api_key, version), broker
+    )
+    registration = handlers.lookup(api_key)
+    assert registration is not None
+    return await registration.handler(request, ctx)
+
+
+def txn_batch(pid: int, epoch: int, sequence: int, count: int = 2) -> bytes:
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=True,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=sequence,
+        batch_size=1 << 20,
+    )
+    for i in range(count):
+        builder.append(i, timestamp=1_700_000_000_000 + i, key=b"k", value=b"v", headers=[])
+    return bytes(builder.build())
+
+
+async def produce(broker: Any, version: int, tid: str | None, topic: str, index: int, batch: bytes) -> Any:
+    cls = codec.request_class(PRODUCE, version)
+    topic_cls = codec.nested(cls, "TopicProduceData")
+    part_cls = codec.nested(cls, "PartitionProduceData")
+    r = await call(
+        broker,
+        PRODUCE,
+        version,
+        transactional_id=tid,
+        acks=-1,
+        timeout=datetime.timedelta(seconds=30),
+        topic_data=(
+            codec.build(topic_cls, name=topic, partition_data=(codec.build(part_cls, index=index, records=batch),)),
+        ),
+    )
+    return r.responses[0].partition_responses[0]
+
+
+async def add_partitions(broker: Any, tid: str, pid: int, epoch: int, tps: list[tuple[str, int]]) -> set[ErrorCode]:
+    cls = codec.request_class(ADD_PARTS, 3)
+    topic_cls = codec.nested(cls, "AddPartitionsToTxnTopic")
+    by_topic: dict[str, list[int]] = {}
+    for t, p in tps:
+        by_topic.setdefault(t, []).append(p)
+    r = await call(
+        broker,
+        ADD_PARTS,
+        3,
+        v3_and_below_transactional_id=tid,
+        v3_and_below_producer_id=pid,
+        v3_and_below_producer_epoch=epoch,
+        v3_and_below_topics=tuple(codec.build(topic_cls, name=t, partitions=tuple(ps)) for t, ps in by_topic.items()),
+    )
+    return {p.partition_error_code for t in r.results_by_topic_v3_and_below for p in t.results_by_partition}
+
+
+async def eventually(probe, timeout: float = 30.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await probe()
+        if value:
+            return value
+        assert asyncio.get_running_loop().time() < deadline, f"not true within {timeout}s: {value!r}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def two_brokers(real_cluster):
+    b1 = await real_cluster.start_broker(1, transaction_state_log_num_partitions=1)
+    b2 = await real_cluster.start_broker(2, transaction_state_log_num_partitions=1)
+    brokers = {1: b1.broker, 2: b2.broker}
+    await b1.broker.ensure_topic("t", partitions=4)
+    await b1.broker.ensure_topic(TXN_TOPIC, partitions=1)
+
+    async def placed():
+        for b in brokers.values():
+            for name, n in (("t", 4), (TXN_TOPIC, 1)):
+                info = b.partitions.topic(name)
+                if info is None or len(info.partitions) != n or any(p.leader < 0 for p in info.partitions):
+                    return None
+        return True
+
+    await eventually(placed)
+    return brokers
+
+
+async def coordinated(brokers: dict[int, Any], tid: str) -> tuple[Any, int, int]:
+    """(the coordinator's broker, producer id, epoch) after InitProducerId."""
+    assert partition_for(tid, 1) == 0
+
+    async def init():
+        for b in brokers.values():
+            r = await call(b, INIT_PID, 4, transactional_id=tid, transaction_timeout=MINUTE)
+            if r.error_code == ErrorCode.none:
+                return b, r.producer_id, r.producer_epoch
+        return None
+
+    return await eventually(init)
+
+
+def leader_broker(brokers: dict[int, Any], index: int) -> Any:
+    leader = next(iter(brokers.values())).leader_of("t", index)
+    assert leader is not None
+    return brokers[leader[0]]
+
+
+async def led(broker: Any, index: int) -> Any:
+    return await broker.partitions.get_when_open("t", index, 30)
+
+
+async def test_batch_outside_the_transaction_is_refused_with_kafka_errors(two_brokers) -> None:
+    brokers = two_brokers
+    coordinator, pid, epoch = await coordinated(brokers, "v-tx")
+    # partitions led by the coordinator's broker (asked locally) and by the other (over the wire)
+    local = [i for i in range(4) if leader_broker(brokers, i) is coordinator]
+    remote = [i for i in range(4) if leader_broker(brokers, i) is not coordinator]
+    assert local and remote, "the four partitions should spread over both brokers"
+    for index in (local[0], remote[0]):
+        broker = leader_broker(brokers, index)
+        p = await led(broker, index)
+        before = p.high_watermark
+        asked = broker.txn_verifier.verifications
+        # not added to any transaction: refused, the error depending on the client's version
+        for version, error in ((9, ErrorCode.invalid_txn_state), (11, ErrorCode.transaction_abortable)):
+            r = await produce(broker, version, "v-tx", "t", index, txn_batch(pid, epoch, 0))
+            assert r.error_code == error, (index, version)
+            assert r.error_message == "Partition was not added to the transaction"
+        # a stale epoch: the producer is fenced
+        r = await produce(broker, 9, "v-tx", "t", index, txn_batch(pid, epoch - 1 if epoch else 0, 0))
+        if epoch:
+            assert r.error_code == ErrorCode.invalid_producer_epoch
+        # a transactional batch without the request's transactional id (Kafka refuses it so)
+        r = await produce(broker, 9, None, "t", index, txn_batch(pid, epoch, 0))
+        assert r.error_code == ErrorCode.transactional_id_authorization_failed
+        assert p.high_watermark == before  # nothing was appended ...
+        assert p.last_stable_offset == p.high_watermark  # ... and no transaction hangs
+        assert not p.txns.verifying  # no guard left behind by the refusals
+        assert broker.txn_verifier.verifications > asked
+
+    # added first, as every client does: accepted, and verified once per partition only
+    tps = [("t", local[0]), ("t", remote[0])]
+    assert await add_partitions(coordinator, "v-tx", pid, epoch, tps) == {ErrorCode.none}
+    for index in (local[0], remote[0]):
+        broker = leader_broker(brokers, index)
+        asked = broker.txn_verifier.verifications
+        r = await produce(broker, 9, "v-tx", "t", index, txn_batch(pid, epoch, 0))
+        assert r.error_code == ErrorCode.none
+        assert broker.txn_verifier.verifications == asked + 1
+        r = await produce(broker, 9, "v-tx", "t", index, txn_batch(pid, epoch, 2))
+        assert r.error_code == ErrorCode.none
+        assert broker.txn_verifier.verifications == asked + 1  # the transaction is open here now
+        p = await led(broker, index)
+        assert p.last_stable_offset < p.high_watermark
+    r = await call(
+        coordinator, END_TXN, 3, transactional_id="v-tx", producer_id=pid, producer_epoch=epoch, committed=True
+    )
+    assert r.error_code == ErrorCode.none
+    for index in (local[0], remote[0]):
+        p = await led(leader_broker(brokers, index), index)
+        assert p.last_stable_offset == p.high_watermark
+
+
+async def test_a_batch_verified_before_the_abort_marker_cannot_open_a_transaction_after_it(two_brokers) -> None:
+    """The race KIP-890 closes: the coordinator said yes, then the transaction was aborted (its
+    marker written here) before the batch reached the log. Appending it would open a
+    transaction no marker ever closes."""
+    brokers = two_brokers
+    _, pid, epoch = await coordinated(brokers, "race-tx")
+    broker = leader_broker(brokers, 0)
+    p = await led(broker, 0)
+    batch = bytearray(txn_batch(pid, epoch, 0))
+    header = records.parse_header(batch)
+    answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    append = broker.txn_verifier.append(p, batch, header, answer, 9)
+    await asyncio.sleep(0)
+    await p.append_marker(pid, epoch, False, 0)  # the abort overtakes the verified batch
+    answer.set_result({("t", 0): ErrorCode.none})
+    with pytest.raises(ProducerStateError) as refused:
+        await append
+    assert refused.value.error_code == ErrorCode.invalid_txn_state
+    assert p.txns.ongoing == {}
+    assert p.last_stable_offset == p.high_watermark
+
+    # without the marker in between, the verified batch opens the transaction as usual
+    answer = asyncio.get_running_loop().create_future()
+    append = broker.txn_verifier.append(p, bytearray(batch), header, answer, 9)
+    answer.set_result({("t", 0): ErrorCode.none})
+    await append
+    assert pid in p.txns.ongoing and not p.txns.verifying
+
+
+async def test_produce_v12_adds_the_partition_itself(two_brokers) -> None:
+    """KIP-890 part 2's Produce v12: the producer sends no AddPartitionsToTxn; the partition
+    leader has the coordinator add the partition, so EndTxn still writes its marker there."""
+    brokers = two_brokers
+    coordinator, pid, epoch = await coordinated(brokers, "v12-tx")
+    for index in range(2):
+        broker = leader_broker(brokers, index)
+        r = await produce(broker, 12, "v12-tx", "t", index, txn_batch(pid, epoch, 0))
+        assert r.error_code == ErrorCode.none, index
+    md = coordinator.transactions.describe("v12-tx")
+    assert md is not None and md.partitions == frozenset({("t", 0), ("t", 1)})
+    r = await call(
+        coordinator, END_TXN, 3, transactional_id="v12-tx", producer_id=pid, producer_epoch=epoch, committed=False
+    )
+    assert r.error_code == ErrorCode.none
+    for index in range(2):
+        p = await led(leader_broker(brokers, index), index)
+        assert p.last_stable_offset == p.high_watermark
+        assert [a.producer_id for a in p.aborted_transactions(0, p.high_watermark)] == [pid]
+
+
+async def test_add_partitions_v4_and_v5_verify_only_answers(two_brokers) -> None:
+    brokers = two_brokers
+    coordinator, pid, epoch = await coordinated(brokers, "vo-tx")
+    assert await add_partitions(coordinator, "vo-tx", pid, epoch, [("t", 0)]) == {ErrorCode.none}
+    for version, missing in ((4, ErrorCode.invalid_txn_state), (5, ErrorCode.transaction_abortable)):
+        cls = codec.request_class(ADD_PARTS, version)
+        txn_cls = codec.nested(cls, "AddPartitionsToTxnTransaction")
+        topic_cls = codec.nested(cls, "AddPartitionsToTxnTopic")
+        r = await call(
+            coordinator,
+            ADD_PARTS,
+            version,
+            transactions=(
+                codec.build(
+                    txn_cls,
+                    transactional_id="vo-tx",
+                    producer_id=pid,
+                    producer_epoch=epoch,
+                    verify_only=True,
+                    topics=(codec.build(topic_cls, name="t", partitions=(0, 1)),),
+                ),
+            ),
+        )
+        errors = {
+            (t.name, p.partition_index): p.partition_error_code
+            for t in r.results_by_transaction[0].topic_results
+            for p in t.results_by_partition
+        }
+        assert errors == {("t", 0): ErrorCode.none, ("t", 1): missing}, version
+    md = coordinator.transactions.describe("vo-tx")
+    assert md is not None and md.partitions == frozenset({("t", 0)})  # verify_only added nothing
+
+
+async def test_verification_can_be_turned_off(real_cluster) -> None:
+    """transaction.partition.verification.enable=false: the pre-KIP-890 behaviour."""
+    service = await real_cluster.start_broker(1, transaction_partition_verification_enable=False)
+    broker = service.broker
+    await broker.ensure_topic("t", partitions=1)
+    p = await led(broker, 0)
+    r = await produce(broker, 9, "off-tx", "t", 0, txn_batch(4242, 0, 0))
+    assert r.error_code == ErrorCode.none
+    assert broker.txn_verifier.verifications == 0
+    assert p.last_stable_offset < p.high_watermark  # a transaction no coordinator knows: it hangs

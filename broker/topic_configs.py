@@ -66,6 +66,7 @@ class ConfigSource(enum.IntEnum):
     STATIC_BROKER_CONFIG = 4
     DEFAULT_CONFIG = 5
     DYNAMIC_BROKER_LOGGER_CONFIG = 6
+    GROUP_CONFIG = 8  # a group config set on the group (group_configs.py)
 
 
 class ConfigResourceType(enum.IntEnum):

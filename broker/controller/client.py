@@ -200,6 +200,9 @@ class ControllerClient:
     async def alter_topic_configs(self, name: str, configs: dict[str, str | None]) -> None:
         await self.call("alter_topic_configs", {"name": name, "configs": dict(configs)})
 
+    async def alter_group_configs(self, group_id: str, configs: dict[str, str | None]) -> None:
+        await self.call("alter_group_configs", {"group_id": group_id, "configs": dict(configs)})
+
     async def create_acls(self, bindings: list[AclBinding]) -> list[tuple[str | None, str | None]]:
         """Per binding: (None, None) when stored (or already there), else (error code, message)."""
         data = await self.call("create_acls", {"bindings": to_wire(list(bindings))})

@@ -14,7 +14,7 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping
 
-from automq.broker import topic_configs
+from automq.broker import group_configs, topic_configs
 from automq.broker.controller import records as r
 from automq.broker.controller.placement import Placement, counted_node
 from automq.broker.controller.protocol import (
@@ -443,6 +443,21 @@ def alter_topic_configs(tx: Tx, name: str, configs: dict[str, str | None]) -> No
     _validate_configs(configs, allow_none=True)
     if configs:
         tx.emit(r.TopicConfigsAltered(name, dict(configs)))
+
+
+def alter_group_configs(tx: Tx, group_id: str, configs: dict[str, str | None]) -> None:
+    """Per-group dynamic configs, checked by the one table of them (`automq.broker.group_configs`)."""
+    current = tx.state.group_configs.get(group_id, {})
+    ops = [
+        (k, topic_configs.AlterConfigOp.DELETE if v is None else topic_configs.AlterConfigOp.SET, v)
+        for k, v in configs.items()
+    ]
+    try:
+        changes = group_configs.apply_incremental(current, ops)
+    except topic_configs.TopicConfigError as exc:
+        raise InvalidConfigError(str(exc)) from None
+    if changes:
+        tx.emit(r.GroupConfigsAltered(group_id, changes))
 
 
 # --------------------------------------------------------------------------- streams

@@ -172,6 +172,14 @@ class ScramCredentialInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupConfigs:
+    """A group's dynamic configs (ConfigResource type GROUP), only the keys set on it."""
+
+    group_id: str
+    configs: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class MetadataImage:
     """A consistent view of the cluster at one metadata version."""
 
@@ -185,6 +193,7 @@ class MetadataImage:
     acls: tuple[AclBinding, ...] = ()
     client_quotas: tuple[ClientQuota, ...] = ()
     scram_credentials: tuple[ScramCredentialInfo, ...] = ()
+    group_configs: tuple[GroupConfigs, ...] = ()
 
 
 @runtime_checkable
@@ -244,6 +253,9 @@ class ClusterClient(Protocol):
         self, entries: list[tuple[list[tuple[str, str | None]], dict[str, float | None]]], validate_only: bool
     ) -> list[tuple[str | None, str | None]]:
         """Per entry (entity pairs, key -> value or None to remove): (error code, message)."""
+
+    async def alter_group_configs(self, group_id: str, configs: dict[str, str | None]) -> None:
+        """Set (value) or remove (None) a group's dynamic configs; InvalidConfigError if bad."""
 
 
 # Every error code the controller API can return (storage contract + cluster ones).

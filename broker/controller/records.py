@@ -329,6 +329,15 @@ class AclsDeleted(Record):
     bindings: list[list[Any]]
 
 
+@_record("group_configs_altered", visible=True)
+@dataclass(frozen=True, slots=True)
+class GroupConfigsAltered(Record):
+    """Per-group dynamic configs (ConfigResource type GROUP; keys in group_configs.py)."""
+
+    group_id: str
+    configs: dict[str, str | None]  # key -> value, or None to remove
+
+
 @_record("client_quotas_altered", visible=True)
 @dataclass(frozen=True, slots=True)
 class ClientQuotasAltered(Record):

@@ -113,6 +113,13 @@ class AlterTopicConfigs(_Req):
     configs: dict[str, str | None]
 
 
+class AlterGroupConfigs(_Req):
+    group_id: Name
+    configs: dict[Annotated[str, Field(max_length=255)], Annotated[str, Field(max_length=1_000)] | None] = Field(
+        max_length=64
+    )
+
+
 class ReassignPartition(_Req):
     topic: Name
     partition: Count
@@ -335,6 +342,12 @@ async def _create_partitions(c: Controller, q: CreatePartitions) -> dict:
 @method("alter_topic_configs", AlterTopicConfigs)
 async def _alter_topic_configs(c: Controller, q: AlterTopicConfigs) -> dict:
     await c.execute(lambda tx: commands.alter_topic_configs(tx, q.name, dict(q.configs)))
+    return {}
+
+
+@method("alter_group_configs", AlterGroupConfigs)
+async def _alter_group_configs(c: Controller, q: AlterGroupConfigs) -> dict:
+    await c.execute(lambda tx: commands.alter_group_configs(tx, q.group_id, dict(q.configs)))
     return {}
 
 

@@ -21,6 +21,7 @@ from automq.broker.controller.acls import AclBinding
 from automq.broker.controller.protocol import (
     BrokerInfo,
     Endpoint,
+    GroupConfigs,
     MetadataImage,
     PartitionInfo,
     ScramCredentialInfo,
@@ -143,6 +144,7 @@ class MetadataState:
         # ACL bindings as AclBinding.key() tuples, in creation order (a dict as an ordered set)
         self.acls: dict[tuple[Any, ...], None] = {}
         self.client_quotas: dict[Entity, dict[str, float]] = {}
+        self.group_configs: dict[str, dict[str, str]] = {}
         # SCRAM users: (user, mechanism) -> [salt, iterations, stored_key, server_key] (base64)
         self.scram: dict[tuple[str, str], list[Any]] = {}
 
@@ -338,6 +340,16 @@ class MetadataState:
         if not values:
             del self.client_quotas[entity]
 
+    def _group_configs_altered(self, rec: r.GroupConfigsAltered) -> None:
+        values = self.group_configs.setdefault(rec.group_id, {})
+        for key, value in rec.configs.items():
+            if value is None:
+                values.pop(key, None)
+            else:
+                values[key] = value
+        if not values:
+            del self.group_configs[rec.group_id]
+
     # ------------------------------------------------------------------ object helpers
 
     def _advance(self, stream_id: int, end: int) -> None:
@@ -480,6 +492,7 @@ class MetadataState:
             jobs,
             acls=tuple(AclBinding(*k) for k in self.acls),
             client_quotas=tuple(ClientQuota(e, dict(v)) for e, v in self.client_quotas.items()),
+            group_configs=tuple(GroupConfigs(g, dict(v)) for g, v in sorted(self.group_configs.items())),
             scram_credentials=tuple(ScramCredentialInfo(u, m, *v) for (u, m), v in sorted(self.scram.items())),
         )
 
@@ -554,6 +567,7 @@ class MetadataState:
             ],
             "acls": [list(k) for k in self.acls],
             "client_quotas": [[[list(p) for p in e], v] for e, v in self.client_quotas.items()],
+            "group_configs": {g: dict(v) for g, v in self.group_configs.items()},
             "scram": [[u, m, *v] for (u, m), v in self.scram.items()],
         }
 
@@ -605,6 +619,8 @@ class MetadataState:
             st.acls[tuple(key)] = None
         for entity, values in data.get("client_quotas", ()):
             st.client_quotas[tuple((t, n) for t, n in entity)] = dict(values)
+        for group_id, values in data.get("group_configs", {}).items():  # absent before group configs
+            st.group_configs[group_id] = dict(values)
         for user, mechanism, *values in data.get("scram", []):  # absent from snapshots before issue 15
             st.scram[(user, mechanism)] = values
         return st
@@ -698,5 +714,6 @@ _HANDLERS: dict[type[r.Record], Callable[[MetadataState, Any], None]] = {
     r.AclsCreated: MetadataState._acls_created,
     r.AclsDeleted: MetadataState._acls_deleted,
     r.ClientQuotasAltered: MetadataState._client_quotas_altered,
+    r.GroupConfigsAltered: MetadataState._group_configs_altered,
 }
 assert set(_HANDLERS) == set(r.RECORD_TYPES.values()), "every record type needs a handler"

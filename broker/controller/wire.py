@@ -16,6 +16,7 @@ from automq.broker.controller.acls import AclBinding
 from automq.broker.controller.protocol import (
     BrokerInfo,
     Endpoint,
+    GroupConfigs,
     MetadataImage,
     PartitionInfo,
     ScramCredentialInfo,
@@ -115,4 +116,5 @@ def metadata_image(d: dict) -> MetadataImage:
             ClientQuota(tuple((t, n) for t, n in q["entity"]), dict(q["values"])) for q in d.get("client_quotas", ())
         ),
         scram_credentials=tuple(ScramCredentialInfo(**c) for c in d.get("scram_credentials", ())),
+        group_configs=tuple(GroupConfigs(g["group_id"], dict(g["configs"])) for g in d.get("group_configs", ())),
     )

@@ -55,6 +55,7 @@ from automq.broker.kafka.groups.model import (
     Write,
 )
 from automq.broker.kafka.groups.share import SHARE_GROUP_STATES, ShareHeartbeatRequest, ShareHeartbeatResult
+from automq.broker.kafka.groups.share_settings import share_settings
 from automq.broker.kafka.groups.state import GroupManager
 from automq.broker.kafka.topic_ids import topic_uuid
 
@@ -204,6 +205,7 @@ class GroupCoordinator:
         self.num_partitions = kafka.offsets_topic_num_partitions
         self.manager = GroupManager(self.config, self.num_partitions)
         self.manager.topic_view = self.topic_view
+        self.manager.share_session_timeout = lambda group_id: share_settings(broker, group_id).session_timeout_ms
         self._view: TopicView = {}
         self._view_image: object = None
         self._partitions: dict[int, Partition] = {}  # loaded partition index

@@ -68,9 +68,12 @@ class ShareGroups:
     # (group id, member id) of members that left or were fenced, for the coordinator to tell
     # the partition side (which then releases their records early); drained by the coordinator
     share_departed: list[tuple[str, str]]
+    # a group's session timeout (its share.session.timeout.ms config, else the broker's)
+    share_session_timeout: Callable[[str], int]
 
     def _init_share_groups(self) -> None:
         self.share_rules = ShareGroupRules(self.config.share_max_size)
+        self.share_session_timeout = lambda _group_id: self.config.share_session_timeout_ms
         self.share_rebalances = 0
         self.share_fencings = dict.fromkeys(FENCING_REASONS, 0)
         self.share_departed = []
@@ -123,18 +126,17 @@ class ShareGroups:
         return Write(group.partition, ShareGroupKey(group.group_id).encode(), group.share.to_json())
 
     def share_deadlines(self) -> Iterable[int]:
-        timeout = self.config.share_session_timeout_ms
         for group in self.groups.values():
-            if group.share is not None:
-                yield from ShareGroupRules.deadlines(group.share, timeout)
+            if group.share is not None and group.share.members:
+                yield from ShareGroupRules.deadlines(group.share, self.share_session_timeout(group.group_id))
 
     def share_tick(self, now_ms: int, fx: Effects) -> None:
-        timeout = self.config.share_session_timeout_ms
         topics: TopicView | None = None
         for group in self.groups.values():
             data = group.share
             if data is None or not data.members:
                 continue
+            timeout = self.share_session_timeout(group.group_id)
             if topics is None:
                 topics = self.topic_view()
             epoch_before = data.group_epoch

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker import group_configs as gc
 from automq.broker import topic_configs as tc
 from automq.broker.controller.protocol import MetadataImage, TopicInfo
 from automq.broker.kafka import authorizer as authz
@@ -563,7 +564,7 @@ async def describe_configs(request: Any, ctx: RequestContext) -> Any:
     include_docs = bool(getattr(request, "include_documentation", False))
     node_config = ctx.broker.config
     image = None
-    if any(r.resource_type == tc.ConfigResourceType.TOPIC for r in request.resources):
+    if any(r.resource_type in (tc.ConfigResourceType.TOPIC, tc.ConfigResourceType.GROUP) for r in request.resources):
         image = await _fresh_image(ctx)
 
     def entry(d: tc.DescribedConfig) -> Any:
@@ -605,6 +606,11 @@ async def describe_configs(request: Any, ctx: RequestContext) -> Any:
                     if resource.resource_name == ""
                     else tc.describe_broker(node_config, keys, include_synonyms, include_docs)
                     + _metrics_url_entry(ctx.broker, keys, include_docs)
+                )
+            elif resource.resource_type == tc.ConfigResourceType.GROUP:
+                _group_resource(ctx, authz.Op.DESCRIBE_CONFIGS, resource.resource_name)
+                described = gc.describe_group(
+                    gc.configs_of(image, resource.resource_name), node_config, keys, include_synonyms, include_docs
                 )
             else:
                 raise AdminError(
@@ -658,8 +664,17 @@ def _metrics_url_entry(broker: Any, keys: list[str] | None, include_docs: bool) 
     ]
 
 
+def _group_resource(ctx: RequestContext, op: int, group_id: str) -> None:
+    _authorize(ctx, op, authz.GROUP, group_id)
+    if not group_id:
+        raise AdminError(ErrorCode.invalid_request, "Default group resources are not allowed.")
+
+
 async def _alter_configs(
-    request: Any, ctx: RequestContext, changes_for: Callable[[dict[str, str], Any], dict[str, str | None]]
+    request: Any,
+    ctx: RequestContext,
+    changes_for: Callable[[dict[str, str], Any], dict[str, str | None]],
+    group_changes_for: Callable[[dict[str, str], Any], dict[str, str | None]],
 ) -> Any:
     cls = ctx.response_class
     Result = nested(cls, "AlterConfigsResourceResponse")
@@ -667,10 +682,11 @@ async def _alter_configs(
     counts = collections.Counter((r.resource_type, r.resource_name) for r in request.resources)
     image = (
         await _fresh_image(ctx)
-        if any(r.resource_type == tc.ConfigResourceType.TOPIC for r in request.resources)
+        if any(r.resource_type in (tc.ConfigResourceType.TOPIC, tc.ConfigResourceType.GROUP) for r in request.resources)
         else None
     )
     altered: dict[str, dict[str, str | None]] = {}
+    altered_groups: dict[str, dict[str, str | None]] = {}
 
     async def one(resource: Any) -> Any:
         try:
@@ -697,6 +713,15 @@ async def _alter_configs(
                     f"Cannot update these configs dynamically: {names}. Broker configs come from the node config file "
                     "(docs/configuration.md); change it and restart the broker.",
                 )
+            elif resource.resource_type == tc.ConfigResourceType.GROUP:
+                group_id = resource.resource_name
+                _group_resource(ctx, authz.Op.ALTER_CONFIGS, group_id)
+                current = gc.configs_of(image, group_id)
+                group_changes = group_changes_for(current, resource)
+                if group_changes and not request.validate_only:
+                    await _controller(broker.cluster.alter_group_configs(group_id, group_changes))
+                    altered_groups[group_id] = group_changes
+                    log.info("group %s configs changed %s (for %s)", group_id, group_changes, ctx.peer)
             else:
                 raise AdminError(
                     ErrorCode.invalid_request,
@@ -720,12 +745,16 @@ async def _alter_configs(
             )
 
     results = await asyncio.gather(*(one(r) for r in request.resources))
-    if altered:
+    if altered or altered_groups:
 
         def applied(img: MetadataImage) -> bool:
             for name, changes in altered.items():
                 t = _topic(img, name)
                 if t is None or any(t.configs.get(k) != v for k, v in changes.items()):
+                    return False
+            for group_id, changes in altered_groups.items():
+                now = gc.configs_of(img, group_id)
+                if any(now.get(k) != v for k, v in changes.items()):
                     return False
             return True
 
@@ -735,8 +764,12 @@ async def _alter_configs(
 
 @handles(ALTER_CONFIGS)
 async def alter_configs(request: Any, ctx: RequestContext) -> Any:
+    node = ctx.broker.config
     return await _alter_configs(
-        request, ctx, lambda current, r: tc.replace_all(current, ((c.name, c.value) for c in r.configs))
+        request,
+        ctx,
+        lambda current, r: tc.replace_all(current, ((c.name, c.value) for c in r.configs)),
+        lambda current, r: gc.replace_all(current, ((c.name, c.value) for c in r.configs), node),
     )
 
 
@@ -746,6 +779,9 @@ async def incremental_alter_configs(request: Any, ctx: RequestContext) -> Any:
         request,
         ctx,
         lambda current, r: tc.apply_incremental(current, ((c.name, c.config_operation, c.value) for c in r.configs)),
+        lambda current, r: gc.apply_incremental(
+            current, ((c.name, c.config_operation, c.value) for c in r.configs), ctx.broker.config
+        ),
     )
 
 

@@ -497,5 +497,12 @@ async def list_config_resources(request: Any, ctx: RequestContext) -> Any:
         ]
     if ConfigResourceType.BROKER in wanted and image is not None:
         found += [(str(b.node_id), int(ConfigResourceType.BROKER)) for b in image.brokers if b.state != "fenced"]
+    if ConfigResourceType.GROUP in wanted and image is not None:
+        # groups with dynamic configs set (group_configs.py)
+        found += [
+            (g.group_id, int(ConfigResourceType.GROUP))
+            for g in image.group_configs
+            if authz.allowed(ctx, authz.Op.DESCRIBE_CONFIGS, authz.GROUP, g.group_id)
+        ]
     resources = tuple(codec.build(resource_cls, resource_name=n, resource_type=t) for n, t in found)
     return codec.build(cls, throttle_time=codec.ZERO_THROTTLE, error_code=ErrorCode.none, config_resources=resources)

@@ -524,8 +524,9 @@ async def describe_groups(request: Any, ctx: RequestContext) -> Any:
         summary = manager.describe(group_id)
         group = manager.groups.get(group_id)
         missing: str | None = None
-        if group is not None and group.consumer is not None:
-            # as Kafka: a KIP-848 group is described with ConsumerGroupDescribe
+        if group is not None and (group.consumer is not None or group.share is not None):
+            # as Kafka: a KIP-848 group is described with ConsumerGroupDescribe, a share group
+            # with ShareGroupDescribe
             missing = f"Group {group_id} is not a classic group."
         elif summary is None:
             missing = f"Group {group_id} not found."

@@ -16,6 +16,7 @@ from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.groups.consumer import Partitions, TopicView
 from automq.broker.kafka.groups.share import ShareHeartbeatRequest
 from automq.broker.kafka.groups.share_groups import ShareGroupSummary
+from automq.broker.kafka.groups.share_settings import share_settings
 from automq.broker.kafka.handlers.groups import (
     GROUP_OPERATIONS,
     NO_AUTHORIZED_OPERATIONS,
@@ -33,7 +34,7 @@ SHARE_GROUP_DESCRIBE = 77
 async def share_group_heartbeat(request: Any, ctx: RequestContext) -> Any:
     cls = ctx.response_class
     coordinator = _coordinator(ctx)
-    interval = datetime.timedelta(milliseconds=coordinator.config.share_heartbeat_interval_ms)
+    interval = datetime.timedelta(milliseconds=share_settings(ctx.broker, request.group_id).heartbeat_interval_ms)
 
     def respond(error: ErrorCode, message: str | None, member_id: str | None, epoch: int, assignment: Any) -> Any:
         return build(

@@ -1,0 +1,173 @@
+"""KIP-932 share groups, group side, against real brokers (BrokerService with its Kafka server,
+a controller, the file object store): per-group configs set with confluent-kafka's admin client
+reach every broker (the share-partition leaders read them), bad ones get INVALID_CONFIG; and a
+share group's members and epochs survive their coordinator's broker stopping (the group is
+reloaded from __consumer_offsets by the next coordinator; members heartbeat on, no rejoin)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+import uuid
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+from kio.schema.share_group_describe.v1.request import ShareGroupDescribeRequest
+from kio.schema.share_group_heartbeat.v1.request import ShareGroupHeartbeatRequest
+from kio.schema.types import GroupId, TopicName
+from kio.static.primitive import i8, i32
+
+from automq.broker.kafka import codec
+from automq.broker.kafka.groups.share_settings import share_settings
+
+TOPIC = "sg-cluster"
+RETRIABLE = {ErrorCode.coordinator_load_in_progress, ErrorCode.coordinator_not_available, ErrorCode.not_coordinator}
+
+
+def call(port: int, request: Any) -> Any:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        frame = codec.encode_request(1, request, client_id="sg-test")
+        s.sendall(struct.pack(">i", len(frame)) + frame)
+        data = b""
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            chunk = s.recv(1 << 16)
+            assert chunk, "the broker closed the connection"
+            data += chunk
+    _, response = codec.decode_response(data[4:], type(request))
+    return response
+
+
+def heartbeat(port: int, group: str, member: str, epoch: int, topics: tuple[str, ...] | None = None) -> Any:
+    return call(
+        port,
+        ShareGroupHeartbeatRequest(
+            group_id=GroupId(group),
+            member_id=member,
+            member_epoch=i32(epoch),
+            subscribed_topic_names=None if topics is None else tuple(TopicName(t) for t in topics),
+        ),
+    )
+
+
+def retrying(fn, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        r = fn()
+        if r.error_code not in RETRIABLE or time.monotonic() > deadline:
+            return r
+        time.sleep(0.2)
+
+
+def coordinator_port(ports: dict[int, int], group: str) -> int:
+    any_port = next(iter(ports.values()))
+
+    def find() -> Any:
+        return call(any_port, FindCoordinatorRequest(key_type=i8(0), coordinator_keys=(group,))).coordinators[0]
+
+    c = retrying(find)
+    assert c.error_code == ErrorCode.none, c
+    return int(c.port)
+
+
+def admin_configs(bootstrap: str, group: str) -> dict[str, Any]:
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def alter(*entries: ConfigEntry) -> None:
+        resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=list(entries))
+        admin.incremental_alter_configs([resource])[resource].result(30)
+
+    def describe() -> dict[str, Any]:
+        resource = ConfigResource(ResourceType.GROUP, group)
+        return admin.describe_configs([resource])[resource].result(30)
+
+    out: dict[str, Any] = {}
+    alter(
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("share.record.lock.duration.ms", "15000", incremental_operation=AlterConfigOpType.SET),
+    )
+    out["after_set"] = {k: (v.value, v.source) for k, v in describe().items()}
+    for bad in (
+        ConfigEntry("share.auto.offset.reset", "sometimes", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("share.delivery.count.limit", "1", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("consumer.session.timeout.ms", "10000", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("no.such.config", "1", incremental_operation=AlterConfigOpType.SET),
+    ):
+        try:
+            alter(bad)
+            out.setdefault("bad", []).append((bad.name, None))
+        except Exception as exc:
+            out.setdefault("bad", []).append((bad.name, str(exc)))
+    alter(ConfigEntry("share.record.lock.duration.ms", None, incremental_operation=AlterConfigOpType.DELETE))
+    out["after_delete"] = {k: (v.value, v.source) for k, v in describe().items()}
+    return out
+
+
+async def test_group_configs_reach_every_broker(real_cluster) -> None:
+    default_source, group_source = 5, 8  # Kafka's ConfigSource DEFAULT_CONFIG, GROUP_CONFIG
+    b1 = await real_cluster.start_broker(1)
+    b2 = await real_cluster.start_broker(2)
+    group = "sg-configs"
+    default = share_settings(b2.broker, group)
+    assert (default.auto_offset_reset, default.record_lock_duration_ms) == ("latest", 30_000)
+    out = await asyncio.to_thread(admin_configs, f"{b1.bootstrap},{b2.bootstrap}", group)
+    after = out["after_set"]
+    assert after["share.auto.offset.reset"][0] == "earliest"
+    assert after["share.record.lock.duration.ms"][0] == "15000"
+    assert after["share.delivery.count.limit"] == ("5", default_source)
+    assert after["share.auto.offset.reset"][1] == group_source
+    bad = dict(out["bad"])
+    assert all(bad[name] and "INVALID_CONFIG" in bad[name] for name in bad), bad
+    assert "sometimes" in bad["share.auto.offset.reset"]
+    assert out["after_delete"]["share.record.lock.duration.ms"] == ("30000", default_source)
+    # both brokers see the group's settings (the admin call waits for the local image only)
+    deadline = time.monotonic() + 30
+    while share_settings(b2.broker, group).auto_offset_reset != "earliest" and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    for b in (b1, b2):
+        s = share_settings(b.broker, group)
+        assert (s.auto_offset_reset, s.record_lock_duration_ms) == ("earliest", 30_000)
+    assert share_settings(b1.broker, "another-group").auto_offset_reset == "latest"
+
+
+async def test_share_group_survives_its_coordinator_stopping(real_cluster) -> None:
+    fast = {"offsets_topic_num_partitions": 1, "group_share_session_timeout_ms": 60_000}
+    b1 = await real_cluster.start_broker(1, **fast)
+    b2 = await real_cluster.start_broker(2, **fast)
+    await b1.broker.ensure_topic(TOPIC, partitions=4)
+    group = "sg-durable"
+    ports = {1: b1.kafka_ports["PLAINTEXT"], 2: b2.kafka_ports["PLAINTEXT"]}
+    port = await asyncio.to_thread(coordinator_port, ports, group)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    ra = await asyncio.to_thread(retrying, lambda: heartbeat(port, group, a, 0, (TOPIC,)))
+    assert ra.error_code == ErrorCode.none, ra
+    rb = await asyncio.to_thread(heartbeat, port, group, b, 0, (TOPIC,))
+    assert (rb.error_code, rb.member_epoch) == (ErrorCode.none, 2)
+    ra = await asyncio.to_thread(heartbeat, port, group, a, ra.member_epoch)
+    assert (ra.error_code, ra.member_epoch) == (ErrorCode.none, 2)
+    parts = {m: {p for tp in r.assignment.topic_partitions for p in tp.partitions} for m, r in ((a, ra), (b, rb))}
+    assert parts[a] | parts[b] == {0, 1, 2, 3} and not parts[a] & parts[b]
+
+    node = next(n for n, p in ports.items() if p == port)
+    await real_cluster.stop_broker(node)
+    survivor = ports[3 - node]
+    # the next coordinator replays the group: the same epochs are accepted, nobody rejoins
+    for member in (a, b):
+        r = await asyncio.to_thread(retrying, lambda member=member: heartbeat(survivor, group, member, 2), 90)
+        assert (r.error_code, r.member_epoch) == (ErrorCode.none, 2), r
+    described = await asyncio.to_thread(
+        call, survivor, ShareGroupDescribeRequest(group_ids=(GroupId(group),), include_authorized_operations=False)
+    )
+    [g] = described.groups
+    assert (g.error_code, g.group_state, g.group_epoch) == (ErrorCode.none, "Stable", 2)
+    assert {m.member_id: {p for tp in m.assignment.topic_partitions for p in tp.partitions} for m in g.members} == parts
+    # it is the survivor that holds the group now, loaded from the log
+    moved = real_cluster.brokers[3 - node].broker.groups.manager.groups[group].share
+    assert moved is not None and (moved.group_epoch, set(moved.members)) == (2, {a, b})
+    # a wrong epoch is still fenced by the new coordinator
+    stale = await asyncio.to_thread(heartbeat, survivor, group, a, 3)
+    assert stale.error_code == ErrorCode.fenced_member_epoch

@@ -383,7 +383,23 @@ def wal_recover(
         raise typer.Exit(1) from None
 
 
+def _import_kio_without_hypothesis() -> None:
+    """kio registers Hypothesis strategies for its types whenever Hypothesis is importable
+    (`kio.static._phantom` tries `import hypothesis.strategies` at import time, which pulls in
+    unittest and attrs too): about half a second of every process start on this machine, for
+    nothing a server uses. A process started through this command imports kio with Hypothesis
+    hidden; processes that import kio otherwise (test runs) keep the strategies."""
+    if "kio.static._phantom" in sys.modules or "hypothesis" in sys.modules:
+        return
+    sys.modules["hypothesis"] = None  # type: ignore[assignment]  # `import hypothesis...` raises ImportError
+    try:
+        import kio.static._phantom  # noqa: F401
+    finally:
+        del sys.modules["hypothesis"]
+
+
 def main() -> None:
+    _import_kio_without_hypothesis()
     app()
 
 

@@ -262,7 +262,9 @@ def _session_for(
     if epoch == INITIAL_EPOCH:
         if not opening_allowed:
             return None, ErrorCode.invalid_share_session_epoch
-        session = sessions.create(group_id, member_id)
+        session, evicted = sessions.create(group_id, member_id)
+        if evicted is not None:
+            _release(ctx, evicted)
         return session, (ErrorCode.none if session is not None else ErrorCode.share_session_limit_reached)
     session = sessions.get(group_id, member_id)
     if session is None:
@@ -277,6 +279,10 @@ def _session_for(
 
 def _close_session(ctx: RequestContext, session: ShareSession) -> None:
     ctx.broker.share_sessions.remove(session.group_id, session.member_id)
+    _release(ctx, session)
+
+
+def _release(ctx: RequestContext, session: ShareSession) -> None:
     released = _manager(ctx).release_member(session.group_id, session.member_id, list(session.partitions))
     if released:
         log.debug("share session %s/%s closed: %d records released", session.group_id, session.member_id, released)

@@ -222,8 +222,10 @@ class SharePartitionManager:
         self._shares: dict[tuple[str, str, int], SharePartition] = {}
         self._loading: dict[tuple[str, str, int], asyncio.Task[SharePartition]] = {}
         broker.partitions.add_listener(self)
-        # the group coordinator (when it is this broker) says when a member left or was fenced
-        broker.groups.add_share_listener(self._member_departed)
+        # Not released when the coordinator sees a member leave: librdkafka leaves the group
+        # (ShareGroupHeartbeat epoch -1) *before* its closing ShareAcknowledge, whose
+        # acceptances would then find the records released (and redelivered). A member's
+        # records go back when its share session closes, is evicted, or its locks expire.
 
     @property
     def store(self) -> ShareStateStore:
@@ -304,12 +306,6 @@ class SharePartitionManager:
         return partition.high_watermark
 
     # ---------------------------------------------------------------- members
-
-    def _member_departed(self, group_id: str, member_id: str) -> None:
-        self._broker.share_sessions.remove(group_id, member_id)
-        released = self.release_member(group_id, member_id)
-        if released:
-            log.info("share group %s: member %s left, %d records released", group_id, member_id, released)
 
     def release_member(self, group_id: str, member_id: str, keys: list[tuple[str, int]] | None = None) -> int:
         """Release what a member holds (its share session closed, or it left the group)."""

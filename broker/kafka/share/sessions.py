@@ -5,17 +5,21 @@ opens a session (a full ShareFetch; acknowledgements are not allowed then), each
 ShareFetch or ShareAcknowledge carries the next epoch (1, 2, ...; wrapping to 1), and -1
 closes it, releasing what the member still holds on this broker. A wrong epoch is
 INVALID_SHARE_SESSION_EPOCH, an unknown session SHARE_SESSION_NOT_FOUND, a full cache
-SHARE_SESSION_LIMIT_REACHED (`kafka.group_share_max_share_sessions`, Kafka's 2000).
+SHARE_SESSION_LIMIT_REACHED (Kafka's group.share.max.share.sessions, 2000) unless the least
+recently used session has been idle for EVICT_AFTER_S (then it is evicted and its member's
+records released, as when it closes).
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
 DEFAULT_MAX_SESSIONS = 2000
+EVICT_AFTER_S = 120.0
 
 
 @dataclass(slots=True)
@@ -35,22 +39,31 @@ class ShareSession:
 class ShareSessionCache:
     def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
         self.max_sessions = max_sessions
-        self._sessions: dict[tuple[str, str], ShareSession] = {}
+        self._sessions: OrderedDict[tuple[str, str], ShareSession] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._sessions)
 
     def get(self, group_id: str, member_id: str) -> ShareSession | None:
-        return self._sessions.get((group_id, member_id))
+        session = self._sessions.get((group_id, member_id))
+        if session is not None:
+            self._sessions.move_to_end((group_id, member_id))
+        return session
 
-    def create(self, group_id: str, member_id: str) -> ShareSession | None:
-        """A new session for the member (replacing its old one), or None when the cache is full."""
+    def create(self, group_id: str, member_id: str) -> tuple[ShareSession | None, ShareSession | None]:
+        """(a new session for the member, replacing its old one, or None when the cache is full
+        of live sessions; the idle session evicted to make room, if any)."""
         key = (group_id, member_id)
+        evicted = None
         if key not in self._sessions and len(self._sessions) >= self.max_sessions:
-            return None
+            oldest_key, oldest = next(iter(self._sessions.items()))
+            if time.monotonic() - oldest.last_used < EVICT_AFTER_S:
+                return None, None
+            evicted = self._sessions.pop(oldest_key)
+        self._sessions.pop(key, None)
         session = ShareSession(group_id, member_id)
         self._sessions[key] = session
-        return session
+        return session, evicted
 
     def remove(self, group_id: str, member_id: str) -> ShareSession | None:
         return self._sessions.pop((group_id, member_id), None)

@@ -232,12 +232,14 @@ class KafkaConfig(_Section):
     offsets_retention_ms: int = 7 * 24 * 3_600_000
     transactional_id_expiration_ms: int = 7 * 24 * 3_600_000
     producer_id_expiration_ms: int = 24 * 3_600_000
+    producer_id_expiration_check_interval_ms: DurationMs = Field(600_000, gt=0)  # how often idle producers go
     offsets_topic_num_partitions: int = Field(8, ge=1)  # partitions of the internal __consumer_offsets topic
     transaction_state_log_num_partitions: int = Field(8, ge=1)  # partitions of the internal __transaction_state topic
     transaction_max_timeout_ms: DurationMs = Field(
         900_000, gt=0
     )  # a producer's transaction.timeout.ms may not exceed it
     transaction_abort_timed_out_transaction_cleanup_interval_ms: DurationMs = Field(10_000, gt=0)  # timeout checks
+    transaction_remove_expired_transaction_cleanup_interval_ms: DurationMs = Field(3_600_000, gt=0)  # id expiry
     transaction_partition_verification_enable: bool = True  # KIP-890: a txn's 1st batch per partition checked
     connections_max_idle_ms: DurationMs = 600_000  # close client connections idle this long (Kafka's default)
     max_connections: int = Field(10_000, ge=1)  # more client connections are closed at once (Kafka: unlimited)

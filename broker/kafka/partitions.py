@@ -111,6 +111,8 @@ class Partition:
         self.max_timestamp: tuple[int, int] | None = None
         # open transactions and aborted ranges (read_committed): txn_state.py
         self.txns = PartitionTxnState()
+        if producer_state is not None:
+            producer_state.keep = self.txns  # a producer mid-transaction here never expires
         # producer-state snapshots (producer_recovery.py); appends note the offsets they
         # reserved but have not recorded yet, which a snapshot must not cover
         self.snapshots = producer_recovery.PartitionSnapshots(self, snapshots)
@@ -401,6 +403,7 @@ class PartitionManager:
         self._image_changed = asyncio.Event()
         self._opened = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
+        self._expiry_task: asyncio.Task[None] | None = None
         self._closing = False
 
     # ---------------------------------------------------------------- queries
@@ -494,6 +497,15 @@ class PartitionManager:
 
     async def start(self) -> None:
         self._watch_task = asyncio.get_running_loop().create_task(self._follow(), name="partition-manager-watch")
+        self._expiry_task = asyncio.get_running_loop().create_task(self._expire_producers(), name="producer-expiry")
+
+    async def _expire_producers(self) -> None:
+        interval_s = self._broker.config.kafka.producer_id_expiration_check_interval_ms / 1000
+        while not self._closing:
+            await asyncio.sleep(interval_s)
+            dropped = producer_recovery.expire_producers(self.led(), int(time.time() * 1000))
+            if dropped:
+                log.info("forgot %d producers idle for producer.id.expiration.ms", dropped)
 
     async def _follow(self) -> None:
         cluster = self._broker.cluster
@@ -760,12 +772,13 @@ class PartitionManager:
     async def close(self) -> None:
         """Graceful: stop following metadata, close every led partition (flush + upload)."""
         self._closing = True
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            try:
-                await self._watch_task
-            except (asyncio.CancelledError, Exception):
-                pass
+        for task in (self._watch_task, self._expiry_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
         transitions = list(self._transitions.values())
         if transitions:
             _done, pending = await asyncio.wait(transitions, timeout=self.CLOSE_TIMEOUT_S)

@@ -9,7 +9,10 @@ and when the partition closes, so the replay on open stays short whatever the pa
 reassignment time must not grow with it.
 
 `PartitionSnapshots` is the per-partition bookkeeping (which offsets are safe to cover, the
-task writing one); `rebuild_producer_state` is the replay a new owner runs before serving.
+task writing one); `rebuild_producer_state` is the replay a new owner runs before serving;
+`expire_producers` drops producers idle for producer.id.expiration.ms (run every
+producer.id.expiration.check.interval.ms, at rebuild, and every EXPIRE_CHECK_EVERY records),
+so an expired producer is left out of later snapshots and stays expired on the next owner.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from automq.broker.kafka import records
@@ -195,3 +199,14 @@ async def rebuild_producer_state(p: Partition) -> None:
         state.expire(int(time.time() * 1000))
     if end - max(snapshots.offset, 0) >= PRODUCER_SNAPSHOT_INTERVAL_OFFSETS:
         snapshots.start()  # a long replay: spare the next owner the same one
+
+
+def expire_producers(partitions: Iterable[Partition], now_ms: int) -> int:
+    """Forget, in each partition, the idempotent producers idle for producer.id.expiration.ms
+    (not those with a transaction open there); returns how many were dropped."""
+    dropped = 0
+    for p in partitions:
+        state = p.producer_state
+        if state is not None and len(state):
+            dropped += len(state.expire(now_ms))
+    return dropped

@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
@@ -116,6 +116,8 @@ class ProducerStateManager:
         self._producers: dict[int, ProducerEntry] = {}
         self._clock = clock or (lambda: int(time.time() * 1000))
         self._records_until_expiry = EXPIRE_CHECK_EVERY
+        # producer ids never expired (the partition's open transactions: Kafka's rule)
+        self.keep: Container[int] = ()
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -277,11 +279,14 @@ class ProducerStateManager:
         self._producers = {e.producer_id: e for e in entries}
 
     def expire(self, now_ms: int) -> list[int]:
-        """Forget producers idle for producer_id_expiration_ms; returns their ids."""
+        """Forget producers idle for producer_id_expiration_ms, except those in `keep` (the
+        partition's open transactions: Kafka never expires a producer mid-transaction);
+        returns their ids."""
+        keep = self.keep
         expired = [
             pid
             for pid, e in self._producers.items()
-            if not e.has_pending and now_ms - e.last_timestamp_ms >= self.producer_id_expiration_ms
+            if not e.has_pending and now_ms - e.last_timestamp_ms >= self.producer_id_expiration_ms and pid not in keep
         ]
         for pid in expired:
             del self._producers[pid]

@@ -56,6 +56,10 @@ class PartitionTxnState:
     def __bool__(self) -> bool:
         return bool(self.ongoing or self._aborted)
 
+    def __contains__(self, producer_id: object) -> bool:
+        """Has this producer a transaction open here?"""
+        return producer_id in self.ongoing
+
     @property
     def aborted(self) -> list[AbortedTxn]:
         return list(self._aborted)

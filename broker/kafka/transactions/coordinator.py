@@ -81,6 +81,8 @@ class TransactionCoordinator:
         self.num_partitions = kafka.transaction_state_log_num_partitions
         self.max_timeout_ms = kafka.transaction_max_timeout_ms
         self.abort_interval_ms = kafka.transaction_abort_timed_out_transaction_cleanup_interval_ms
+        self.id_expiration_ms = kafka.transactional_id_expiration_ms
+        self.expire_interval_ms = kafka.transaction_remove_expired_transaction_cleanup_interval_ms
         self.txns: dict[str, TxnMetadata] = {}
         self._partitions: dict[int, Partition] = {}
         self._loading: set[int] = set()
@@ -92,6 +94,7 @@ class TransactionCoordinator:
         self._channel = markers.MarkerChannel.for_node(broker.config)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timer: asyncio.Task[None] | None = None
+        self._expirer: asyncio.Task[None] | None = None
         self._closing = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -99,10 +102,13 @@ class TransactionCoordinator:
     async def start(self) -> None:
         self.broker.partitions.add_listener(self)
         self._timer = asyncio.get_running_loop().create_task(self._abort_timed_out(), name="txn-timeouts")
+        self._expirer = asyncio.get_running_loop().create_task(self._expire_ids_periodically(), name="txn-id-expiry")
 
     async def close(self) -> None:
         self._closing = True
-        tasks = [t for t in (self._timer, *self._loads.values(), *self._completing.values()) if t is not None]
+        tasks = [
+            t for t in (self._timer, self._expirer, *self._loads.values(), *self._completing.values()) if t is not None
+        ]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
@@ -569,6 +575,58 @@ class TransactionCoordinator:
                 "aborting transaction of %r: open longer than its timeout of %d ms", transactional_id, md.timeout_ms
             )
             await self._begin_abort(md, fence=True)
+
+    # ---------------------------------------------------------------- transactional id expiration
+
+    async def _expire_ids_periodically(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self.expire_interval_ms / 1000)
+            try:
+                await self.expire_ids(now_ms())
+            except Exception:
+                log.exception("expiring transactional ids failed; retrying next interval")
+
+    def _expirable(self, md: TxnMetadata, now: int) -> bool:
+        return (
+            md.state in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+            and now - md.last_update_ms >= self.id_expiration_ms
+            and md.transactional_id not in self._completing
+        )
+
+    async def expire_ids(self, now: int) -> list[str]:
+        """Forget the transactional ids idle for transactional.id.expiration.ms (Kafka: 7 days)
+        with no transaction open or completing: a tombstone in their `__transaction_state`
+        partition makes it durable (a replay, and the next checkpoint, drop them). The next
+        InitProducerId of such an id starts afresh with a new producer id."""
+        expired = []
+        for tid, md in list(self.txns.items()):
+            if not self._expirable(md, now):
+                continue
+            async with self._lock(tid):
+                current = self.txns.get(tid)  # (re-read: a request may have used the id meanwhile)
+                if current is None or not self._expirable(current, now) or not await self._write_tombstone(current):
+                    continue
+            expired.append(tid)
+        if expired:
+            log.info("expired %d transactional ids idle for %d ms", len(expired), self.id_expiration_ms)
+        return expired
+
+    async def _write_tombstone(self, md: TxnMetadata) -> bool:
+        partition = self._partitions.get(md.coordinator_partition)
+        if partition is None or partition.closed:
+            return False
+        batch = bytearray(grouplog.encode_batch([(TxnKey(md.transactional_id).encode(), None)], now_ms()))
+        try:
+            await partition.append_batch(batch, batches.parse_header(batch))
+        except Exception as exc:
+            log.warning("expiring transactional id %r failed: %r", md.transactional_id, exc)
+            return False
+        if self._partitions.get(md.coordinator_partition) is not partition:
+            return False  # resigned while writing: the next coordinator replays the tombstone
+        if self.txns.get(md.transactional_id) is md:
+            del self.txns[md.transactional_id]
+        self._records[md.coordinator_partition] = self._records.get(md.coordinator_partition, 0) + 1
+        return True
 
     # ---------------------------------------------------------------- describing
 

@@ -173,7 +173,12 @@ async def _persist(shares: list[tuple[_Part, SharePartition]]) -> None:
 
 
 async def _acquire(
-    part: _Part, member_id: str, budget_bytes: int, budget_records: int, first_in_response: bool
+    part: _Part,
+    member_id: str,
+    budget_bytes: int,
+    budget_records: int,
+    first_in_response: bool,
+    strict_records: bool = False,
 ) -> tuple[int, int]:
     """Read and lock records for the member; returns (bytes, records) taken."""
     share = part.share
@@ -201,9 +206,19 @@ async def _acquire(
     batches = result.batches
     if not batches or share.closed:
         return 0, 0
+    read_end = batches[-1].next_offset
+    if not strict_records:
+        # batch-optimized acquisition (Kafka's default mode): max_records may be exceeded up to
+        # the end of the batch it falls in, so a batch is never split between two fetches
+        # (the client would be sent the same batch again for its remaining records)
+        for b in batches:
+            if b.next_offset - start >= budget_records:
+                read_end = b.next_offset
+                break
+        budget_records = max(budget_records, read_end - start)
     acquired = state.acquire(
         member_id,
-        batches[-1].next_offset,
+        read_end,
         budget_records,
         settings.partition_max_record_locks,
         settings.record_lock_duration_ms,
@@ -352,6 +367,7 @@ async def share_fetch(request, ctx: RequestContext):
     deadline = loop.time() + _time_ms(request.max_wait) / 1000
     max_bytes = max(request.max_bytes, 1)
     max_records = max(request.max_records, 1) if request.max_records > 0 else 500
+    strict = getattr(request, "share_acquire_mode", 0) == 1  # v2 record_limit: never more than max_records
     while True:
         total_bytes = total_records = 0
         for part in fetching:
@@ -360,7 +376,12 @@ async def share_fetch(request, ctx: RequestContext):
             if part.acquired or part.error != ErrorCode.none:
                 continue
             taken_bytes, taken = await _acquire(
-                part, member_id, max_bytes - total_bytes, max_records - total_records, total_bytes == 0
+                part,
+                member_id,
+                max_bytes - total_bytes,
+                max_records - total_records,
+                total_bytes == 0,
+                strict_records=strict,
             )
             total_bytes += taken_bytes
             total_records += taken

@@ -215,6 +215,7 @@ def compact_command(
                     "bytes_written": report.bytes_written,
                     "seconds": round(report.seconds, 3),
                     "errors": report.errors,
+                    **report.key_stats,
                 }
             )
         )

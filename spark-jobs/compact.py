@@ -106,6 +106,7 @@ class CompactionReport:
     bytes_written: int = 0
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    key_stats: dict[str, int] = field(default_factory=dict)  # key compaction: keyclean.CleanStats summed
 
 
 # --------------------------------------------------------------------------- planning

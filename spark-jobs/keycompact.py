@@ -3,18 +3,19 @@
 Per partition (one Spark task each), over the stream's committed objects older than the
 job's `min_age`:
 
-- the latest offset of every key is taken from the WHOLE committed stream (a record newer
-  than the cleanable part still supersedes older ones);
-- a record survives if it is the latest of its key, has a null key (nothing to compare),
-  or is younger than `min.compaction.lag.ms` (not cleanable yet);
-- a surviving tombstone (null value) is dropped once its timestamp is older than
-  `delete.retention.ms` (Kafka measures from when the cleaner first saw it; here from the
-  record's own timestamp, which is never later);
+- pass 1 reads the WHOLE committed stream (`keyclean.LogScan`): the latest offset of every
+  key as a read_committed consumer sees it (a record newer than the cleanable part still
+  supersedes older ones; aborted records never do), the aborted transactions, the first offset
+  of the oldest open transaction (nothing from there on is cleaned), each producer's last batch;
+- pass 2 rewrites the cleanable objects (`keyclean.KeyCleaner`): a record survives if it is
+  the latest of its key, has a null key (nothing to compare), or is younger than
+  `min.compaction.lag.ms`; a surviving tombstone (null value) is dropped once its timestamp is
+  older than `delete.retention.ms` (Kafka measures from when the cleaner first saw it; here
+  from the record's own timestamp, which is never later); aborted transactional batches go;
+  transaction markers stay until safe to drop; every active producer's last batch keeps its
+  producer fields (see keyclean.py for the transaction rules);
 - offsets are kept: each batch keeps its base offset and its offset span; records keep
-  their offsets (gaps inside batches, as Kafka's cleaner writes them). A batch left with no
-  records is folded into the next surviving batch's span (the first batch of a fold keeps
-  its base offset; idempotence fields are cleared on folded batches: the producer state of
-  data this old is no longer needed for deduplication);
+  their offsets (gaps inside batches, as Kafka's cleaner writes them);
 - the result is one new stream object per partition, committed like object compaction
   (`commit_stream_object` with the sources), so the controller checks the offsets match.
 
@@ -22,29 +23,28 @@ job's `min_age`:
 record waits at most one schedule interval past its min lag. Data still only in a broker's
 WAL (the active tail) is never touched. Consumers see the compacted log at once: the commit is
 a visible metadata change and the leader's log cache drops its batches below it.
-
-Transactional data is not handled yet: control batches (markers) are dropped and aborted
-records are not left out when a key's latest value is chosen, so an aborted value can survive
-as if committed (docs/spark.md says not to key-compact topics transactional producers write).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from automq.broker.kafka import records
+from automq.broker.config import KafkaConfig
+from automq.broker.kafka.producer_snapshots import ProducerSnapshotStore
 from automq.broker.objectstore import open_object_store
 from automq.broker.storage.metadata import object_key
 from automq.broker.storage.objects.format import ObjectWriter
 from automq.broker.topic_configs import TOPIC_CONFIGS
 from automq.spark.cluster import ClusterLocation, ClusterView
 from automq.spark.compact import CompactionReport, CompactionTask, Rewritten, Source, chunks, commit_all, prepare_ids
+from automq.spark.keyclean import CleanStats, KeyCleaner, LogScan
 from automq.spark.reader import ObjectSlice, read_slice_batches
 
 MULTIPART_BYTES = 32 << 20
-OUTPUT_BATCH_BYTES = 1 << 20
+# the brokers' producer.id.expiration.ms default: a producer idle longer is forgotten by them too
+PRODUCER_ID_EXPIRATION_MS = KafkaConfig.model_fields["producer_id_expiration_ms"].default
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +54,19 @@ class KeyCompactionTask:
     now_ms: int
     min_lag_ms: int
     delete_retention_ms: int
+    producer_expiration_ms: int
 
 
 def _config(configs: dict[str, str], name: str) -> int:
     return int(configs.get(name, TOPIC_CONFIGS[name].default))
 
 
-def plan_keys(location: ClusterLocation, min_age_ms: int, now_ms: int | None = None) -> list[KeyCompactionTask]:
+def plan_keys(
+    location: ClusterLocation,
+    min_age_ms: int,
+    now_ms: int | None = None,
+    producer_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS,
+) -> list[KeyCompactionTask]:
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     view = ClusterView.load(location)
     out = []
@@ -85,6 +91,7 @@ def plan_keys(location: ClusterLocation, min_age_ms: int, now_ms: int | None = N
                         now_ms,
                         _config(t.configs, "min.compaction.lag.ms"),
                         _config(t.configs, "delete.retention.ms"),
+                        producer_expiration_ms,
                     )
                 )
     return out
@@ -98,93 +105,42 @@ async def _batches(store, stream_id: int, sources: tuple[Source, ...], floor: in
                 yield base, count, bytes(payload)
 
 
-class _Output:
-    """Surviving records -> batches that keep offsets and cover the input's offsets without gaps."""
-
-    def __init__(self, writer: ObjectWriter, stream_id: int) -> None:
-        self.writer = writer
-        self.stream_id = stream_id
-        self.pending: tuple[records.BatchHeader, int, list[records.Record]] | None = None  # header, span start, records
-        self.fold_from: int | None = None  # start of dropped batches waiting to be folded in
-        self._pending_end = 0
-
-    def add(self, header: records.BatchHeader, kept: list[records.Record]) -> None:
-        end = header.base_offset + header.last_offset_delta + 1
-        if not kept:
-            if self.pending is not None:  # extend the pending batch over the empty one
-                self._pending_end = end
-            elif self.fold_from is None:
-                self.fold_from = header.base_offset
-            return
-        self.flush()
-        start = self.fold_from if self.fold_from is not None else header.base_offset
-        self.fold_from = None
-        self.pending = (header, start, kept)
-        self._pending_end = end
-
-    def flush(self) -> None:
-        if self.pending is None:
-            return
-        h, start, recs = self.pending
-        end = self._pending_end
-        folded = start != h.base_offset or end != h.base_offset + h.last_offset_delta + 1
-        base_ts = min(r[1] for r in recs)
-        encoded = [records.encode_record(o - start, ts - base_ts, k, v, hd) for o, ts, k, v, hd in recs]
-        log_append = h.attributes & records.TIMESTAMP_TYPE_BIT
-        batch = records.build_batch(
-            start,
-            encoded,
-            last_offset_delta=end - start - 1,
-            base_timestamp=base_ts,
-            max_timestamp=h.max_timestamp if log_append else max(r[1] for r in recs),
-            attributes=h.attributes & records.TIMESTAMP_TYPE_BIT,
-            producer_id=-1 if folded else h.producer_id,
-            producer_epoch=-1 if folded else h.producer_epoch,
-            base_sequence=-1 if folded else h.base_sequence,
-            partition_leader_epoch=h.partition_leader_epoch,
-        )
-        self.writer.add_batch(self.stream_id, start, end - start, batch)
-        self.pending = None
-
-
-def rewrite_keys(object_store_url: str, kt: KeyCompactionTask, object_id: int, block_bytes: int) -> Rewritten | None:
+def rewrite_keys(object_store_url: str, kt: KeyCompactionTask, object_id: int, block_bytes: int) -> KeyRewritten | None:
     return asyncio.run(_rewrite_keys(object_store_url, kt, object_id, block_bytes))
+
+
+@dataclass(slots=True)
+class KeyRewritten:
+    rewritten: Rewritten | None  # None: nothing survives, the objects stay as they are
+    stats: CleanStats
 
 
 async def _rewrite_keys(object_store_url: str, kt: KeyCompactionTask, object_id: int, block_bytes: int):
     task = kt.task
     store = open_object_store(object_store_url)
     try:
-        latest: dict[bytes, int] = {}
+        scan = LogScan()
         for sources in (task.sources, kt.tail):
             async for _base, _count, batch in _batches(store, task.stream_id, sources, task.floor):
-                header = records.parse_header(batch)
-                if header.is_control:
-                    continue
-                for offset, _ts, key, _v, _h in records.decode_records(batch, header):
-                    if key is not None:
-                        latest[key] = offset
-        lag_cut = kt.now_ms - kt.min_lag_ms
-        tombstone_cut = kt.now_ms - kt.delete_retention_ms
+                scan.add(batch)
+        # a broker that loads a producer snapshot replays the markers above it: those stay
+        snapshots = await ProducerSnapshotStore(store).offsets(task.stream_id)
         writer = ObjectWriter(block_bytes)
-        out = _Output(writer, task.stream_id)
-        survivors = 0
+        cleaner = KeyCleaner(
+            scan.result(),
+            lambda start, count, batch: writer.add_batch(task.stream_id, start, count, batch),
+            now_ms=kt.now_ms,
+            min_lag_ms=kt.min_lag_ms,
+            delete_retention_ms=kt.delete_retention_ms,
+            producer_expiration_ms=kt.producer_expiration_ms,
+            marker_floor=snapshots[0] if snapshots else None,
+        )
         async for _base, _count, batch in _batches(store, task.stream_id, task.sources, task.floor):
-            header = records.parse_header(batch)
-            kept = []
-            for rec in records.decode_records(batch, header) if not header.is_control else []:
-                offset, ts, key, value, _h = rec
-                if (
-                    ts > lag_cut
-                    or key is None
-                    or (latest.get(key) == offset and not (value is None and ts < tombstone_cut))
-                ):
-                    kept.append(rec)
-            survivors += len(kept)
-            out.add(header, kept)
-        out.flush()
-        if not survivors or not writer.streams:
-            return None  # nothing survives: leave the objects as they are (rare; retention handles it)
+            cleaner.add(batch)
+        cleaner.finish()
+        stats = cleaner.stats
+        if not writer.streams or (not stats.records_out and stats.batches_out == stats.empty_batches):
+            return KeyRewritten(None, stats)  # nothing survives: leave the objects (retention handles it)
         [summary] = writer.streams
         parts = writer.finish()
         name = object_key(object_id)
@@ -192,7 +148,9 @@ async def _rewrite_keys(object_store_url: str, kt: KeyCompactionTask, object_id:
             await store.put_multipart(name, chunks(parts, 8 << 20))
         else:
             await store.put(name, b"".join(parts))
-        return Rewritten(task, object_id, writer.total_size, summary.start_offset, summary.end_offset)
+        return KeyRewritten(
+            Rewritten(task, object_id, writer.total_size, summary.start_offset, summary.end_offset), stats
+        )
     finally:
         await store.close()
 
@@ -212,6 +170,9 @@ def compact_keys(spark, location: ClusterLocation, min_age_ms: int = 5 * 60_000,
             .map(lambda job: rewrite_keys(url, job[1], job[0], block_bytes))
             .collect()
         )
-        asyncio.run(commit_all(location, [r for r in results if r is not None], report))
+        for r in results:
+            for name, value in asdict(r.stats).items():
+                report.key_stats[name] = report.key_stats.get(name, 0) + value
+        asyncio.run(commit_all(location, [r.rewritten for r in results if r.rewritten is not None], report))
     report.seconds = time.monotonic() - started
     return report

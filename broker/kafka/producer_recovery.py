@@ -183,11 +183,13 @@ async def rebuild_producer_state(p: Partition) -> None:
                 if h.is_transactional:
                     p.txns.on_data(h.producer_id, h.base_offset)
                 if state is not None and h.base_sequence >= 0:
+                    # the offset span, not the record count: key compaction removes
+                    # records but keeps the span, and the sequences follow the span
                     state.record(
                         h.producer_id,
                         h.producer_epoch,
                         h.base_sequence,
-                        h.record_count,
+                        h.last_offset_delta + 1,
                         h.base_offset,
                         h.max_timestamp,
                     )

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -36,6 +37,7 @@ from automq.broker.kafka.handlers.produce import node_endpoints
 from automq.broker.kafka.handlers.registry import handles
 from automq.broker.kafka.partitions import NotLeaderError, UnknownPartitionError
 from automq.broker.kafka.share.manager import SharePartition, SharePartitionManager, ShareStateFenced
+from automq.broker.kafka.share.metrics import ACK_TYPE_NAMES
 from automq.broker.kafka.share.partition_state import InvalidAcknowledgement, InvalidRecordState
 from automq.broker.kafka.share.sessions import FINAL_EPOCH, INITIAL_EPOCH, ShareSession
 from automq.broker.storage.api import StreamClosedError
@@ -145,6 +147,7 @@ async def _acknowledge(
                 now,
             )
             changed = True
+            _count_acknowledgement(share, b.first_offset, b.last_offset, b.acknowledge_types)
         except InvalidRecordState as exc:
             part.ack_error, part.ack_message = ErrorCode.invalid_record_state, str(exc)
         except InvalidAcknowledgement as exc:
@@ -154,6 +157,14 @@ async def _acknowledge(
         share.schedule_expiry()  # a renew may have moved the earliest deadline
         share.wake()  # released records may be available to others now
     return share if changed else None
+
+
+def _count_acknowledgement(share: SharePartition, first: int, last: int, types: Any) -> None:
+    if len(types) == 1:
+        share.metrics.acknowledged.labels(ACK_TYPE_NAMES[types[0]]).inc(last - first + 1)
+        return
+    for t, n in Counter(types).items():
+        share.metrics.acknowledged.labels(ACK_TYPE_NAMES[t]).inc(n)
 
 
 async def _persist(shares: list[tuple[_Part, SharePartition]]) -> None:
@@ -228,6 +239,12 @@ async def _acquire(
     if not acquired:
         return 0, 0
     share.schedule_expiry()
+    first = sum(last - f + 1 for f, last, c in acquired if c == 1)
+    total = sum(last - f + 1 for f, last, _c in acquired)
+    if first:
+        share.metrics.delivered.labels("first").inc(first)
+    if total > first:
+        share.metrics.delivered.labels("redelivery").inc(total - first)
     # only the batches holding acquired records travel (the client skips the rest of a batch)
     payloads = []
     size = 0
@@ -242,7 +259,7 @@ async def _acquire(
             size += len(b.payload)
     part.payloads, part.size = payloads, size
     part.acquired = acquired
-    return size, sum(last - first + 1 for first, last, _c in acquired)
+    return size, total
 
 
 def _leader(ctx: RequestContext, part: _Part, leaders: set[int]) -> tuple[int, int]:

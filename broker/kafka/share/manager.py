@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from automq.broker.kafka.groups.share_settings import ShareGroupSettings, share_settings
 from automq.broker.kafka.partitions import NotLeaderError, Partition
+from automq.broker.kafka.share.metrics import ShareMetrics
 from automq.broker.kafka.share.partition_state import SharePartitionState
 from automq.broker.kafka.share.state_store import ShareStateSnapshot, ShareStateStore
 from automq.broker.objectstore import PreconditionFailed
@@ -69,8 +70,10 @@ class SharePartition:
         etag: str | None,
         write_seq: int,
         settings: ShareGroupSettings,
+        metrics: ShareMetrics,
     ) -> None:
         self.group_id = group_id
+        self.metrics = metrics
         self.partition = partition
         self.state = state
         self.settings = settings
@@ -85,7 +88,6 @@ class SharePartition:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._waiters: set[asyncio.Future[None]] = set()
-        self.redeliveries = 0  # records released (client, expiry, departure) that went back to AVAILABLE
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -123,12 +125,18 @@ class SharePartition:
             leader_epoch=self.partition.leader_epoch,
             write_seq=self._seq,
         )
+        started = time.perf_counter()
         try:
             self._etag = await self._store.write(snapshot, self._etag)
         except PreconditionFailed:
+            self.metrics.state_write_failures.inc()
             self.fenced = True
             self.wake()
             raise ShareStateFenced(f"share state of {self.key} was written by another leader") from None
+        except Exception:
+            self.metrics.state_write_failures.inc()
+            raise
+        self.metrics.state_write_seconds.observe(time.perf_counter() - started)
         self.persisted = max(self.persisted, version)
 
     # ---------------------------------------------------------------- locks and waiters
@@ -152,7 +160,7 @@ class SharePartition:
             return
         unlocked = self.state.expire(_now_ms(), self.settings.delivery_count_limit)
         if unlocked:
-            self.redeliveries += unlocked
+            self.metrics.lock_expired.inc(unlocked)
             self.changed()
             self.persist_in_background()
             self.wake()
@@ -177,7 +185,7 @@ class SharePartition:
     def release_member(self, member_id: str) -> int:
         released = self.state.release_member(member_id, self.settings.delivery_count_limit)
         if released:
-            self.redeliveries += released
+            self.metrics.released.inc(released)
             self.changed()
             self.persist_in_background()
             self.wake()
@@ -222,6 +230,11 @@ class SharePartitionManager:
         self._shares: dict[tuple[str, str, int], SharePartition] = {}
         self._loading: dict[tuple[str, str, int], asyncio.Task[SharePartition]] = {}
         broker.partitions.add_listener(self)
+        self.metrics = ShareMetrics(
+            broker.registry,
+            in_flight=lambda: float(sum(s.state.in_flight for s in self._shares.values())),
+            loaded=lambda: float(len(self._shares)),
+        )
         # Not released when the coordinator sees a member leave: librdkafka leaves the group
         # (ShareGroupHeartbeat epoch -1) *before* its closing ShareAcknowledge, whose
         # acceptances would then find the records released (and redelivered). A member's
@@ -274,7 +287,7 @@ class SharePartitionManager:
             etag, seq = None, 0
         if state.start_offset < partition.log_start_offset:
             state.move_start(partition.log_start_offset)
-        share = SharePartition(group_id, partition, state, self.store, etag, seq, settings)
+        share = SharePartition(group_id, partition, state, self.store, etag, seq, settings, self.metrics)
         # claim: rewrite under our epoch now, so a deposed leader's next write is refused
         try:
             await share.persist()

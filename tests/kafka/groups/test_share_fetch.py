@@ -241,6 +241,12 @@ async def test_closing_a_session_releases_and_the_delivery_limit_archives_a_pois
     assert _acquired(r) == {0: [(1, 1, 1)]}
     share = await node.broker.share_partitions.get(GROUP, "q", 0)
     assert share.state.start_offset == 1
+    sample = node.broker.registry.get_sample_value
+    assert sample("kafka_share_records_delivered_total", {"delivery": "redelivery"}) == 2
+    assert sample("kafka_share_records_delivered_total", {"delivery": "first"}) == 2
+    assert sample("kafka_share_records_acknowledged_total", {"type": "release"}) == 2
+    assert sample("kafka_share_records_released_on_close_total") == 1
+    assert sample("kafka_share_state_write_seconds_count") >= 3
 
 
 async def test_an_expired_lock_makes_records_available_again(cluster) -> None:
@@ -252,6 +258,7 @@ async def test_an_expired_lock_makes_records_available_again(cluster) -> None:
     # "dead" never acknowledges; a long poll of another member is woken by the expiry
     r = await _fetch(node, "alive", 0, {0: []}, max_wait_ms=30_000)
     assert _acquired(r) == {0: [(0, 2, 2)]}
+    assert node.broker.registry.get_sample_value("kafka_share_records_lock_expired_total") == 3
     r = await _ack(node, "dead", 1, 0, [(0, 2, [ACCEPT])])  # too late
     assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.invalid_record_state]
 

@@ -55,6 +55,7 @@ from automq.broker.kafka.groups.model import (
     Write,
 )
 from automq.broker.kafka.groups.share import SHARE_GROUP_STATES, ShareHeartbeatRequest, ShareHeartbeatResult
+from automq.broker.kafka.groups.share_admin import ShareStateRouter
 from automq.broker.kafka.groups.share_settings import share_settings
 from automq.broker.kafka.groups.state import GroupManager
 from automq.broker.kafka.topic_ids import topic_uuid
@@ -222,6 +223,7 @@ class GroupCoordinator:
         self._timer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._share_listeners: list[Callable[[str, str], None]] = []
+        self.share_state = ShareStateRouter(broker)
         self.metrics = _GroupMetrics(self)
         registry = getattr(broker, "registry", None)
         if registry is not None:
@@ -253,6 +255,7 @@ class GroupCoordinator:
         self._partitions.clear()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.share_state.close()
 
     # ---------------------------------------------------------------- partition leadership
 
@@ -780,6 +783,13 @@ class GroupCoordinator:
         return any((topic, partition) in groups.get(group_id, {}) for groups in pending.values())
 
     async def delete_group(self, group_id: str) -> ErrorCode:
+        group = self.manager.groups.get(group_id)
+        if group is not None and group.share is not None and not group.share.members:
+            # a share group's state on its partitions goes first: a group created later with
+            # the same id must not resume where this one stopped
+            error = await self.share_state.delete_all(group_id)
+            if error != ErrorCode.none:
+                return ErrorCode.coordinator_not_available if error == ErrorCode.not_leader_or_follower else error
         error, fx = self.manager.delete_group(group_id, now_ms())
         if fx.writes and not await self.write(fx.writes):
             return ErrorCode.not_coordinator

@@ -171,6 +171,24 @@ class ShareGroups:
             tuple(data.members.values()),
         )
 
+    def share_admin_group(self, group_id: str, now_ms: int, *, create: bool) -> tuple[Group | ErrorCode, Effects]:
+        """The share group an offsets admin request names: GROUP_ID_NOT_FOUND when it is unknown
+        (unless `create`: AlterShareGroupOffsets creates an empty share group, as in Kafka) or
+        of another type."""
+        fx = Effects()
+        group = self.groups.get(group_id)
+        if group is None:
+            if not create:
+                return ErrorCode.group_id_not_found, fx
+            group = self._new_group(group_id, now_ms)
+        if group.share is None:
+            if not (create and is_blank(group)):
+                return ErrorCode.group_id_not_found, fx
+            group.share = ShareGroupData()
+            group.protocol_type = "share"
+            self._share_changed(group, now_ms, fx)
+        return group, fx
+
     def share_assignment(self, group_id: str) -> dict[str, Partitions]:
         group = self.groups.get(group_id)
         if group is None or group.share is None:

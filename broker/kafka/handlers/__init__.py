@@ -21,6 +21,8 @@ from automq.broker.kafka.handlers import (  # noqa: F401 - imported for their re
     scram_users,  # Describe/AlterUserScramCredentials
     share_fetch,  # ShareFetch, ShareAcknowledge (KIP-932, the partition leader's side)
     share_groups,  # KIP-932 ShareGroupHeartbeat / ShareGroupDescribe
+    share_offsets,  # KIP-932 Describe/Alter/DeleteShareGroupOffsets
+    share_state,  # KIP-932 inter-broker Read/Write/DeleteShareGroupState(Summary)
     transaction_admin,  # ListTransactions, DescribeTransactions, DescribeProducers
     transactions,  # AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, WriteTxnMarkers, TxnOffsetCommit
 )

@@ -54,9 +54,9 @@ def lookup(api_key: int) -> Registration | None:
 
 
 # KIP-932 share groups' APIs (ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch,
-# ShareAcknowledge, Describe/Alter/DeleteShareGroupOffsets): neither advertised nor served when
-# kafka.group_share_enable is false, as a Kafka cluster with share.version=0.
-SHARE_GROUP_APIS = frozenset({76, 77, 78, 79, 90, 91, 92})
+# ShareAcknowledge, the inter-broker share-state APIs, Describe/Alter/DeleteShareGroupOffsets):
+# neither advertised nor served when kafka.group_share_enable is false (Kafka: share.version=0).
+SHARE_GROUP_APIS = frozenset({76, 77, 78, 79, 85, 86, 87, 90, 91, 92})
 
 
 def served_ranges(config: Any = None) -> dict[int, tuple[int, int]]:

@@ -171,3 +171,172 @@ async def test_share_group_survives_its_coordinator_stopping(real_cluster) -> No
     # a wrong epoch is still fenced by the new coordinator
     stale = await asyncio.to_thread(heartbeat, survivor, group, a, 3)
     assert stale.error_code == ErrorCode.fenced_member_epoch
+
+
+def describe_offsets(port: int, group: str, topics: dict[str, list[int]] | None) -> Any:
+    from kio.schema.describe_share_group_offsets.v1.request import (
+        DescribeShareGroupOffsetsRequest,
+        DescribeShareGroupOffsetsRequestGroup,
+        DescribeShareGroupOffsetsRequestTopic,
+    )
+
+    wanted = (
+        None
+        if topics is None
+        else tuple(
+            DescribeShareGroupOffsetsRequestTopic(topic_name=TopicName(t), partitions=tuple(i32(p) for p in ps))
+            for t, ps in topics.items()
+        )
+    )
+    r = call(
+        port,
+        DescribeShareGroupOffsetsRequest(
+            groups=(DescribeShareGroupOffsetsRequestGroup(group_id=GroupId(group), topics=wanted),)
+        ),
+    )
+    [g] = r.groups
+    return g
+
+
+def offsets_of(g: Any) -> dict[tuple[str, int], tuple[int, int, ErrorCode]]:
+    return {
+        (t.topic_name, p.partition_index): (p.start_offset, p.lag, p.error_code) for t in g.topics for p in t.partitions
+    }
+
+
+def alter_offsets(port: int, group: str, offsets: dict[tuple[str, int], int]) -> Any:
+    from kio.schema.alter_share_group_offsets.v0.request import (
+        AlterShareGroupOffsetsRequest,
+        AlterShareGroupOffsetsRequestPartition,
+        AlterShareGroupOffsetsRequestTopic,
+    )
+    from kio.static.primitive import i64
+
+    by_topic: dict[str, list[tuple[int, int]]] = {}
+    for (t, p), o in offsets.items():
+        by_topic.setdefault(t, []).append((p, o))
+    return call(
+        port,
+        AlterShareGroupOffsetsRequest(
+            group_id=GroupId(group),
+            topics=tuple(
+                AlterShareGroupOffsetsRequestTopic(
+                    topic_name=TopicName(t),
+                    partitions=tuple(
+                        AlterShareGroupOffsetsRequestPartition(partition_index=i32(p), start_offset=i64(o))
+                        for p, o in ps
+                    ),
+                )
+                for t, ps in by_topic.items()
+            ),
+        ),
+    )
+
+
+def delete_offsets(port: int, group: str, topics: list[str]) -> Any:
+    from kio.schema.delete_share_group_offsets.v0.request import (
+        DeleteShareGroupOffsetsRequest,
+        DeleteShareGroupOffsetsRequestTopic,
+    )
+
+    return call(
+        port,
+        DeleteShareGroupOffsetsRequest(
+            group_id=GroupId(group),
+            topics=tuple(DeleteShareGroupOffsetsRequestTopic(topic_name=TopicName(t)) for t in topics),
+        ),
+    )
+
+
+def produce(bootstrap: str, topic: str, per_partition: int, partitions: int) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2})
+    for i in range(per_partition * partitions):
+        p.produce(topic, value=str(i).encode(), partition=i % partitions)
+    assert p.flush(30) == 0
+
+
+async def test_share_group_offsets_admin_across_brokers(real_cluster) -> None:
+    """Alter, describe and delete a share group's start offsets on partitions led by both
+    brokers (the coordinator calls the other broker's leader with the inter-broker share-state
+    APIs); a group with members refuses changes; DeleteGroups removes the state with the group."""
+    b1 = await real_cluster.start_broker(1, offsets_topic_num_partitions=1)
+    b2 = await real_cluster.start_broker(2, offsets_topic_num_partitions=1)
+    await b1.broker.ensure_topic(TOPIC, partitions=4)
+    await asyncio.to_thread(produce, f"{b1.bootstrap},{b2.bootstrap}", TOPIC, 10, 4)
+    leaders = {p: b1.broker.leader_of(TOPIC, p)[0] for p in range(4)}  # type: ignore[index]
+    assert set(leaders.values()) == {1, 2}, leaders  # both brokers lead some: remote calls happen
+    group = "sg-admin"
+    ports = {1: b1.kafka_ports["PLAINTEXT"], 2: b2.kafka_ports["PLAINTEXT"]}
+    port = await asyncio.to_thread(coordinator_port, ports, group)
+
+    # Alter on an unknown group creates an empty share group (as Kafka)
+    offsets = {(TOPIC, 0): 3, (TOPIC, 1): 7, (TOPIC, 2): 0, (TOPIC, 3): 10}
+    r = await asyncio.to_thread(retrying, lambda: alter_offsets(port, group, offsets))
+    assert r.error_code == ErrorCode.none, r
+    assert [(p.partition_index, p.error_code) for t in r.responses for p in t.partitions] == [
+        (0, ErrorCode.none),
+        (1, ErrorCode.none),
+        (2, ErrorCode.none),
+        (3, ErrorCode.none),
+    ]
+    g = await asyncio.to_thread(describe_offsets, port, group, None)
+    assert g.error_code == ErrorCode.none
+    assert offsets_of(g) == {
+        (TOPIC, 0): (3, 7, ErrorCode.none),
+        (TOPIC, 1): (7, 3, ErrorCode.none),
+        (TOPIC, 2): (0, 10, ErrorCode.none),
+        (TOPIC, 3): (10, 0, ErrorCode.none),
+    }
+    coordinator = {ports[1]: b1, ports[2]: b2}[port].broker.groups
+    assert coordinator.share_state._connections, "partitions led by the other broker were reached over the wire"
+    # named partitions: one without state, one that does not exist, an unknown topic
+    g = await asyncio.to_thread(describe_offsets, port, group, {TOPIC: [1, 9], "no-such-topic": [0]})
+    got = offsets_of(g)
+    assert got[(TOPIC, 1)] == (7, 3, ErrorCode.none)
+    assert got[(TOPIC, 9)][2] == ErrorCode.unknown_topic_or_partition
+    assert got[("no-such-topic", 0)][2] == ErrorCode.unknown_topic_or_partition
+
+    # hostile alters: negative offset, unknown partition; a consumer group's id
+    r = await asyncio.to_thread(alter_offsets, port, group, {(TOPIC, 0): -5, (TOPIC, 99): 1, ("nope", 0): 1})
+    errors = {(t.topic_name, p.partition_index): p.error_code for t in r.responses for p in t.partitions}
+    assert errors == {
+        (TOPIC, 0): ErrorCode.invalid_request,
+        (TOPIC, 99): ErrorCode.unknown_topic_or_partition,
+        ("nope", 0): ErrorCode.unknown_topic_or_partition,
+    }
+
+    # a member joins: changes are refused while the group has members
+    member = str(uuid.uuid4())
+    hb = await asyncio.to_thread(heartbeat, port, group, member, 0, (TOPIC,))
+    assert hb.error_code == ErrorCode.none, hb
+    r = await asyncio.to_thread(alter_offsets, port, group, {(TOPIC, 0): 1})
+    assert r.error_code == ErrorCode.non_empty_group
+    r = await asyncio.to_thread(delete_offsets, port, group, [TOPIC])
+    assert r.error_code == ErrorCode.non_empty_group
+    assert (await asyncio.to_thread(heartbeat, port, group, member, -1)).error_code == ErrorCode.none
+
+    # delete a topic's offsets: the state is gone from every partition
+    r = await asyncio.to_thread(delete_offsets, port, group, [TOPIC, "no-such-topic"])
+    assert r.error_code == ErrorCode.none
+    assert {t.topic_name: t.error_code for t in r.responses} == {
+        TOPIC: ErrorCode.none,
+        "no-such-topic": ErrorCode.unknown_topic_or_partition,
+    }
+    g = await asyncio.to_thread(describe_offsets, port, group, None)
+    assert offsets_of(g) == {}
+
+    # DeleteGroups of a share group removes its state too
+    await asyncio.to_thread(alter_offsets, port, group, {(TOPIC, 0): 2, (TOPIC, 1): 2})
+    from kio.schema.delete_groups.v2.request import DeleteGroupsRequest
+
+    d = await asyncio.to_thread(call, port, DeleteGroupsRequest(groups_names=(GroupId(group),)))
+    assert d.results[0].error_code == ErrorCode.none
+    assert await b1.broker.share_partitions.store.streams_of_group(group) == []
+    g = await asyncio.to_thread(describe_offsets, port, group, None)
+    assert g.error_code == ErrorCode.group_id_not_found
+
+    # a KIP-848/classic group id is not a share group
+    g = await asyncio.to_thread(describe_offsets, port, "never-seen", None)
+    assert g.error_code == ErrorCode.group_id_not_found

@@ -30,7 +30,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka import authorizer as authz
-from automq.broker.kafka import codec
+from automq.broker.kafka import codec, records
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.metadata import topic_uuid
 from automq.broker.kafka.handlers.produce import node_endpoints
@@ -38,7 +38,7 @@ from automq.broker.kafka.handlers.registry import handles
 from automq.broker.kafka.partitions import NotLeaderError, UnknownPartitionError
 from automq.broker.kafka.share.manager import SharePartition, SharePartitionManager, ShareStateFenced
 from automq.broker.kafka.share.metrics import ACK_TYPE_NAMES
-from automq.broker.kafka.share.partition_state import InvalidAcknowledgement, InvalidRecordState
+from automq.broker.kafka.share.partition_state import REJECT, InvalidAcknowledgement, InvalidRecordState
 from automq.broker.kafka.share.sessions import FINAL_EPOCH, INITIAL_EPOCH, ShareSession
 from automq.broker.storage.api import StreamClosedError
 
@@ -198,8 +198,10 @@ async def _acquire(
     partition = share.partition
     state = share.state
     settings = share.settings
+    committed = settings.isolation_level == "read_committed"
     try:
-        hw = partition.high_watermark
+        # read_committed: nothing at or past the first offset of an open transaction
+        hw = partition.last_stable_offset if committed else partition.high_watermark
         if state.start_offset < partition.log_start_offset:
             state.move_start(partition.log_start_offset)
             share.changed()
@@ -238,6 +240,12 @@ async def _acquire(
     )
     if not acquired:
         return 0, 0
+    if committed:
+        acquired = _drop_uncommitted(
+            share, member_id, batches, acquired, partition.aborted_transactions(start, read_end)
+        )
+        if not acquired:
+            return 0, 0
     share.schedule_expiry()
     first = sum(last - f + 1 for f, last, c in acquired if c == 1)
     total = sum(last - f + 1 for f, last, _c in acquired)
@@ -260,6 +268,46 @@ async def _acquire(
     part.payloads, part.size = payloads, size
     part.acquired = acquired
     return size, total
+
+
+def _drop_uncommitted(
+    share: SharePartition,
+    member_id: str,
+    batches: list,
+    acquired: list[tuple[int, int, int]],
+    aborted: list,
+) -> list[tuple[int, int, int]]:
+    """read_committed: records of aborted transactions and transaction markers are archived
+    as they are acquired, never handed out (Kafka's share-partition leader does the same).
+    One header parse per batch, and only for transactional batches."""
+    skip: list[tuple[int, int]] = []
+    for b in batches:
+        head = records.parse_header(b.payload)
+        if not head.attributes & records.TRANSACTIONAL_BIT:
+            continue
+        last = b.base_offset + head.last_offset_delta
+        if head.attributes & records.CONTROL_BIT or any(
+            a.producer_id == head.producer_id and a.first_offset <= b.base_offset <= a.last_offset for a in aborted
+        ):
+            skip.append((b.base_offset, last))
+    if not skip:
+        return acquired
+    limit = share.settings.delivery_count_limit
+    kept: list[tuple[int, int, int]] = []
+    for first, last, count in acquired:
+        pos = first
+        for s_first, s_last in skip:
+            lo, hi = max(s_first, pos), min(s_last, last)
+            if lo > hi:
+                continue
+            if lo > pos:
+                kept.append((pos, lo - 1, count))
+            share.state.acknowledge(member_id, lo, hi, [REJECT], limit, 0, 0)
+            pos = hi + 1
+        if pos <= last:
+            kept.append((pos, last, count))
+    share.changed()
+    return kept
 
 
 def _leader(ctx: RequestContext, part: _Part, leaders: set[int]) -> tuple[int, int]:

@@ -304,3 +304,40 @@ async def test_a_crashed_leaders_successor_loads_the_last_write(cluster) -> None
         raise AssertionError("a deposed writer overwrote the state")
     except Exception as exc:
         assert type(exc).__name__ == "ShareStateFenced"
+
+
+async def test_read_committed_share_groups_never_see_aborted_records_or_markers(cluster) -> None:
+    node = await _node(cluster, isolation_level="read_committed")
+    p = await node.broker.partitions.get_when_open("q", 0, 10)
+
+    async def txn_batch(pid: int, values: list[bytes]) -> None:
+        batch = bytearray(
+            records.build_batch(
+                0,
+                [records.encode_record(0, i, None, v) for i, v in enumerate(values)],
+                last_offset_delta=len(values) - 1,
+                base_timestamp=1,
+                max_timestamp=1,
+                attributes=records.TRANSACTIONAL_BIT,
+                producer_id=pid,
+                producer_epoch=0,
+                base_sequence=0,
+            )
+        )
+        await p.append_batch(batch, records.parse_header(batch))
+
+    await txn_batch(1000, [b"aborted-1", b"aborted-2"])  # offsets 0-1
+    await txn_batch(1001, [b"committed"])  # offset 2
+    await p.append_marker(1000, 0, False, 0)  # 3: ABORT
+    # an open transaction holds back everything from its first offset
+    await txn_batch(1002, [b"open"])  # 4
+    await p.append_marker(1001, 0, True, 0)  # 5: COMMIT
+    await _produce(node, "q", 0, 1)  # 6
+    assert p.last_stable_offset == 4
+    r = await _fetch(node, "m", 0, {0: []})
+    assert _acquired(r) == {0: [(2, 2, 1)]}
+    await p.append_marker(1002, 0, True, 0)  # 7: COMMIT of the open one
+    r = await _fetch(node, "m", 1, {0: [(2, 2, [ACCEPT])]})
+    assert _acquired(r) == {0: [(4, 4, 1), (6, 6, 1)]}
+    share = await node.broker.share_partitions.get(GROUP, "q", 0)
+    assert share.state.start_offset == 4  # 0-3 done: aborted and the marker archived, 2 accepted

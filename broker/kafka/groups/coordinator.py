@@ -58,6 +58,7 @@ from automq.broker.kafka.groups.share import SHARE_GROUP_STATES, ShareHeartbeatR
 from automq.broker.kafka.groups.share_admin import ShareStateRouter
 from automq.broker.kafka.groups.share_settings import share_settings
 from automq.broker.kafka.groups.state import GroupManager
+from automq.broker.kafka.producers import ProducerStateError
 from automq.broker.kafka.topic_ids import topic_uuid
 
 if TYPE_CHECKING:
@@ -702,9 +703,11 @@ class GroupCoordinator:
         member_id: str,
         group_instance_id: str | None,
         offsets: list[tuple[str, int, int, int, str | None]],
+        verification_guard: object | None = None,
     ) -> dict[tuple[str, int], ErrorCode]:
         """TxnOffsetCommit: validate (KIP-447: the member and generation when given), write
-        the offsets as the producer's transactional batch, hold them until its marker."""
+        the offsets as the producer's transactional batch, hold them until its marker.
+        `verification_guard`: the transaction coordinator confirmed the partition (KIP-890)."""
         now = now_ms()
         if generation_id >= 0 or member_id or group_instance_id is not None:
             if group_id not in self.manager.groups:
@@ -750,7 +753,11 @@ class GroupCoordinator:
         )
         self._inflight[index] = self._inflight.get(index, 0) + 1
         try:
-            await led.append_batch(batch, batches.parse_header(batch), sequenced=False)
+            await led.append_batch(
+                batch, batches.parse_header(batch), sequenced=False, verification_guard=verification_guard
+            )
+        except ProducerStateError as exc:  # the transaction ended while it was verified
+            return {k: (exc.error_code if v == ErrorCode.none else v) for k, v in plan.errors.items()}
         except Exception as exc:
             log.warning("writing transactional offsets of %r failed: %r", group_id, exc)
             return {k: (ErrorCode.not_coordinator if v == ErrorCode.none else v) for k, v in plan.errors.items()}

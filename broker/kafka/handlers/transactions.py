@@ -33,8 +33,10 @@ from automq.broker.kafka.codec import ZERO_THROTTLE, build, nested
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.groups.coordinator import OFFSETS_TOPIC
 from automq.broker.kafka.handlers.registry import handles
+from automq.broker.kafka.partitions import PartitionError
 from automq.broker.kafka.transactions import markers
 from automq.broker.kafka.transactions.coordinator import TransactionCoordinator
+from automq.broker.kafka.transactions.verification import txn_offset_commit_error
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +206,18 @@ async def write_txn_markers(request: Any, ctx: RequestContext) -> Any:
     return build(cls, markers=tuple(out))
 
 
+async def _verify_offsets(ctx: RequestContext, request: Any) -> tuple[ErrorCode, object | None]:
+    """KIP-890 part 1 for TxnOffsetCommit: is the group's `__consumer_offsets` partition in the
+    producer's transaction (AddOffsetsToTxn)? Asked before the offsets are written."""
+    try:
+        led = ctx.broker.partitions.get(OFFSETS_TOPIC, ctx.broker.groups.partition_for(request.group_id))
+    except PartitionError:
+        return ErrorCode.none, None  # not led here: the group coordinator answers NOT_COORDINATOR
+    return await ctx.broker.txn_verifier.verify_offsets(
+        led, request.transactional_id, request.producer_id, request.producer_epoch, ctx.api_version
+    )
+
+
 @handles(TXN_OFFSET_COMMIT, max_version=4)
 async def txn_offset_commit(request: Any, ctx: RequestContext) -> Any:
     cls = ctx.response_class
@@ -240,18 +254,25 @@ async def txn_offset_commit(request: Any, ctx: RequestContext) -> Any:
             for p in t.partitions
             if (t.name, p.partition_index) not in errors
         ]
+        verified, guard = ErrorCode.none, None
         if offsets:
-            errors.update(
-                await groups.txn_commit(
-                    group_id=request.group_id,
-                    producer_id=request.producer_id,
-                    producer_epoch=request.producer_epoch,
-                    generation_id=getattr(request, "generation_id", -1),
-                    member_id=getattr(request, "member_id", ""),
-                    group_instance_id=getattr(request, "group_instance_id", None),
-                    offsets=offsets,
-                )
+            verified, guard = await _verify_offsets(ctx, request)
+        if verified != ErrorCode.none:
+            errors.update({(t, p): verified for t, p, *_ in offsets})
+        elif offsets:
+            committed = await groups.txn_commit(
+                group_id=request.group_id,
+                producer_id=request.producer_id,
+                producer_epoch=request.producer_epoch,
+                generation_id=getattr(request, "generation_id", -1),
+                member_id=getattr(request, "member_id", ""),
+                group_instance_id=getattr(request, "group_instance_id", None),
+                offsets=offsets,
+                verification_guard=guard,
             )
+            # (INVALID_TXN_STATE: the transaction ended while it was verified)
+            ended = txn_offset_commit_error(ErrorCode.invalid_txn_state, ctx.api_version)
+            errors.update({tp: ended if e == ErrorCode.invalid_txn_state else e for tp, e in committed.items()})
     by_topic: dict[str, list[Any]] = {}
     for name, index in order:
         e = fenced_for_version(errors.get((name, index), ErrorCode.none), ctx.api_version, 3)

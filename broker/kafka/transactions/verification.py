@@ -82,6 +82,18 @@ def produce_error(error: ErrorCode, produce_version: int) -> tuple[ErrorCode, st
     return error, f"transaction verification failed: {error.name.upper()}"
 
 
+def txn_offset_commit_error(error: ErrorCode, version: int) -> ErrorCode:
+    """The TxnOffsetCommit answer for a failed verification of its `__consumer_offsets`
+    partition: a coordinator that cannot answer now is COORDINATOR_LOAD_IN_PROGRESS (clients
+    retry without looking the group coordinator up again, which is right), TRANSACTION_ABORTABLE
+    from v4 (INVALID_TXN_STATE before)."""
+    if error in (ErrorCode.invalid_txn_state, ErrorCode.transaction_abortable):
+        return ErrorCode.transaction_abortable if version >= 4 else ErrorCode.invalid_txn_state
+    if error in _RETRY_LATER or error == ErrorCode.concurrent_transactions:
+        return ErrorCode.coordinator_load_in_progress
+    return error
+
+
 class TxnVerifier:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -113,7 +125,7 @@ class TxnVerifier:
         """Ask the coordinator once for all of a request's partitions; the errors go to
         `answer` (created before the appends that wait for it)."""
         self.verifications += 1
-        asked = asyncio.ensure_future(self._ask(transactional_id, producer_id, producer_epoch, partitions, add))
+        asked = asyncio.ensure_future(self.ask(transactional_id, producer_id, producer_epoch, partitions, add))
 
         def done(f: asyncio.Future[Errors]) -> None:
             if answer.done():
@@ -173,9 +185,31 @@ class TxnVerifier:
             raise ProducerStateError(code, message)
         return await partition.append_batch(batch, header, verification_guard=guard)
 
+    async def verify_offsets(
+        self, partition: Partition, transactional_id: str, producer_id: int, producer_epoch: int, version: int
+    ) -> tuple[ErrorCode, object | None]:
+        """TxnOffsetCommit: before the group coordinator writes the transaction's offsets into
+        its `__consumer_offsets` partition, the same check as a Produce's. Returns the error to
+        answer (NONE when the write may go ahead) and the guard to append with (None when the
+        producer's transaction is already open in the partition)."""
+        txns = partition.txns
+        if not self.enabled or producer_id in txns:
+            return ErrorCode.none, None
+        guard = txns.verification_guard(producer_id)
+        self.verifications += 1
+        tp = (partition.topic, partition.partition)
+        error = (await self.ask(transactional_id, producer_id, producer_epoch, [tp], False)).get(
+            tp, ErrorCode.unknown_server_error
+        )
+        if error == ErrorCode.none:
+            return error, guard
+        if txns.verifying.get(producer_id) is guard and producer_id not in txns:
+            del txns.verifying[producer_id]
+        return txn_offset_commit_error(error, version), None
+
     # ---------------------------------------------------------------- asking the coordinator
 
-    async def _ask(
+    async def ask(
         self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]], add: bool
     ) -> Errors:
         broker = self.broker

@@ -21,7 +21,7 @@ from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.groups.state import partition_for
 from automq.broker.kafka.producers import ProducerStateError
 
-PRODUCE, INIT_PID, ADD_PARTS, END_TXN = 0, 22, 24, 26
+PRODUCE, INIT_PID, ADD_PARTS, ADD_OFFSETS, END_TXN, TXN_COMMIT = 0, 22, 24, 25, 26, 28
 TXN_TOPIC = "__transaction_state"
 MINUTE = datetime.timedelta(minutes=1)
 
@@ -286,3 +286,64 @@ async def test_verification_can_be_turned_off(real_cluster) -> None:
     assert r.error_code == ErrorCode.none
     assert broker.txn_verifier.verifications == 0
     assert p.last_stable_offset < p.high_watermark  # a transaction no coordinator knows: it hangs
+
+
+async def test_txn_offset_commit_outside_the_transaction_is_refused(two_brokers) -> None:
+    """TxnOffsetCommit without AddOffsetsToTxn: the group coordinator asks the transaction
+    coordinator first and writes nothing (no pending offsets that would hold back
+    require_stable fetches for good)."""
+    brokers = two_brokers
+    coordinator, pid, epoch = await coordinated(brokers, "o-tx")
+    for b in brokers.values():
+        await call(b, 10, 3, key="og", key_type=0)  # creates __consumer_offsets
+
+    async def group_coordinator():
+        return next((b for b in brokers.values() if b.groups.coordinator_error("og") is None), None)
+
+    group_broker = await eventually(group_coordinator)
+
+    async def commit(version: int) -> ErrorCode:
+        cls = codec.request_class(TXN_COMMIT, version)
+        part = codec.nested(cls, "TxnOffsetCommitRequestPartition")
+        topic = codec.nested(cls, "TxnOffsetCommitRequestTopic")
+        r = await call(
+            group_broker,
+            TXN_COMMIT,
+            version,
+            transactional_id="o-tx",
+            group_id="og",
+            producer_id=pid,
+            producer_epoch=epoch,
+            generation_id=-1,
+            member_id="",
+            group_instance_id=None,
+            topics=(
+                codec.build(
+                    topic,
+                    name="t",
+                    partitions=(
+                        codec.build(
+                            part,
+                            partition_index=0,
+                            committed_offset=5,
+                            committed_leader_epoch=-1,
+                            committed_metadata="",
+                        ),
+                    ),
+                ),
+            ),
+        )
+        return r.topics[0].partitions[0].error_code
+
+    assert await commit(3) == ErrorCode.invalid_txn_state
+    assert await commit(4) == ErrorCode.transaction_abortable
+    offsets = await group_broker.partitions.get_when_open(
+        "__consumer_offsets", group_broker.groups.partition_for("og"), 30
+    )
+    assert pid not in offsets.txns.ongoing and not offsets.txns.verifying
+    r = await call(
+        coordinator, ADD_OFFSETS, 3, transactional_id="o-tx", producer_id=pid, producer_epoch=epoch, group_id="og"
+    )
+    assert r.error_code == ErrorCode.none
+    assert await commit(3) == ErrorCode.none
+    assert pid in offsets.txns.ongoing

@@ -5,16 +5,17 @@ topic, in the same run. Prints numbers; asserts nothing.
     python benchmarks/share_group_bench.py --share-consumers 3 --brokers 3
 
 An `automq local up` cluster (real processes, file:// object store). Each round creates a
-topic, lets a share group initialise its share-partitions (share.auto.offset.reset=latest puts
-them at the end of the empty topic), produces --records records, then reads all of them:
-- classic: one librdkafka Consumer (classic protocol, auto.offset.reset=earliest, no commits),
-- share: --share-consumers librdkafka ShareConsumers (implicit acknowledgement: each poll
-  accepts the previous poll's records, so every record's acceptance is made durable by the
-  partition leader: one conditional PUT of the share-partition's state per acknowledgement
-  round and partition).
-The two alternate which goes first from round to round so both see the same machine load.
-Time runs from the first poll until every record was received (share: and acknowledged with
-a final commit_sync).
+topic and starts, on it, both groups at once:
+- classic: --classic-consumers librdkafka Consumers in one classic group,
+- share: --share-consumers librdkafka ShareConsumers in one share group (implicit
+  acknowledgement: each poll accepts the previous poll's records, so each acceptance is made
+  durable by the partition leader: one conditional PUT of the share-partition's state per
+  acknowledgement round and partition).
+Once both groups are settled (every partition assigned, every share-partition initialised,
+two share heartbeats later), one producer writes --records records and each group's time
+runs from the first produce call until its members together received every record. Both
+groups read the same records at the same time, on the same machine load; the producer's own
+time is printed as the floor neither can beat.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from automq.broker import local
 from automq.broker.kafka.share.state_store import group_prefix
 
 
-def start_cluster(data: Path, port: int, brokers: int) -> tuple[subprocess.Popen[str], str]:
+def start_cluster(data: Path, port: int, brokers: int, heartbeat_ms: int) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "automq.broker.cli", "local", "up", "--brokers", str(brokers)]
     cmd += ["--data-dir", str(data), "--port", str(port), "--set", "group.initial.rebalance.delay.ms=0"]
+    cmd += ["--set", f"group.share.heartbeat.interval.ms={heartbeat_ms}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -88,91 +90,76 @@ def produce(bootstrap: str, topic: str, records: int, size: int) -> None:
         raise SystemExit("records not delivered")
 
 
-def init_share_group(bootstrap: str, data: Path, topic: str, group: str, partitions: int) -> None:
-    """Poll until every share-partition has its durable state (written on the group's first
-    ShareFetch of it), then leave: the share-partition start offsets sit at the (empty) end."""
-    from confluent_kafka import ShareConsumer
+class Members:
+    """Consumers of one group in threads, counting the records they receive."""
 
-    consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group})
-    consumer.subscribe([topic])
-    root = data / "objects" / group_prefix(group)
-    deadline = time.monotonic() + 60
-    try:
-        while len(list(root.glob("*%obj"))) < partitions:
-            if time.monotonic() > deadline:
-                raise SystemExit("the share group did not fetch every partition within 60 s")
-            consumer.poll(0.2)
-    finally:
-        consumer.close()
+    def __init__(self, kind: str, bootstrap: str, topic: str, group: str, count: int) -> None:
+        self.kind, self.bootstrap, self.topic, self.group = kind, bootstrap, topic, group
+        self.lock = threading.Lock()
+        self.received = 0
+        self.assigned: set[int] = set()
+        self.stop = threading.Event()
+        self.reached: float | None = None
+        self.target = 0
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(count)]
+        for t in self.threads:
+            t.start()
+
+    def _count(self, n: int) -> None:
+        with self.lock:
+            self.received += n
+            if self.reached is None and self.target and self.received >= self.target:
+                self.reached = time.perf_counter()
+
+    def _run(self) -> None:
+        if self.kind == "classic":
+            from confluent_kafka import Consumer
+
+            c = Consumer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "group.id": self.group,
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                }
+            )
+
+            def on_assign(_consumer, partitions) -> None:
+                with self.lock:
+                    self.assigned |= {p.partition for p in partitions}
+
+            c.subscribe([self.topic], on_assign=on_assign)
+            try:
+                while not self.stop.is_set():
+                    self._count(sum(1 for m in c.consume(1000, 0.2) if m.error() is None))
+            finally:
+                c.close()
+        else:
+            from confluent_kafka import ShareConsumer
+
+            s = ShareConsumer({"bootstrap.servers": self.bootstrap, "group.id": self.group})
+            s.subscribe([self.topic])
+            try:
+                while not self.stop.is_set():
+                    self._count(sum(1 for m in s.poll(0.2) if m.error() is None))
+                s.commit_sync(60)
+            finally:
+                s.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
 
 
-def run_classic(bootstrap: str, topic: str, records: int) -> float:
-    from confluent_kafka import Consumer
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"classic-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([topic])
-    got = 0
-    start = None
-    deadline = time.monotonic() + 600
-    try:
-        while got < records and time.monotonic() < deadline:
-            batch = consumer.consume(1000, 0.5)
-            if start is None:
-                start = time.perf_counter()
-            got += sum(1 for m in batch if m.error() is None)
-    finally:
-        consumer.close()
-    assert start is not None
-    if got < records:
-        raise SystemExit(f"classic consumer got {got} of {records}")
-    return time.perf_counter() - start
-
-
-def run_share(bootstrap: str, topic: str, group: str, records: int, consumers: int) -> float:
-    from confluent_kafka import ShareConsumer
-
-    lock = threading.Lock()
-    received = [0]
-    done = threading.Event()
-    started: list[float] = []
-
-    def member() -> None:
-        c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group})
-        c.subscribe([topic])
-        try:
-            while not done.is_set():
-                batch = c.poll(0.5)
-                with lock:
-                    if not started:
-                        started.append(time.perf_counter())
-                n = sum(1 for m in batch if m.error() is None)
-                if n:
-                    with lock:
-                        received[0] += n
-                        if received[0] >= records:
-                            done.set()
-            c.commit_sync(60)  # the last poll's records are accepted too
-        finally:
-            c.close()
-
-    threads = [threading.Thread(target=member, daemon=True) for _ in range(consumers)]
-    for t in threads:
-        t.start()
-    done.wait(600)
-    done.set()
-    for t in threads:
-        t.join(120)
-    end = time.perf_counter()
-    if received[0] < records:
-        raise SystemExit(f"share consumers got {received[0]} of {records}")
-    return end - started[0]
+def settle(data: Path, classic: Members, share: Members, partitions: int, heartbeat_s: float) -> None:
+    root = data / "objects" / group_prefix(share.group)
+    deadline = time.monotonic() + 120
+    while len(classic.assigned) < partitions or len(list(root.glob("*%obj"))) < partitions:
+        if time.monotonic() > deadline:
+            raise SystemExit("the groups did not settle within 120 s")
+        time.sleep(0.1)
+    time.sleep(2 * heartbeat_s)  # share members' assignments converge by heartbeats
 
 
 def main() -> None:
@@ -181,49 +168,66 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--size", type=int, default=100, help="value bytes")
+    parser.add_argument("--classic-consumers", type=int, default=1)
     parser.add_argument("--share-consumers", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--heartbeat-ms", type=int, default=1000, help="group.share.heartbeat.interval.ms")
     parser.add_argument("--port", type=int, default=None, help="the cluster's first port (default: a free block)")
     args = parser.parse_args()
 
-    results: dict[str, list[float]] = {"classic": [], "share": []}
+    results: dict[str, list[float]] = {"producer": [], "classic": [], "share": []}
     with tempfile.TemporaryDirectory(prefix="share-bench-") as tmp:
         data = Path(tmp)
         port = args.port if args.port is not None else local.free_port_block(args.brokers)
-        proc, bootstrap = start_cluster(data, port, args.brokers)
+        proc, bootstrap = start_cluster(data, port, args.brokers, args.heartbeat_ms)
         try:
             for r in range(args.rounds):
-                topic, group = f"share-bench-{r}", f"share-bench-{uuid.uuid4().hex[:8]}"
+                topic = f"share-bench-{r}"
                 create_topic(bootstrap, topic, args.partitions)
-                init_share_group(bootstrap, data, topic, group, args.partitions)
-                produce(bootstrap, topic, args.records, args.size)
-                order = ("classic", "share") if r % 2 == 0 else ("share", "classic")
-                for kind in order:
-                    if kind == "classic":
-                        took = run_classic(bootstrap, topic, args.records)
-                    else:
-                        took = run_share(bootstrap, topic, group, args.records, args.share_consumers)
-                    results[kind].append(took)
-                    print(
-                        f"round {r + 1} {kind:7s}: {args.records} records in {took:.2f} s = "
-                        f"{args.records / took:,.0f} records/s, {args.records * args.size / took / 1e6:.1f} MB/s",
-                        flush=True,
-                    )
+                suffix = uuid.uuid4().hex[:8]
+                classic = Members("classic", bootstrap, topic, f"classic-{suffix}", args.classic_consumers)
+                share = Members("share", bootstrap, topic, f"share-{suffix}", args.share_consumers)
+                try:
+                    settle(data, classic, share, args.partitions, args.heartbeat_ms / 1000)
+                    classic.target = share.target = args.records
+                    start = time.perf_counter()
+                    produce(bootstrap, topic, args.records, args.size)
+                    results["producer"].append(time.perf_counter() - start)
+                    deadline = time.monotonic() + 600
+                    while (classic.reached is None or share.reached is None) and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    if classic.reached is None or share.reached is None:
+                        raise SystemExit(
+                            f"classic got {classic.received}, share got {share.received} of {args.records}"
+                        )
+                    results["classic"].append(classic.reached - start)
+                    results["share"].append(share.reached - start)
+                finally:
+                    classic.close()
+                    share.close()
+                print(
+                    f"round {r + 1}: producer {results['producer'][-1]:.2f} s, classic group "
+                    f"{results['classic'][-1]:.2f} s, share group {results['share'][-1]:.2f} s",
+                    flush=True,
+                )
         finally:
             stop_cluster(proc)
 
     print(
         f"\n{args.brokers} broker(s), {args.partitions} partitions, {args.records} x {args.size} B, "
-        f"median of {args.rounds} rounds"
+        f"median of {args.rounds} rounds (time from the first produce call to the last record received)"
     )
-    print("| group | consumers | records/s | MB/s |")
-    print("|---|---|---|---|")
+    print("| reader | members | seconds | records/s | MB/s |")
+    print("|---|---|---|---|---|")
     for kind, label, n in (
-        ("classic", "classic (baseline)", 1),
+        ("producer", "producer alone (floor)", 1),
+        ("classic", "classic group (baseline)", args.classic_consumers),
         ("share", "share group (KIP-932)", args.share_consumers),
     ):
         took = statistics.median(results[kind])
-        print(f"| {label} | {n} | {args.records / took:,.0f} | {args.records * args.size / took / 1e6:.1f} |")
+        print(
+            f"| {label} | {n} | {took:.2f} | {args.records / took:,.0f} | {args.records * args.size / took / 1e6:.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -50,9 +50,12 @@ assert HEADER.size == BATCH_HEADER_SIZE
 class InvalidBatchError(Exception):
     """A produce batch Kafka would reject; `error_code` is what the partition response carries."""
 
-    def __init__(self, error_code: ErrorCode, message: str) -> None:
+    def __init__(self, error_code: ErrorCode, message: str, record_errors: tuple[tuple[int, str], ...] = ()) -> None:
         super().__init__(message)
         self.error_code = error_code
+        # KIP-467: (index in the batch, message) of each record that made the batch invalid;
+        # clients fail those records with the error and the rest with INVALID_DIFFERENT_RECORD
+        self.record_errors = record_errors
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +261,10 @@ def first_record_at_or_after(batch: bytes | bytearray | memoryview, timestamp_ms
     return header.base_offset, header.max_timestamp
 
 
-def keyless_record_index(batch: bytes | bytearray | memoryview, header: BatchHeader) -> int | None:
-    """Index in the batch of the first record with a null key, or None when all have keys.
+def keyless_record_indices(
+    batch: bytes | bytearray | memoryview, header: BatchHeader, limit: int | None = None
+) -> list[int]:
+    """Indices in the batch of the records with a null key (at most `limit` of them).
 
     Only produce to `cleanup.policy=compact` topics calls this (Kafka refuses keyless records
     there with INVALID_RECORD). It is the one produce check that must look at every record:
@@ -271,6 +276,7 @@ def keyless_record_index(batch: bytes | bytearray | memoryview, header: BatchHea
     buf = body if isinstance(body, bytes) else bytes(body)
     end = len(buf)
     pos = 0
+    found: list[int] = []
     for index in range(header.record_count):
         # record: length, attributes (1 byte), timestampDelta, offsetDelta, keyLength, ...
         first = buf[pos]
@@ -290,9 +296,17 @@ def keyless_record_index(batch: bytes | bytearray | memoryview, header: BatchHea
         while buf[p] & 0x80:
             p += 1
         if buf[p + 1] == 0x01:  # zigzag varint -1: a null key (a one-byte varint)
-            return index
+            found.append(index)
+            if limit is not None and len(found) >= limit:
+                break
         pos = record_end
-    return None
+    return found
+
+
+def keyless_record_index(batch: bytes | bytearray | memoryview, header: BatchHeader) -> int | None:
+    """Index in the batch of the first record with a null key, or None when all have keys."""
+    found = keyless_record_indices(batch, header, limit=1)
+    return found[0] if found else None
 
 
 def offset_of_max_timestamp(batch: bytes | bytearray | memoryview) -> tuple[int, int]:

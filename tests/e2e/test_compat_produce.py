@@ -33,6 +33,39 @@ def test_keyless_records_to_compacted_topic_are_refused(cluster, e2e, compressio
     assert _produce(cluster.bootstrap, plain, [(None, b"v")], **config) == [None]
 
 
+def test_only_the_keyless_records_fail_with_invalid_record_the_rest_with_invalid_different_record(cluster, e2e):
+    """KIP-467 (librdkafka test 0011's record_fail case): the batch is refused whole, and the
+    response's record errors name the keyless records, so the client fails those with
+    INVALID_RECORD and the batch's other records with _INVALID_DIFFERENT_RECORD."""
+    topic = e2e.topic_name("compact-kip467")
+    e2e.create_topic(cluster.bootstrap, topic, configs={"cleanup.policy": "compact"})
+    producer = Producer(
+        {"bootstrap.servers": cluster.bootstrap, "linger.ms": 200, "enable.idempotence": False, "retries": 0}
+    )
+    outcome: dict[int, int | None] = {}
+    for i in range(10):
+        key = None if i in (3, 7) else f"k{i}".encode()
+        producer.produce(
+            topic,
+            value=f"v{i}".encode(),
+            key=key,
+            partition=0,
+            on_delivery=lambda err, msg, i=i: outcome.__setitem__(i, err.code() if err else None),
+        )
+    assert producer.flush(60) == 0
+    assert outcome == {
+        i: KafkaError.INVALID_RECORD if i in (3, 7) else KafkaError._INVALID_DIFFERENT_RECORD for i in range(10)
+    }
+
+
+def test_keyless_record_indices():
+    encoded = [records.encode_record(i, i, key, b"v") for i, key in enumerate([b"a", None, b"", None, b"b"])]
+    batch = records.build_batch(0, encoded, last_offset_delta=4, base_timestamp=1, max_timestamp=5)
+    header = records.parse_header(batch)
+    assert records.keyless_record_indices(batch, header) == [1, 3]
+    assert records.keyless_record_indices(batch, header, limit=1) == [1]
+
+
 def test_keyless_record_index():
     encoded = [records.encode_record(i, i, key, b"v" * 300) for i, key in enumerate([b"a" * 200, b"", None, b"b"])]
     batch = records.build_batch(0, encoded, last_offset_delta=3, base_timestamp=1, max_timestamp=4)

@@ -65,15 +65,24 @@ def _check_keys(buf: Any, header: records.BatchHeader, topic: str, index: int) -
     """A compacted topic keeps the latest value per key: a record without one cannot be
     compacted, so Kafka refuses the batch (INVALID_RECORD) and so do we."""
     try:
-        keyless = records.keyless_record_index(buf, header)
+        keyless = records.keyless_record_indices(buf, header)
     except (ValueError, IndexError) as exc:
         raise records.InvalidBatchError(ErrorCode.corrupt_message, f"malformed records in batch: {exc}") from None
-    if keyless is not None:
+    if keyless:
+        each = f"Compacted topic cannot accept message without key in topic partition {topic}-{index}."
         raise records.InvalidBatchError(
             ErrorCode.invalid_record,
-            f"Compacted topic cannot accept message without key in topic partition {topic}-{index} "
-            f"(record {keyless} of the batch).",
+            f"{len(keyless)} of the batch's {header.record_count} records have no key (first: record "
+            f"{keyless[0]}); {each}",
+            tuple((i, each) for i in keyless),
         )
+
+
+def _record_errors(response_class: Any, errors: tuple[tuple[int, str], ...]) -> tuple[Any, ...]:
+    if not errors or not codec.has_field(codec.nested(response_class, "PartitionProduceResponse"), "record_errors"):
+        return ()  # Produce v0-v7 have no record errors: the whole batch fails with the code
+    entry = codec.nested(response_class, "BatchIndexAndErrorMessage")
+    return tuple(entry(batch_index=i, batch_index_error_message=m) for i, m in errors)
 
 
 @handles(API_KEY)
@@ -141,7 +150,7 @@ async def produce(request, ctx: RequestContext):
                 continue
             except records.InvalidBatchError as exc:
                 log.info("rejecting produce to %s-%d from %s: %s", topic, index, ctx.peer, exc)
-                outcome.append((topic, index, (exc.error_code, str(exc)), 0))
+                outcome.append((topic, index, (exc.error_code, str(exc), exc.record_errors), 0))
                 continue
             records_buf = pdata.records
             if not (isinstance(records_buf, memoryview) and not records_buf.readonly):
@@ -181,6 +190,7 @@ async def produce(request, ctx: RequestContext):
     leaders: set[int] = set()
     for topic, index, result, batch_header in outcome:
         base_offset, append_time, log_start, error, message = -1, None, -1, ErrorCode.none, None
+        record_errors: tuple[tuple[int, str], ...] = ()
         if isinstance(result, asyncio.Future):
             if not result.done():
                 # still waiting for the WAL past the request timeout; it may still complete
@@ -203,7 +213,9 @@ async def produce(request, ctx: RequestContext):
                     assert isinstance(batch_header, records.BatchHeader)
                     metrics.record_produce(topic, index, batch_header.size, batch_header.record_count)
         else:
-            error, message = result
+            error, message = result[0], result[1]
+            if len(result) > 2:
+                record_errors = result[2]
         failed = failed or error != ErrorCode.none
         extra = {}
         if error == ErrorCode.not_leader_or_follower and codec.has_field(partition_cls, "current_leader"):
@@ -222,7 +234,7 @@ async def produce(request, ctx: RequestContext):
                 base_offset=base_offset,
                 log_append_time=append_time,
                 log_start_offset=log_start,
-                record_errors=(),
+                record_errors=_record_errors(ctx.response_class, record_errors),
                 error_message=message,
                 **extra,
             )

@@ -291,6 +291,17 @@ DASHBOARD_ROWS: list[tuple[str, list[tuple[str, list[tuple[str, str]], str]]]] =
                 ],
                 "short",
             ),
+            (
+                "Share groups (KIP-932): rebalances and fencings",
+                [
+                    ("sum(rate(kafka_coordinator_share_group_rebalances_total" + RATE + "))", "rebalances/s"),
+                    (
+                        "sum by (reason) (rate(kafka_coordinator_share_member_fencings_total" + RATE + "))",
+                        "fenced ({{reason}})/s",
+                    ),
+                ],
+                "short",
+            ),
         ],
     ),
     (

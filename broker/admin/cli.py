@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 topics_app = typer.Typer(help="List, describe, create, delete and configure topics.", no_args_is_help=True)
 groups_app = typer.Typer(
-    help="List and describe consumer groups, classic and KIP-848 (members, epochs, offsets, lag).",
+    help="List and describe groups: classic, KIP-848 and share groups (members, epochs, offsets, lag).",
     no_args_is_help=True,
 )
 
@@ -237,14 +237,17 @@ def groups_list(
     data_dir: Path = DATA_DIR,
     output: str = OUTPUT,
     type_: list[str] | None = typer.Option(
-        None, "--type", "-t", help="Only groups of this type: classic or consumer (KIP-848); repeatable."
+        None,
+        "--type",
+        "-t",
+        help="Only groups of this type: classic, consumer (KIP-848) or share (KIP-932); repeatable.",
     ),
 ) -> None:
-    """Groups with their type (classic, or consumer: KIP-848), state and coordinator."""
+    """Groups with their type (classic, consumer: KIP-848, share: KIP-932), state and coordinator."""
     types = [t.lower() for t in type_ or []]
-    bad = [t for t in types if t not in ("classic", "consumer")]
+    bad = [t for t in types if t not in ("classic", "consumer", "share")]
     if bad:
-        typer.echo(f"--type must be classic or consumer, got {bad[0]!r}", err=True)
+        typer.echo(f"--type must be classic, consumer or share, got {bad[0]!r}", err=True)
         raise typer.Exit(2)
     groups = _run(bootstrap, command_config, data_dir, output, lambda a: a.list_groups(types))
     if output == "json":
@@ -287,6 +290,24 @@ def groups_describe(
                 for m in detail.members
             ],
         )
+    elif detail.type == "share":
+        typer.echo(
+            f"group {detail.group_id} (share group, KIP-932): {detail.state}, "
+            f"group epoch {detail.group_epoch}, assignment epoch {detail.assignment_epoch}, "
+            f"assignor {detail.assignor or '-'}, coordinator {detail.coordinator}, "
+            f"{len(detail.members)} member(s), total lag {detail.total_lag}"
+        )
+        _table(
+            "members",
+            ["member", "epoch", "client", "host", "assigned"],
+            [[m.member_id, m.member_epoch, m.client_id, m.host, _partitions(m.assignment)] for m in detail.members],
+        )
+        _table(
+            "share-partitions",
+            ["topic", "partition", "start offset", "end", "lag", "members"],
+            [[o.topic, o.partition, o.committed, o.end_offset, o.lag, o.owner] for o in detail.offsets],
+        )
+        return
     else:
         typer.echo(
             f"group {detail.group_id} (classic): {detail.state}, "

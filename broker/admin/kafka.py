@@ -54,7 +54,7 @@ class GroupSummary:
     state: str
     protocol_type: str
     coordinator: int
-    type: str = "classic"  # classic | consumer (KIP-848); ListGroups v5's group type
+    type: str = "classic"  # classic | consumer (KIP-848) | share (KIP-932); ListGroups v5's group type
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,9 @@ class GroupDetail:
     coordinator: int
     members: list[MemberDetail] = field(default_factory=list)
     offsets: list[OffsetLag] = field(default_factory=list)
-    type: str = "classic"  # classic | consumer (KIP-848)
-    # KIP-848 groups only: the epoch membership/subscriptions reached, the epoch of the
+    type: str = "classic"  # classic | consumer (KIP-848) | share (KIP-932: offsets[].committed is the
+    # share-partition start offset, lag counts records not yet acknowledged or archived)
+    # KIP-848 and share groups only: the epoch membership/subscriptions reached, the epoch of the
     # target assignment, and the server-side assignor
     group_epoch: int | None = None
     assignment_epoch: int | None = None
@@ -320,10 +321,95 @@ class AdminClient(KafkaAdmin):
         coordinator = await self._coordinator(group)
         detail = await self._describe_consumer_group(group, coordinator)
         if detail is None:
+            detail = await self._describe_share_group(group, coordinator)
+            if detail is not None:
+                await self._share_lags(detail)
+                return detail
+        if detail is None:
             detail = await self._describe_classic_group(group, coordinator)
         owners = {tp: m.member_id for m in detail.members for tp in m.assignment}
         await self._lags(detail, owners)
         return detail
+
+    async def _describe_share_group(self, group: str, coordinator: int) -> GroupDetail | None:
+        """None when the group is not a share group (or the broker does not know the API)."""
+        from kio.schema.share_group_describe.v1.request import ShareGroupDescribeRequest
+
+        try:
+            r = await self._to(
+                coordinator, ShareGroupDescribeRequest(group_ids=(GroupId(group),), include_authorized_operations=False)
+            )
+        except KafkaAdminError as exc:
+            if exc.code is None:
+                return None
+            raise
+        [g] = r.groups  # type: ignore[attr-defined]
+        if g.error_code == ErrorCode.group_id_not_found:
+            return None
+        _check(g.error_code, g.error_message, f"describe group {group!r}")
+        detail = GroupDetail(
+            group,
+            g.group_state,
+            "share",
+            g.assignor_name,
+            coordinator,
+            type="share",
+            group_epoch=int(g.group_epoch),
+            assignment_epoch=int(g.assignment_epoch),
+            assignor=g.assignor_name,
+        )
+        for m in sorted(g.members, key=lambda m: (m.client_id, m.member_id)):
+            assigned = sorted(
+                (str(tp.topic_name), int(p)) for tp in m.assignment.topic_partitions for p in tp.partitions
+            )
+            detail.members.append(
+                MemberDetail(m.member_id, m.client_id, m.client_host, assigned, member_epoch=int(m.member_epoch))
+            )
+        return detail
+
+    async def _share_lags(self, detail: GroupDetail) -> None:
+        """Start offset, end offset and lag of every partition the share group has state for
+        or is assigned (DescribeShareGroupOffsets v1); owners are all members sharing it."""
+        from kio.schema.describe_share_group_offsets.v1.request import (
+            DescribeShareGroupOffsetsRequest,
+            DescribeShareGroupOffsetsRequestGroup,
+        )
+
+        owners: dict[tuple[str, int], list[str]] = {}
+        for m in detail.members:
+            for tp in m.assignment:
+                owners.setdefault(tp, []).append(m.member_id)
+        r = await self._to(
+            detail.coordinator,
+            DescribeShareGroupOffsetsRequest(
+                groups=(DescribeShareGroupOffsetsRequestGroup(group_id=GroupId(detail.group_id), topics=None),)
+            ),
+        )
+        [g] = r.groups  # type: ignore[attr-defined]
+        _check(g.error_code, g.error_message, f"share offsets of group {detail.group_id!r}")
+        state = {
+            (t.topic_name, p.partition_index): (int(p.start_offset), int(p.lag))
+            for t in g.topics
+            for p in t.partitions
+            if p.error_code == ErrorCode.none
+        }
+        keys = set(state) | set(owners)
+        if not keys:
+            return
+        meta = await self.metadata({t for t, _ in keys})
+        ends = await self._offsets({k: meta.leaders.get(k, -1) for k in keys}, LATEST)
+        for key in sorted(keys):
+            start, lag = state.get(key, (-1, -1))
+            detail.offsets.append(
+                OffsetLag(
+                    key[0],
+                    key[1],
+                    start,
+                    ends.get(key, -1),
+                    lag if lag >= 0 else None,
+                    ",".join(sorted(owners.get(key, []))) or None,
+                )
+            )
 
     async def _describe_consumer_group(self, group: str, coordinator: int) -> GroupDetail | None:
         """None when the group is not a KIP-848 group (or the broker does not know the API)."""

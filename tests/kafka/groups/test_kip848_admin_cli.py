@@ -148,8 +148,8 @@ async def test_groups_cli_shows_consumer_protocol_groups(real_cluster) -> None:
             assert code == 0, out
             ids = {g["group_id"] for g in json.loads(out)}
             assert wanted in ids and other not in ids
-        code, out = await asyncio.to_thread(cli, "groups", "list", *b, "--type", "share")
-        assert code == 2 and "--type must be classic or consumer" in out
+        code, out = await asyncio.to_thread(cli, "groups", "list", *b, "--type", "streams")
+        assert code == 2 and "--type must be classic, consumer or share" in out
 
         code, out = await asyncio.to_thread(cli, "groups", "describe", GROUP, *b, "--output", "json")
         assert code == 0, out

@@ -171,6 +171,13 @@ async def test_share_group_survives_its_coordinator_stopping(real_cluster) -> No
     # a wrong epoch is still fenced by the new coordinator
     stale = await asyncio.to_thread(heartbeat, survivor, group, a, 3)
     assert stale.error_code == ErrorCode.fenced_member_epoch
+    from prometheus_client import generate_latest
+
+    text = generate_latest(real_cluster.brokers[3 - node].broker.registry).decode()
+    assert 'kafka_coordinator_groups{state="Stable",type="share"} 1.0' in text
+    assert 'kafka_coordinator_members{type="share"} 2.0' in text
+    assert 'kafka_coordinator_share_member_fencings_total{reason="epoch"} 1.0' in text
+    assert 'kafka_coordinator_share_member_fencings_total{reason="session_timeout"} 0.0' in text
 
 
 def describe_offsets(port: int, group: str, topics: dict[str, list[int]] | None) -> Any:

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 SHARE_FETCH = 78
 SHARE_ACKNOWLEDGE = 79
 _NO_LEADER = (-1, -1)
+READ_CAP_BYTES = 8 << 20
 
 
 @dataclass(slots=True)
@@ -188,7 +189,6 @@ async def _acquire(
     member_id: str,
     budget_bytes: int,
     budget_records: int,
-    first_in_response: bool,
     strict_records: bool = False,
 ) -> tuple[int, int]:
     """Read and lock records for the member; returns (bytes, records) taken."""
@@ -208,7 +208,9 @@ async def _acquire(
         start = state.first_acquirable(hw, settings.partition_max_record_locks)
         if start is None:
             return 0, 0
-        result = await partition.read(start, budget_bytes if not first_in_response else max(budget_bytes, 1), hw)
+        # a fetch takes max_records records, not max_bytes of them: read no more than
+        # READ_CAP_BYTES per partition (the first batch is returned whole however big)
+        result = await partition.read(start, max(min(budget_bytes, READ_CAP_BYTES), 1), hw)
     except (NotLeaderError, StreamClosedError):
         part.error = ErrorCode.not_leader_or_follower
         return 0, 0
@@ -368,6 +370,10 @@ def _release(ctx: RequestContext, session: ShareSession) -> None:
         log.debug("share session %s/%s closed: %d records released", session.group_id, session.member_id, released)
 
 
+def _lock_of(parts: Any) -> int:
+    return max((p.share.settings.record_lock_duration_ms for p in parts if p.share is not None), default=30_000)
+
+
 def _time_ms(value: Any) -> int:
     return int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value)
 
@@ -416,6 +422,9 @@ async def share_fetch(request, ctx: RequestContext):
     if epoch == FINAL_EPOCH:
         _close_session(ctx, session)
         return _respond(ctx, list(parts.values()) + extra, 0, full=True)
+    if getattr(request, "is_renew_ack", False):
+        # v2: a request that only renews locks fetches nothing
+        return _respond(ctx, list(parts.values()) + extra, _lock_of(parts.values()), full=False)
 
     # ---- every partition of the session is fetched
     for name, index in session.partitions:
@@ -445,7 +454,6 @@ async def share_fetch(request, ctx: RequestContext):
                 member_id,
                 max_bytes - total_bytes,
                 max_records - total_records,
-                total_bytes == 0,
                 strict_records=strict,
             )
             total_bytes += taken_bytes

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+OPEN_WAIT_S = 5.0
+
 SettingsSource = Callable[["Broker", str], ShareGroupSettings]
 
 
@@ -255,7 +257,8 @@ class SharePartitionManager:
     async def get(self, group_id: str, topic: str, index: int) -> SharePartition:
         """The share-partition, loaded on first use. Raises NotLeaderError /
         UnknownPartitionError when the partition is not led here."""
-        partition = self._broker.partitions.get(topic, index)
+        # a partition just placed here (created, moved) is waited for briefly, as Produce does
+        partition = await self._broker.partitions.get_when_open(topic, index, OPEN_WAIT_S)
         key = (group_id, topic, index)
         share = self._shares.get(key)
         if share is not None and share.partition is partition and not share.fenced and not share.closed:

@@ -341,3 +341,46 @@ async def test_read_committed_share_groups_never_see_aborted_records_or_markers(
     assert _acquired(r) == {0: [(4, 4, 1), (6, 6, 1)]}
     share = await node.broker.share_partitions.get(GROUP, "q", 0)
     assert share.state.start_offset == 4  # 0-3 done: aborted and the marker archived, 2 accepted
+
+
+async def test_v2_renew_extends_locks_without_fetching(cluster) -> None:
+    from datetime import timedelta
+
+    from automq.broker.kafka import codec
+    from automq.broker.kafka.share.partition_state import RENEW
+
+    node = await _node(cluster, record_lock_duration_ms=60_000)
+    await _produce(node, "q", 0, 4)
+    assert _acquired(await _fetch(node, "m", 0, {0: []})) == {0: [(0, 3, 1)]}
+    share = await node.broker.share_partitions.get(GROUP, "q", 0)
+    before = share.state.next_deadline()
+    await asyncio.sleep(0.01)
+    req_cls = codec.request_class(SHARE_FETCH, 2)
+    batch_cls = codec.nested(req_cls, "AcknowledgementBatch")
+    r = await node.call(
+        SHARE_FETCH,
+        2,
+        group_id=GROUP,
+        member_id="m",
+        share_session_epoch=1,
+        max_wait=timedelta(0),
+        min_bytes=1,
+        max_bytes=1 << 20,
+        max_records=500,
+        batch_size=500,
+        is_renew_ack=True,
+        topics=(
+            codec.nested(req_cls, "FetchTopic")(
+                topic_id=_topic_id(node, "q"),
+                partitions=(
+                    codec.nested(req_cls, "FetchPartition")(
+                        partition_index=0,
+                        acknowledgement_batches=(batch_cls(first_offset=0, last_offset=3, acknowledge_types=(RENEW,)),),
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
+    assert _ack_errors(r) == {0: ErrorCode.none} and _acquired(r) == {}
+    assert share.state.next_deadline() > before  # still m's, locked for longer

@@ -27,16 +27,21 @@ from typing import Any, Literal
 
 from automq.broker.config import Listener, NodeConfig, dump_config
 from automq.operator import quantity
+from automq.operator.certificates import PRINCIPAL_MAPPING_RULES
 from automq.operator.rbac import CLUSTER_RULES
+from automq.operator.security_spec import ListenerSpec
 from automq.operator.spec import (
     BROKER_HTTP_PORT,
     CONTROLLER_PORT,
     GROUP,
     KIND,
+    REPLICATION_LISTENER,
+    REPLICATION_PORT,
     VERSION,
     AutoMQClusterSpec,
     Resources,
     Scheduling,
+    inter_broker_listener,
     nest_overrides,
 )
 
@@ -132,8 +137,59 @@ def broker_selector(ref: ClusterRef) -> str:
     return label_selector(selector_labels(ref, "broker"))
 
 
+def external_bootstrap_service_name(ref: ClusterRef, listener: ListenerSpec) -> str:
+    return f"{ref.name}-{_port_name(listener.name)}-bootstrap"
+
+
+def external_broker_service_name(ref: ClusterRef, listener: ListenerSpec, ordinal: int) -> str:
+    return f"{ref.name}-{_port_name(listener.name)}-{ordinal}"
+
+
 def bootstrap_address(spec: AutoMQClusterSpec, ref: ClusterRef) -> str:
-    return f"{bootstrap_service_name(ref)}.{ref.namespace}.svc:{spec.listeners[0].port}"
+    return f"{bootstrap_service_name(ref)}.{ref.namespace}.svc:{spec.internal_listeners()[0].port}"
+
+
+# Secrets the node pods mount (automq.operator.security creates them); here to keep builders pure.
+TLS_DIR = "/etc/automq-tls"
+TOKEN_DIR = "/etc/automq-token"
+
+
+def broker_certs_secret_name(ref: ClusterRef) -> str:
+    return f"{ref.name}-broker-certs"
+
+
+def controller_token_secret_name(ref: ClusterRef) -> str:
+    return f"{ref.name}-controller-token"
+
+
+def broker_listeners(spec: AutoMQClusterSpec) -> list[Listener]:
+    """The brokers' listeners as node config: the spec's, plus REPLICATION (PLAINTEXT, for
+    broker-to-broker calls, which carry no credentials yet) when no internal one is PLAINTEXT."""
+    out = [
+        Listener(
+            name=lst.name,
+            host="0.0.0.0",
+            port=lst.port,
+            advertised_port=lst.port,
+            security_protocol=lst.security_protocol(),
+        )
+        for lst in spec.listeners
+    ]
+    if inter_broker_listener(spec.listeners) is None:
+        out.append(
+            Listener(name=REPLICATION_LISTENER, host="0.0.0.0", port=REPLICATION_PORT, advertised_port=REPLICATION_PORT)
+        )
+    return out
+
+
+def external_listeners_env(spec: AutoMQClusterSpec) -> str:
+    """What podconfig needs to advertise external listeners per broker (JSON, see podconfig)."""
+    external = {
+        lst.name: {"host": lst.advertised_host_template or "", "port_base": lst.node_port_base}
+        for lst in spec.listeners
+        if lst.type != "internal"
+    }
+    return json.dumps(external, sort_keys=True, separators=(",", ":"))
 
 
 def controller_urls(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[str]:
@@ -193,11 +249,30 @@ def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeCon
         "http_host": "0.0.0.0",
         "http_port": CONTROLLER_PORT if role == "controller" else BROKER_HTTP_PORT,
     }
+    if spec.controller_token():
+        raw["security"] = {"controller_token_file": f"{TOKEN_DIR}/token"}
     if role == "broker":
-        raw["listeners"] = [
-            Listener(name=listener.name, host="0.0.0.0", port=listener.port, advertised_port=listener.port).model_dump()
-            for listener in spec.listeners
-        ]
+        listeners = broker_listeners(spec)
+        raw["listeners"] = [listener.model_dump() for listener in listeners]
+        inter = inter_broker_listener(spec.listeners)
+        inter_name = inter.name if inter else REPLICATION_LISTENER
+        if inter_name != listeners[0].name:  # the first listener is the broker's default
+            raw["kafka"] = {"inter_broker_listener_name": inter_name}
+        if spec.needs_tls():
+            client_certs = [lst.client_certificates() for lst in spec.listeners if lst.tls]
+            raw["tls"] = {
+                "cert_file": f"{TLS_DIR}/tls.crt",
+                "key_file": f"{TLS_DIR}/tls.key",
+                "ca_file": f"{TLS_DIR}/ca.crt",
+                # One TLS context serves every TLS listener: certificates are required only
+                # when every TLS listener authenticates by certificate (a SASL_SSL listener
+                # next to them must not ask its clients for one they do not have).
+                "client_auth": "required" if all(client_certs) else ("requested" if any(client_certs) else "none"),
+                "principal_mapping_rules": list(PRINCIPAL_MAPPING_RULES),
+            }
+        mechanisms = sorted({m for lst in spec.listeners if (m := lst.sasl_mechanism()) is not None})
+        if mechanisms:
+            raw.setdefault("security", {})["sasl_enabled_mechanisms"] = mechanisms
         wal = spec.broker.wal
         raw["wal"] = {"kind": wal.kind}
         if wal.kind == "volume":
@@ -229,6 +304,7 @@ def _port_name(listener_name: str) -> str:
 
 
 def bootstrap_service(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any]:
+    """Internal listeners only: external ones have their own Services."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -243,7 +319,7 @@ def bootstrap_service(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any
                     "targetPort": listener.port,
                     "protocol": "TCP",
                 }
-                for listener in spec.listeners
+                for listener in spec.internal_listeners()
             ],
         },
     }
@@ -253,7 +329,7 @@ def headless_service(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> di
     if role == "broker":
         ports = [
             {"name": _port_name(listener.name), "port": listener.port, "targetPort": listener.port, "protocol": "TCP"}
-            for listener in spec.listeners
+            for listener in broker_listeners(spec)
         ]
         ports.append({"name": "http", "port": BROKER_HTTP_PORT, "targetPort": BROKER_HTTP_PORT, "protocol": "TCP"})
     else:
@@ -272,11 +348,59 @@ def headless_service(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> di
     }
 
 
+def _external_service(
+    ref: ClusterRef, lst: ListenerSpec, name: str, selector: dict[str, str], node_port: int | None, bootstrap: bool
+) -> dict[str, Any]:
+    port: dict[str, Any] = {"name": _port_name(lst.name), "port": lst.port, "targetPort": lst.port, "protocol": "TCP"}
+    if node_port is not None:
+        port["nodePort"] = node_port
+    meta = _metadata(ref, name, "broker", dict(lst.annotations) or None)
+    meta["labels"] = {**meta["labels"], LISTENER_LABEL: _port_name(lst.name)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": "NodePort" if lst.type == "nodeport" else "LoadBalancer",
+            "selector": selector,
+            "ports": [port],
+            # A broker's own Service keeps the client's address (ACL host rules) and skips a hop.
+            "externalTrafficPolicy": "Cluster" if bootstrap else "Local",
+        },
+    }
+
+
+def external_services(spec: AutoMQClusterSpec, ref: ClusterRef, brokers: int) -> list[dict[str, Any]]:
+    """Per nodeport/loadbalancer listener: a bootstrap Service over all brokers and one Service
+    per broker (selected by its pod name), which is what each broker advertises."""
+    out: list[dict[str, Any]] = []
+    for lst in spec.listeners:
+        if lst.type == "internal":
+            continue
+        out.append(
+            _external_service(
+                ref, lst, external_bootstrap_service_name(ref, lst), selector_labels(ref, "broker"), None, True
+            )
+        )
+        for i in range(brokers):
+            node_port = lst.node_port_base + i if lst.node_port_base is not None else None
+            selector = {**selector_labels(ref, "broker"), POD_NAME_LABEL: pod_name(ref, "broker", i)}
+            out.append(
+                _external_service(ref, lst, external_broker_service_name(ref, lst, i), selector, node_port, False)
+            )
+    return out
+
+
+LISTENER_LABEL = f"{GROUP}/listener"  # on external Services: which listener they expose
+POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"  # set on every StatefulSet pod by Kubernetes
+
+
 def services(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str, Any]]:
     return [
         bootstrap_service(spec, ref),
         headless_service(spec, ref, "broker"),
         headless_service(spec, ref, "controller"),
+        *external_services(spec, ref, spec.broker.replicas),
     ]
 
 
@@ -389,6 +513,11 @@ def _pod_env(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> list[dict[
             "value": f"$(POD_NAME).{headless_service_name(ref, role)}.{ref.namespace}.svc",
         },
     ]
+    if role == "broker" and any(lst.type != "internal" for lst in spec.listeners):
+        env += [
+            {"name": "AUTOMQ_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+            {"name": "AUTOMQ_EXTERNAL_LISTENERS", "value": external_listeners_env(spec)},
+        ]
     if role == "broker":
         # The broker's rack is its node's zone, always (rack.enabled adds the spreading): the pod
         # carries the node's topology label (Kubernetes' PodTopologyLabels admission, or the
@@ -431,18 +560,25 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
     role_spec = spec.controller if role == "controller" else spec.broker
     http_port = CONTROLLER_PORT if role == "controller" else BROKER_HTTP_PORT
     env = _pod_env(spec, ref, role)
-    volume_mounts = [
+    volume_mounts: list[dict[str, Any]] = [
         {"name": "node-config", "mountPath": NODE_CONFIG_DIR},
         {"name": "data", "mountPath": DATA_DIR},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     if role == "broker" and spec.broker.wal.kind == "volume":
         volume_mounts.append({"name": "wal", "mountPath": WAL_DIR})
+    secret_volumes: list[dict[str, Any]] = []
+    if role == "broker" and spec.needs_tls():
+        secret_volumes.append(_secret_volume("tls", broker_certs_secret_name(ref)))
+        volume_mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+    if spec.controller_token():
+        secret_volumes.append(_secret_volume("controller-token", controller_token_secret_name(ref)))
+        volume_mounts.append({"name": "controller-token", "mountPath": TOKEN_DIR, "readOnly": True})
     ports = [{"name": "http", "containerPort": http_port, "protocol": "TCP"}]
     if role == "broker":
         ports = [
             {"name": _port_name(listener.name), "containerPort": listener.port, "protocol": "TCP"}
-            for listener in spec.listeners
+            for listener in broker_listeners(spec)
         ] + ports
 
     init = {
@@ -482,6 +618,7 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
         {"name": "node-config", "emptyDir": {}},
         {"name": "data", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
+        *secret_volumes,
     ]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": ref.name,
@@ -513,6 +650,13 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
     template = {"metadata": {"labels": common_labels(ref, role), "annotations": annotations}, "spec": pod_spec}
     template["metadata"]["annotations"][TEMPLATE_HASH] = content_hash(template)
     return template
+
+
+def _secret_volume(name: str, secret: str) -> dict[str, Any]:
+    # Mounted as a directory (no subPath): the kubelet swaps renewed content in place and the
+    # node re-reads it, so a renewed certificate or token needs no restart.
+    secret_source: dict[str, Any] = {"secretName": secret, "defaultMode": 0o440}
+    return {"name": name, "secret": secret_source}
 
 
 def _spread(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ so the reconciler decides once what an unreachable controller means (wait and re
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from automq.broker.controller.acls import AclBinding, AclFilter
 from automq.broker.controller.protocol import BrokerNotAvailableError, MetadataImage, ScramCredentialInfo
@@ -75,16 +75,22 @@ class ControllerApi(Protocol):
     async def close(self) -> None: ...
 
 
-ControllerApiFactory = Callable[[list[str]], ControllerApi]
+# Called as factory(urls), or factory(urls, auth=ControllerClientAuth) for a cluster whose
+# controller API requires credentials (automq.operator.security.operator_controller_auth).
+ControllerApiFactory = Callable[..., ControllerApi]
 
 
 class ControllerClientApi:
     """ControllerApi over the controller's HTTP API."""
 
-    def __init__(self, urls: list[str], *, request_timeout_s: float = 5.0, retry_deadline_s: float = 10.0) -> None:
+    def __init__(
+        self, urls: list[str], *, request_timeout_s: float = 5.0, retry_deadline_s: float = 10.0, auth: Any = None
+    ) -> None:
         from automq.broker.controller.client import ControllerClient
 
-        self._client = ControllerClient(urls, request_timeout_s=request_timeout_s, retry_deadline_s=retry_deadline_s)
+        self._client = ControllerClient(
+            urls, request_timeout_s=request_timeout_s, retry_deadline_s=retry_deadline_s, auth=auth
+        )
 
     async def drain_broker(self, node_id: int) -> None:
         try:
@@ -209,6 +215,7 @@ class ControllerClientApi:
         await self._client.close()
 
 
-def connect(urls: list[str]) -> ControllerApi:
-    """The default factory: a client for the cluster's controllers."""
-    return ControllerClientApi(urls)
+def connect(urls: list[str], auth: Any = None) -> ControllerApi:
+    """The default factory: a client for the cluster's controllers (`auth`: a
+    ControllerClientAuth with the cluster's token, when its API requires one)."""
+    return ControllerClientApi(urls, auth=auth)

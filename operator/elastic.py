@@ -46,7 +46,7 @@ from automq.broker.balancer.model import (
 )
 from automq.broker.balancer.planner import Goals, Move, Proposal, plan
 from automq.broker.balancer.scrape import LoadScraper
-from automq.operator import builders
+from automq.operator import builders, security
 from automq.operator import metrics as m
 from automq.operator.autoscaler import Observation, decide, trim
 from automq.operator.builders import ClusterRef
@@ -63,7 +63,7 @@ from automq.operator.spec import (
     Condition,
     InvalidSpec,
     ProposalSummary,
-    parse_spec,
+    parse_cluster,
 )
 
 log = logging.getLogger(__name__)
@@ -309,7 +309,7 @@ async def tick(ctx: ElasticContext, state: ElasticState, ref: ClusterRef, report
     if live is None or live.get("metadata", {}).get("deletionTimestamp"):
         return
     try:
-        spec = parse_spec(dict(live.get("spec") or {}))
+        spec = parse_cluster(live)
     except InvalidSpec:
         return  # the reconcile loop reports it (condition InvalidSpec naming the field)
     loop = asyncio.get_running_loop()
@@ -383,7 +383,8 @@ async def tick(ctx: ElasticContext, state: ElasticState, ref: ClusterRef, report
     due_balance = (bal.enabled and t.now - state.last_balance >= bal.interval_seconds) or grow or trigger is not None
 
     # -- scrape (every tick while enabled: the rates need samples before a decision is due)
-    controller = ctx.controller_api_factory(builders.controller_urls(spec, ref))
+    factory = await security.authenticated(ctx.controller_api_factory, api, spec, ref)
+    controller = factory(builders.controller_urls(spec, ref))
     try:
         model, metadata = await _load(ctx, state, t, controller, pods, ready)
         if model is None:

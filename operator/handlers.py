@@ -38,7 +38,7 @@ from typing import Any
 
 import kopf
 
-from automq.operator import elastic, users
+from automq.operator import elastic, security, users
 from automq.operator.builders import ClusterRef
 from automq.operator.controller_api import ControllerApiFactory, connect
 from automq.operator.kube import KubeApi, KubeError
@@ -61,7 +61,17 @@ from automq.operator.reconcile import (
     reconcile,
     write_invalid_spec_status,
 )
-from automq.operator.spec import GROUP, PLURAL, VERSION, InvalidSpec, check_cluster_name, parse_spec
+from automq.operator.spec import (
+    GROUP,
+    PLURAL,
+    SECURITY_DEFAULTS_ANNOTATION,
+    VERSION,
+    InvalidSpec,
+    check_cluster_name,
+    is_legacy,
+    parse_cluster,
+    parse_spec,
+)
 from automq.operator.user_spec import USER_PLURAL
 
 log = logging.getLogger(__name__)
@@ -140,9 +150,17 @@ async def _pass(
     previous = dict(live.get("status") or {})
     generation = int(live.get("metadata", {}).get("generation") or 0)
     raw_spec = dict(live.get("spec") or {})
+    legacy, pinned = await security.pin_security_defaults(api, live, ref)
+    if pinned and legacy:
+        KopfReporter(body).warn(
+            "SecurityDefaultsLegacy",
+            "this cluster predates secure defaults: it keeps its PLAINTEXT listener and open controller API "
+            f"(annotation {SECURITY_DEFAULTS_ANNOTATION}: legacy); set spec.listeners and spec.security to "
+            "secure it (docs/security.md)",
+        )
     try:
         check_cluster_name(name)
-        spec = parse_spec(raw_spec)
+        spec = parse_spec(raw_spec, legacy=legacy)
     except InvalidSpec as exc:
         await write_invalid_spec_status(api, ref, generation, previous, str(exc))
         if reported.get("invalid") != str(exc):  # once per distinct problem, not once per pass
@@ -158,7 +176,7 @@ async def _pass(
         generation=generation,
         previous_status=previous,
         reporter=KopfReporter(body),
-        controller_api_factory=ctx.controller_api_factory,
+        controller_api_factory=await security.authenticated(ctx.controller_api_factory, api, spec, ref),
         settings=ctx.settings,
         may_act=ctx.is_leader,
     )
@@ -243,14 +261,16 @@ async def run_node_loss(
         recovery: NodeLossPass | None = None
         try:
             live = await ctx.kube().get("AutoMQCluster", namespace, name)
-            spec = parse_spec(dict((live or {}).get("spec") or {})) if live is not None else None
+            spec = parse_cluster(live) if live is not None else None
             if spec is not None:
                 recovery = NodeLossPass(
                     api=ctx.kube(),
                     ref=ref,
                     spec=spec,
                     reporter=KopfReporter(body),
-                    controller_api_factory=ctx.controller_api_factory,
+                    controller_api_factory=await security.authenticated(
+                        ctx.controller_api_factory, ctx.kube(), spec, ref
+                    ),
                     missing_since=missing_since,
                     warned=warned,
                     may_act=ctx.is_leader,
@@ -290,7 +310,7 @@ async def broker_pod_changed(body: Any, labels: Any, namespace: str, memo: Any, 
         return
     try:
         live = await ctx.kube().get("AutoMQCluster", namespace, instance)
-        key = parse_spec(dict((live or {}).get("spec") or {})).broker.rack.topology_key if live else None
+        key = parse_cluster(live).broker.rack.topology_key if live else None
         if key:
             await copy_topology_label(ctx.kube(), dict(body), key)
     except (InvalidSpec, KubeError) as exc:
@@ -338,7 +358,7 @@ async def delete_cluster(body: Any, spec: Any, name: str, namespace: str, uid: s
             return  # the leader finished
         await asyncio.sleep(1.0)
     try:
-        parsed = parse_spec(dict(spec or {}))
+        parsed = parse_spec(dict(spec or {}), legacy=is_legacy(dict(body)))
     except InvalidSpec:
         parsed = None  # nothing was created from it; keep whatever data there is
     async with ctx.lock_for(uid):

@@ -68,6 +68,9 @@ KINDS: dict[str, Kind] = {
     "VolumeAttachment": Kind("storage.k8s.io/v1", "volumeattachments", namespaced=False),
     # Leader election between operator replicas (automq.operator.leadership).
     "Lease": Kind("coordination.k8s.io/v1", "leases"),
+    "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
+    "Certificate": Kind("cert-manager.io/v1", "certificates"),  # spec.security.certificates.issuer: cert-manager
+    "Issuer": Kind("cert-manager.io/v1", "issuers"),
 }
 
 

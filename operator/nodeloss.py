@@ -210,7 +210,7 @@ class NodeLossPass:
     ref: ClusterRef
     spec: AutoMQClusterSpec
     reporter: Reporter
-    controller_api_factory: Callable[[list[str]], ControllerApi]
+    controller_api_factory: Callable[..., ControllerApi]
     # In-memory only, kept across passes by the caller: when a vanished Node was first missed
     # (a deleted Node has no Ready transition time) and which warnings were already posted.
     missing_since: dict[str, dt.datetime] = field(default_factory=dict)

@@ -13,6 +13,9 @@ which fills in, from the environment the pod template sets:
     AUTOMQ_ADVERTISED_HOST   the pod's stable DNS name (brokers: every listener advertises it;
                              controllers: controller.advertised_url = http://<host>:<http_port>)
     AUTOMQ_RACK              the zone label the downward API exposes ('' when unknown)
+    AUTOMQ_EXTERNAL_LISTENERS  {listener: {host: template with {ordinal} or "", port_base}} for
+                             nodeport/loadbalancer listeners: they advertise this broker's own
+                             Service (AUTOMQ_HOST_IP, the node's IP, when there is no template)
 and validates the result with the same NodeConfig model the node loads, so a bad file fails here
 with the key named. The main container then runs `automq broker --config /config/node.yaml`.
 
@@ -22,6 +25,7 @@ Kept free of kopf/kubernetes imports: it runs in every broker and controller pod
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -40,6 +44,20 @@ def ordinal_of(pod_name: str) -> int:
     return int(tail)
 
 
+def _advertised(listener: dict, host: str, external: dict | None, ordinal: int, env: Mapping[str, str]) -> dict:
+    """Internal listeners advertise the pod's DNS name; an external one the address of this
+    broker's own Service: its host template (or the node's IP for a NodePort) and node port."""
+    if external is None:
+        return {**listener, "advertised_host": host} if host else dict(listener)
+    template = external.get("host") or ""
+    advertised_host = template.replace("{ordinal}", str(ordinal)) if template else env.get("AUTOMQ_HOST_IP", "")
+    if not advertised_host:
+        raise ConfigError(f"listener {listener.get('name')}: AUTOMQ_HOST_IP (status.hostIP) is not set")
+    base = external.get("port_base")
+    port = base + ordinal if base is not None else listener.get("port")
+    return {**listener, "advertised_host": advertised_host, "advertised_port": port}
+
+
 def render_pod_config(template: Mapping, env: Mapping[str, str]) -> NodeConfig:
     """This pod's NodeConfig from its role's template and the pod environment."""
     try:
@@ -53,8 +71,12 @@ def render_pod_config(template: Mapping, env: Mapping[str, str]) -> NodeConfig:
     rack = env.get("AUTOMQ_RACK", "")
     raw["rack"] = rack or None
     host = env.get("AUTOMQ_ADVERTISED_HOST", "")
-    if host:
-        raw["listeners"] = [{**listener, "advertised_host": host} for listener in raw.get("listeners", [])]
+    external = json.loads(env.get("AUTOMQ_EXTERNAL_LISTENERS") or "{}")
+    if host or external:
+        raw["listeners"] = [
+            _advertised(listener, host, external.get(listener.get("name")), ordinal_of(pod_name), env)
+            for listener in raw.get("listeners", [])
+        ]
         if env.get("AUTOMQ_ROLE") == "controller":
             port = raw.get("http_port", NodeConfig.model_fields["http_port"].default)
             raw["controller"] = {**raw.get("controller", {}), "advertised_url": f"http://{host}:{port}"}

@@ -52,9 +52,21 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     # with the AutoMQCluster through owner references (garbage collection), never deleted here.
     {
         "apiGroups": [""],
-        "resources": ["configmaps", "services", "serviceaccounts"],
+        "resources": ["configmaps", "serviceaccounts"],
         "verbs": ["get", "create", "patch"],
     },
+    # Services: also list and delete, for the per-broker Services of external listeners
+    # (nodeport/loadbalancer) of brokers scaled away or listeners removed.
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "create", "patch", "delete"]},
+    # spec.security: NetworkPolicies (deleted when disabled), and cert-manager's Issuers and
+    # Certificates when certificates.issuer is cert-manager (the CAs, broker certificates and
+    # controller token of the operator's own CA are Secrets, covered above).
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["get", "create", "patch", "delete"],
+    },
+    {"apiGroups": ["cert-manager.io"], "resources": ["issuers", "certificates"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch"]},
     {

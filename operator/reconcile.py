@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from automq.broker.balancer.planner import Move
-from automq.operator import builders, sparkjobs
+from automq.operator import builders, network_policies, security, sparkjobs
 from automq.operator.builders import ClusterRef, Role
 from automq.operator.controller_api import ControllerApi, ControllerApiError, ControllerApiFactory
 from automq.operator.kube import KubeApi, apply, wait_until
@@ -190,13 +190,42 @@ async def _apply(c: Cluster, obj: dict[str, Any]) -> dict[str, Any]:
     return live
 
 
+async def security_material(c: Cluster) -> None:
+    """Controller token, CAs and certificates (or cert-manager's resources), NetworkPolicies:
+    before any pod exists, so nodes start with the Secrets they mount."""
+    if c.spec.controller_token():
+        await security.ensure_controller_token(c.api, c.ref)
+        c.controller_api_factory = await security.authenticated(c.controller_api_factory, c.api, c.spec, c.ref)
+    if c.spec.needs_tls() and c.spec.security.certificates.issuer == "operator":
+        now = dt.datetime.now(dt.UTC)
+        for note in await security.ensure_certificates(c.api, c.spec, c.ref, now):
+            c.reporter.info("CertificateIssued", note)
+    for obj in security.cert_manager_objects(c.spec, c.ref):
+        await _apply(c, obj)
+    wanted = network_policies.network_policies(c.spec, c.ref)
+    for policy in wanted:
+        await _apply(c, policy)
+    names = {p["metadata"]["name"] for p in wanted}
+    for role in builders.ROLES:
+        name = network_policies.policy_name(c.ref, role)
+        if name not in names and await c.api.get("NetworkPolicy", c.ref.namespace, name) is not None:
+            await c.api.delete("NetworkPolicy", c.ref.namespace, name)
+
+
 async def config_map(c: Cluster) -> None:
     await _apply(c, builders.config_map(c.spec, c.ref))
 
 
 async def services(c: Cluster) -> None:
-    for service in builders.services(c.spec, c.ref):
+    desired = builders.services(c.spec, c.ref)
+    for service in desired:
         await _apply(c, service)
+    # External Services of brokers scaled away, or of listeners removed from the spec.
+    names = {s["metadata"]["name"] for s in desired}
+    for live in await c.api.list("Service", c.ref.namespace, builders.selector_labels(c.ref, "broker")):
+        meta = live.get("metadata") or {}
+        if builders.LISTENER_LABEL in (meta.get("labels") or {}) and meta.get("name") not in names:
+            await c.api.delete("Service", c.ref.namespace, meta["name"])
 
 
 async def service_account_and_rbac(c: Cluster) -> None:
@@ -691,6 +720,7 @@ async def update_status(c: Cluster) -> None:
 STATUS_STEPS: tuple[tuple[str, Step], ...] = (("podsReady", pods_ready), ("sparkJobsStatus", spark_jobs_status))
 
 STEPS: tuple[tuple[str, Step], ...] = (
+    ("securityMaterial", security_material),
     ("configMap", config_map),
     ("services", services),
     ("serviceAccountAndRbac", service_account_and_rbac),

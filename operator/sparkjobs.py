@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from automq.operator.builders import (
+    TOKEN_DIR,
     USER_ID,
     ClusterRef,
     _credentials_env,
     _metadata,
     _scheduling,
     common_labels,
+    controller_token_secret_name,
     controller_urls,
 )
 from automq.operator.spec import (
@@ -190,6 +192,27 @@ def submit_args(plan: JobPlan, ref: ClusterRef) -> list[str]:
     ]
 
 
+# A job calls the controller API (plans, commits): with a token on it, the job mounts the
+# cluster's token Secret and the controller client reads it from AUTOMQ_CONTROLLER_TOKEN_FILE.
+def _token_env(spec: AutoMQClusterSpec) -> list[dict[str, Any]]:
+    if not spec.controller_token():
+        return []
+    return [{"name": "AUTOMQ_CONTROLLER_TOKEN_FILE", "value": f"{TOKEN_DIR}/token"}]
+
+
+def _token_mounts(spec: AutoMQClusterSpec) -> list[dict[str, Any]]:
+    if not spec.controller_token():
+        return []
+    return [{"name": "controller-token", "mountPath": TOKEN_DIR, "readOnly": True}]
+
+
+def _token_volumes(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str, Any]]:
+    if not spec.controller_token():
+        return []
+    source: dict[str, Any] = {"secretName": controller_token_secret_name(ref), "defaultMode": 0o440}
+    return [{"name": "controller-token", "secret": source}]
+
+
 def cron_job(spec: AutoMQClusterSpec, ref: ClusterRef, plan: JobPlan) -> dict[str, Any]:
     section = plan.section
     labels = job_labels(ref, plan.name)
@@ -203,10 +226,11 @@ def cron_job(spec: AutoMQClusterSpec, ref: ClusterRef, plan: JobPlan) -> dict[st
             {"name": "HOME", "value": SCRATCH_DIR},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             *_credentials_env(spec),
+            *_token_env(spec),
             *plan.env,
         ],
         "resources": _resources(section.resources),
-        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_DIR}],
+        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_DIR}, *_token_mounts(spec)],
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -227,7 +251,7 @@ def cron_job(spec: AutoMQClusterSpec, ref: ClusterRef, plan: JobPlan) -> dict[st
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
-        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "volumes": [{"name": "scratch", "emptyDir": {}}, *_token_volumes(spec, ref)],
         **_scheduling(section.scheduling),
     }
     if spec.image_pull_secrets:

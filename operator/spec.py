@@ -22,12 +22,20 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
+
+from automq.operator.security_spec import (
+    ListenerSpec,
+    SecuritySpec,
+    legacy_default_listeners,
+    secure_default_listeners,
+)
 
 GROUP = "automq.io"
 VERSION = "v1alpha1"
@@ -41,6 +49,11 @@ DEFAULT_IMAGE = "ghcr.io/automq-py/automq:0.1.0"  # placeholder registry until i
 KAFKA_PORT = 9092
 CONTROLLER_PORT = 9093
 BROKER_HTTP_PORT = 9094
+REPLICATION_LISTENER = "REPLICATION"  # broker-to-broker calls when no client listener is PLAINTEXT
+REPLICATION_PORT = 9091
+# On the AutoMQCluster: "secure" or "legacy", which defaults apply to a spec that names no
+# listener (see automq.operator.security_spec); written once by the operator, then sticky.
+SECURITY_DEFAULTS_ANNOTATION = f"{GROUP}/security-defaults"
 DEFAULT_WAL_SIZE = "10Gi"  # each broker's WAL volume when spec.broker.wal is not given
 
 # Kubernetes' own resource.Quantity grammar, without a sign: a negative size is never meant.
@@ -317,18 +330,6 @@ class ObjectStoreSpec(_Model):
         if self.path_style:
             query.append("path_style=true")
         return f"s3://{self.bucket}?{'&'.join(query)}"
-
-
-class ListenerSpec(_Model):
-    """A Kafka listener on every broker."""
-
-    name: str = Field(
-        ...,
-        pattern=r"^[A-Z][A-Z0-9_]*$",
-        max_length=32,
-        description="Listener name as Kafka clients see it, e.g. PLAINTEXT.",
-    )
-    port: int = Field(..., ge=1024, le=65535, description="Container port (>= 1024: the pods run as non-root).")
 
 
 class MetricsSpec(_Model):
@@ -631,6 +632,8 @@ OPERATOR_OWNED_KEYS = {
     "controller_urls": "set by the operator from the controller Service",
     "rack": "set by spec.broker.rack",
     "listeners": "set by spec.listeners",
+    "kafka.inter_broker_listener_name": "set by the operator from spec.listeners",
+    "security.controller_token_file": "set by spec.security.controllerApi",
     "http_host": "set by the operator",
     "http_port": "set by the operator",
     "wal.kind": "set by spec.broker.wal.kind",
@@ -790,10 +793,16 @@ class AutoMQClusterSpec(_Model):
     )
     object_store: ObjectStoreSpec = Field(..., description="Object storage holding all data and metadata.")
     listeners: list[ListenerSpec] = Field(
-        default_factory=lambda: [ListenerSpec(name="PLAINTEXT", port=KAFKA_PORT)],
+        default_factory=secure_default_listeners,
         min_length=1,
         max_length=8,
-        description="Kafka listeners of every broker; the first one is the bootstrap Service's port.",
+        description="Kafka listeners of every broker; the first internal one is the bootstrap Service's port. "
+        "Absent: one INTERNAL listener on 9092 with TLS and SCRAM-SHA-512 (clusters created before these "
+        "defaults keep PLAINTEXT on 9092, see docs/security.md).",
+    )
+    security: SecuritySpec = Field(
+        default_factory=SecuritySpec,
+        description="Certificates (operator CA or cert-manager), controller API credentials, NetworkPolicies.",
     )
     config: ConfigOverrides
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics.")
@@ -824,6 +833,29 @@ class AutoMQClusterSpec(_Model):
         "bucket objects stay. Delete: the WAL PVCs are deleted too (bucket objects are never deleted by the operator).",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _security_defaults(cls, data: Any, info: ValidationInfo) -> Any:
+        """Fill what "secure by default" means for this cluster (see security_spec): the
+        validation context's `legacy` flag says the cluster predates those defaults."""
+        if not isinstance(data, dict):
+            return data
+        legacy = bool((info.context or {}).get("legacy"))
+        data = dict(data)
+        if "listeners" not in data:
+            data["listeners"] = [
+                lst.model_dump(by_alias=True, exclude_defaults=True)
+                for lst in (legacy_default_listeners() if legacy else secure_default_listeners())
+            ]
+        security = dict(data.get("security") or {})
+        api = dict(security.get("controllerApi") or {})
+        api.setdefault("authentication", "none" if legacy else "token")
+        policies = dict(security.get("networkPolicies") or {})
+        if policies.get("enabled") is None:
+            policies["enabled"] = not legacy
+        data["security"] = {**security, "controllerApi": api, "networkPolicies": policies}
+        return data
+
     @field_validator("listeners")
     @classmethod
     def _distinct_listeners(cls, value: list[ListenerSpec]) -> list[ListenerSpec]:
@@ -837,7 +869,40 @@ class AutoMQClusterSpec(_Model):
         for port in ports:
             if port in taken:
                 raise ValueError(f"listener port {port} is {taken[port]}")
+        if not any(listener.type == "internal" for listener in value):
+            raise ValueError(
+                "at least one listener must be of type internal (the bootstrap Service and the operator use it)"
+            )
+        if inter_broker_listener(value) is None and (REPLICATION_LISTENER in names or REPLICATION_PORT in ports):
+            raise ValueError(
+                f"listener name {REPLICATION_LISTENER} and port {REPLICATION_PORT} are the brokers' own "
+                "(broker-to-broker calls) when no internal listener is PLAINTEXT"
+            )
         return value
+
+    @model_validator(mode="after")
+    def _node_ports_fit(self) -> AutoMQClusterSpec:
+        most = max(self.broker.replicas, self.autoscaling.max_replicas if self.autoscaling.enabled else 0)
+        for listener in self.listeners:
+            base = listener.node_port_base
+            if base is not None and base + most - 1 > 32767:
+                raise ValueError(
+                    f"spec.listeners: {listener.name}.nodePortBase {base} + {most} brokers goes past node port 32767"
+                )
+        return self
+
+    def controller_token(self) -> bool:
+        """Whether the controller API requires the cluster's token."""
+        return self.security.controller_api.authentication == "token"
+
+    def network_policies(self) -> bool:
+        return bool(self.security.network_policies.enabled)
+
+    def needs_tls(self) -> bool:
+        return any(listener.tls for listener in self.listeners)
+
+    def internal_listeners(self) -> list[ListenerSpec]:
+        return [listener for listener in self.listeners if listener.type == "internal"]
 
     @model_validator(mode="after")
     def _overrides_are_node_config(self) -> AutoMQClusterSpec:
@@ -999,12 +1064,30 @@ def explain_validation_error(exc: ValidationError, prefix: str = "spec") -> str:
     return "; ".join(lines)
 
 
-def parse_spec(raw: dict[str, Any]) -> AutoMQClusterSpec:
-    """Validate an object's spec; ValueError with every problem named by path otherwise."""
+def inter_broker_listener(listeners: list[ListenerSpec]) -> ListenerSpec | None:
+    """The client listener brokers also use to call each other (transaction markers): the first
+    internal PLAINTEXT one; None when there is none and the operator adds REPLICATION."""
+    return next((lst for lst in listeners if lst.type == "internal" and lst.security_protocol() == "PLAINTEXT"), None)
+
+
+def parse_spec(raw: dict[str, Any], *, legacy: bool = False) -> AutoMQClusterSpec:
+    """Validate an object's spec; ValueError with every problem named by path otherwise.
+    `legacy`: the cluster predates secure defaults (PLAINTEXT, no controller token)."""
     try:
-        return AutoMQClusterSpec.model_validate(raw)
+        return AutoMQClusterSpec.model_validate(raw, context={"legacy": legacy})
     except ValidationError as exc:
         raise InvalidSpec(explain_validation_error(exc)) from None
+
+
+def is_legacy(obj: dict[str, Any]) -> bool:
+    """Whether an AutoMQCluster object was pinned to the pre-secure defaults."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(SECURITY_DEFAULTS_ANNOTATION) == "legacy"
+
+
+def parse_cluster(obj: dict[str, Any]) -> AutoMQClusterSpec:
+    """The spec of a live AutoMQCluster object, with the defaults its annotation pins."""
+    return parse_spec(dict(obj.get("spec") or {}), legacy=is_legacy(obj))
 
 
 class InvalidSpec(ValueError):

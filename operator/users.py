@@ -28,10 +28,10 @@ import kopf
 from automq.broker.controller.acls import AclBinding, AclFilter
 from automq.broker.controller.protocol import ScramCredentialInfo
 from automq.broker.security.scram import ScramCredential, make_credential, password_matches
-from automq.operator import builders
+from automq.operator import builders, security
 from automq.operator.builders import ClusterRef
 from automq.operator.controller_api import ControllerApi, ControllerApiError
-from automq.operator.spec import InvalidSpec, parse_spec
+from automq.operator.spec import InvalidSpec, parse_cluster
 from automq.operator.user_spec import (
     API_VERSION,
     USER_KIND,
@@ -204,11 +204,12 @@ async def _cluster_controller(ctx: Any, namespace: str, cluster: str) -> tuple[C
         return None
     meta = live.get("metadata", {})
     try:
-        cluster_spec = parse_spec(dict(live.get("spec") or {}))
+        cluster_spec = parse_cluster(live)
     except InvalidSpec as exc:
         raise kopf.TemporaryError(f"AutoMQCluster {cluster} has an invalid spec: {exc}", delay=RETRY_DELAY_S) from exc
     ref = ClusterRef(name=cluster, namespace=namespace, uid=str(meta.get("uid", "")))
-    controller: ControllerApi = ctx.controller_api_factory(builders.controller_urls(cluster_spec, ref))
+    factory = await security.authenticated(ctx.controller_api_factory, ctx.kube(), cluster_spec, ref)
+    controller: ControllerApi = factory(builders.controller_urls(cluster_spec, ref))
     return controller, builders.bootstrap_address(cluster_spec, ref)
 
 

@@ -214,10 +214,10 @@ class Harness:
         controller_url = self.controller.url
         self.controller_down = False
 
-        def controller_api(urls: list[str]) -> ControllerClientApi:
+        def controller_api(urls: list[str], auth: Any = None) -> ControllerClientApi:
             if self.controller_down:  # nothing listens on port 9: connection refused
                 return ControllerClientApi(["http://127.0.0.1:9"], request_timeout_s=0.5, retry_deadline_s=0.5)
-            return ControllerClientApi([controller_url])
+            return ControllerClientApi([controller_url], auth=auth)
 
         self.context = OperatorContext(
             # The operator's real controller client, pointed at the real controller.

@@ -76,7 +76,7 @@ class FakeController:
         self.offline = 0
         self.down = False
 
-    def api(self, urls: list[str]) -> FakeController:
+    def api(self, urls: list[str], auth: Any = None) -> FakeController:
         return self
 
     def _check(self) -> None:

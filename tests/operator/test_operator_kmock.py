@@ -203,7 +203,7 @@ class Harness:
         kubeconfig = self.tmp / "kubeconfig"
         self.kubeconfig_swap = KubeconfigSwap(kubeconfig, self.url, NS)
         self.context = OperatorContext(
-            controller_api_factory=lambda urls: RecordingControllerApi(self.log, urls),
+            controller_api_factory=lambda urls, auth=None: RecordingControllerApi(self.log, urls),
             settings=ReconcileSettings(
                 poll_interval_s=0.1, pod_ready_timeout_s=WAIT_S, drain_timeout_s=5, scale_in_wait_s=1
             ),

@@ -97,7 +97,7 @@ async def test_non_canonical_wal_size_is_not_a_wal_change(api: KubeApi) -> None:
         generation=1,
         previous_status={},
         reporter=events,
-        controller_api_factory=lambda urls: None,  # type: ignore[arg-type,return-value]
+        controller_api_factory=lambda urls, auth=None: None,  # type: ignore[arg-type,return-value]
     )
     await broker_statefulset(cluster)
     assert not cluster.problems, cluster.problems

@@ -32,5 +32,9 @@ def test_node_loss_permissions() -> None:
 
 def test_owned_objects_are_never_deleted_by_the_operator() -> None:
     grants = _grants()
-    for key in [("", "configmaps"), ("", "services"), ("apps", "statefulsets"), ("policy", "poddisruptionbudgets")]:
+    for key in [("", "configmaps"), ("apps", "statefulsets"), ("policy", "poddisruptionbudgets")]:
         assert grants[key] == {"get", "create", "patch"}, key
+    # The exception: a scaled-away broker's own Service of an external listener (a cloud load
+    # balancer costs money) is listed and deleted; the reconcile deletes only Services carrying
+    # the automq.io/listener label (tests/operator/test_security.py).
+    assert grants[("", "services")] == {"get", "list", "create", "patch", "delete"}

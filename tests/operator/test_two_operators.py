@@ -136,7 +136,7 @@ class Controller:
             async def close(self) -> None:
                 pass
 
-        return lambda urls: View()
+        return lambda urls, auth=None: View()
 
 
 class Operator:

@@ -147,7 +147,7 @@ def memo_for(url: str, clusters: dict[str, Any]) -> SimpleNamespace:
     ctx = SimpleNamespace(
         is_leader=lambda: True,
         kube=lambda: kube,
-        controller_api_factory=lambda urls: ControllerClientApi([url]),
+        controller_api_factory=lambda urls, auth=None: ControllerClientApi([url], auth=auth),
     )
     return SimpleNamespace(automq=ctx, kube=kube)
 

@@ -200,13 +200,18 @@ def _grace_period(request: kmock.Request) -> int | None:
 
 def install_cluster_crd(emulator: kmock.KubernetesEmulator) -> None:
     """Kubernetes' bundled kinds plus AutoMQCluster as its CRD declares it (namespaced, status and
-    scale subresources), as an API server knows them once the chart's CRDs are installed."""
+    scale subresources) and AutoMQUser, as an API server knows them once the chart's CRDs are installed."""
     emulator.resources.load_bundled()
     info = emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"]
     info.kind = "AutoMQCluster"
     info.namespaced = True
     info.verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
     info.subresources = {"status", "scale"}
+    users = emulator.resources[f"{GROUP}/{VERSION}/automqusers"]
+    users.kind = "AutoMQUser"
+    users.namespaced = True
+    users.verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
+    users.subresources = {"status"}
 
 
 class KubeconfigSwap:

@@ -655,6 +655,7 @@ class KubeletHarness:
         template = yaml.safe_load(cm["data"][f"{role}.yaml"]) or {}
         config = render_pod_config(template, env)  # what the init container does
         cluster = (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/instance", "")
+        await self._write_secret_volumes(pod, pod_dir)
         config = self._localize(config, state, pod, pod_dir, cluster)
         pod_dir.mkdir(parents=True, exist_ok=True)
         state.config_path = pod_dir / "node.yaml"
@@ -685,7 +686,29 @@ class KubeletHarness:
             elif "emptyDir" in volume:
                 out[mount["mountPath"]] = pod_dir / mount["name"]
                 out[mount["mountPath"]].mkdir(parents=True, exist_ok=True)
+            elif "secret" in volume:
+                out[mount["mountPath"]] = pod_dir / "secrets" / mount["name"]
         return out
+
+    async def _write_secret_volumes(self, pod: dict[str, Any], pod_dir: Path) -> None:
+        """The main container's Secret volumes as files (what the kubelet mounts); a missing
+        Secret fails the start, as the kubelet's CreateContainerConfigError does."""
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        for mount in pod["spec"]["containers"][0].get("volumeMounts") or []:
+            source = (volumes.get(mount["name"]) or {}).get("secret")
+            if source is None:
+                continue
+            name = source["secretName"]
+            secret = await self.api.get("Secret", self.namespace, name)
+            if secret is None:
+                raise RuntimeError(f"Secret {name} not found")
+            directory = pod_dir / "secrets" / mount["name"]
+            directory.mkdir(parents=True, exist_ok=True)
+            for key, value in (secret.get("data") or {}).items():
+                target = directory / key
+                tmp = directory / f".{key}.tmp"
+                tmp.write_bytes(base64.b64decode(value))
+                tmp.replace(target)  # atomic, as the kubelet's symlink swap
 
     def _localize(self, config: Any, state: PodProcess, pod: dict[str, Any], pod_dir: Path, cluster: str) -> Any:
         """The rendered config with this host's addresses and directories (see module doc)."""
@@ -710,6 +733,10 @@ class KubeletHarness:
         if wal.get("kind") == "volume":
             wal["path"] = _under_mounts(str(Path(raw["data_dir"]) / wal.get("path", "wal")), mounts)
         raw["data_dir"] = _under_mounts(raw["data_dir"], mounts)
+        mounted = (("tls", "cert_file"), ("tls", "key_file"), ("tls", "ca_file"), ("security", "controller_token_file"))
+        for section, key in mounted:
+            if (raw.get(section) or {}).get(key):
+                raw[section][key] = _under_mounts(raw[section][key], mounts)
         store = self._object_store_for(cluster)
         if store:
             raw["object_store_url"] = store
@@ -881,14 +908,29 @@ class KubeletHarness:
             )
         )
 
-    def bootstrap(self, name: str) -> str:
-        """Kafka bootstrap servers of the cluster's Ready brokers (what its bootstrap Service fronts)."""
+    def bootstrap(self, name: str, port: int | None = None) -> str:
+        """Kafka bootstrap servers of the cluster's Ready brokers (what its bootstrap Service fronts);
+        `port`: only that listener's (container port), else every listener's."""
         out = []
         for pod in self.ready_pods(name):
             state = self.pod_process(pod)
             if state is not None:
-                out.extend(f"{state.ip}:{p}" for c, p in sorted(state.ports.items()) if c != state.probe_port)
+                out.extend(
+                    f"{state.ip}:{p}"
+                    for c, p in sorted(state.ports.items())
+                    if c != state.probe_port and (port is None or c == port)
+                )
         return ",".join(out)
+
+    def create_user(self, name: str, spec: dict[str, Any]) -> None:
+        """An AutoMQUser (the operator creates its credentials Secret, ACLs and quotas)."""
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "AutoMQUser",
+            "metadata": {"name": name, "namespace": self.namespace, "uid": str(uuid.uuid4()), "generation": 1},
+            "spec": spec,
+        }
+        self.call(self.api.create(body))
 
     def controller_urls(self, name: str) -> list[str]:
         spec_replicas = (self.get("StatefulSet", f"{name}-controller") or {}).get("spec", {}).get("replicas", 0)
@@ -1066,7 +1108,10 @@ def _field(pod: dict[str, Any], path: str) -> str:
 
 def s3_cluster_spec(s3_url: str, brokers: int = 1, **extra: Any) -> dict[str, Any]:
     """An AutoMQCluster spec (1 controller, `brokers` brokers, 64 MiB volume WAL) on the bucket of
-    an `s3://bucket?endpoint=...` URL (the `s3_url` fixture); `extra` adds top-level spec keys."""
+    an `s3://bucket?endpoint=...` URL (the `s3_url` fixture); `extra` adds top-level spec keys.
+    PLAINTEXT listener and no controller token unless `extra` says otherwise (listeners=...,
+    security=...): tests of other features use plain clients; tests/e2e/test_operator_security.py
+    runs the secure defaults."""
     parts = urlsplit(s3_url)
     query = {k: v[0] for k, v in parse_qs(parts.query).items()}
     return {
@@ -1074,6 +1119,8 @@ def s3_cluster_spec(s3_url: str, brokers: int = 1, **extra: Any) -> dict[str, An
         "broker": {"replicas": brokers, "wal": {"kind": "volume", "size": "64Mi"}},
         "objectStore": {"bucket": parts.netloc, "endpoint": query["endpoint"], "pathStyle": True},
         "deletionPolicy": "Delete",
+        "listeners": [{"name": "PLAINTEXT", "port": 9092}],
+        "security": {"controllerApi": {"authentication": "none"}},
         **extra,
     }
 
@@ -1081,7 +1128,9 @@ def s3_cluster_spec(s3_url: str, brokers: int = 1, **extra: Any) -> dict[str, An
 def default_context(harness: KubeletHarness) -> OperatorContext:
     """Fast passes, real controller calls through the harness's address map."""
     return OperatorContext(
-        controller_api_factory=lambda urls: ControllerClientApi([harness.map_url(u) for u in urls]),
+        controller_api_factory=lambda urls, auth=None: ControllerClientApi(
+            [harness.map_url(u) for u in urls], auth=auth
+        ),
         settings=ReconcileSettings(
             poll_interval_s=0.2, pod_ready_timeout_s=WAIT_S, drain_timeout_s=30, scale_in_wait_s=2
         ),

@@ -1,0 +1,114 @@
+"""Secure by default on Kubernetes, end to end: the real kopf operator on kmock, the kubelet
+harness running real controller and broker processes with the config, certificates and token
+the operator rendered, and a real client (confluent-kafka) over SASL_SSL.
+
+An AutoMQCluster with no `listeners` gets an INTERNAL listener with TLS and SCRAM-SHA-512; the
+operator makes a cluster CA and the brokers' certificate, a controller API token, and the
+AutoMQUser's SCRAM Secret; a client trusting the CA from `<cluster>-cluster-ca-cert` and using
+the user's Secret produces and consumes. A wrong password, a plaintext client, a client that
+does not trust the CA, and a controller API call without the token are refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from kubelet_harness import KubeletHarness, s3_cluster_spec
+
+pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.timeout(300)]
+
+
+def _secret(k8s: KubeletHarness, name: str) -> dict[str, str]:
+    secret = k8s.get("Secret", name) or {}
+    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+
+
+def _client(bootstrap: str, ca: Path, user: str, password: str, **extra: str) -> dict[str, str]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": user,
+        "sasl.password": password,
+        "ssl.ca.location": str(ca),
+        # The harness advertises each broker's loopback IP, which is not in the certificate (pods
+        # are reached by their DNS names, which are: see tests/operator/test_security.py).
+        "ssl.endpoint.identification.algorithm": "none",
+        **extra,
+    }
+
+
+def _refused(config: dict[str, str]) -> str:
+    """Why a client with this config cannot talk to the broker (librdkafka's error callbacks,
+    served by poll; the first error arrives within seconds)."""
+    errors: list[str] = []
+    producer = Producer({**config, "socket.timeout.ms": "3000", "error_cb": lambda e: errors.append(str(e))})
+    deadline = time.monotonic() + 15
+    while not errors and time.monotonic() < deadline:
+        producer.poll(0.5)
+    return " | ".join(errors)
+
+
+def test_secure_defaults_with_real_processes_and_client(tmp_path: Path, s3_url: str) -> None:
+    spec = s3_cluster_spec(s3_url)
+    del spec["listeners"], spec["security"]  # the defaults are what is tested
+    with KubeletHarness(tmp_path) as k8s:
+        k8s.create_cluster("demo", spec)
+        cluster = k8s.wait_ready("demo", brokers=1)
+        assert cluster["metadata"]["annotations"]["automq.io/security-defaults"] == "secure"
+        broker_yaml = k8s.get("ConfigMap", "demo-config")["data"]["broker.yaml"]
+        assert "security_protocol: SASL_SSL" in broker_yaml
+
+        k8s.create_user("alice", {"cluster": "demo", "authentication": {"type": "scram-sha-512"}})
+        creds = k8s.wait_for("alice's Secret", lambda: _secret(k8s, "alice").get("password"))
+        ca = tmp_path / "ca.crt"
+        ca.write_text(_secret(k8s, "demo-cluster-ca-cert")["ca.crt"])
+        bootstrap = k8s.bootstrap("demo", port=9092)
+        topic = f"secure-{uuid.uuid4().hex[:6]}"
+
+        producer = Producer(_client(bootstrap, ca, "alice", creds, acks="all", **{"enable.idempotence": "true"}))
+        for i in range(50):
+            producer.produce(topic, key=str(i).encode(), value=f"v{i}".encode())
+        assert producer.flush(60) == 0
+        consumer = Consumer(
+            _client(bootstrap, ca, "alice", creds, **{"group.id": "g", "auto.offset.reset": "earliest"})
+        )
+        consumer.subscribe([topic])
+        got: list[bytes] = []
+        k8s.wait_for("records read back", lambda: _poll(consumer, got) >= 50, timeout=60)
+        consumer.close()
+        assert sorted(got, key=lambda v: int(v[1:])) == [f"v{i}".encode() for i in range(50)]
+
+        # Refusals: wrong password, no TLS, an untrusted CA (the system store).
+        assert "Authentication failed" in _refused(_client(bootstrap, ca, "alice", "wrong"))
+        plaintext = _refused({"bootstrap.servers": bootstrap})  # plaintext against the TLS port
+        assert "_ALL_BROKERS_DOWN" in plaintext or "_TRANSPORT" in plaintext, plaintext
+        untrusted = _client(bootstrap, ca, "alice", creds)
+        del untrusted["ssl.ca.location"]
+        assert "certificate verify failed" in _refused(untrusted)
+
+        # The controller API wants the cluster's token; the operator and the broker have it.
+        url = k8s.controller_urls("demo")[0]
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(f"{url}/v1/status", timeout=5)
+        assert denied.value.code == 401
+        assert json.loads(denied.value.read())  # the refusal names itself
+        token = _secret(k8s, "demo-controller-token")["token"]
+        request = urllib.request.Request(f"{url}/readyz")
+        assert urllib.request.urlopen(request, timeout=5).status == 200  # probes stay open
+        assert token and token not in broker_yaml  # the token is a mounted file, not config
+
+
+def _poll(consumer: Consumer, got: list[bytes]) -> int:
+    msg = consumer.poll(1.0)
+    if msg is not None and msg.error() is None:
+        got.append(msg.value())
+    return len(got)

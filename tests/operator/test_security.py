@@ -1,0 +1,515 @@
+"""The operator's security slice as pure functions and against a fake API: spec.listeners and
+spec.security (pydantic and the CRD's CEL rules, evaluated by cel-python), what they render
+(node config, Services, pod volumes, NetworkPolicies, cert-manager resources; every object
+validated by kubernetes-validate), the secure-defaults pin, the operator's CAs and certificates
+(issue, renew, rotate the CA; a real TLS handshake checks the names), and podconfig's external
+addresses. The end-to-end proof with real processes is tests/e2e/test_operator_security.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import datetime as dt
+import socket
+import ssl
+import threading
+from pathlib import Path
+from typing import Any
+
+import celpy
+import kubernetes_validate
+import pytest
+import yaml
+
+from automq.broker.config import NodeConfig
+from automq.operator import builders, certificates, network_policies, security, sparkjobs
+from automq.operator.builders import ClusterRef
+from automq.operator.crd import CRD_FILE
+from automq.operator.podconfig import render_pod_config
+from automq.operator.spec import InvalidSpec, parse_spec
+
+REF = ClusterRef("demo", "kafka", "uid-1")
+MINIMAL = {"objectStore": {"bucket": "demo-bucket"}}
+NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
+
+
+def spec_with(**extra: Any) -> Any:
+    return parse_spec({**MINIMAL, **extra})
+
+
+def broker_config(spec: Any) -> NodeConfig:
+    return NodeConfig.model_validate(yaml.safe_load(builders.config_map(spec, REF)["data"]["broker.yaml"]))
+
+
+# ------------------------------------------------------------------------------ defaults
+
+
+def test_a_new_cluster_is_secure_by_default() -> None:
+    spec = spec_with()
+    config = broker_config(spec)
+    assert [(lst.name, lst.port, lst.security_protocol) for lst in config.listeners] == [
+        ("INTERNAL", 9092, "SASL_SSL"),
+        ("REPLICATION", 9091, "PLAINTEXT"),
+    ]
+    assert config.kafka.inter_broker_listener_name == "REPLICATION"
+    assert config.security.sasl_enabled_mechanisms == ["SCRAM-SHA-512"]
+    assert config.tls.cert_file == "/etc/automq-tls/tls.crt" and config.tls.client_auth == "none"
+    assert config.security.controller_token_file == "/etc/automq-token/token"
+    assert spec.controller_token() and spec.network_policies()
+    # The bootstrap Service fronts the client listener only; REPLICATION is on the headless one.
+    bootstrap, headless, _ = builders.services(spec, REF)[:3]
+    assert [p["port"] for p in bootstrap["spec"]["ports"]] == [9092]
+    assert [p["port"] for p in headless["spec"]["ports"]] == [9092, 9091, 9094]
+
+
+def test_a_legacy_cluster_keeps_plaintext_and_its_config_is_unchanged() -> None:
+    legacy = parse_spec(MINIMAL, legacy=True)
+    explicit = spec_with(
+        listeners=[{"name": "PLAINTEXT", "port": 9092}],
+        security={"controllerApi": {"authentication": "none"}, "networkPolicies": {"enabled": False}},
+    )
+    assert not legacy.controller_token() and not legacy.network_policies()
+    # Same node config and pod template as an explicitly plaintext cluster: upgrading the operator
+    # rolls no pod of a cluster that predates the secure defaults.
+    assert builders.config_map(legacy, REF) == builders.config_map(explicit, REF)
+    assert builders.pod_template(legacy, REF, "broker") == builders.pod_template(explicit, REF, "broker")
+    config = broker_config(legacy)
+    assert [(lst.name, lst.security_protocol) for lst in config.listeners] == [("PLAINTEXT", "PLAINTEXT")]
+    assert config.kafka.inter_broker_listener_name is None and config.security.controller_token_file is None
+    assert network_policies.network_policies(legacy, REF) == []
+
+
+class FakeKube:
+    """get / create / merge-patch / delete / list of whole objects, as the API server does them."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.writes: list[str] = []
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.objects.get((kind, name)))
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        key = (obj["kind"], obj["metadata"]["name"])
+        assert key not in self.objects
+        self.objects[key] = copy.deepcopy(obj)
+        self.writes.append(f"create {key}")
+        return obj
+
+    async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any], sub: str | None = None) -> Any:
+        def merge(into: dict[str, Any], p: dict[str, Any]) -> None:
+            for k, v in p.items():
+                if v is None:
+                    into.pop(k, None)
+                elif isinstance(v, dict) and isinstance(into.get(k), dict):
+                    merge(into[k], v)
+                else:
+                    into[k] = copy.deepcopy(v)
+
+        merge(self.objects.setdefault((kind, name), {"kind": kind, "metadata": {"name": name}}), patch)
+        self.writes.append(f"patch {(kind, name)}")
+        return self.objects[(kind, name)]
+
+
+def test_the_pin_is_decided_once_from_what_exists() -> None:
+    kube = FakeKube()
+    new = {"metadata": {"name": "demo"}}
+    assert asyncio.run(security.pin_security_defaults(kube, new, REF)) == (False, True)
+    assert kube.objects[("AutoMQCluster", "demo")]["metadata"]["annotations"] == {
+        "automq.io/security-defaults": "secure"
+    }
+    assert asyncio.run(security.pin_security_defaults(kube, new, REF)) == (False, False)  # sticky
+
+    kube = FakeKube()
+    kube.objects[("ConfigMap", "demo-config")] = {"kind": "ConfigMap"}  # reconciled by an older operator
+    old = {"metadata": {"name": "demo"}}
+    assert asyncio.run(security.pin_security_defaults(kube, old, REF)) == (True, True)
+    assert old["metadata"]["annotations"]["automq.io/security-defaults"] == "legacy"
+
+
+# ------------------------------------------------------------------------------ validation
+
+LISTENER_ITEM = yaml.safe_load(CRD_FILE.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+    "spec"
+]["properties"]["listeners"]["items"]
+
+
+def cel_failures(item: dict[str, Any]) -> list[str]:
+    """The CRD's rules on one listener, evaluated as the API server does (after defaulting)."""
+    env = celpy.Environment()
+    obj = copy.deepcopy(item)
+    for name, prop in LISTENER_ITEM["properties"].items():
+        if name not in obj and "default" in prop:
+            obj[name] = prop["default"]
+    failures = []
+    for rule in LISTENER_ITEM["x-kubernetes-validations"]:
+        result = env.program(env.compile(rule["rule"])).evaluate({"self": celpy.json_to_cel(obj)})
+        assert not isinstance(result, celpy.CELEvalError), (rule, result)
+        if not result:
+            failures.append(rule["message"])
+    return failures
+
+
+@pytest.mark.parametrize(
+    ("listener", "mentions"),
+    [
+        ({"name": "A", "port": 9092, "authentication": {"type": "tls"}}, "needs tls: true"),
+        ({"name": "A", "port": 9092, "type": "nodeport"}, "nodePortBase"),
+        ({"name": "A", "port": 9092, "type": "loadbalancer"}, "advertisedHostTemplate"),
+        ({"name": "A", "port": 9092, "nodePortBase": 31000}, "only apply"),
+    ],
+)
+def test_listener_rules_in_pydantic_and_cel(listener: dict[str, Any], mentions: str) -> None:
+    with pytest.raises(InvalidSpec) as exc:
+        spec_with(listeners=[{"name": "IN", "port": 9093}, listener])
+    assert mentions in str(exc.value)
+    assert any(mentions in failure for failure in cel_failures(listener)), cel_failures(listener)
+
+
+def test_valid_listeners_pass_cel() -> None:
+    for listener in (
+        {"name": "IN", "port": 9092, "tls": True, "authentication": {"type": "tls"}},
+        {"name": "EXT", "port": 9095, "type": "nodeport", "nodePortBase": 31000},
+        {"name": "LB", "port": 9096, "type": "loadbalancer", "advertisedHostTemplate": "k-{ordinal}.example.com"},
+    ):
+        assert cel_failures(listener) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "mentions"),
+    [
+        ({"listeners": [{"name": "E", "port": 9095, "type": "nodeport", "nodePortBase": 31000}]}, "type internal"),
+        (
+            {"listeners": [{"name": "IN", "port": 9091, "tls": True, "authentication": {"type": "scram-sha-512"}}]},
+            "REPLICATION",
+        ),
+        (
+            {
+                "listeners": [
+                    {"name": "IN", "port": 9092},
+                    {"name": "E", "port": 9095, "type": "nodeport", "nodePortBase": 32767},
+                ],
+                "broker": {"replicas": 2},
+            },
+            "32767",
+        ),
+        (
+            {
+                "listeners": [
+                    {"name": "LB", "port": 9095, "type": "loadbalancer", "advertisedHostTemplate": "k.example.com"}
+                ]
+            },
+            "{ordinal}",
+        ),
+        ({"security": {"certificates": {"validityDays": 30, "renewalDays": 30}}}, "renewalDays"),
+        ({"security": {"controllerApi": {"authentication": "basic"}}}, "authentication"),
+    ],
+)
+def test_invalid_security_specs_name_the_field(extra: dict[str, Any], mentions: str) -> None:
+    with pytest.raises(InvalidSpec) as exc:
+        spec_with(**extra)
+    assert mentions in str(exc.value)
+
+
+# ------------------------------------------------------------------------------ rendering
+
+MIXED = {
+    "listeners": [
+        {"name": "INTERNAL", "port": 9092, "tls": True, "authentication": {"type": "scram-sha-512"}},
+        {"name": "MTLS", "port": 9093, "tls": True, "authentication": {"type": "tls"}},
+        {
+            "name": "EXTERNAL",
+            "port": 9095,
+            "type": "nodeport",
+            "nodePortBase": 31000,
+            "tls": True,
+            "authentication": {"type": "scram-sha-256"},
+        },
+        {
+            "name": "CLOUD",
+            "port": 9096,
+            "type": "loadbalancer",
+            "advertisedHostTemplate": "kafka-{ordinal}.example.com",
+            "tls": True,
+            "authentication": {"type": "plain"},
+            "annotations": {"external-dns.alpha.kubernetes.io/ttl": "60"},
+        },
+    ],
+    "broker": {"replicas": 2},
+    "security": {
+        "networkPolicies": {
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+        }
+    },
+}
+
+
+def test_mixed_listeners_render_protocols_services_and_addresses() -> None:
+    spec = spec_with(**MIXED)
+    config = broker_config(spec)
+    assert {lst.name: lst.security_protocol for lst in config.listeners} == {
+        "INTERNAL": "SASL_SSL",
+        "MTLS": "SSL",
+        "EXTERNAL": "SASL_SSL",
+        "CLOUD": "SASL_SSL",
+        "REPLICATION": "PLAINTEXT",
+    }
+    # One TLS context serves every listener: certificates requested, not required (SASL clients have none).
+    assert config.tls.client_auth == "requested"
+    assert config.security.sasl_enabled_mechanisms == ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+    services = {s["metadata"]["name"]: s for s in builders.services(spec, REF)}
+    assert set(services) == {
+        "demo-bootstrap",
+        "demo-brokers",
+        "demo-controllers",
+        "demo-external-bootstrap",
+        "demo-external-0",
+        "demo-external-1",
+        "demo-cloud-bootstrap",
+        "demo-cloud-0",
+        "demo-cloud-1",
+    }
+    assert [p["port"] for p in services["demo-bootstrap"]["spec"]["ports"]] == [9092, 9093]
+    assert services["demo-external-1"]["spec"]["ports"][0]["nodePort"] == 31001
+    assert services["demo-external-1"]["spec"]["selector"]["statefulset.kubernetes.io/pod-name"] == "demo-broker-1"
+    assert services["demo-cloud-0"]["spec"]["type"] == "LoadBalancer"
+    assert services["demo-cloud-0"]["metadata"]["annotations"] == {"external-dns.alpha.kubernetes.io/ttl": "60"}
+
+    # What the init container makes of it in pod demo-broker-1 on a node with IP 10.0.0.7.
+    template = yaml.safe_load(builders.config_map(spec, REF)["data"]["broker.yaml"])
+    env = {
+        e["name"]: e.get("value", "")
+        for e in builders.pod_template(spec, REF, "broker")["spec"]["containers"][0]["env"]
+    }
+    env.update(
+        POD_NAME="demo-broker-1",
+        AUTOMQ_HOST_IP="10.0.0.7",
+        AUTOMQ_ADVERTISED_HOST="demo-broker-1.demo-brokers.kafka.svc",
+    )
+    pod = render_pod_config(template, env)
+    advertised = {lst.name: (lst.advertised_host, lst.advertised_port) for lst in pod.listeners}
+    assert advertised == {
+        "INTERNAL": ("demo-broker-1.demo-brokers.kafka.svc", 9092),
+        "MTLS": ("demo-broker-1.demo-brokers.kafka.svc", 9093),
+        "EXTERNAL": ("10.0.0.7", 31001),
+        "CLOUD": ("kafka-1.example.com", 9096),
+        "REPLICATION": ("demo-broker-1.demo-brokers.kafka.svc", 9091),
+    }
+    names = security.broker_dns_names(spec, REF)
+    assert {
+        "*.demo-brokers.kafka.svc",
+        "demo-bootstrap.kafka.svc",
+        "kafka-0.example.com",
+        "kafka-1.example.com",
+    } <= set(names)
+
+
+def test_every_rendered_object_is_valid_kubernetes() -> None:
+    for extra in ({}, MIXED, {"security": {"certificates": {"issuer": "cert-manager"}}}):
+        spec = spec_with(**extra)
+        objects = builders.desired_objects(spec, REF) + builders.services(spec, REF)[3:]
+        objects += network_policies.network_policies(spec, REF)
+        for obj in objects:
+            kubernetes_validate.validate(obj, "1.31", strict=True)
+    pod = builders.pod_template(spec_with(), REF, "broker")["spec"]
+    assert {v["name"]: v.get("secret", {}).get("secretName") for v in pod["volumes"] if "secret" in v} == {
+        "tls": "demo-broker-certs",
+        "controller-token": "demo-controller-token",
+    }
+    controller = builders.pod_template(spec_with(), REF, "controller")["spec"]
+    assert [v["name"] for v in controller["volumes"] if "secret" in v] == ["controller-token"]
+
+
+def test_network_policies_let_in_only_what_each_port_serves() -> None:
+    broker, controller = network_policies.network_policies(spec_with(**MIXED), REF)
+    rules = {r["ports"][0]["port"]: r.get("from") for r in broker["spec"]["ingress"]}
+    brokers = {
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "automq",
+                "app.kubernetes.io/instance": "demo",
+                "app.kubernetes.io/component": "broker",
+            }
+        }
+    }
+    assert rules[9092] is None and rules[9095] is None  # clients authenticate on the listener
+    assert rules[9091] == [brokers]  # REPLICATION has no credentials: brokers only
+    assert rules[9094][0] == MIXED["security"]["networkPolicies"]["metricsFrom"][0]
+    assert rules[9094][1]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    api_peers = controller["spec"]["ingress"][0]["from"]
+    assert [p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in api_peers] == [
+        "broker",
+        "controller",
+        "spark-job",
+        "operator",
+    ]
+    assert controller["spec"]["ingress"][1]["from"] == MIXED["security"]["networkPolicies"]["metricsFrom"]
+    assert spec_with(security={"networkPolicies": {"enabled": False}}).network_policies() is False
+
+
+def test_cert_manager_renders_a_ca_chain_or_uses_the_given_issuer() -> None:
+    own = security.cert_manager_objects(spec_with(security={"certificates": {"issuer": "cert-manager"}}), REF)
+    assert [(o["kind"], o["metadata"]["name"]) for o in own] == [
+        ("Issuer", "demo-selfsigned"),
+        ("Certificate", "demo-cluster-ca"),
+        ("Issuer", "demo-cluster-ca"),
+        ("Certificate", "demo-broker-certs"),
+    ]
+    broker = own[-1]["spec"]
+    assert broker["secretName"] == "demo-broker-certs" and "*.demo-brokers.kafka.svc" in broker["dnsNames"]
+    assert broker["renewBefore"] == "720h" and broker["issuerRef"]["name"] == "demo-cluster-ca"
+    given = security.cert_manager_objects(
+        spec_with(
+            security={
+                "certificates": {
+                    "issuer": "cert-manager",
+                    "certManager": {"issuerRef": {"name": "corp", "kind": "ClusterIssuer"}},
+                }
+            }
+        ),
+        REF,
+    )
+    assert [o["kind"] for o in given] == ["Certificate"]
+    assert given[0]["spec"]["issuerRef"] == {"name": "corp", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    assert security.cert_manager_objects(spec_with(), REF) == []  # operator-issued by default
+
+
+def test_spark_jobs_mount_the_controller_token() -> None:
+    spec = spec_with(compaction={"enabled": True})
+    job = sparkjobs.desired_cron_jobs(spec, REF)["compaction"]
+    pod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["AUTOMQ_CONTROLLER_TOKEN_FILE"] == "/etc/automq-token/token"
+    assert {"name": "controller-token", "secret": {"secretName": "demo-controller-token", "defaultMode": 0o440}} in pod[
+        "volumes"
+    ]
+    kubernetes_validate.validate(job, "1.31", strict=True)
+
+
+# ------------------------------------------------------------------------------ certificates
+
+
+def _data(kube: FakeKube, name: str) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in kube.objects[("Secret", name)]["data"].items()}
+
+
+def test_operator_ca_issues_renews_and_rotates() -> None:
+    spec = spec_with(**MIXED)
+    kube = FakeKube()
+    notes = asyncio.run(security.ensure_certificates(kube, spec, REF, NOW))
+    assert notes == [
+        "cluster CA created (no CA yet)",
+        "clients CA created (no CA yet)",
+        "broker certificate issued (no certificate yet)",
+    ]
+    broker = _data(kube, "demo-broker-certs")
+    leaf = certificates.load_chain(broker["tls.crt"])[0]
+    assert sorted(certificates.subject_alt_names(leaf)) == sorted(security.broker_dns_names(spec, REF))
+    # ca.crt: the cluster CA (servers) and the clients CA (client certificates) both.
+    assert [c.subject.rfc4514_string() for c in certificates.load_chain(broker["ca.crt"])] == [
+        "CN=kafka-demo-cluster-ca,O=automq-cluster",
+        "CN=kafka-demo-clients-ca,O=automq-cluster",
+    ]
+    assert "ca.key" not in _data(kube, "demo-cluster-ca-cert")
+
+    kube.writes.clear()
+    assert asyncio.run(security.ensure_certificates(kube, spec, REF, NOW + dt.timedelta(days=300))) == []
+    assert kube.writes == []  # nothing due: nothing written
+
+    # 340 days on: the leaf (365 days) is within its 30-day renewal window.
+    later = NOW + dt.timedelta(days=340)
+    assert asyncio.run(security.ensure_certificates(kube, spec, REF, later)) == [
+        "broker certificate issued (it expires in 25.0 days (renewal 30 days before))"
+    ]
+    # A new broker Service name (scale-out of the loadbalancer listener) re-issues at once.
+    bigger = spec_with(**{**MIXED, "broker": {"replicas": 3}})
+    assert asyncio.run(security.ensure_certificates(kube, bigger, REF, later)) == [
+        "broker certificate issued (its names changed)"
+    ]
+
+    # Two renewal windows before the CA's end (5 years): a new CA, the old one still trusted,
+    # and the broker keeps its certificate from the old CA until that falls due itself, so
+    # clients have a whole window to pick up the new ca.crt before a broker presents it.
+    old_ca = _data(kube, "demo-cluster-ca")["ca.crt"]
+    asyncio.run(security.ensure_certificates(kube, bigger, REF, NOW + dt.timedelta(days=1825 - 80)))  # fresh leaf
+    before = _data(kube, "demo-broker-certs")["tls.crt"]
+    rotate = NOW + dt.timedelta(days=1825 - 55)
+    notes = asyncio.run(security.ensure_certificates(kube, bigger, REF, rotate))
+    assert [n.split(" (")[0] for n in notes] == ["cluster CA created", "clients CA created"]  # no new leaf yet
+    trusted = certificates.load_chain(_data(kube, "demo-cluster-ca-cert")["ca.crt"])
+    assert len(trusted) == 2 and trusted[1] == certificates.load_chain(old_ca)[0]
+    assert _data(kube, "demo-broker-certs")["tls.crt"] == before
+    assert certificates.load_chain(_data(kube, "demo-broker-certs")["ca.crt"])[1] == trusted[1]
+    # The old leaf is capped at the old CA's end: due 30 days before it, re-signed by the new CA.
+    notes = asyncio.run(security.ensure_certificates(kube, bigger, REF, rotate + dt.timedelta(days=26)))
+    assert notes == ["broker certificate issued (it expires in 29.0 days (renewal 30 days before))"]
+    leaf = certificates.load_chain(_data(kube, "demo-broker-certs")["tls.crt"])[0]
+    assert leaf.issuer == trusted[0].subject and trusted[0] != trusted[1]
+
+
+def _handshake(server_pem: tuple[bytes, bytes], trust: bytes, name: str, tmp: Path) -> str | None:
+    """A real TLS handshake on loopback: None when the client accepts the server as `name`."""
+    (tmp / "s.crt").write_bytes(server_pem[0])
+    (tmp / "s.key").write_bytes(server_pem[1])
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(tmp / "s.crt", tmp / "s.key")
+    client_ctx = ssl.create_default_context(cadata=trust.decode())
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        try:
+            with server_ctx.wrap_socket(conn, server_side=True):
+                pass
+        except (ssl.SSLError, OSError):
+            pass
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        with socket.create_connection(listener.getsockname()) as raw, client_ctx.wrap_socket(raw, server_hostname=name):
+            return None
+    except ssl.SSLCertVerificationError as exc:
+        return exc.verify_message
+    finally:
+        thread.join(5)
+        listener.close()
+
+
+def test_broker_certificate_verifies_under_every_pod_and_service_name(tmp_path: Path) -> None:
+    spec = spec_with(**MIXED)
+    kube = FakeKube()
+    asyncio.run(security.ensure_certificates(kube, spec, REF, dt.datetime.now(dt.UTC)))
+    broker = _data(kube, "demo-broker-certs")
+    trust = _data(kube, "demo-cluster-ca-cert")["ca.crt"]
+    pem = (broker["tls.crt"], broker["tls.key"])
+    for name in (
+        "demo-broker-7.demo-brokers.kafka.svc",
+        "demo-broker-0.demo-brokers.kafka.svc.cluster.local",
+        "demo-bootstrap.kafka.svc",
+        "demo-external-bootstrap.kafka.svc",
+        "kafka-1.example.com",
+    ):
+        assert _handshake(pem, trust, name, tmp_path) is None, name
+    assert "mismatch" in (_handshake(pem, trust, "demo-broker-0.other.kafka.svc", tmp_path) or "")
+    other = certificates.new_ca("other", dt.datetime.now(dt.UTC), 10).cert_pem
+    assert _handshake(pem, other, "demo-bootstrap.kafka.svc", tmp_path) is not None
+
+
+def test_hostile_stored_material_is_replaced_not_trusted() -> None:
+    spec = spec_with()
+    kube = FakeKube()
+    asyncio.run(security.ensure_certificates(kube, spec, REF, NOW))
+    # Someone overwrote the broker key with another key: the pair no longer matches.
+    stranger = certificates.new_ca("x", NOW, 10)
+    kube.objects[("Secret", "demo-broker-certs")]["data"]["tls.key"] = base64.b64encode(stranger.key_pem).decode()
+    assert asyncio.run(security.ensure_certificates(kube, spec, REF, NOW)) == [
+        "broker certificate issued (the stored key does not belong to the certificate)"
+    ]
+    kube.objects[("Secret", "demo-cluster-ca")]["data"]["ca.crt"] = base64.b64encode(b"garbage").decode()
+    notes = asyncio.run(security.ensure_certificates(kube, spec, REF, NOW))
+    # A new CA; the old one stays in the public bundle until it expires, so the brokers'
+    # certificate it signed keeps working (no outage) and is re-signed when it falls due.
+    assert len(notes) == 1 and notes[0].startswith("cluster CA created (the stored CA cannot be read")
+    assert len(certificates.load_chain(_data(kube, "demo-cluster-ca-cert")["ca.crt"])) == 2

@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
+import pytest
 from kio.schema.errors import ErrorCode
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from kio.schema.share_group_describe.v1.request import ShareGroupDescribeRequest
@@ -255,11 +258,11 @@ def delete_offsets(port: int, group: str, topics: list[str]) -> Any:
     )
 
 
-def produce(bootstrap: str, topic: str, per_partition: int, partitions: int) -> None:
+def produce(bootstrap: str, topic: str, per_partition: int, partitions: int, start: int = 0) -> None:
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2})
-    for i in range(per_partition * partitions):
+    for i in range(start, start + per_partition * partitions):
         p.produce(topic, value=str(i).encode(), partition=i % partitions)
     assert p.flush(30) == 0
 
@@ -347,3 +350,139 @@ async def test_share_group_offsets_admin_across_brokers(real_cluster) -> None:
     # a KIP-848/classic group id is not a share group
     g = await asyncio.to_thread(describe_offsets, port, "never-seen", None)
     assert g.error_code == ErrorCode.group_id_not_found
+
+
+class ShareMember(threading.Thread):
+    """A librdkafka ShareConsumer accepting every record; counts what its commits confirmed."""
+
+    def __init__(self, bootstrap: str, group: str, name: str) -> None:
+        super().__init__(daemon=True, name=name)
+        self.bootstrap, self.group = bootstrap, group
+        self.accepted: Counter[int] = Counter()
+        self.stop_flag = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from confluent_kafka import ShareConsumer
+
+        try:
+            c = ShareConsumer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "group.id": self.group,
+                    "client.id": self.name,
+                    "share.acknowledgement.mode": "explicit",
+                }
+            )
+            c.subscribe([TOPIC])
+            while not self.stop_flag.is_set():
+                batch = [m for m in c.poll(0.2) if m.error() is None]
+                if not batch:
+                    continue
+                for m in batch:
+                    c.acknowledge(m)
+                failed = {tp.partition for tp, err in c.commit_sync(30).items() if err is not None}
+                self.accepted.update(int(m.value()) for m in batch if m.partition() not in failed)
+            c.close()
+        except BaseException as exc:
+            self.error = exc
+
+
+@pytest.mark.slow
+async def test_share_consumers_keep_their_membership_when_the_coordinator_stops(real_cluster) -> None:
+    """Two ShareConsumers (librdkafka) on 2 brokers; the broker coordinating their group stops:
+    the other broker loads the group from __consumer_offsets and the members heartbeat on with
+    their epochs (nobody is fenced or rejoins); every record is acknowledged, none twice."""
+    settings = {
+        "offsets_topic_num_partitions": 1,
+        "group_share_heartbeat_interval_ms": 300,
+        "group_share_session_timeout_ms": 30_000,
+        "group_share_record_lock_duration_ms": 5_000,
+    }
+    b1 = await real_cluster.start_broker(1, **settings)
+    b2 = await real_cluster.start_broker(2, **settings)
+    await b1.broker.ensure_topic(TOPIC, partitions=4)
+    bootstrap = f"{b1.bootstrap},{b2.bootstrap}"
+    group = "sg-move"
+    await asyncio.to_thread(set_earliest, bootstrap, group)
+    await asyncio.to_thread(produce, bootstrap, TOPIC, 25, 4)
+    members = [ShareMember(bootstrap, group, f"sg-move-{n}") for n in "ab"]
+    for m in members:
+        m.start()
+
+    def coordinator() -> tuple[int, Any]:
+        for node_id, service in real_cluster.brokers.items():
+            g = service.broker.groups.manager.groups.get(group)
+            if g is not None and g.share is not None and g.share.members:
+                return node_id, g.share
+        return -1, None
+
+    try:
+        await wait_for(lambda: any(m.error for m in members) or sum(map(total, members)) >= 100)
+        node, data = coordinator()
+        assert node in (1, 2) and len(data.members) == 2
+        epochs = {mid: m.member_epoch for mid, m in data.members.items()}
+        await real_cluster.stop_broker(node)
+        await asyncio.to_thread(produce, real_cluster.brokers[3 - node].bootstrap, TOPIC, 25, 4, 100)
+        await wait_for(lambda: coordinator()[0] == 3 - node)
+        await wait_for(lambda: any(m.error for m in members) or sum(map(total, members)) >= 200, timeout=120)
+        moved = coordinator()[1]
+        # the same members at the same epochs (a rejoin would have bumped the group epoch)
+        assert {mid: m.member_epoch for mid, m in moved.members.items()} == epochs
+        assert real_cluster.brokers[3 - node].broker.groups.manager.share_fencings == {"epoch": 0, "session_timeout": 0}
+    finally:
+        for m in members:
+            m.stop_flag.set()
+        for m in members:
+            await asyncio.to_thread(m.join, 30)
+    assert [m.error for m in members] == [None, None]
+    everything: Counter[int] = Counter()
+    for m in members:
+        everything.update(m.accepted)
+    assert sorted(everything) == list(range(200))
+    assert [v for v, n in everything.items() if n > 1] == []
+
+
+def total(m: ShareMember) -> int:
+    return len(m.accepted)
+
+
+def set_earliest(bootstrap: str, group: str) -> None:
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the answer comes
+    admin.incremental_alter_configs([resource])[resource].result(30)
+
+
+async def wait_for(condition, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.1)
+
+
+async def test_share_groups_turned_off_are_neither_advertised_nor_served(real_cluster) -> None:
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+
+    from automq.broker.kafka.handlers.registry import SHARE_GROUP_APIS
+
+    off = await real_cluster.start_broker(1, group_share_enable=False)
+    port = off.kafka_ports["PLAINTEXT"]
+    r = await asyncio.to_thread(call, port, ApiVersionsRequest(client_software_name="t", client_software_version="1"))
+    advertised = {k.api_key for k in r.api_keys}
+    assert not advertised & SHARE_GROUP_APIS and {0, 1, 68} <= advertised
+
+    def closed_on_heartbeat() -> bool:
+        try:
+            heartbeat(port, "g", str(uuid.uuid4()), 0, (TOPIC,))
+        except AssertionError as exc:  # call(): "the broker closed the connection"
+            return "closed" in str(exc)
+        return False
+
+    assert await asyncio.to_thread(closed_on_heartbeat)
+    again = await asyncio.to_thread(
+        call, port, ApiVersionsRequest(client_software_name="t", client_software_version="1")
+    )
+    assert again.error_code == ErrorCode.none  # still serving

@@ -28,12 +28,15 @@ per request than read that flag.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import datetime
 import ipaddress
 import time
 import types
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
+from kio.schema.errors import ErrorCode
 from prometheus_client import CollectorRegistry, Counter
 
 from automq.broker.controller.quotas import (
@@ -47,6 +50,7 @@ from automq.broker.controller.quotas import (
     Entity,
     resolve,
 )
+from automq.broker.kafka import codec
 
 if TYPE_CHECKING:
     from automq.broker.config import KafkaConfig
@@ -184,6 +188,15 @@ class ClientQuotas:
         self._resolved[key] = found
         return found
 
+    def max_fetch_bytes(self, principal: str, client_id: str) -> int:
+        """Kafka's cap on one Fetch of a consumer with a consumer_byte_rate: what the quota allows
+        over the rate window (quota x (num - 1) x window). Without it a fetch larger than that
+        would be throttled every time it is tried and, answered empty, never get through."""
+        found = self.quota(FETCH, user_of(principal), client_id)
+        if found is None:
+            return 0x7FFFFFFF
+        return max(1, int(found[1] * (self.num - 1) * self.window_s))
+
     def record(self, kind: str, user: str, client_id: str, value: float, now: float | None = None) -> int:
         """Record `value` (bytes, or percent-seconds for REQUEST); the throttle time in ms."""
         found = self.quota(kind, user, client_id)
@@ -285,3 +298,34 @@ def timed(coro: Any, spent: list[float]) -> Generator[Any, Any, Any]:
             send_value, error = (yield yielded), None
         except BaseException as exc:  # cancellation and the like go into the coroutine
             send_value, error = None, exc
+
+
+def throttle_response(limits: ClientQuotas, ctx: Any, response: Any, payload: Any, spent_s: float) -> Any:
+    """Record a request against the client's quotas (a Produce's bytes were counted when it was
+    admitted, see KafkaConnection); when over one, put the throttle time in the response
+    (re-encoded) and in ctx.throttle_ms. A throttled Fetch is answered empty, as Kafka: its data
+    is not sent and its bytes are not counted (the client fetches the same offsets again once
+    the throttle ends), so a consumer over its quota gets nothing until then."""
+    user, client = user_of(ctx.principal), ctx.client_id or ""
+    throttle = 0
+    fetched = 0
+    if ctx.api_key == 1 and payload is not None:
+        fetched = sum(len(c) for c in payload)
+        throttle = limits.record(FETCH, user, client, fetched)
+    if limits.request_quotas and ctx.api_key not in REQUEST_QUOTA_EXEMPT:
+        throttle = max(throttle, limits.record(REQUEST, user, client, spent_s * 100))
+    throttle = max(throttle, ctx.throttle_ms)  # decided before (Produce bytes) or by a handler (mutations)
+    if throttle <= 0:
+        return payload
+    ctx.throttle_ms = throttle
+    if response is None or not codec.has_field(type(response), "throttle_time"):
+        return payload
+    values: dict[str, Any] = {"throttle_time": datetime.timedelta(milliseconds=throttle)}
+    # (one batch larger than the quota window, which a fetch always carries whole, is sent with
+    # its throttle instead: emptied, no fetch from that offset could ever get through)
+    if fetched and fetched <= limits.max_fetch_bytes(ctx.principal, client):
+        limits.record(FETCH, user, client, -fetched)
+        values["responses"] = ()  # no partitions; the session id stays, an incremental session stays valid
+        if codec.has_field(type(response), "error_code"):
+            values["error_code"] = ErrorCode.none
+    return codec.encode_response_chunks(ctx.correlation_id, dataclasses.replace(response, **values))

@@ -45,8 +45,6 @@ import asyncio
 import collections
 import ctypes
 import ctypes.util
-import dataclasses
-import datetime
 import functools
 import logging
 import socket
@@ -73,6 +71,7 @@ log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 CONCURRENT_APIS = frozenset({0, 1, 2, 3, 18})
+QUOTA_GATED_APIS = frozenset({0, 1})  # byte-rate quotas: held while the connection is muted
 MAX_IN_FLIGHT = 100  # per connection; reading pauses beyond this (Kafka: queued.max.requests)
 WRITE_HIGH_WATER = 8 << 20
 
@@ -111,6 +110,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         "_last_activity",
         "_last_serial",
         "_memory_wait",
+        "_quota_gate",
         "_reading_paused",
         "_slots",
         "_tasks",
@@ -152,6 +152,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._writing_paused = False
         self._throttled = False  # muted while a client quota's throttle time runs (KIP-219)
         self._unmute: asyncio.TimerHandle | None = None
+        # while muted for a quota: Produce/Fetch read before the mute wait on it (resolved at
+        # unmute, waking them in request order), as Kafka serves nothing more from a muted channel
+        self._quota_gate: asyncio.Future[None] | None = None
         self._closing = False
         self._closing_gracefully = False  # shutting down: read nothing more, answer what is in flight
         self._counted = False  # in the server's connection counts
@@ -199,6 +202,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self._unmute is not None:
             self._unmute.cancel()
             self._unmute = None
+        self._open_gate()
         for task in self._tasks:
             task.cancel()
 
@@ -436,6 +440,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         payload: list[bytes | bytearray | memoryview] | None
         limits = self.broker.quotas
         spent = [0.0]
+        if limits.active and ctx.api_key in QUOTA_GATED_APIS:
+            await self._quota_admission(ctx, size)
         try:
             if limits.request_quotas:
                 response = await quotas.timed(reg.handler(decoded.request, ctx), spent)  # type: ignore[union-attr]
@@ -447,7 +453,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             else:
                 payload = None if response is None else codec.encode_response_chunks(ctx.correlation_id, response)
                 if limits.active:
-                    payload = self._throttle(ctx, response, payload, size, spent[0])
+                    payload = quotas.throttle_response(limits, ctx, response, payload, spent[0])
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -481,39 +487,48 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if ctx.throttle_ms and quotas.client_throttles(ctx.api_key, ctx.api_version):
             self._mute(ctx.throttle_ms / 1000)
 
-    def _throttle(self, ctx: RequestContext, response, payload, size: int, spent_s: float):
-        """Record this request against the client's quotas; when over one, put the throttle time
-        in the response (re-encoded) and in ctx.throttle_ms."""
+    async def _quota_admission(self, ctx: RequestContext, size: int) -> None:
+        """Before a Produce or Fetch runs: wait while the connection is muted for a quota, and
+        count a Produce's bytes now rather than when it is answered. Kafka reads one request of
+        a connection at a time, so a throttle stops the next one; here up to MAX_IN_FLIGHT
+        pipelined requests may already be read, and without this they would all be appended
+        before the first throttle is known (measured: 3x the quota). Admission goes in request
+        order (the gate wakes its waiters in the order they came), so the offsets a Produce
+        reserves keep the request order."""
+        while (gate := self._quota_gate) is not None:  # the one woken first may have muted it again
+            await gate
+        if ctx.api_key != 0:
+            return
         limits = self.broker.quotas
-        user, client = quotas.user_of(ctx.principal), ctx.client_id or ""
-        throttle = 0
-        if ctx.api_key == 0:
-            throttle = limits.record(quotas.PRODUCE, user, client, size)
-        elif ctx.api_key == 1 and payload is not None:
-            throttle = limits.record(quotas.FETCH, user, client, sum(len(c) for c in payload))
-        if limits.request_quotas and ctx.api_key not in quotas.REQUEST_QUOTA_EXEMPT:
-            throttle = max(throttle, limits.record(quotas.REQUEST, user, client, spent_s * 100))
-        throttle = max(throttle, ctx.throttle_ms)  # what a handler decided (controller mutations)
-        if throttle <= 0:
-            return payload
-        ctx.throttle_ms = throttle
-        if response is None or not codec.has_field(type(response), "throttle_time"):
-            return payload
-        throttled = dataclasses.replace(response, throttle_time=datetime.timedelta(milliseconds=throttle))
-        return codec.encode_response_chunks(ctx.correlation_id, throttled)
+        throttle = limits.record(quotas.PRODUCE, quotas.user_of(ctx.principal), ctx.client_id or "", size)
+        if throttle > 0:
+            ctx.throttle_ms = max(ctx.throttle_ms, throttle)
+            self._mute(throttle / 1000)  # until its response is sent, then again (below)
 
     def _mute(self, seconds: float) -> None:
-        """Read nothing from this client for `seconds` (Kafka mutes a throttled channel)."""
+        """Read nothing from this client for `seconds` (Kafka mutes a throttled channel), and
+        hold back its Produce / Fetch requests already read."""
+        loop = asyncio.get_running_loop()
         if self._unmute is not None:
+            if self._unmute.when() >= loop.time() + seconds:
+                return  # already muted at least that long
             self._unmute.cancel()
         self._throttled = True
-        self._unmute = asyncio.get_running_loop().call_later(seconds, self._end_mute)
+        if self._quota_gate is None:
+            self._quota_gate = loop.create_future()
+        self._unmute = loop.call_later(seconds, self._end_mute)
         self._update_reading()
 
     def _end_mute(self) -> None:
         self._unmute = None
         self._throttled = False
+        self._open_gate()
         self._update_reading()
+
+    def _open_gate(self) -> None:
+        gate, self._quota_gate = self._quota_gate, None
+        if gate is not None and not gate.done():
+            gate.set_result(None)
 
     def _answer_unsupported_api_versions(self, correlation_id: int) -> None:
         from kio.schema.api_versions.v0.response import ApiVersionsResponse

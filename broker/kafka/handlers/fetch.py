@@ -229,8 +229,10 @@ async def fetch(request, ctx: RequestContext):
 
     # ---- read, long-poll until min_bytes or max_wait
     max_bytes = getattr(request, "max_bytes", 0x7FFFFFFF)
+    if ctx.broker.quotas.active:  # as Kafka: a fetch brings at most what the consumer's quota window holds
+        max_bytes = min(max_bytes, ctx.broker.quotas.max_fetch_bytes(ctx.principal, ctx.client_id or ""))
     committed = getattr(request, "isolation_level", 0) == 1
-    min_bytes = request.min_bytes
+    min_bytes = min(request.min_bytes, max_bytes)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + request.max_wait.total_seconds()
     while True:

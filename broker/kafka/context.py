@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,3 +33,5 @@ class RequestContext:
     listener: str = "PLAINTEXT"
     security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
     session: ConnectionSession | None = None  # TLS/SASL listeners: the connection's auth state
+    # callbacks the connection runs once when it closes, one per key (None: no connection)
+    on_close: dict[object, Callable[[], None]] | None = None

@@ -50,6 +50,7 @@ import logging
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -121,6 +122,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         "broker",
         "ip",
         "listener",
+        "on_close",
         "peer",
         "server",
         "session",
@@ -158,6 +160,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._closing = False
         self._closing_gracefully = False  # shutting down: read nothing more, answer what is in flight
         self._counted = False  # in the server's connection counts
+        # handlers' callbacks for when this connection closes, one per key (share sessions)
+        self.on_close: dict[object, Callable[[], None]] = {}
 
     # ---------------------------------------------------------------- transport events
 
@@ -205,6 +209,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._open_gate()
         for task in self._tasks:
             task.cancel()
+        callbacks, self.on_close = list(self.on_close.values()), {}
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("a connection-close callback failed")
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -395,6 +405,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             broker=self.broker,
             client_host=self.ip,
             listener=self.listener.name,
+            on_close=self.on_close,
         )
         session = self.session
         if session is not None:

@@ -176,8 +176,62 @@ def test_share_consumers_acknowledge_every_record_once_and_a_killed_consumers_re
     twice = [v for v, n in total.items() if n > 1]
     assert not missing, f"{len(missing)} records never acknowledged, e.g. {missing[:5]}"
     assert not twice, f"records acknowledged twice: {twice[:5]}"
-    # the victim's records were delivered again (delivery count 2) once its locks expired
+    # the victim's records were delivered again (delivery count 2): its connection closed with
+    # it, which ended its share sessions and released what it held before the locks expired
     assert sum(s.redelivered for s in survivors) >= held
+    assert _broker_metric(cluster, "kafka_share_records_released_on_close_total") >= held
+
+
+def _broker_metric(cluster, name: str) -> float:
+    """The sum of a metric over the cluster's brokers."""
+    import urllib.request
+
+    total = 0.0
+    for b in (1, 2, 3):
+        port = cluster.http_port(f"broker-{b}")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        total += sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+    return total
+
+
+def test_a_stuck_consumers_records_come_back_when_their_locks_expire(share_cluster, e2e):
+    """A member that stays connected but never acknowledges (hung): its locks expire after
+    share.record.lock.duration.ms and another member gets the records."""
+    cluster = share_cluster
+    topic, group = e2e.topic_name("stuck"), f"sg-{uuid.uuid4().hex[:8]}"
+    e2e.create_topic(cluster.bootstrap, topic, partitions=1)
+    expired_before = _broker_metric(cluster, "kafka_share_records_lock_expired_total")
+    stuck = subprocess.Popen(
+        [sys.executable, "-c", _VICTIM, cluster.bootstrap, group, topic],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert stuck.stdout is not None
+        _wait_fetching(cluster, group, 1, lambda: stuck.stdout.readline())  # type: ignore[union-attr]
+        values = [f"s{i}".encode() for i in range(20)]
+        e2e.produce(cluster.bootstrap, topic, values)
+        line = ""
+        while not line.startswith("GOT"):
+            line = stuck.stdout.readline()
+            assert line, "the stuck consumer exited"
+        held = int(line.split()[1])
+        stop = threading.Event()
+        other = Survivor(cluster.bootstrap, group, topic, stop)
+        other.start()
+        deadline = time.monotonic() + 120
+        while sum(other.accepted.values()) < len(values) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stop.set()
+        other.join(60)
+        assert stuck.poll() is None, "the stuck consumer must still be connected"
+    finally:
+        stuck.kill()
+        stuck.wait(10)
+    assert set(other.accepted) == set(values) and all(n == 1 for n in other.accepted.values())
+    assert other.redelivered >= held
+    assert _broker_metric(cluster, "kafka_share_records_lock_expired_total") - expired_before >= held
 
 
 def test_a_poison_record_is_archived_at_the_delivery_limit(share_cluster, e2e):
@@ -216,18 +270,25 @@ def test_a_poison_record_is_archived_at_the_delivery_limit(share_cluster, e2e):
 # ---------------------------------------------------------------- raw frames
 
 
+_CONNECTIONS: dict[int, socket.socket] = {}
+
+
 def _call(port: int, request, correlation_id: int = 1):
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+    """One request over a connection kept open per port: a share session ends with the
+    connection it was used on, as in Kafka."""
+    s = _CONNECTIONS.get(port)
+    if s is None:
+        s = _CONNECTIONS[port] = socket.create_connection(("127.0.0.1", port), timeout=10)
         s.settimeout(10)
-        body = codec.encode_request(correlation_id, request)
-        s.sendall(struct.pack(">i", len(body)) + body)
-        head = s.recv(4, socket.MSG_WAITALL)
-        (size,) = struct.unpack(">i", head)
-        data = b""
-        while len(data) < size:
-            chunk = s.recv(size - len(data))
-            assert chunk, "broker closed the connection"
-            data += chunk
+    body = codec.encode_request(correlation_id, request)
+    s.sendall(struct.pack(">i", len(body)) + body)
+    head = s.recv(4, socket.MSG_WAITALL)
+    (size,) = struct.unpack(">i", head)
+    data = b""
+    while len(data) < size:
+        chunk = s.recv(size - len(data))
+        assert chunk, "broker closed the connection"
+        data += chunk
     correlation, response = codec.decode_response(data, type(request))
     assert correlation == correlation_id
     return response
@@ -322,6 +383,9 @@ def test_hostile_share_requests_get_kafkas_error_codes(share_cluster, e2e):
             forgotten_topics_data=(),
         ),
     )
+    for s in _CONNECTIONS.values():
+        s.close()
+    _CONNECTIONS.clear()
     part = r.responses[0].partitions[0]
     assert part.error_code == ErrorCode.not_leader_or_follower
     assert part.current_leader.leader_id == leaders[0]

@@ -347,6 +347,8 @@ def _session_for(
         session, evicted = sessions.create(group_id, member_id)
         if evicted is not None:
             _release(ctx, evicted)
+        if session is not None:
+            _bind(ctx, session)
         return session, (ErrorCode.none if session is not None else ErrorCode.share_session_limit_reached)
     session = sessions.get(group_id, member_id)
     if session is None:
@@ -356,7 +358,24 @@ def _session_for(
     if epoch != session.epoch:
         return None, ErrorCode.invalid_share_session_epoch
     session.next_epoch()
+    _bind(ctx, session)
     return session, ErrorCode.none
+
+
+def _bind(ctx: RequestContext, session: ShareSession) -> None:
+    """Tie the session to the connection it is used on: a consumer that dies (or loses its
+    connection) gets its records released at once instead of when their locks expire."""
+    connection = ctx.on_close
+    if connection is None or session.connection is connection:
+        return
+    session.connection = connection
+    sessions = ctx.broker.share_sessions
+
+    def closed() -> None:
+        if session.connection is connection and sessions.get(session.group_id, session.member_id) is session:
+            _close_session(ctx, session)
+
+    connection[("share-session", session.group_id, session.member_id)] = closed
 
 
 def _close_session(ctx: RequestContext, session: ShareSession) -> None:

@@ -30,6 +30,9 @@ class ShareSession:
     # (topic name, partition) of every partition the session fetches
     partitions: dict[tuple[str, int], None] = field(default_factory=dict)
     last_used: float = field(default_factory=time.monotonic)
+    # the client connection the session was last used on (its close-callback registry):
+    # when that connection closes, the session ends and the member's records are released
+    connection: object | None = field(default=None, repr=False)
 
     def next_epoch(self) -> None:
         self.epoch = 1 if self.epoch >= 0x7FFFFFFF else self.epoch + 1

@@ -384,3 +384,34 @@ async def test_v2_renew_extends_locks_without_fetching(cluster) -> None:
     )
     assert _ack_errors(r) == {0: ErrorCode.none} and _acquired(r) == {}
     assert share.state.next_deadline() > before  # still m's, locked for longer
+
+
+async def test_a_closed_connection_ends_its_share_session_and_releases_the_records(cluster) -> None:
+    from automq.broker.kafka import codec, handlers
+    from automq.broker.kafka.context import RequestContext
+
+    node = await _node(cluster)
+    await _produce(node, "q", 0, 3)
+    connection: dict = {}
+    original = node.call
+
+    async def call_on_connection(api_key: int, version: int, **fields: Any) -> Any:
+        request = codec.build(codec.request_class(api_key, version), **fields)
+        ctx = RequestContext(
+            api_key, version, 1, "t", "127.0.0.1:1", codec.response_class(api_key, version), node.broker
+        )
+        ctx.on_close = connection
+        registration = handlers.lookup(api_key)
+        assert registration is not None
+        return await registration.handler(request, ctx)
+
+    node.call = call_on_connection
+    try:
+        assert _acquired(await _fetch(node, "dies", 0, {0: []})) == {0: [(0, 2, 1)]}
+    finally:
+        node.call = original
+    assert _acquired(await _fetch(node, "other", 0, {0: []})) == {}
+    for callback in list(connection.values()):  # what the server does when the socket closes
+        callback()
+    assert node.broker.share_sessions.get(GROUP, "dies") is None
+    assert _acquired(await _fetch(node, "other", 1, {0: []})) == {0: [(0, 2, 2)]}

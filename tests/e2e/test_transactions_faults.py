@@ -1,9 +1,11 @@
 """Transactions through broker deaths (own cluster: the tests kill -9 brokers; the launcher
-restarts them). A transaction is never half visible to read_committed consumers: it commits
+restarts them), the coordinator's death with each client that has transactions (confluent-kafka,
+kafka-python, aiokafka). A transaction is never half visible to read_committed consumers: it commits
 whole or aborts whole, and the last stable offset never stays stuck behind it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -61,57 +63,158 @@ def _read_committed(bootstrap: str, topic: str, partitions: int, timeout: float 
     return out
 
 
-def _kill_mid_transaction(cluster, e2e, choose_victim) -> None:
+class ConfluentTxn:
+    def __init__(self, bootstrap: str, tid: str) -> None:
+        self.p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "transaction.timeout.ms": 60_000})
+        self.p.init_transactions(120)
+
+    def begin(self) -> None:
+        self.p.begin_transaction()
+
+    def send(self, topic: str, partition: int, value: bytes) -> None:
+        self.p.produce(topic, value=value, partition=partition)
+
+    def flush(self) -> None:
+        assert self.p.flush(60) == 0
+
+    def commit(self) -> None:
+        self.p.commit_transaction(120)
+
+    def abort(self, cause: Exception) -> None:
+        err = cause.args[0] if isinstance(cause, KafkaException) else None
+        assert err is not None and not err.fatal(), cause  # a coordinator's death is not fatal
+        self.p.abort_transaction(120)
+
+    def close(self) -> None:
+        pass
+
+
+class KafkaPythonTxn:
+    def __init__(self, bootstrap: str, tid: str) -> None:
+        from kafka import KafkaProducer
+
+        self.p = KafkaProducer(
+            bootstrap_servers=bootstrap, transactional_id=tid, transaction_timeout_ms=60_000, max_block_ms=120_000
+        )
+        self.p.init_transactions()
+
+    def begin(self) -> None:
+        self.p.begin_transaction()
+
+    def send(self, topic: str, partition: int, value: bytes) -> None:
+        self.p.send(topic, value=value, partition=partition)
+
+    def flush(self) -> None:
+        self.p.flush(60)
+
+    def commit(self) -> None:
+        self.p.commit_transaction()
+
+    def abort(self, cause: Exception) -> None:
+        self.p.abort_transaction()  # raises if the failure left the producer unusable (fatal)
+
+    def close(self) -> None:
+        self.p.close(timeout=10)
+
+
+class AiokafkaTxn:
+    """aiokafka's producer driven step by step on its own event loop."""
+
+    def __init__(self, bootstrap: str, tid: str) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        self.loop = asyncio.new_event_loop()
+
+        async def start() -> AIOKafkaProducer:
+            p = AIOKafkaProducer(
+                bootstrap_servers=bootstrap,
+                transactional_id=tid,
+                transaction_timeout_ms=60_000,
+                request_timeout_ms=30_000,
+            )
+            await p.start()
+            return p
+
+        self.p = self.loop.run_until_complete(start())
+
+    def begin(self) -> None:
+        self.loop.run_until_complete(self.p.begin_transaction())
+
+    def send(self, topic: str, partition: int, value: bytes) -> None:
+        self.loop.run_until_complete(self.p.send(topic, value=value, partition=partition))
+
+    def flush(self) -> None:
+        self.loop.run_until_complete(self.p.flush())
+
+    def commit(self) -> None:
+        self.loop.run_until_complete(asyncio.wait_for(self.p.commit_transaction(), 150))
+
+    def abort(self, cause: Exception) -> None:
+        self.loop.run_until_complete(asyncio.wait_for(self.p.abort_transaction(), 150))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.p.stop())
+        self.loop.close()
+
+
+CLIENTS = {"confluent": ConfluentTxn, "kafka-python": KafkaPythonTxn, "aiokafka": AiokafkaTxn}
+
+
+def _kill_mid_transaction(cluster, e2e, choose_victim, client: str = "confluent") -> None:
     tid = e2e.topic_name("tid")
     topic = e2e.topic_name("txk")
     e2e.create_topic(cluster.bootstrap, topic, partitions=4)
     leaders = e2e.wait_for_leaders(cluster.bootstrap, topic, 4)
-    producer = Producer(
-        {"bootstrap.servers": cluster.bootstrap, "transactional.id": tid, "transaction.timeout.ms": 60_000}
-    )
-    producer.init_transactions(120)
-    producer.begin_transaction()
-    producer.produce(topic, value=b"committed-before", partition=0)
-    producer.commit_transaction(120)  # makes sure __transaction_state exists and is placed
-    coordinator = _leader(cluster.bootstrap, TXN_TOPIC, partition_for(tid, 8))
-    victim = choose_victim(coordinator, leaders)
-
-    producer.begin_transaction()
-    for i in range(40):
-        producer.produce(topic, value=f"txn-{i}".encode(), partition=i % 4)
-    producer.flush(60)
-    pid = cluster.kill9(f"broker-{victim}")
-    outcome = "committed"
+    producer = CLIENTS[client](cluster.bootstrap, tid)
     try:
-        producer.commit_transaction(120)
-    except KafkaException as exc:
-        err = exc.args[0]
-        assert not err.fatal(), err
-        producer.abort_transaction(120)
-        outcome = "aborted"
-    print(f"victim broker-{victim} (coordinator {coordinator}): the transaction {outcome}")
-    cluster.wait_restarted(f"broker-{victim}", pid)
-    seen = _read_committed(cluster.bootstrap, topic, 4)
-    inside = sorted(v for v in seen if v.startswith(b"txn-"))
-    if outcome == "committed":
-        assert inside == sorted(f"txn-{i}".encode() for i in range(40))
-    else:
-        assert inside == []
-    assert b"committed-before" in seen
-    # the id still works after the failure
-    producer.begin_transaction()
-    producer.produce(topic, value=b"after", partition=1)
-    producer.commit_transaction(120)
-    assert b"after" in _read_committed(cluster.bootstrap, topic, 4)
+        producer.begin()
+        producer.send(topic, 0, b"committed-before")
+        producer.commit()  # makes sure __transaction_state exists and is placed
+        coordinator = _leader(cluster.bootstrap, TXN_TOPIC, partition_for(tid, 8))
+        victim = choose_victim(coordinator, leaders)
+
+        producer.begin()
+        for i in range(40):
+            producer.send(topic, i % 4, f"txn-{i}".encode())
+        producer.flush()
+        pid = cluster.kill9(f"broker-{victim}")
+        outcome = "committed"
+        try:
+            producer.commit()
+        except Exception as exc:
+            producer.abort(exc)
+            outcome = f"aborted ({exc!r})"
+        print(f"{client}: victim broker-{victim} (coordinator {coordinator}): the transaction {outcome}")
+        cluster.wait_restarted(f"broker-{victim}", pid)
+        seen = _read_committed(cluster.bootstrap, topic, 4)
+        inside = sorted(v for v in seen if v.startswith(b"txn-"))
+        if outcome == "committed":
+            assert inside == sorted(f"txn-{i}".encode() for i in range(40))
+        else:
+            assert inside == []
+        assert b"committed-before" in seen
+        # the id still works after the failure
+        producer.begin()
+        producer.send(topic, 1, b"after")
+        producer.commit()
+        assert b"after" in _read_committed(cluster.bootstrap, topic, 4)
+    finally:
+        producer.close()
 
 
-def test_coordinator_killed_mid_transaction(own_cluster, e2e):
-    _kill_mid_transaction(own_cluster, e2e, lambda coordinator, leaders: coordinator)
+# kafka-python (3.0.12) is left out: its Sender drops the EndTxn when connecting to the
+# coordinator fails (sender.py sets target_node before await_ready raises, so the handler is
+# never retried) and commit_transaction() then waits forever, whatever the broker answers.
+# It meets a partition leader's death below.
+@pytest.mark.parametrize("client", ["confluent", "aiokafka"])
+def test_coordinator_killed_mid_transaction(own_cluster, e2e, client):
+    _kill_mid_transaction(own_cluster, e2e, lambda coordinator, leaders: coordinator, client)
 
 
-def test_data_partition_leader_killed_mid_transaction(own_cluster, e2e):
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_data_partition_leader_killed_mid_transaction(own_cluster, e2e, client):
     def other(coordinator: int, leaders: dict[int, int]) -> int:
         others = [b for b in set(leaders.values()) if b != coordinator]
         return others[0] if others else coordinator
 
-    _kill_mid_transaction(own_cluster, e2e, other)
+    _kill_mid_transaction(own_cluster, e2e, other, client)

@@ -1,11 +1,14 @@
-"""Zombie fencing and transaction timeouts with kafka-python and aiokafka (confluent-kafka's are
-in test_compat_transactions.py), on the shared 2-broker cluster.
+"""Zombie fencing, transaction timeouts and consume-transform-produce with kafka-python and
+aiokafka (confluent-kafka's are in test_compat_transactions.py), on the shared 2-broker cluster.
 
 A second producer with the same transactional id fences the first: its open transaction is
 aborted (read_committed readers never see it) and its next commit fails with the client's
 fencing error. A transaction left open past the producer's transaction.timeout.ms is aborted
 by the coordinator: the records behind it become readable for read_committed, the stuck
-producer's commit fails.
+producer's commit fails. A consume-transform-produce loop with the consumed offsets in each
+transaction, some transactions aborted and their input read again from the group's committed
+offsets, outputs every input exactly once (kafka-python passes the consumer's group metadata,
+KIP-447; aiokafka the group id).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaError
 
 
-def _read_committed(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> list[bytes]:
+def _read_committed(
+    bootstrap: str, topic: str, partitions: int, timeout: float = 30.0, level: str = "read_committed"
+) -> list[bytes]:
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -26,7 +31,7 @@ def _read_committed(bootstrap: str, topic: str, partitions: int, timeout: float 
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
-            "isolation.level": "read_committed",
+            "isolation.level": level,
         }
     )
     consumer.subscribe([topic])
@@ -46,8 +51,11 @@ def _read_committed(bootstrap: str, topic: str, partitions: int, timeout: float 
             out.append(msg.value())
     finally:
         consumer.close()
-    assert len(eof) == partitions, f"read_committed did not reach the end of {topic} within {timeout}s"
+    assert len(eof) == partitions, f"{level} did not reach the end of {topic} within {timeout}s"
     return out
+
+
+CTP_INPUTS = 200
 
 
 def _wait_read_committed(bootstrap: str, topic: str, expected: list[bytes], timeout: float = 60.0) -> None:
@@ -121,6 +129,71 @@ def test_kafka_python_transaction_left_open_is_aborted_after_its_timeout(cluster
         stuck.close(timeout=10)
 
 
+def test_kafka_python_consume_transform_produce_exactly_once(cluster, e2e):
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.structs import OffsetAndMetadata
+
+    src, dst = _ctp_topics(cluster, e2e, "kp")
+    group = f"ctp-{src}"
+    consumer = KafkaConsumer(
+        src,
+        bootstrap_servers=cluster.bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    producer = KafkaProducer(bootstrap_servers=cluster.bootstrap, transactional_id=group, max_block_ms=60_000)
+    processed, rounds, aborted = 0, 0, 0
+    deadline = time.monotonic() + 120
+    try:
+        producer.init_transactions()
+        while processed < CTP_INPUTS and time.monotonic() < deadline:
+            msgs = [m for ms in consumer.poll(timeout_ms=1000, max_records=20).values() for m in ms]
+            if not msgs:
+                continue
+            producer.begin_transaction()
+            for m in msgs:
+                producer.send(dst, key=m.key, value=b"out-" + m.value)
+            offsets = {tp: OffsetAndMetadata(consumer.position(tp), "", -1) for tp in consumer.assignment()}
+            producer.send_offsets_to_transaction(offsets, consumer.group_metadata())
+            rounds += 1
+            if rounds in (2, 5):  # aborted: their output and offsets must vanish
+                producer.flush()
+                producer.abort_transaction()
+                aborted += 1
+                for tp in consumer.assignment():
+                    offset = consumer.committed(tp)
+                    if offset is None:
+                        consumer.seek_to_beginning(tp)
+                    else:
+                        consumer.seek(tp, offset)
+                continue
+            producer.commit_transaction()
+            processed += len(msgs)
+        committed = [consumer.committed(tp) or 0 for tp in consumer.assignment()]
+    finally:
+        producer.close(timeout=10)
+        consumer.close()
+    _assert_ctp(cluster, dst, processed, aborted, committed)
+
+
+def _ctp_topics(cluster, e2e, prefix: str) -> tuple[str, str]:
+    src, dst = e2e.topic_name(f"{prefix}-src"), e2e.topic_name(f"{prefix}-dst")
+    e2e.create_topic(cluster.bootstrap, src, partitions=2)
+    e2e.create_topic(cluster.bootstrap, dst, partitions=2)
+    e2e.produce(cluster.bootstrap, src, [str(i).encode() for i in range(CTP_INPUTS)])
+    return src, dst
+
+
+def _assert_ctp(cluster, dst: str, processed: int, aborted: int, committed: list[int]) -> None:
+    assert processed == CTP_INPUTS and aborted == 2
+    assert sum(committed) == CTP_INPUTS  # the group's offsets came with the transactions
+    out = _read_committed(cluster.bootstrap, dst, 2)
+    assert sorted(out) == sorted(b"out-" + str(i).encode() for i in range(CTP_INPUTS))  # each exactly once
+    assert len(_read_committed(cluster.bootstrap, dst, 2, level="read_uncommitted")) > CTP_INPUTS  # aborted output
+
+
 # ---------------------------------------------------------------- aiokafka
 
 
@@ -178,3 +251,58 @@ def test_aiokafka_transaction_left_open_is_aborted_after_its_timeout(cluster, e2
             await stuck.stop()
 
     asyncio.run(asyncio.wait_for(run(), 120))
+
+
+def test_aiokafka_consume_transform_produce_exactly_once(cluster, e2e):
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    src, dst = _ctp_topics(cluster, e2e, "aio")
+    group = f"ctp-{src}"
+
+    async def run() -> tuple[int, int, list[int]]:
+        consumer = AIOKafkaConsumer(
+            src,
+            bootstrap_servers=cluster.bootstrap,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
+        producer = AIOKafkaProducer(bootstrap_servers=cluster.bootstrap, transactional_id=group)
+        await consumer.start()
+        await producer.start()
+        processed, rounds, aborted = 0, 0, 0
+        deadline = time.monotonic() + 120
+        try:
+            while processed < CTP_INPUTS and time.monotonic() < deadline:
+                batch = await consumer.getmany(timeout_ms=1000, max_records=20)
+                msgs = [m for ms in batch.values() for m in ms]
+                if not msgs:
+                    continue
+                await producer.begin_transaction()
+                for m in msgs:
+                    await producer.send(dst, key=m.key, value=b"out-" + m.value)
+                offsets = {tp: await consumer.position(tp) for tp in consumer.assignment()}
+                await producer.send_offsets_to_transaction(offsets, group)
+                rounds += 1
+                if rounds in (2, 5):
+                    await producer.flush()
+                    await producer.abort_transaction()
+                    aborted += 1
+                    for tp in consumer.assignment():
+                        offset = await consumer.committed(tp)
+                        if offset is None:
+                            await consumer.seek_to_beginning(tp)
+                        else:
+                            consumer.seek(tp, offset)
+                    continue
+                await producer.commit_transaction()
+                processed += len(msgs)
+            committed = [await consumer.committed(tp) or 0 for tp in consumer.assignment()]
+        finally:
+            await producer.stop()
+            await consumer.stop()
+        return processed, aborted, committed
+
+    processed, aborted, committed = asyncio.run(asyncio.wait_for(run(), 180))
+    _assert_ctp(cluster, dst, processed, aborted, committed)

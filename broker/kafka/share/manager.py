@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from automq.broker.kafka.groups.share_settings import ShareGroupSettings, share_settings
 from automq.broker.kafka.partitions import NotLeaderError, Partition
 from automq.broker.kafka.share.metrics import ShareMetrics
-from automq.broker.kafka.share.partition_state import SharePartitionState
+from automq.broker.kafka.share.partition_state import ACQUIRED, SharePartitionState
 from automq.broker.kafka.share.state_store import ShareStateSnapshot, ShareStateStore
 from automq.broker.objectstore import PreconditionFailed
 
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 
 OPEN_WAIT_S = 5.0
+SWEEP_INTERVAL_S = 60.0
+IDLE_UNLOAD_S = 600.0  # a share-partition unused this long is unloaded (its state stays durable)
 
 SettingsSource = Callable[["Broker", str], ShareGroupSettings]
 
@@ -82,6 +84,7 @@ class SharePartition:
         self._store = store
         self._etag = etag
         self._seq = write_seq
+        self.last_used = time.monotonic()
         self.version = 1  # bumped by every change that must be durable
         self.persisted = 0
         self.fenced = False
@@ -193,8 +196,19 @@ class SharePartition:
             self.wake()
         return released
 
+    @property
+    def idle(self) -> bool:
+        """Nothing held, nobody waiting, nothing unwritten: can be unloaded."""
+        return (
+            not self._waiters
+            and self.persisted >= self.version
+            and self._writing is None
+            and not any(r.state == ACQUIRED for r in self.state.ranges)
+        )
+
     async def close(self) -> None:
-        """Last write before the partition leaves (locks are released by not storing them)."""
+        """Last write before the partition leaves (locks are released by not storing them,
+        the deliveries counted so far are kept)."""
         if self.closed:
             return
         if self._timer is not None:
@@ -231,6 +245,7 @@ class SharePartitionManager:
         self._store = ShareStateStore(storage.object_store) if storage is not None else None
         self._shares: dict[tuple[str, str, int], SharePartition] = {}
         self._loading: dict[tuple[str, str, int], asyncio.Task[SharePartition]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
         broker.partitions.add_listener(self)
         self.metrics = ShareMetrics(
             broker.registry,
@@ -261,8 +276,11 @@ class SharePartitionManager:
         partition = await self._broker.partitions.get_when_open(topic, index, OPEN_WAIT_S)
         key = (group_id, topic, index)
         share = self._shares.get(key)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="share-partition-sweeper")
         if share is not None and share.partition is partition and not share.fenced and not share.closed:
             share.settings = self.settings(group_id)
+            share.last_used = time.monotonic()
             return share
         if share is not None:
             self._shares.pop(key, None)
@@ -321,6 +339,23 @@ class SharePartitionManager:
             return found[0] if found is not None else partition.high_watermark
         return partition.high_watermark
 
+    async def _sweep(self) -> None:
+        """Unload share-partitions nobody used for IDLE_UNLOAD_S (a group that stopped
+        consuming): their state is in the object store, the next ShareFetch loads it again."""
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            self.unload_idle(time.monotonic() - IDLE_UNLOAD_S)
+
+    def unload_idle(self, used_before: float) -> int:
+        idle = [s for s in self._shares.values() if s.last_used < used_before and s.idle]
+        for share in idle:
+            self._shares.pop(share.key, None)
+            share.fenced = True  # nothing unwritten (idle): no final write
+            share.closed = True
+            if share._timer is not None:
+                share._timer.cancel()
+        return len(idle)
+
     # ---------------------------------------------------------------- members
 
     def release_member(self, group_id: str, member_id: str, keys: list[tuple[str, int]] | None = None) -> int:
@@ -347,6 +382,9 @@ class SharePartitionManager:
             await asyncio.gather(*(s.close() for s in shares))
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         shares = list(self._shares.values())
         self._shares.clear()
         if shares:

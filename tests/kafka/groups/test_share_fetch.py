@@ -415,3 +415,21 @@ async def test_a_closed_connection_ends_its_share_session_and_releases_the_recor
         callback()
     assert node.broker.share_sessions.get(GROUP, "dies") is None
     assert _acquired(await _fetch(node, "other", 1, {0: []})) == {0: [(0, 2, 2)]}
+
+
+async def test_idle_share_partitions_are_unloaded_and_reload_from_their_state(cluster) -> None:
+    import time as _time
+
+    node = await _node(cluster)
+    await _produce(node, "q", 0, 4)
+    assert _acquired(await _fetch(node, "m", 0, {0: []})) == {0: [(0, 3, 1)]}
+    manager = node.broker.share_partitions
+    assert manager.unload_idle(_time.monotonic() + 1) == 0  # records are held: stays
+    assert _ack_errors(await _fetch(node, "m", 1, {0: [(0, 1, [ACCEPT]), (2, 3, [RELEASE])]})) == {0: ErrorCode.none}
+    await _fetch(node, "m", -1)  # closes the session: nothing held any more
+    await manager.shares()[0].persist()  # the release is written in the background
+    assert manager.unload_idle(_time.monotonic() + 1) == 1
+    assert manager.shares() == []
+    # the next fetch loads the written state: 0-1 done, 2-3 delivered twice already (released,
+    # taken again by the same fetch, released by the session's close)
+    assert _acquired(await _fetch(node, "n", 0, {0: []})) == {0: [(2, 3, 3)]}

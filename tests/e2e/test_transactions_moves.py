@@ -261,3 +261,36 @@ def test_aborted_data_stays_hidden_after_its_partition_moves(moves_cluster, e2e)
     finally:
         consumer.close()
     assert (low, high) == (0, 4)  # two records, two markers
+
+
+def test_partition_moved_while_a_transaction_is_producing(moves_cluster, e2e):
+    """Records in flight (librdkafka keeps up to 5 requests per broker in flight) while their
+    partition moves: retried on the new leader under the same sequence numbers, each record
+    lands once, and the committed transaction is whole."""
+    c = moves_cluster
+    topic = e2e.topic_name("flight")
+    e2e.create_topic(c.bootstrap, topic, partitions=1)
+    producer = Producer(
+        {"bootstrap.servers": c.bootstrap, "transactional.id": topic, "linger.ms": 2, "batch.num.messages": 50}
+    )
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    origin = _leader(c.bootstrap, topic, 0)
+    mover = threading.Thread(target=_move, args=(c.bootstrap, topic, 0, _other(origin)))
+    for i in range(3000):
+        if i == 500:
+            mover.start()
+        while True:
+            try:
+                producer.produce(topic, value=f"f-{i}".encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    mover.join(90)
+    producer.commit_transaction(120)
+    assert _leader(c.bootstrap, topic, 0) == _other(origin)
+    lso, hw = _offsets(c.bootstrap, topic, 0)
+    assert lso == hw
+    seen = _read_committed_kafka_python(c.bootstrap, topic)
+    assert len(seen) == 3000 and sorted(seen) == sorted(f"f-{i}".encode() for i in range(3000))

@@ -23,6 +23,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import pkcs12 as pkcs12_format
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CLIENT_ORGANIZATION = (
@@ -151,6 +152,20 @@ def user_subject(user: str) -> x509.Name:
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, CLIENT_ORGANIZATION),
             x509.NameAttribute(NameOID.COMMON_NAME, user),
         ]
+    )
+
+
+def pkcs12(name: str, pair: KeyPair, password: str) -> bytes:
+    """The key and certificate chain as a PKCS#12 keystore (what Java clients load)."""
+    key = serialization.load_pem_private_key(pair.key_pem, password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    chain = load_chain(pair.cert_pem)
+    return pkcs12_format.serialize_key_and_certificates(
+        name.encode(),
+        key,
+        chain[0],
+        chain[1:] or None,
+        serialization.BestAvailableEncryption(password.encode()),
     )
 
 

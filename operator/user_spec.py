@@ -131,10 +131,13 @@ class UserQuotas(_Model):
 
 
 class UserAuthentication(_Model):
-    type: Literal["scram-sha-512", "scram-sha-256"] = Field(
-        description="SCRAM credentials: the operator generates a password, stores it in a Secret named "
-        "after the user (keys username, password, mechanism, bootstrap, sasl.jaas.config) and the "
-        "salted credential in the cluster."
+    type: Literal["scram-sha-512", "scram-sha-256", "tls"] = Field(
+        description="scram-sha-512 / scram-sha-256: the operator generates a password, stores it in a Secret named "
+        "after the user (keys username, password, mechanism, bootstrap, sasl.jaas.config, ca.crt) and the "
+        "salted credential in the cluster. tls: a client certificate (CN=<user>,O=automq-user) signed by the "
+        "cluster's clients CA, in a Secret named after the user (user.crt, user.key, user.p12, user.password, "
+        "ca.crt, bootstrap), renewed before it expires; brokers map it to the principal User:<user>. Needs a "
+        "listener with authentication tls and certificates issued by the operator."
     )
 
 
@@ -156,6 +159,9 @@ class AutoMQUserStatus(_Model):
     secret: str | None = Field(None, description="The Secret holding the user's credentials.")
     principal: str | None = Field(None, description="The Kafka principal the ACLs name.")
     acls: int | None = Field(None, description="ACL bindings the cluster holds for the principal.")
+    certificate_not_after: str | None = Field(
+        None, description="authentication tls: when the client certificate in the Secret expires (renewed before)."
+    )
     conditions: list[Condition] = Field(default_factory=list)
 
 
@@ -212,9 +218,13 @@ def desired_quotas(spec: AutoMQUserSpec) -> dict[str, float]:
 
 def scram_mechanism(spec: AutoMQUserSpec) -> str | None:
     """ "SCRAM-SHA-512" / "SCRAM-SHA-256", or None without SCRAM authentication."""
-    if spec.authentication is None:
+    if spec.authentication is None or spec.authentication.type == "tls":
         return None
     return spec.authentication.type.upper()
+
+
+def wants_certificate(spec: AutoMQUserSpec) -> bool:
+    return spec.authentication is not None and spec.authentication.type == "tls"
 
 
 def jaas_config(user: str, password: str) -> str:

@@ -18,6 +18,7 @@ the spec no longer names is removed.
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import logging
 import secrets
 from dataclasses import dataclass
@@ -28,10 +29,11 @@ import kopf
 from automq.broker.controller.acls import AclBinding, AclFilter
 from automq.broker.controller.protocol import ScramCredentialInfo
 from automq.broker.security.scram import ScramCredential, make_credential, password_matches
-from automq.operator import builders, security
+from automq.operator import builders, certificates, security
 from automq.operator.builders import ClusterRef
+from automq.operator.certificates import KeyPair
 from automq.operator.controller_api import ControllerApi, ControllerApiError
-from automq.operator.spec import InvalidSpec, parse_cluster
+from automq.operator.spec import AutoMQClusterSpec, InvalidSpec, parse_cluster
 from automq.operator.user_spec import (
     API_VERSION,
     USER_KIND,
@@ -44,6 +46,7 @@ from automq.operator.user_spec import (
     principal_of,
     quota_ops,
     scram_mechanism,
+    wants_certificate,
 )
 
 log = logging.getLogger(__name__)
@@ -107,10 +110,15 @@ class CredentialConflict(Exception):
     """A Secret of the user's name exists and does not belong to this AutoMQUser."""
 
 
-async def ensure_secret(kube: Any, name: str, namespace: str, owner_uid: str, mechanism: str, bootstrap: str) -> str:
-    """The user's password: read from its Secret, or generated and stored in a new one."""
+async def ensure_secret(
+    kube: Any, name: str, namespace: str, owner_uid: str, mechanism: str, bootstrap: str, ca: str = ""
+) -> str:
+    """The user's password: read from its Secret, or generated and stored in a new one. `ca`:
+    the cluster CA bundle clients trust (ca.crt), when the cluster has TLS listeners."""
     live = await kube.get("Secret", namespace, name)
     wanted = {"username": name, "mechanism": mechanism, "bootstrap": bootstrap}
+    if ca:
+        wanted["ca.crt"] = ca
     if live is not None:
         owners = live.get("metadata", {}).get("ownerReferences") or []
         if not any(o.get("uid") == owner_uid for o in owners):
@@ -148,10 +156,86 @@ async def ensure_secret(kube: Any, name: str, namespace: str, owner_uid: str, me
     }
     if live is None:
         await kube.create(body)
-    else:  # ours but without a password (edited by hand): start over with a new one
-        await kube.patch("Secret", namespace, name, {"data": body["data"]})
+    else:  # ours but without a password (edited by hand, or a tls user before): start over
+        fresh: dict[str, str | None] = {k: _b64(v.encode()) for k, v in values.items()}
+        fresh.update({k: None for k in live.get("data") or {} if k not in fresh})
+        await kube.patch("Secret", namespace, name, {"data": fresh})
     log.info("user User:%s: credentials written to Secret %s/%s", name, namespace, name)
     return password
+
+
+def _secret_body(name: str, namespace: str, owner_uid: str, data: dict[str, bytes]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "automq-operator", "automq.io/user": name},
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": USER_KIND,
+                    "name": name,
+                    "uid": owner_uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+    }
+
+
+async def ensure_certificate_secret(
+    kube: Any,
+    name: str,
+    ref: ClusterRef,
+    owner_uid: str,
+    cluster_spec: AutoMQClusterSpec,
+    bootstrap: str,
+    now: dt.datetime | None = None,
+) -> str:
+    """A tls user's client certificate from the cluster's clients CA, in the user's Secret:
+    issued once, re-issued when due (or signed by a CA no longer current). Returns the
+    certificate's expiry (RFC 3339)."""
+    namespace = ref.namespace
+    live = await kube.get("Secret", namespace, name)
+    data = (live or {}).get("data") or {}
+    if live is not None:
+        owners = live.get("metadata", {}).get("ownerReferences") or []
+        if not any(o.get("uid") == owner_uid for o in owners):
+            raise CredentialConflict(f"Secret {namespace}/{name} exists and is not owned by AutoMQUser {name}")
+    current = None
+    if data.get("user.crt") and data.get("user.key"):
+        current = KeyPair(base64.b64decode(data["user.crt"]), base64.b64decode(data["user.key"]))
+    settings = cluster_spec.security.certificates
+    pair, trust, why = await security.issue_user_certificate(
+        kube, ref, name, now or dt.datetime.now(dt.UTC), settings.validity_days, settings.renewal_days, current
+    )
+    password = base64.b64decode(data["user.password"]).decode() if data.get("user.password") else ""
+    if why is not None or not password:
+        password = secrets.token_urlsafe(18)
+    wanted = {
+        "user.crt": pair.cert_pem,
+        "user.key": pair.key_pem,
+        "user.p12": certificates.pkcs12(name, pair, password),
+        "user.password": password.encode(),
+        "ca.crt": trust,
+        "bootstrap": bootstrap.encode(),
+    }
+    encoded = {k: base64.b64encode(v).decode() for k, v in wanted.items()}
+    # user.p12 is re-encrypted with a fresh salt each time: compare what it holds, not its bytes.
+    unchanged = why is None and all(data.get(k) == v for k, v in encoded.items() if k != "user.p12")
+    if live is None:
+        await kube.create(_secret_body(name, namespace, owner_uid, wanted))
+    elif not unchanged:
+        stale = {k: None for k in data if k not in encoded}
+        await kube.patch("Secret", namespace, name, {"data": {**encoded, **stale}})
+    if why is not None:
+        log.info("user User:%s: client certificate written to Secret %s/%s (%s)", name, namespace, name, why)
+    return certificates.load_chain(pair.cert_pem)[0].not_valid_after_utc.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def sync_credentials(
@@ -162,6 +246,7 @@ async def sync_credentials(
     owner_uid: str,
     spec: AutoMQUserSpec | None,
     bootstrap: str,
+    ca: str = "",
 ) -> str | None:
     """SCRAM credentials of the user as the spec says; the Secret's name, or None without any."""
     mechanism = scram_mechanism(spec) if spec is not None else None
@@ -170,7 +255,7 @@ async def sync_credentials(
     deletions = [(name, m) for m in held if m != mechanism]
     upsertions = []
     if mechanism is not None:
-        password = await ensure_secret(kube, name, namespace, owner_uid, mechanism, bootstrap)
+        password = await ensure_secret(kube, name, namespace, owner_uid, mechanism, bootstrap, ca)
         current = held.get(mechanism)
         if current is None or not password_matches(_credential(current), password):
             upsertions.append(_info(name, make_credential(mechanism, password)))
@@ -178,6 +263,18 @@ async def sync_credentials(
         await controller.alter_scram(deletions, upsertions)
         log.info("user User:%s: SCRAM %s stored, %s removed", name, mechanism if upsertions else "-", deletions)
     return name if mechanism is not None else None
+
+
+def _certificate_problem(cluster: AutoMQClusterSpec) -> str | None:
+    """Why a tls user of this cluster cannot get (or use) a client certificate, if it cannot."""
+    if cluster.security.certificates.issuer != "operator":
+        return (
+            "authentication tls needs spec.security.certificates.issuer: operator on the cluster "
+            "(client certificates come from its clients CA)"
+        )
+    if not any(listener.client_certificates() for listener in cluster.listeners):
+        return "authentication tls needs a cluster listener with authentication type tls (and tls: true)"
+    return None
 
 
 def _condition(status: str, reason: str, message: str) -> dict[str, Any]:
@@ -196,9 +293,17 @@ def kopf_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def _cluster_controller(ctx: Any, namespace: str, cluster: str) -> tuple[ControllerApi, str] | None:
-    """The controller API of the user's AutoMQCluster and its bootstrap address; None when the
-    cluster does not exist."""
+@dataclass(frozen=True)
+class _Cluster:
+    controller: ControllerApi
+    bootstrap: str
+    spec: AutoMQClusterSpec
+    ref: ClusterRef
+
+
+async def _cluster_controller(ctx: Any, namespace: str, cluster: str) -> _Cluster | None:
+    """The controller API of the user's AutoMQCluster, its bootstrap address and spec; None
+    when the cluster does not exist."""
     live = await ctx.kube().get("AutoMQCluster", namespace, cluster)
     if live is None:
         return None
@@ -210,7 +315,7 @@ async def _cluster_controller(ctx: Any, namespace: str, cluster: str) -> tuple[C
     ref = ClusterRef(name=cluster, namespace=namespace, uid=str(meta.get("uid", "")))
     factory = await security.authenticated(ctx.controller_api_factory, ctx.kube(), cluster_spec, ref)
     controller: ControllerApi = factory(builders.controller_urls(cluster_spec, ref))
-    return controller, builders.bootstrap_address(cluster_spec, ref)
+    return _Cluster(controller, builders.bootstrap_address(cluster_spec, ref), cluster_spec, ref)
 
 
 async def reconcile_user(
@@ -233,12 +338,27 @@ async def reconcile_user(
             _condition("False", "ClusterNotFound", f"AutoMQCluster {parsed.cluster} does not exist in {namespace}")
         ]
         raise kopf.TemporaryError(f"AutoMQCluster {parsed.cluster} not found", delay=RETRY_DELAY_S)
-    controller, bootstrap = found
+    controller, bootstrap = found.controller, found.bootstrap
+    uid = str(meta.get("uid", ""))
+    expires = None
     try:
-        secret = await sync_credentials(
-            controller, ctx.kube(), name, namespace, str(meta.get("uid", "")), parsed, bootstrap
-        )
+        ca = ""
+        if found.spec.needs_tls():
+            public = await ctx.kube().get("Secret", namespace, security.cluster_ca_cert_secret(found.ref))
+            ca = base64.b64decode(((public or {}).get("data") or {}).get("ca.crt") or "").decode()
+        if wants_certificate(parsed):
+            problem = _certificate_problem(found.spec)
+            if problem is not None:
+                patch.status["conditions"] = [_condition("False", "NoClientCertificates", problem)]
+                raise kopf.TemporaryError(problem, delay=RETRY_DELAY_S)
+            expires = await ensure_certificate_secret(ctx.kube(), name, found.ref, uid, found.spec, bootstrap)
+        secret = await sync_credentials(controller, ctx.kube(), name, namespace, uid, parsed, bootstrap, ca)
+        if expires is not None:
+            secret = name
         outcome = await sync_user(controller, name, parsed)
+    except LookupError as exc:  # the clients CA is not made yet: the cluster's reconcile makes it
+        patch.status["conditions"] = [_condition("False", "ClientsCaMissing", str(exc))]
+        raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY_S) from exc
     except CredentialConflict as exc:
         patch.status["conditions"] = [_condition("False", "SecretConflict", str(exc))]
         raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY_S) from exc
@@ -251,6 +371,8 @@ async def reconcile_user(
     patch.status["secret"] = secret
     patch.status["principal"] = principal_of(name)
     patch.status["acls"] = outcome.acls
+    if expires is not None:
+        patch.status["certificateNotAfter"] = expires
     patch.status["conditions"] = [
         _condition("True", "Synced", f"{outcome.acls} ACLs and {len(desired_quotas(parsed))} quotas in place")
     ]
@@ -266,7 +388,7 @@ async def delete_user(spec: Any, name: str, namespace: str, memo: Any, logger: A
     found = await _cluster_controller(ctx, namespace, str(cluster))
     if found is None:
         return  # the cluster (and its metadata) is gone
-    controller, _bootstrap = found
+    controller = found.controller
     try:
         await sync_credentials(controller, ctx.kube(), name, namespace, "", None, "")  # the Secret goes with its owner
         await sync_user(controller, name, None)

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.timeout(300)]
 
 def _secret(k8s: KubeletHarness, name: str) -> dict[str, str]:
     secret = k8s.get("Secret", name) or {}
-    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+    return {k: base64.b64decode(v).decode(errors="replace") for k, v in (secret.get("data") or {}).items()}
 
 
 def _client(bootstrap: str, ca: Path, user: str, password: str, **extra: str) -> dict[str, str]:
@@ -112,3 +112,69 @@ def _poll(consumer: Consumer, got: list[bytes]) -> int:
     if msg is not None and msg.error() is None:
         got.append(msg.value())
     return len(got)
+
+
+def test_tls_user_gets_a_client_certificate_whose_principal_the_acls_name(tmp_path: Path, s3_url: str) -> None:
+    """AutoMQUser authentication tls: a certificate from the clients CA; on the client-certificate
+    listener the broker maps it to User:<name>, so the user's ACLs apply (authorizer on)."""
+    spec = s3_cluster_spec(
+        s3_url,
+        listeners=[
+            {"name": "INTERNAL", "port": 9092, "tls": True, "authentication": {"type": "scram-sha-512"}},
+            {"name": "MTLS", "port": 9093, "tls": True, "authentication": {"type": "tls"}},
+        ],
+        config={"kafka.authorizer_class_name": "standard"},
+    )
+    del spec["security"]
+    with KubeletHarness(tmp_path) as k8s:
+        k8s.create_cluster("sec", spec)
+        k8s.wait_ready("sec", brokers=1)
+        k8s.create_user(
+            "alice",
+            {
+                "cluster": "sec",
+                "authentication": {"type": "tls"},
+                "authorization": {
+                    "acls": [
+                        {"resource": {"type": "topic", "name": "orders"}, "operations": ["All"]},
+                        {"resource": {"type": "cluster"}, "operations": ["IdempotentWrite"]},
+                    ]
+                },
+            },
+        )
+        secret = k8s.wait_for(
+            "alice's certificate", lambda: _secret(k8s, "alice").get("user.crt") and _secret(k8s, "alice")
+        )
+        assert "CN=alice" in k8s.wait_for(
+            "status", lambda: (k8s.get("AutoMQUser", "alice") or {}).get("status", {}).get("principal") and "CN=alice"
+        )
+        for key in ("user.crt", "user.key", "ca.crt"):
+            (tmp_path / key).write_text(secret[key])
+        mtls = {
+            "bootstrap.servers": k8s.bootstrap("sec", port=9093),
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(tmp_path / "ca.crt"),
+            "ssl.certificate.location": str(tmp_path / "user.crt"),
+            "ssl.key.location": str(tmp_path / "user.key"),
+            "ssl.endpoint.identification.algorithm": "none",
+        }
+        acked: list[str] = []
+        producer = Producer({**mtls, "acks": "all", "enable.idempotence": "true", "allow.auto.create.topics": "true"})
+        for i in range(20):
+            producer.produce("orders", value=f"o{i}".encode(), on_delivery=lambda err, msg: acked.append(str(err)))
+        producer.flush(60)
+        assert acked == ["None"] * 20  # User:alice may write orders
+
+        denied: list[str] = []
+        other = Producer({**mtls, "acks": "all", "message.timeout.ms": "10000"})
+        other.produce("payroll", value=b"x", on_delivery=lambda err, msg: denied.append(str(err)))
+        other.flush(30)
+        assert len(denied) == 1 and "TOPIC_AUTHORIZATION_FAILED" in denied[0], denied
+
+        # No certificate on that listener: User:ANONYMOUS, which holds no ACL.
+        anonymous: list[str] = []
+        without_cert = {k: v for k, v in mtls.items() if k not in ("ssl.certificate.location", "ssl.key.location")}
+        anon = Producer({**without_cert, "message.timeout.ms": "10000"})
+        anon.produce("orders", value=b"x", on_delivery=lambda err, msg: anonymous.append(str(err)))
+        anon.flush(30)
+        assert len(anonymous) == 1 and "AUTHORIZATION_FAILED" in anonymous[0], anonymous

@@ -513,3 +513,61 @@ def test_hostile_stored_material_is_replaced_not_trusted() -> None:
     # certificate it signed keeps working (no outage) and is re-signed when it falls due.
     assert len(notes) == 1 and notes[0].startswith("cluster CA created (the stored CA cannot be read")
     assert len(certificates.load_chain(_data(kube, "demo-cluster-ca-cert")["ca.crt"])) == 2
+
+
+# ------------------------------------------------------------------------------ AutoMQUser tls
+
+
+def test_tls_user_certificate_maps_to_its_principal_and_is_renewed() -> None:
+    from automq.broker.security.principal import PrincipalMapper
+    from automq.operator import users
+
+    spec = spec_with(**MIXED)
+    kube = FakeKube()
+    asyncio.run(security.ensure_certificates(kube, spec, REF, NOW))
+    expiry = asyncio.run(users.ensure_certificate_secret(kube, "alice", REF, "u-alice", spec, "b:9092", NOW))
+    secret = kube.objects[("Secret", "alice")]
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-alice"
+    data = _data(kube, "alice")
+    assert set(data) == {"user.crt", "user.key", "user.p12", "user.password", "ca.crt", "bootstrap"}
+    cert = certificates.load_chain(data["user.crt"])[0]
+    mapper = PrincipalMapper(broker_config(spec).tls.principal_mapping_rules)
+    assert mapper.name_for(cert.subject.rfc4514_string()) == "alice"  # the principal the ACLs name
+    # The broker certificate keeps its full DN: it cannot pose as a user.
+    broker_leaf = certificates.load_chain(_data(kube, "demo-broker-certs")["tls.crt"])[0]
+    assert mapper.name_for(broker_leaf.subject.rfc4514_string()) == "CN=demo-broker,O=automq-cluster"
+    assert cert.issuer.rfc4514_string() == "CN=kafka-demo-clients-ca,O=automq-cluster"
+    assert data["ca.crt"] == _data(kube, "demo-cluster-ca-cert")["ca.crt"]  # to trust the brokers
+    assert expiry == cert.not_valid_after_utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    key, p12_cert, _ = pkcs12.load_key_and_certificates(data["user.p12"], data["user.password"])
+    assert p12_cert == cert and key is not None
+
+    kube.writes.clear()
+    asyncio.run(users.ensure_certificate_secret(kube, "alice", REF, "u-alice", spec, "b:9092", NOW))
+    assert kube.writes == []  # nothing due
+    asyncio.run(
+        users.ensure_certificate_secret(kube, "alice", REF, "u-alice", spec, "b:9092", NOW + dt.timedelta(days=340))
+    )
+    renewed = certificates.load_chain(_data(kube, "alice")["user.crt"])[0]
+    assert renewed.serial_number != cert.serial_number and renewed.not_valid_after_utc > cert.not_valid_after_utc
+
+    # Someone else's Secret of that name is never taken over.
+    kube.objects[("Secret", "bob")] = {"kind": "Secret", "metadata": {"name": "bob", "ownerReferences": [{"uid": "x"}]}}
+    with pytest.raises(users.CredentialConflict):
+        asyncio.run(users.ensure_certificate_secret(kube, "bob", REF, "u-bob", spec, "b:9092", NOW))
+
+
+def test_tls_users_need_the_operator_ca_and_a_certificate_listener() -> None:
+    from automq.operator import users
+
+    assert users._certificate_problem(spec_with(**MIXED)) is None
+    assert "issuer: operator" in (
+        users._certificate_problem(spec_with(**{**MIXED, "security": {"certificates": {"issuer": "cert-manager"}}}))
+        or ""
+    )
+    assert "authentication type tls" in (users._certificate_problem(spec_with()) or "")
+    # Before the cluster's reconcile made the clients CA: a clear, retriable error.
+    with pytest.raises(LookupError, match="clients CA"):
+        asyncio.run(users.ensure_certificate_secret(FakeKube(), "alice", REF, "u", spec_with(**MIXED), "b", NOW))

@@ -109,16 +109,19 @@ class ShareGroupData:
     target: dict[str, Partitions] = field(default_factory=dict)  # member id -> target assignment
     # the subscribed topics' (name, id, partitions) the target was computed from
     topics_signature: tuple[tuple[str, str, int], ...] = ()
+    # every member's subscribed topic names together; None after a membership or subscription
+    # change (not persisted: a steady heartbeat must not walk every member)
+    subscribed: frozenset[str] | None = field(default=None, compare=False, repr=False)
 
     def state_name(self) -> str:
         return STABLE if self.members else EMPTY
 
     def subscribed_topics(self, topics: TopicView | None = None) -> set[str]:
-        names: set[str] = set()
-        for m in self.members.values():
-            names.update(m.subscribed_topic_names)
+        if self.subscribed is None:
+            self.subscribed = frozenset(n for m in self.members.values() for n in m.subscribed_topic_names)
+        names = set(self.subscribed)
         if topics is not None:
-            names &= set(topics)
+            names = {n for n in names if n in topics}
         return names
 
     def to_json(self) -> bytes:
@@ -265,8 +268,9 @@ class ShareGroupRules:
     def heartbeat(
         self, group_id: str, data: ShareGroupData, req: ShareHeartbeatRequest, topics: TopicView, now_ms: int
     ) -> tuple[ShareHeartbeatResult, bool]:
-        """Answer one heartbeat: (result, whether the group's state changed)."""
-        before = data.to_json()
+        """Answer one heartbeat: (result, whether the group's persisted state changed). Changes
+        are tracked as they are made: a steady heartbeat serializes nothing (the group's record
+        grows with members x partitions, and every member heartbeats every few seconds)."""
         member = data.members.get(req.member_id)
         if req.member_epoch == LEAVE_EPOCH:
             if member is None:
@@ -288,6 +292,7 @@ class ShareGroupRules:
                 self.remove(data, req.member_id)
             member = ShareMember(member_id=req.member_id)
             data.members[req.member_id] = member
+            data.subscribed = None
             bump = True
         elif member is None:
             return share_error(
@@ -301,18 +306,25 @@ class ShareGroupRules:
                 member.member_id,
             ), False
         member.last_heartbeat_ms = now_ms
-        if req.rack_id is not None:
+        changed = bump
+        if req.rack_id is not None and req.rack_id != member.rack_id:
             member.rack_id = req.rack_id
-        if req.client_id:
+            changed = True
+        if req.client_id and req.client_id != member.client_id:
             member.client_id = req.client_id
-        if req.client_host:
+            changed = True
+        if req.client_host and req.client_host != member.client_host:
             member.client_host = req.client_host
+            changed = True
         if req.subscribed_topic_names is not None:
             names = tuple(sorted(set(req.subscribed_topic_names)))
             if names != member.subscribed_topic_names:
                 member.subscribed_topic_names = names
-                bump = True
+                data.subscribed = None
+                bump = changed = True
+        epochs = (data.group_epoch, data.assignment_epoch)
         self.refresh(data, topics, bump=bump)
+        changed = changed or epochs != (data.group_epoch, data.assignment_epoch)
         # nothing to revoke in a share group: the member moves to its target at once
         target = data.target.get(member.member_id, {})
         if member.member_epoch != data.assignment_epoch or flatten(member.assigned) != flatten(target):
@@ -320,6 +332,7 @@ class ShareGroupRules:
             if member.member_epoch != data.assignment_epoch:
                 member.previous_member_epoch = member.member_epoch
                 member.member_epoch = data.assignment_epoch
+            changed = True
         current = flatten(member.assigned)
         send: Partitions | None = None
         if req.member_epoch == JOIN_EPOCH or member.sent != current:
@@ -328,10 +341,11 @@ class ShareGroupRules:
         result = ShareHeartbeatResult(
             ErrorCode.none, member_id=member.member_id, member_epoch=member.member_epoch, assignment=send
         )
-        return result, data.to_json() != before
+        return result, changed
 
     @staticmethod
     def remove(data: ShareGroupData, member_id: str) -> ShareMember | None:
+        data.subscribed = None
         data.target.pop(member_id, None)
         return data.members.pop(member_id, None)
 

@@ -404,6 +404,13 @@ class SharePartitionManager:
             return None
         return loaded[0].start_offset, partition.leader_epoch
 
+    async def initialize(self, group_id: str, topic: str, index: int) -> int:
+        """Create the share-partition now (start offset from share.auto.offset.reset, durable)
+        unless it exists; returns its start offset. For the group side, when it first assigns
+        the partition: with `latest`, records produced between the assignment and the first
+        ShareFetch are then delivered too. Raises NotLeaderError when not led here."""
+        return (await self.get(group_id, topic, index)).state.start_offset
+
     async def reset(self, group_id: str, topic: str, index: int, start_offset: int) -> None:
         """AlterShareGroupOffsets (the group side checks the group is empty): drop in-flight
         state and start at `start_offset`, durably."""

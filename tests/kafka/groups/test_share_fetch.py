@@ -433,3 +433,12 @@ async def test_idle_share_partitions_are_unloaded_and_reload_from_their_state(cl
     # the next fetch loads the written state: 0-1 done, 2-3 delivered twice already (released,
     # taken again by the same fetch, released by the session's close)
     assert _acquired(await _fetch(node, "n", 0, {0: []})) == {0: [(2, 3, 3)]}
+
+
+async def test_initialize_fixes_the_start_before_the_first_fetch(cluster) -> None:
+    node = await cluster.start_node(1)  # share.auto.offset.reset=latest (the default)
+    await node.broker.ensure_topic("q", partitions=1)
+    await _produce(node, "q", 0, 2)
+    assert await node.broker.share_partitions.initialize(GROUP, "q", 0) == 2
+    await _produce(node, "q", 0, 3)  # after the assignment, before any ShareFetch
+    assert _acquired(await _fetch(node, "m", 0, {0: []})) == {0: [(2, 4, 1)]}

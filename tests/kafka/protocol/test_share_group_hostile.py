@@ -262,3 +262,176 @@ def test_a_share_group_id_refuses_the_other_protocols_and_back(fuzz_broker, memb
     finally:
         conn.close()
     still_fine(fuzz_broker, member)
+
+
+def describe_offsets(conn: Conn, groups: dict[str, dict[str, list[int]] | None]) -> Any:
+    from kio.schema.describe_share_group_offsets.v1.request import (
+        DescribeShareGroupOffsetsRequest,
+        DescribeShareGroupOffsetsRequestGroup,
+        DescribeShareGroupOffsetsRequestTopic,
+    )
+
+    return conn.call(
+        DescribeShareGroupOffsetsRequest(
+            groups=tuple(
+                DescribeShareGroupOffsetsRequestGroup(
+                    group_id=GroupId(g),
+                    topics=None
+                    if topics is None
+                    else tuple(
+                        DescribeShareGroupOffsetsRequestTopic(
+                            topic_name=TopicName(t), partitions=tuple(i32(p) for p in ps)
+                        )
+                        for t, ps in topics.items()
+                    ),
+                )
+                for g, topics in groups.items()
+            )
+        )
+    )
+
+
+def alter_offsets(conn: Conn, group: str, offsets: list[tuple[str, int, int]]) -> Any:
+    from kio.schema.alter_share_group_offsets.v0.request import (
+        AlterShareGroupOffsetsRequest,
+        AlterShareGroupOffsetsRequestPartition,
+        AlterShareGroupOffsetsRequestTopic,
+    )
+
+    by_topic: dict[str, list[tuple[int, int]]] = {}
+    for t, p, o in offsets:
+        by_topic.setdefault(t, []).append((p, o))
+    return conn.call(
+        AlterShareGroupOffsetsRequest(
+            group_id=GroupId(group),
+            topics=tuple(
+                AlterShareGroupOffsetsRequestTopic(
+                    topic_name=TopicName(t),
+                    partitions=tuple(
+                        AlterShareGroupOffsetsRequestPartition(partition_index=i32(p), start_offset=i64(o))
+                        for p, o in ps
+                    ),
+                )
+                for t, ps in by_topic.items()
+            ),
+        )
+    )
+
+
+def test_hostile_share_offsets_requests(fuzz_broker, member) -> None:
+    conn = Conn(fuzz_broker.port)
+    try:
+        # many groups at once, an empty id, an unknown one, a live share group with absurd partitions
+        groups: dict[str, dict[str, list[int]] | None] = {f"no-such-share-{i}": None for i in range(2_000)}
+        groups[""] = None
+        groups[GROUP] = {TOPIC: [-1, 0, PARTITIONS, 2**31 - 1], "no-such-topic": list(range(5_000))}
+        r = describe_offsets(conn, groups)
+        by_id = {g.group_id: g for g in r.groups}
+        assert len(r.groups) == len(groups)
+        assert by_id[""].error_code == ErrorCode.invalid_group_id
+        assert {by_id[f"no-such-share-{i}"].error_code for i in range(2_000)} == {ErrorCode.group_id_not_found}
+        mine = by_id[GROUP]
+        assert mine.error_code == ErrorCode.none
+        errors = {(t.topic_name, p.partition_index): p.error_code for t in mine.topics for p in t.partitions}
+        assert errors[(TOPIC, 0)] == ErrorCode.none
+        for bad in (-1, PARTITIONS, 2**31 - 1):
+            assert errors[(TOPIC, bad)] == ErrorCode.unknown_topic_or_partition
+        assert {e for (t, _), e in errors.items() if t == "no-such-topic"} == {ErrorCode.unknown_topic_or_partition}
+
+        # the live group has a member: no changes, whatever they ask
+        r = alter_offsets(conn, GROUP, [(TOPIC, 0, 0)])
+        assert r.error_code == ErrorCode.non_empty_group and r.responses == ()
+        assert alter_offsets(conn, "", [(TOPIC, 0, 0)]).error_code == ErrorCode.invalid_group_id
+        empty = "hostile-932-empty"
+        r = alter_offsets(
+            conn,
+            empty,
+            [(TOPIC, 0, -1), (TOPIC, 1, -(2**63)), (TOPIC, -7, 0), (TOPIC, 2, 2**63 - 1), ("no-such-topic", 0, 1)],
+        )
+        assert r.error_code == ErrorCode.none
+        got = {(t.topic_name, p.partition_index): p.error_code for t in r.responses for p in t.partitions}
+        assert got == {
+            (TOPIC, 0): ErrorCode.invalid_request,
+            (TOPIC, 1): ErrorCode.invalid_request,
+            (TOPIC, -7): ErrorCode.unknown_topic_or_partition,
+            (TOPIC, 2): ErrorCode.none,  # beyond the log end: nothing is delivered until records reach it
+            ("no-such-topic", 0): ErrorCode.unknown_topic_or_partition,
+        }
+        d = describe_offsets(conn, {empty: None})
+        [g] = d.groups
+        assert [(p.partition_index, p.start_offset, p.lag) for t in g.topics for p in t.partitions] == [
+            (2, 2**63 - 1, 0)
+        ]
+    finally:
+        conn.close()
+    still_fine(fuzz_broker, member)
+
+
+def test_share_state_apis_called_by_a_client_are_answered(fuzz_broker, member) -> None:
+    """The inter-broker share-state APIs with unknown topic ids, an empty group id, and state
+    batches (only a start-offset reset is accepted): answered per partition, nothing changes."""
+    from kio.schema.delete_share_group_state.v0.request import DeleteShareGroupStateRequest
+    from kio.schema.read_share_group_state_summary.v1.request import ReadShareGroupStateSummaryRequest
+    from kio.schema.write_share_group_state.v1.request import WriteShareGroupStateRequest
+
+    _, _, _, topic_id = member
+    conn = Conn(fuzz_broker.port)
+    try:
+        rc = ReadShareGroupStateSummaryRequest
+        read = conn.call(
+            rc(
+                group_id=GROUP,
+                topics=(
+                    codec.nested(rc, "ReadStateSummaryData")(
+                        topic_id=uuid.uuid4(),
+                        partitions=(codec.nested(rc, "PartitionData")(partition=0, leader_epoch=-1),),
+                    ),
+                    codec.nested(rc, "ReadStateSummaryData")(
+                        topic_id=topic_id,
+                        partitions=(codec.nested(rc, "PartitionData")(partition=99, leader_epoch=-1),),
+                    ),
+                ),
+            )
+        )
+        assert [r.partitions[0].error_code for r in read.results] == [
+            ErrorCode.unknown_topic_or_partition,
+            ErrorCode.unknown_topic_or_partition,
+        ]
+        wc = WriteShareGroupStateRequest
+        batch = codec.nested(wc, "StateBatch")(first_offset=0, last_offset=5, delivery_state=2, delivery_count=1)
+        write = conn.call(
+            wc(
+                group_id=GROUP,
+                topics=(
+                    codec.nested(wc, "WriteStateData")(
+                        topic_id=topic_id,
+                        partitions=(
+                            codec.nested(wc, "PartitionData")(
+                                partition=0,
+                                state_epoch=0,
+                                leader_epoch=-1,
+                                start_offset=0,
+                                delivery_complete_count=0,
+                                state_batches=(batch,),
+                            ),
+                        ),
+                    ),
+                ),
+            )
+        )
+        assert write.results[0].partitions[0].error_code == ErrorCode.invalid_request
+        dc = DeleteShareGroupStateRequest
+        delete = conn.call(
+            dc(
+                group_id="",
+                topics=(
+                    codec.nested(dc, "DeleteStateData")(
+                        topic_id=topic_id, partitions=(codec.nested(dc, "PartitionData")(partition=0),)
+                    ),
+                ),
+            )
+        )
+        assert delete.results[0].partitions[0].error_code == ErrorCode.invalid_group_id
+    finally:
+        conn.close()
+    still_fine(fuzz_broker, member)

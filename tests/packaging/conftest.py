@@ -54,9 +54,18 @@ def validate_custom_resource(crd) -> Callable[[dict[str, Any]], None]:
 
 @pytest.fixture(scope="session")
 def validate_document(validate_custom_resource) -> Callable[[dict[str, Any]], None]:
+    user_crd = load_documents((ROOT / "crds" / "automqusers.automq.io.yaml").read_text())[0]
+    user_schema = jsonschema.Draft7Validator(user_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
     def validate(doc: dict[str, Any]) -> None:
         if doc.get("kind") == "AutoMQCluster":
             validate_custom_resource(doc)
+        elif doc.get("kind") == "AutoMQUser":
+            from automq.operator.user_spec import parse_user_spec
+
+            errors = sorted(user_schema.iter_errors(doc), key=lambda e: list(e.path))
+            assert not errors, "; ".join(f"{'.'.join(map(str, e.path))}: {e.message}" for e in errors)
+            parse_user_spec(doc["spec"])
         else:
             kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 

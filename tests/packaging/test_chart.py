@@ -293,6 +293,27 @@ def test_cluster_from_values_is_passed_through(render):
     assert cluster["spec"] == values["cluster"]["spec"]
 
 
+def test_secured_cluster_from_values_renders_valid_objects(render, validate_custom_resource):
+    # The chart passes spec.listeners / spec.security through; what the operator then makes of
+    # them (Services, NetworkPolicies, pods with the certificate and token volumes) validates.
+    import kubernetes_validate
+
+    from automq.operator import builders, network_policies
+    from automq.operator.spec import parse_spec
+
+    secure = next(yaml.safe_load_all((ROOT / "manifests" / "examples" / "secure.yaml").read_text()))
+    values = {"cluster": {"enabled": True, "name": "secure", "spec": secure["spec"]}}
+    [cluster] = only(documents(render(values)), "AutoMQCluster")
+    validate_custom_resource(cluster)
+    spec = parse_spec(cluster["spec"])
+    ref = builders.ClusterRef("secure", "automq-system", "uid")
+    objects = builders.desired_objects(spec, ref) + builders.services(spec, ref)[3:]
+    objects += network_policies.network_policies(spec, ref)
+    assert {o["kind"] for o in objects} >= {"NetworkPolicy", "Service", "StatefulSet"}
+    for obj in objects:
+        kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+
+
 def test_no_cluster_by_default(render):
     assert not only(documents(render(None)), "AutoMQCluster")
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from automq.broker.config import NodeConfig
 from automq.broker.logs import TEXT_FORMAT, configure_logging
+from automq.broker.malloc import tune_allocator
 from automq.broker.objectstore.check import ObjectStoreCheckError, check_object_store
 
 LOG_FORMAT = TEXT_FORMAT
@@ -60,6 +61,7 @@ async def _serve_checked(config: NodeConfig, serve: Serve) -> int:
 def run_node(config: NodeConfig, serve: Serve, role: str | None = None) -> None:
     """Block until `serve` returns; a non-zero result becomes the process exit code."""
     configure_logging(config.log_level, process=role, node_id=config.node_id, log_format=config.log_format)
+    tune_allocator()  # before the loop starts any worker thread
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux

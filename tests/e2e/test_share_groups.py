@@ -392,6 +392,65 @@ def test_hostile_share_requests_get_kafkas_error_codes(share_cluster, e2e):
     assert [e.node_id for e in r.node_endpoints] == [leaders[0]]
 
 
+def test_partitions_moving_between_brokers_under_share_consumers_lose_and_repeat_nothing(share_cluster, e2e):
+    """Both partitions are moved to other brokers twice while two share consumers work: each
+    old leader writes the state once more, the new one loads it; every record is accepted
+    exactly once."""
+    from kafka import KafkaAdminClient
+    from kafka.structs import TopicPartition
+
+    cluster = share_cluster
+    topic, group = e2e.topic_name("move"), f"sg-{uuid.uuid4().hex[:8]}"
+    e2e.create_topic(cluster.bootstrap, topic, partitions=2)
+    stop = threading.Event()
+    members = [Survivor(cluster.bootstrap, group, topic, stop) for _ in range(2)]
+    for m in members:
+        m.start()
+    admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=30_000)
+    values = [f"m{i}".encode() for i in range(400)]
+    try:
+        deadline = time.monotonic() + 60
+        while _state_objects(cluster, group) < 2:
+            assert time.monotonic() < deadline, "the share group never fetched both partitions"
+            time.sleep(0.1)
+        for chunk in range(4):
+            e2e.produce(cluster.bootstrap, topic, values[chunk * 100 : (chunk + 1) * 100])
+            if chunk in (1, 2):
+                leaders = e2e.wait_for_leaders(cluster.bootstrap, topic, 2)
+                for partition, leader in leaders.items():
+                    target = leader % 3 + 1
+                    result = admin.alter_partition_reassignments({TopicPartition(topic, partition): [target]})
+                    assert result[TopicPartition(topic, partition)] is None, result
+                moved = time.monotonic() + 30
+                while time.monotonic() < moved:
+                    now = e2e.wait_for_leaders(cluster.bootstrap, topic, 2)
+                    if all(now[p] != leaders[p] for p in leaders):
+                        break
+                    time.sleep(0.1)
+                assert all(now[p] != leaders[p] for p in leaders), f"leaders did not move: {leaders} -> {now}"
+        deadline = time.monotonic() + 120
+        while sum(sum(m.accepted.values()) for m in members) < len(values) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for m in members:
+            m.join(60)
+        admin.close()
+    total: Counter[bytes] = Counter()
+    for m in members:
+        total.update(m.accepted)
+    assert set(total) == set(values), f"never accepted: {sorted(set(values) - set(total))[:5]}"
+    assert all(n == 1 for n in total.values()), [v for v, n in total.items() if n > 1][:5]
+    # the state followed the partitions: written by the leaders after both moves, and at the end
+    from automq.broker.kafka.share.state_store import decode, group_prefix
+
+    root = Path(cluster.data_dir) / "objects" / group_prefix(group)
+    states = [decode(f.read_bytes()) for f in root.glob("*%obj")]
+    assert len(states) == 2 and all(st.leader_epoch >= 2 for st in states), states
+    assert sum(st.start_offset for st in states) == len(values), states
+
+
 _HALF_ACKER = r"""
 import sys, time
 from confluent_kafka import ShareConsumer

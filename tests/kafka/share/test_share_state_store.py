@@ -32,8 +32,23 @@ def test_keys_are_portable_for_any_group_id():
     assert state_key("a", 1) != state_key("b", 1)
 
 
-async def test_conditional_writes_fence_a_second_writer(tmp_path):
-    store = ShareStateStore(open_object_store(f"file://{tmp_path}"))
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def store_url(request, tmp_path):
+    if request.param == "file":
+        return f"file://{tmp_path}"
+    return request.getfixturevalue("s3_url")
+
+
+async def test_conditional_writes_fence_a_second_writer(store_url):
+    """On both backends (the local store and real S3: SeaweedFS)."""
+    objects = open_object_store(store_url)
+    try:
+        await _fence(ShareStateStore(objects))
+    finally:
+        await objects.close()
+
+
+async def _fence(store: ShareStateStore) -> None:
     s = ShareStateSnapshot("g", 1, 0, [], 1, 1)
     etag = await store.write(s, None)
     with pytest.raises(PreconditionFailed):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer
+from cryptography import x509
 from kubelet_harness import KubeletHarness, s3_cluster_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.timeout(300)]
@@ -95,6 +98,24 @@ def test_secure_defaults_with_real_processes_and_client(tmp_path: Path, s3_url: 
         del untrusted["ssl.ca.location"]
         assert "certificate verify failed" in _refused(untrusted)
 
+        # A renewed certificate is served without a restart: a new name in the spec makes the
+        # operator re-issue it, the kubelet updates the mounted Secret, the broker re-reads it.
+        before = _served_certificate(bootstrap, ca)
+        pid = k8s.pod_process("demo-broker-0").pid
+        k8s.patch_spec("demo", {"security": {"certificates": {"extraDnsNames": ["kafka.example.com"]}}})
+        renewed = k8s.wait_for(
+            "the broker to serve the re-issued certificate",
+            lambda: (c := _served_certificate(bootstrap, ca)).serial_number != before.serial_number and c,
+            timeout=90,
+        )
+        assert "kafka.example.com" in renewed.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName
+        ).value.get_values_for_type(x509.DNSName)
+        assert k8s.pod_process("demo-broker-0").pid == pid and k8s.pod_process("demo-broker-0").restarts == 0
+        after = Producer(_client(bootstrap, ca, "alice", creds, acks="all"))
+        after.produce(topic, value=b"after-renewal")
+        assert after.flush(30) == 0
+
         # The controller API wants the cluster's token; the operator and the broker have it.
         url = k8s.controller_urls("demo")[0]
         with pytest.raises(urllib.error.HTTPError) as denied:
@@ -105,6 +126,17 @@ def test_secure_defaults_with_real_processes_and_client(tmp_path: Path, s3_url: 
         request = urllib.request.Request(f"{url}/readyz")
         assert urllib.request.urlopen(request, timeout=5).status == 200  # probes stay open
         assert token and token not in broker_yaml  # the token is a mounted file, not config
+
+
+def _served_certificate(bootstrap: str, ca: Path) -> x509.Certificate:
+    """The certificate the broker presents to a new TLS connection now."""
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(ca))
+    context.check_hostname = False  # the harness's loopback IP is not one of the pod's names
+    with socket.create_connection((host, int(port)), timeout=5) as raw, context.wrap_socket(raw) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
 
 
 def _poll(consumer: Consumer, got: list[bytes]) -> int:

@@ -120,6 +120,7 @@ NS = "streaming"
 WAIT_S = 90.0  # default bound for a condition to become true (generous: the machine is shared)
 TICK_S = 0.2  # how often the StatefulSet controller looks at the API
 PROBE_S = 0.3  # how often a running pod's /readyz is probed
+SECRET_SYNC_S = 2.0  # how often mounted Secrets are brought up to date (the kubelet's sync, shortened)
 PORTS_PER_BLOCK = 96
 
 
@@ -161,6 +162,7 @@ class PodProcess:
     grace_s: float = 30.0
     task: asyncio.Task[None] | None = None
     status_sent: Any = None
+    secrets_synced: float = 0.0  # monotonic time of the last Secret volume refresh
 
     @property
     def pid(self) -> int | None:
@@ -632,6 +634,8 @@ class KubeletHarness:
                         await asyncio.sleep(1.0)
                         continue
                 ready = await self._probe(state)
+                if state.running():
+                    await self._sync_secret_volumes(state, pod, pod_dir)
                 if ready:
                     backoff = 0.5
                 if ready != state.ready or state.status_sent is None:
@@ -706,9 +710,24 @@ class KubeletHarness:
             directory.mkdir(parents=True, exist_ok=True)
             for key, value in (secret.get("data") or {}).items():
                 target = directory / key
+                content = base64.b64decode(value)
+                if target.exists() and target.read_bytes() == content:
+                    continue  # unchanged: no new mtime (nodes watch their files for changes)
                 tmp = directory / f".{key}.tmp"
-                tmp.write_bytes(base64.b64decode(value))
-                tmp.replace(target)  # atomic, as the kubelet's symlink swap
+                tmp.write_bytes(content)
+                tmp.replace(target)  # atomic per file, as the kubelet's symlink swap is per volume
+
+    async def _sync_secret_volumes(self, state: PodProcess, pod: dict[str, Any], pod_dir: Path) -> None:
+        """A running pod's Secret volumes follow their Secrets (renewed certificates, rotated
+        tokens), as the kubelet updates mounted Secrets in place without a restart."""
+        now = time.monotonic()
+        if now - state.secrets_synced < SECRET_SYNC_S:
+            return
+        state.secrets_synced = now
+        try:
+            await self._write_secret_volumes(pod, pod_dir)
+        except Exception as exc:  # a Secret deleted meanwhile: keep the files, as the kubelet does
+            log.debug("secret volumes of %s not refreshed: %s", state.name, exc)
 
     def _localize(self, config: Any, state: PodProcess, pod: dict[str, Any], pod_dir: Path, cluster: str) -> Any:
         """The rendered config with this host's addresses and directories (see module doc)."""

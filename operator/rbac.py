@@ -6,7 +6,8 @@ ClusterRole/Role is rendered from exactly this list; a packaging test compares t
 the controllers elect the active one with a coordination Lease and need nothing else.
 
 Kubernetes forbids granting permissions one does not hold (RBAC escalation prevention), so
-OPERATOR_RULES includes CLUSTER_RULES' verbs on Leases.
+OPERATOR_RULES includes CLUSTER_RULES' verbs on Leases and SPARK_DRIVER_RULES (what the Spark
+jobs' drivers get when they run executor pods).
 """
 
 from __future__ import annotations
@@ -20,6 +21,23 @@ CLUSTER_RULES: list[dict[str, Any]] = [
         "apiGroups": ["coordination.k8s.io"],
         "resources": ["leases"],
         "verbs": ["get", "list", "watch", "create", "update", "patch"],
+    },
+]
+
+# A Spark job with executor pods (spec.<job>.executors > 0): its driver, in the CronJob's pod,
+# creates, watches and deletes the executor pods and the ConfigMap of their Spark conf (Spark on
+# Kubernetes; the deletes at shutdown are by label selector: deletecollection). Granted by a Role
+# bound to the jobs' ServiceAccount only while some job has executors.
+SPARK_DRIVER_RULES: list[dict[str, Any]] = [
+    {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete", "deletecollection"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["get", "list", "watch", "create", "delete", "deletecollection"],
     },
 ]
 
@@ -92,4 +110,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     # The autoscaler stands down while an HPA (KEDA makes one too) targets the same cluster.
     {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["list"]},
     *CLUSTER_RULES,
+    # Held only so that it may grant them to Spark drivers (escalation prevention); the
+    # operator itself never creates pods or deletes ConfigMaps.
+    *SPARK_DRIVER_RULES,
 ]

@@ -244,6 +244,14 @@ async def spark_cron_jobs(c: Cluster) -> None:
     desired = sparkjobs.desired_cron_jobs(c.spec, c.ref)
     if desired:
         await _apply(c, sparkjobs.service_account(c.ref))
+    templates = sparkjobs.executor_templates(c.spec, c.ref)
+    if templates is not None:
+        # executor pods: their template, and a Role letting the drivers create them
+        await _apply(c, templates)
+        await _apply(c, sparkjobs.driver_role(c.spec, c.ref))
+        await _apply(c, sparkjobs.driver_role_binding(c.ref))
+    elif await c.api.get("Role", c.ref.namespace, sparkjobs.service_account_name(c.ref)) is not None:
+        await _apply(c, sparkjobs.driver_role(c.spec, c.ref))  # no executor pods any more: it grants nothing
     for job in sparkjobs.JOBS:
         if job in desired:
             await _apply(c, desired[job])

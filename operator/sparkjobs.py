@@ -5,13 +5,22 @@ cluster `demo`:
     demo-compact        automq spark compact          (object compaction)
     demo-keycompact     automq spark compact --keys   (cleanup.policy=compact topics)
     demo-ingest         automq spark ingest           (topics -> Iceberg)
-    demo-spark          ServiceAccount of their pods: no token mounted, no Role bound
+    demo-spark          ServiceAccount of their pods (and Role + RoleBinding, see below)
+    demo-spark-executors  ConfigMap: the executor pod template of each job with executors
 
-Each run is spark-submit in client mode with the driver in the Job's pod and local executors
-(`local[cores]`), through the spark image's entrypoint (`spark-entrypoint.sh driver ...`), on
-`SPARK_JOB_FILE` (spark-submit needs a Python file, not a module). The pod talks to the
-controllers over HTTP and to the object store with the brokers' credentials (the same Secret);
-it never calls the Kubernetes API, so its ServiceAccount has no permissions at all.
+Each run is spark-submit in client mode with the driver in the Job's pod, through the spark
+image's entrypoint (`spark-entrypoint.sh driver ...`), on `SPARK_JOB_FILE` (spark-submit needs a
+Python file, not a module). The pod talks to the controllers over HTTP and to the object store
+with the brokers' credentials (the same Secret).
+
+Executors: `executors: 0` (default) runs them as threads of the driver's pod (`local[cores]`);
+that pod never calls the Kubernetes API, mounts no token, and the Role `demo-spark` grants
+nothing. `executors: N` is Spark on Kubernetes in client mode: the driver asks the API server
+(in-cluster token of `demo-spark`, which the Role then lets create/watch/delete pods and
+ConfigMaps in the namespace) for N executor pods of the same image, built from a pod template
+(`demo-spark-executors`: non-root, read-only root filesystem, the object-store credentials,
+the job's scheduling, no token); they connect back to the driver at its pod IP on fixed ports
+(DRIVER_PORT, BLOCK_MANAGER_PORT) and are owned by the driver's pod, so they go with it.
 
 `concurrencyPolicy: Forbid`: two runs of one job never overlap (a racing pair is safe, the
 controller or the Iceberg commit refuses the loser, but it is wasted work).
@@ -23,6 +32,7 @@ Failed Job with its reason.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,6 +47,7 @@ from automq.operator.builders import (
     controller_token_secret_name,
     controller_urls,
 )
+from automq.operator.rbac import SPARK_DRIVER_RULES
 from automq.operator.spec import (
     DEFAULT_SPARK_IMAGE,
     GROUP,
@@ -60,6 +71,16 @@ SPARK_JOB_FILE = "/opt/automq/spark-job.py"
 SCRATCH_DIR = "/tmp"  # Spark's local dir and HOME: the root filesystem is read-only
 CATALOG_ENV = "AUTOMQ_SPARK_CATALOG"  # read by `automq spark ingest --catalog`
 
+# Spark on Kubernetes (executors > 0): the API server as seen from a pod, the in-cluster
+# credentials, the driver's fixed ports (executors connect back to them) and where the
+# executor pod templates are mounted in the driver's pod.
+K8S_MASTER = "k8s://https://kubernetes.default.svc:443"
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+DRIVER_PORT = 7078
+BLOCK_MANAGER_PORT = 7079
+EXECUTOR_TEMPLATE_DIR = "/opt/automq/executor-templates"
+EXECUTOR_CONTAINER = "spark-executor"
+
 DEFAULT_JOB_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
 _SUFFIX: dict[JobName, str] = {"compaction": "compact", "keyCompaction": "keycompact", "lakeIngestion": "ingest"}
 
@@ -71,6 +92,10 @@ def cron_job_name(ref: ClusterRef, job: JobName) -> str:
 
 def service_account_name(ref: ClusterRef) -> str:
     return f"{ref.name}-spark"
+
+
+def executor_templates_name(ref: ClusterRef) -> str:
+    return f"{ref.name}-spark-executors"
 
 
 def job_labels(ref: ClusterRef, job: JobName) -> dict[str, str]:
@@ -172,13 +197,37 @@ def _resources(resources: Resources) -> dict[str, Any]:
     return out
 
 
-def submit_args(plan: JobPlan, ref: ClusterRef) -> list[str]:
+def submit_args(plan: JobPlan, ref: ClusterRef, spec: AutoMQClusterSpec | None = None) -> list[str]:
     """The container's args: the entrypoint's `driver` mode (spark-submit, client mode)."""
     section = plan.section
+    head = ["driver", "--master", f"local[{section.cores}]"]
+    executors: list[str] = []
+    if section.executors > 0:
+        assert spec is not None, "executor pods need the cluster spec (image, namespace, pull secrets)"
+        head = ["driver", "--master", K8S_MASTER]
+        confs = {
+            "spark.executor.instances": str(section.executors),
+            "spark.executor.cores": str(section.executor_cores),
+            "spark.executor.memory": section.executor_memory,
+            "spark.kubernetes.namespace": ref.namespace,
+            "spark.kubernetes.container.image": section.image or DEFAULT_SPARK_IMAGE,
+            "spark.kubernetes.container.image.pullPolicy": spec.image_pull_policy,
+            "spark.kubernetes.authenticate.caCertFile": f"{SA_DIR}/ca.crt",
+            "spark.kubernetes.authenticate.oauthTokenFile": f"{SA_DIR}/token",
+            # $(VAR) is expanded by the kubelet from the container's env (downward API)
+            "spark.kubernetes.driver.pod.name": "$(POD_NAME)",  # executors are owned by it
+            "spark.driver.host": "$(POD_IP)",
+            "spark.driver.port": str(DRIVER_PORT),
+            "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
+            "spark.kubernetes.executor.podTemplateFile": f"{EXECUTOR_TEMPLATE_DIR}/{plan.name}.json",
+            "spark.kubernetes.executor.podTemplateContainerName": EXECUTOR_CONTAINER,
+        }
+        if spec.image_pull_secrets:
+            confs["spark.kubernetes.container.image.pullSecrets"] = ",".join(spec.image_pull_secrets)
+        for key, value in confs.items():
+            executors += ["--conf", f"{key}={value}"]
     return [
-        "driver",
-        "--master",
-        f"local[{section.cores}]",
+        *head,
         "--name",
         f"{ref.name}-{_SUFFIX[plan.name]}",
         "--driver-memory",
@@ -187,6 +236,7 @@ def submit_args(plan: JobPlan, ref: ClusterRef) -> list[str]:
         "spark.ui.enabled=false",
         "--conf",
         f"spark.local.dir={SCRATCH_DIR}",
+        *executors,
         SPARK_JOB_FILE,
         *plan.args,
     ]
@@ -213,6 +263,90 @@ def _token_volumes(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str, A
     return [{"name": "controller-token", "secret": source}]
 
 
+def _pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": USER_ID,
+        "runAsGroup": USER_ID,
+        "fsGroup": USER_ID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def executor_pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, plan: JobPlan) -> dict[str, Any]:
+    """What Spark starts each executor pod from; Spark adds image, command, resources, its own
+    env and labels, and the owner reference to the driver's pod."""
+    section = plan.section
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # executors never call the API server
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": [
+            {
+                "name": EXECUTOR_CONTAINER,
+                "env": [{"name": "HOME", "value": SCRATCH_DIR}, *_credentials_env(spec)],
+                "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_DIR}],
+                "securityContext": _container_security(),
+            }
+        ],
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        **_scheduling(section.scheduling),
+    }
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
+    labels = {**job_labels(ref, plan.name), "app.kubernetes.io/component": "spark-executor"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"labels": labels}, "spec": pod_spec}
+
+
+def executor_templates(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any] | None:
+    """The ConfigMap of executor pod templates (JSON, which Spark reads as YAML), one key per
+    job with executors; None when no job has any."""
+    data = {
+        f"{plan.name}.json": json.dumps(executor_pod_template(spec, ref, plan), indent=2, sort_keys=True)
+        for plan in enabled_jobs(spec, ref)
+        if plan.section.executors > 0
+    }
+    if not data:
+        return None
+    meta = _metadata(ref, executor_templates_name(ref))
+    meta["labels"] = {**common_labels(ref), "app.kubernetes.io/component": "spark-job"}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+
+def uses_executor_pods(spec: AutoMQClusterSpec, ref: ClusterRef) -> bool:
+    return any(plan.section.executors > 0 for plan in enabled_jobs(spec, ref))
+
+
+def driver_role(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any]:
+    """What the jobs' ServiceAccount may do: executor pods while some job has them, else nothing."""
+    meta = _metadata(ref, service_account_name(ref))
+    meta["labels"] = {**common_labels(ref), "app.kubernetes.io/component": "spark-job"}
+    rules = [dict(rule) for rule in SPARK_DRIVER_RULES] if uses_executor_pods(spec, ref) else []
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": rules}
+
+
+def driver_role_binding(ref: ClusterRef) -> dict[str, Any]:
+    meta = _metadata(ref, service_account_name(ref))
+    meta["labels"] = {**common_labels(ref), "app.kubernetes.io/component": "spark-job"}
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": service_account_name(ref)},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account_name(ref), "namespace": ref.namespace}],
+    }
+
+
 def cron_job(spec: AutoMQClusterSpec, ref: ClusterRef, plan: JobPlan) -> dict[str, Any]:
     section = plan.section
     labels = job_labels(ref, plan.name)
@@ -221,39 +355,40 @@ def cron_job(spec: AutoMQClusterSpec, ref: ClusterRef, plan: JobPlan) -> dict[st
         "image": section.image or DEFAULT_SPARK_IMAGE,
         "imagePullPolicy": spec.image_pull_policy,
         "command": list(ENTRYPOINT),
-        "args": submit_args(plan, ref),
+        "args": submit_args(plan, ref, spec),
         "env": [
             {"name": "HOME", "value": SCRATCH_DIR},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             *_credentials_env(spec),
             *_token_env(spec),
             *plan.env,
         ],
         "resources": _resources(section.resources),
         "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_DIR}, *_token_mounts(spec)],
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": _container_security(),
     }
+    pod_executors = section.executors > 0
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": service_account_name(ref),
-        "automountServiceAccountToken": False,
+        # only a driver that creates executor pods needs the API server (and so a token)
+        "automountServiceAccountToken": pod_executors,
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": USER_ID,
-            "runAsGroup": USER_ID,
-            "fsGroup": USER_ID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security(),
         "containers": [container],
         "volumes": [{"name": "scratch", "emptyDir": {}}, *_token_volumes(spec, ref)],
         **_scheduling(section.scheduling),
     }
+    if pod_executors:
+        container["ports"] = [
+            {"name": "driver-rpc", "containerPort": DRIVER_PORT, "protocol": "TCP"},
+            {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT, "protocol": "TCP"},
+        ]
+        container["volumeMounts"].append(
+            {"name": "executor-templates", "mountPath": EXECUTOR_TEMPLATE_DIR, "readOnly": True}
+        )
+        pod_spec["volumes"].append({"name": "executor-templates", "configMap": {"name": executor_templates_name(ref)}})
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
     cron_spec: dict[str, Any] = {

@@ -491,8 +491,9 @@ class SparkJobSpec(_Model):
     """What every Spark CronJob shares: when it runs, with which image and how much of a node.
 
     The job's pod runs spark-submit in client mode with the driver in the pod and local
-    executors (`local[cores]`); it reads and writes the object store with the brokers'
-    credentials (spec.objectStore.credentialsSecret) and needs no Kubernetes API access."""
+    executors (`local[cores]`), or with `executors > 0` executor pods the driver asks the API
+    server for (Spark on Kubernetes); it reads and writes the object store with the brokers'
+    credentials (spec.objectStore.credentialsSecret)."""
 
     enabled: bool = Field(False, description="Run this job on its schedule (the CronJob is removed when false).")
     schedule: Schedule = Field("*/5 * * * *", description="Cron schedule (5 fields or @hourly, @daily, ...).")
@@ -512,6 +513,20 @@ class SparkJobSpec(_Model):
         "1g",
         pattern=r"^[1-9][0-9]*[kmgKMG]$",
         description="JVM heap of the Spark driver (spark-submit --driver-memory); keep it below the memory limit.",
+    )
+    executors: int = Field(
+        0,
+        ge=0,
+        le=200,
+        description="Executor pods (Spark on Kubernetes: the driver in the job's pod creates them through the API "
+        "server, they connect back to it); 0 runs local executors in the job's pod (local[cores]).",
+    )
+    executor_cores: int = Field(1, ge=1, le=64, description="Cores of each executor pod (spark.executor.cores).")
+    executor_memory: str = Field(
+        "2g",
+        pattern=r"^[1-9][0-9]*[kmgKMG]$",
+        description="JVM heap of each executor pod (spark.executor.memory); the pod requests it plus Spark's "
+        "memory overhead (10 %, at least 384 MiB).",
     )
     resources: Resources = Field(
         default_factory=Resources,

@@ -638,6 +638,27 @@ def test_spark_jobs_become_cron_jobs_with_run_status_and_go_when_disabled(k8s: H
     )
     failed_events = [e for e in k8s.events("demo") if e["reason"] == "SparkJobFailed"]
     assert len(failed_events) == 1, failed_events  # once per failed run, not once per pass
+
+    # executor pods: the drivers' Role grants pod management, the template ConfigMap appears,
+    # the CronJob runs Spark on Kubernetes; back to local executors, the Role grants nothing
+    k8s.patch_spec("demo", {"compaction": {"executors": 2}})
+    role = k8s.wait_for("Spark driver Role", lambda: (r := k8s.get("Role", "demo-spark")) and r.get("rules") and r)
+    assert {"pods", "configmaps"} == {res for rule in role["rules"] for res in rule["resources"]}
+    assert k8s.get("RoleBinding", "demo-spark")["subjects"][0]["name"] == "demo-spark"
+    assert "compaction.json" in k8s.get("ConfigMap", "demo-spark-executors")["data"]
+    k8s.wait_for(
+        "CronJob on Spark on Kubernetes",
+        lambda: (
+            "k8s://"
+            in " ".join(
+                k8s.get("CronJob", "demo-compact")["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0][
+                    "args"
+                ]
+            )
+        ),
+    )
+    k8s.patch_spec("demo", {"compaction": {"executors": 0}})
+    k8s.wait_for("Spark driver Role emptied", lambda: k8s.get("Role", "demo-spark")["rules"] == [])
     k8s.patch_spec("demo", {"compaction": {"enabled": False}})
     k8s.wait_for("compaction CronJob deleted", lambda: k8s.get("CronJob", "demo-compact") is None)
     assert k8s.get("StatefulSet", "demo-broker")["spec"]["replicas"] == 2  # nothing else changed

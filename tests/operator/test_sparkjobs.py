@@ -3,6 +3,7 @@ Kubernetes 1.31 schema, strict), and the status computed from CronJobs and Jobs.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,96 @@ def test_cron_jobs_are_valid_kubernetes_objects_with_the_job_settings() -> None:
     assert ingest[ingest.index("--compact-files-below") + 1] == "32MiB"
     assert container(jobs["lakeIngestion"])["resources"] == sparkjobs.DEFAULT_JOB_RESOURCES
     kubernetes_validate.validate(sparkjobs.service_account(REF), "1.31", strict=True)
+
+
+def _rule_pairs(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_executor_pods_render_spark_on_kubernetes_with_rbac_and_a_pod_template() -> None:
+    parsed = parse_spec(
+        spec(
+            imagePullSecrets=["regcred"],
+            compaction={
+                "enabled": True,
+                "executors": 4,
+                "executorCores": 2,
+                "executorMemory": "3g",
+                "image": "registry.example/automq-spark:1",
+                "scheduling": {"nodeSelector": {"pool": "batch"}},
+                "keys": {"enabled": False},
+            },
+            lakeIngestion=LAKE,  # executors 0: local, unchanged
+        )
+    )
+    jobs = sparkjobs.desired_cron_jobs(parsed, REF)
+    compact, ingest = jobs["compaction"], jobs["lakeIngestion"]
+    for cron in (compact, ingest):
+        kubernetes_validate.validate(cron, "1.31", strict=True)
+    pod = compact["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True  # the driver calls the API server
+    assert ingest["spec"]["jobTemplate"]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    c = container(compact)
+    args = c["args"]
+    assert args[:3] == ["driver", "--master", sparkjobs.K8S_MASTER]
+    confs = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--conf")
+    assert confs["spark.executor.instances"] == "4" and confs["spark.executor.cores"] == "2"
+    assert confs["spark.executor.memory"] == "3g"
+    assert confs["spark.kubernetes.namespace"] == "streaming"
+    assert confs["spark.kubernetes.container.image"] == "registry.example/automq-spark:1"
+    assert confs["spark.kubernetes.container.image.pullSecrets"] == "regcred"
+    # executors connect back to the driver's pod IP on the ports the container declares, and
+    # are owned by the driver's pod (both names come from the downward API, expanded by the kubelet)
+    env = {e["name"]: e for e in c["env"]}
+    assert confs["spark.driver.host"] == "$(POD_IP)" and env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert confs["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    ports = {p["containerPort"] for p in c["ports"]}
+    assert {int(confs["spark.driver.port"]), int(confs["spark.driver.blockManager.port"])} == ports
+    assert confs["spark.kubernetes.authenticate.oauthTokenFile"].startswith(sparkjobs.SA_DIR)
+    # the pod template: mounted from the ConfigMap at the path the conf names
+    template_path = confs["spark.kubernetes.executor.podTemplateFile"]
+    mount = next(m for m in c["volumeMounts"] if template_path.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    cm = sparkjobs.executor_templates(parsed, REF)
+    assert cm is not None and volume["configMap"]["name"] == cm["metadata"]["name"]
+    kubernetes_validate.validate(cm, "1.31", strict=True)
+    assert set(cm["data"]) == {"compaction.json"}
+    template = json.loads(cm["data"][template_path.rsplit("/", 1)[1]])
+    template["metadata"]["name"] = "x"
+    template["spec"]["containers"][0]["image"] = "set-by-spark"
+    kubernetes_validate.validate(template, "1.31", strict=True)
+    tspec = template["spec"]
+    assert tspec["automountServiceAccountToken"] is False and tspec["nodeSelector"] == {"pool": "batch"}
+    assert tspec["imagePullSecrets"] == [{"name": "regcred"}]
+    tc = tspec["containers"][0]
+    assert tc["name"] == confs["spark.kubernetes.executor.podTemplateContainerName"]
+    assert tc["securityContext"]["readOnlyRootFilesystem"] is True and tspec["securityContext"]["runAsNonRoot"]
+    tenv = {e["name"]: e for e in tc["env"]}
+    assert tenv["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "s3-keys"
+    # RBAC: the jobs' ServiceAccount may manage executor pods, and the operator holds what it grants
+    role, binding = sparkjobs.driver_role(parsed, REF), sparkjobs.driver_role_binding(REF)
+    for obj in (role, binding):
+        kubernetes_validate.validate(obj, "1.31", strict=True)
+    granted = _rule_pairs(role["rules"])
+    assert {("", "pods", v) for v in ("create", "watch", "delete", "deletecollection")} <= granted
+    assert ("", "configmaps", "deletecollection") in granted
+    assert granted <= _rule_pairs(OPERATOR_RULES)
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"] == binding["roleRef"]["name"]
+
+
+def test_without_executor_pods_the_role_grants_nothing_and_no_template_is_rendered() -> None:
+    parsed = parse_spec(spec(compaction={"enabled": True}))
+    assert sparkjobs.driver_role(parsed, REF)["rules"] == []
+    assert sparkjobs.executor_templates(parsed, REF) is None
+    args = container(sparkjobs.desired_cron_jobs(parsed, REF)["compaction"])["args"]
+    assert not any(a.startswith("spark.kubernetes.") for a in args)
 
 
 def test_catalog_uri_from_a_secret_stays_out_of_the_args() -> None:

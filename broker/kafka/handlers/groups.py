@@ -340,6 +340,10 @@ def _fetch_group(
     error = _group_error(ctx, group_id, authz.Op.DESCRIBE)
     if error is None and not group_id:
         error = ErrorCode.invalid_group_id
+    if error is None:
+        group = _coordinator(ctx).manager.groups.get(group_id)
+        if group is not None and group.share is not None:
+            error = ErrorCode.group_id_not_found  # Kafka: a share group has no committed offsets
     if error is None and member[0] is not None and member[1] >= 0:
         asked = [(t, p) for t, ps in requested or () for p in ps]
         member_error = _coordinator(ctx).manager.consumer_check_member(group_id, member[0], member[1], asked)

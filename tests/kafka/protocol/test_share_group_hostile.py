@@ -215,6 +215,15 @@ def test_a_share_group_id_refuses_the_other_protocols_and_back(fuzz_broker, memb
             )
         )
         assert c.topics[0].partitions[0].error_code == ErrorCode.group_id_not_found
+        # committed offsets of a share group: there are none, the group is not found (Kafka)
+        from kio.schema.offset_fetch.v8.request import OffsetFetchRequest, OffsetFetchRequestGroup
+
+        f = conn.call(
+            OffsetFetchRequest(
+                groups=(OffsetFetchRequestGroup(group_id=GroupId(GROUP), topics=None),), require_stable=False
+            )
+        )
+        assert f.groups[0].error_code == ErrorCode.group_id_not_found
         # classic DescribeGroups: not a classic group
         d = conn.call(DescribeGroupsRequest(groups=(GroupId(GROUP),), include_authorized_operations=False))
         assert d.groups[0].group_state == "Dead" and d.groups[0].members == ()

@@ -35,6 +35,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
+from prometheus_client import Counter
 
 from automq.broker.kafka import codec, records
 from automq.broker.kafka.groups.state import partition_for
@@ -101,7 +102,16 @@ class TxnVerifier:
         self._channel = markers.MarkerChannel.for_node(broker.config)  # inter-broker listener and credentials
         # (topic, partition, producer id) -> that producer's newest append waiting for verification
         self._waiting: dict[tuple[str, int, int], asyncio.Future[Any]] = {}
-        self.verifications = 0  # coordinator questions asked (tests and metrics read it)
+        self.verifications = 0  # coordinator questions asked (tests read it)
+        self._outcomes = Counter(
+            "kafka_txn_verifications",
+            "KIP-890 checks of a transaction's first batch in a partition with its coordinator, by result "
+            "(ok, not_in_transaction, fenced, retry: the coordinator could not answer, other)",
+            ["result"],
+            registry=broker.registry,
+        )
+        for result in ("ok", "not_in_transaction", "fenced", "retry", "other"):
+            self._outcomes.labels(result)  # every series from the start (rates need the zero)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -209,7 +219,28 @@ class TxnVerifier:
 
     # ---------------------------------------------------------------- asking the coordinator
 
+    def _count(self, errors: Errors) -> Errors:
+        for error in errors.values():
+            if error == ErrorCode.none:
+                result = "ok"
+            elif error in (ErrorCode.invalid_txn_state, ErrorCode.transaction_abortable):
+                result = "not_in_transaction"
+            elif error in (ErrorCode.producer_fenced, ErrorCode.invalid_producer_id_mapping):
+                result = "fenced"
+            elif error in _RETRY_LATER or error == ErrorCode.concurrent_transactions:
+                result = "retry"
+            else:
+                result = "other"
+            self._outcomes.labels(result).inc()
+        return errors
+
     async def ask(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]], add: bool
+    ) -> Errors:
+        """The coordinator's answer for each partition (asked locally or over the wire)."""
+        return self._count(await self._ask(transactional_id, producer_id, producer_epoch, partitions, add))
+
+    async def _ask(
         self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]], add: bool
     ) -> Errors:
         broker = self.broker

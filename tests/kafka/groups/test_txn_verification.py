@@ -169,6 +169,8 @@ async def test_batch_outside_the_transaction_is_refused_with_kafka_errors(two_br
         assert p.last_stable_offset == p.high_watermark  # ... and no transaction hangs
         assert not p.txns.verifying  # no guard left behind by the refusals
         assert broker.txn_verifier.verifications > asked
+        refused = broker.registry.get_sample_value("kafka_txn_verifications_total", {"result": "not_in_transaction"})
+        assert refused is not None and refused >= 2  # operators see the refusals
 
     # added first, as every client does: accepted, and verified once per partition only
     tps = [("t", local[0]), ("t", remote[0])]

@@ -200,8 +200,7 @@ async def _acquire(
     settings = share.settings
     committed = settings.isolation_level == "read_committed"
     try:
-        # read_committed: nothing at or past the first offset of an open transaction
-        hw = partition.last_stable_offset if committed else partition.high_watermark
+        hw = _readable_end(share)
         if state.start_offset < partition.log_start_offset:
             state.move_start(partition.log_start_offset)
             share.changed()
@@ -270,6 +269,19 @@ async def _acquire(
     part.payloads, part.size = payloads, size
     part.acquired = acquired
     return size, total
+
+
+def _readable_end(share: SharePartition) -> int:
+    """Where acquisition stops: the high watermark, or for read_committed the last stable
+    offset (nothing at or past the first offset of an open transaction)."""
+    partition = share.partition
+    if share.settings.isolation_level == "read_committed":
+        return partition.last_stable_offset
+    return partition.high_watermark
+
+
+def _acquirable(share: SharePartition) -> bool:
+    return share.state.first_acquirable(_readable_end(share), share.settings.partition_max_record_locks) is not None
 
 
 def _drop_uncommitted(
@@ -461,6 +473,7 @@ async def share_fetch(request, ctx: RequestContext):
     max_bytes = max(request.max_bytes, 1)
     max_records = max(request.max_records, 1) if request.max_records > 0 else 500
     strict = getattr(request, "share_acquire_mode", 0) == 1  # v2 record_limit: never more than max_records
+    rechecked = False
     while True:
         total_bytes = total_records = 0
         for part in fetching:
@@ -489,11 +502,12 @@ async def share_fetch(request, ctx: RequestContext):
             s.partition.add_waiter(waiter)
             s.add_waiter(waiter)
         try:
-            if any(
-                s.state.first_acquirable(s.partition.high_watermark, s.settings.partition_max_record_locks) is not None
-                for s in shares
-            ):
+            # records may have become acquirable since the read; look again once, then wait
+            # (never loop without awaiting: an acquisition can come back empty)
+            if not rechecked and any(_acquirable(s) for s in shares):
+                rechecked = True
                 continue
+            rechecked = False
             await asyncio.wait_for(waiter, remaining)
         except TimeoutError:
             pass

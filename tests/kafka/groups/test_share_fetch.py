@@ -442,3 +442,45 @@ async def test_initialize_fixes_the_start_before_the_first_fetch(cluster) -> Non
     assert await node.broker.share_partitions.initialize(GROUP, "q", 0) == 2
     await _produce(node, "q", 0, 3)  # after the assignment, before any ShareFetch
     assert _acquired(await _fetch(node, "m", 0, {0: []})) == {0: [(2, 4, 1)]}
+
+
+async def test_a_long_poll_behind_an_open_transaction_waits_without_blocking_the_broker(cluster) -> None:
+    """read_committed, an open transaction at the log's end: nothing is acquirable below the
+    last stable offset although the high watermark is above it. The long poll must wait on
+    the partition, not spin (a spin would starve every other task of the broker)."""
+    node = await _node(cluster, isolation_level="read_committed")
+    p = await node.broker.partitions.get_when_open("q", 0, 10)
+    batch = bytearray(
+        records.build_batch(
+            0,
+            [records.encode_record(0, 0, None, b"open")],
+            last_offset_delta=0,
+            base_timestamp=1,
+            max_timestamp=1,
+            attributes=records.TRANSACTIONAL_BIT,
+            producer_id=2000,
+            producer_epoch=0,
+            base_sequence=0,
+        )
+    )
+    await p.append_batch(batch, records.parse_header(batch))
+    assert (p.last_stable_offset, p.high_watermark) == (0, 1)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    assert _acquired(await _fetch(node, "m", 0, {0: []})) == {}  # loads the share-partition
+    task = asyncio.get_running_loop().create_task(ticker())
+    try:
+        await asyncio.sleep(0.05)
+        before = ticks
+        r = await _fetch(node, "m", 1, {0: []}, max_wait_ms=300)
+        during = ticks - before
+    finally:
+        task.cancel()
+    assert _acquired(r) == {}
+    assert during > 0  # other tasks ran during the long poll

@@ -709,6 +709,9 @@ class GroupCoordinator:
         the offsets as the producer's transactional batch, hold them until its marker.
         `verification_guard`: the transaction coordinator confirmed the partition (KIP-890)."""
         now = now_ms()
+        existing = self.manager.groups.get(group_id)
+        if existing is not None and existing.share is not None:
+            return {(t, p): ErrorCode.group_id_not_found for t, p, *_ in offsets}  # no offsets in a share group
         if generation_id >= 0 or member_id or group_instance_id is not None:
             if group_id not in self.manager.groups:
                 return {(t, p): ErrorCode.illegal_generation for t, p, *_ in offsets}

@@ -168,6 +168,18 @@ async def test_share_group_survives_its_coordinator_stopping(real_cluster) -> No
     [g] = described.groups
     assert (g.error_code, g.group_state, g.group_epoch) == (ErrorCode.none, "Stable", 2)
     assert {m.member_id: {p for tp in m.assignment.topic_partitions for p in tp.partitions} for m in g.members} == parts
+    # a transactional offset commit (no member information) cannot give a share group offsets
+    survivor_groups = real_cluster.brokers[3 - node].broker.groups
+    refused = await survivor_groups.txn_commit(
+        group_id=group,
+        producer_id=1,
+        producer_epoch=0,
+        generation_id=-1,
+        member_id="",
+        group_instance_id=None,
+        offsets=[(TOPIC, 0, 5, -1, "")],
+    )
+    assert refused == {(TOPIC, 0): ErrorCode.group_id_not_found}
     # it is the survivor that holds the group now, loaded from the log
     moved = real_cluster.brokers[3 - node].broker.groups.manager.groups[group].share
     assert moved is not None and (moved.group_epoch, set(moved.members)) == (2, {a, b})

@@ -28,8 +28,8 @@ MiB = 1 << 20
 RECORD = 1024
 
 
-def start(data: Path, secure: bool) -> tuple[subprocess.Popen[str], dict[str, str]]:
-    port = local.free_port_block(1)
+def start(data: Path, secure: bool, port: int | None = None) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    port = port if port is not None else local.free_port_block(1)
     cmd = [sys.executable, "-m", "automq.broker.cli", "local", "up", "--brokers", "1"]
     cmd += ["--data-dir", str(data), "--port", str(port)] + (["--secure"] if secure else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
@@ -93,12 +93,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--base-port", type=int, default=None, help="Kafka ports from here (default: any free)")
     args = parser.parse_args()
     best: dict[str, tuple[float, float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="tls-bench-") as tmp:
         for r in range(args.rounds):
             for name, secure in (("plaintext", False), ("sasl_ssl", True)):
-                proc, conf = start(Path(tmp) / f"{name}-{r}", secure)
+                port = None if args.base_port is None else args.base_port + 10 * (2 * r + int(secure))
+                proc, conf = start(Path(tmp) / f"{name}-{r}", secure, port)
                 try:
                     result = produce(conf, args.mib)
                 finally:

@@ -33,8 +33,9 @@ Memory per connection: nothing is buffered for a connection between frames. The 
 read into one receive buffer shared by all connections of the server (get_buffer and
 buffer_updated run back to back on the loop thread); complete frames are cut from it and
 only the bytes of an unfinished frame are kept, in a buffer of exactly what arrived. A large
-frame gets its own buffer that the socket fills directly, grown as its bytes arrive (never
-to the declared size up front). After a flood of connections closes, glibc is asked to
+frame gets its own buffer that the socket fills directly: its full size once a second read
+of it arrives (up to WHOLE_FRAME_BYTES, and when that fits the memory budget), else grown as
+its bytes arrive (never to the declared size up front). After a flood of connections closes, glibc is asked to
 return freed memory to the system (malloc_trim).
 A handler that raises answers its request with UNKNOWN_SERVER_ERROR; the connection stays.
 """
@@ -90,6 +91,7 @@ class _Slot:
 SCRATCH_BYTES = 256 << 10  # the server's shared receive buffer
 LARGE_FRAME_BYTES = 64 << 10  # larger frames get their own buffer, filled by the socket
 FRAME_CHUNK_BYTES = 64 << 10  # a large frame's buffer grows by this or by doubling, when bytes arrive
+WHOLE_FRAME_BYTES = 4 << 20  # a frame up to this size gets its full buffer once its second read arrives
 TRIM_AFTER_CLOSED = 256  # connections closed since the last malloc_trim that warrant another
 
 
@@ -230,12 +232,24 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if self._frame_filled == len(frame):
                 # grow with what arrives: a client declaring a large frame and sending nothing
                 # more holds only what it sent, not socket_request_max_bytes
-                step = FRAME_CHUNK_BYTES if self.server.over_budget() else max(len(frame), FRAME_CHUNK_BYTES)
-                grow = min(self._frame_size - len(frame), step)
-                try:
-                    frame += bytes(grow)
-                except BufferError:  # a view of it is still alive: move to a new buffer
-                    frame = self._frame = frame + bytes(grow)
+                server = self.server
+                over = server.over_budget()
+                rest = self._frame_size - len(frame)
+                if self._frame_size <= WHOLE_FRAME_BYTES and server.buffered_bytes + rest <= server.max_buffered:
+                    # more of it came: one buffer of its full size now, rather than a doubling
+                    # series whose every step zero-fills and copies (profiled: 38 % of a
+                    # producing broker's loop at 1 MB requests went to that)
+                    whole = bytearray(self._frame_size)
+                    whole[: self._frame_filled] = frame
+                    frame = self._frame = whole
+                    self._account()  # counted now: the next connection's read sees it
+                else:
+                    step = FRAME_CHUNK_BYTES if over else max(len(frame), FRAME_CHUNK_BYTES)
+                    grow = min(rest, step)
+                    try:
+                        frame += bytes(grow)
+                    except BufferError:  # a view of it is still alive: move to a new buffer
+                        frame = self._frame = frame + bytes(grow)
             return memoryview(frame)[self._frame_filled :]
         return self.server.scratch
 

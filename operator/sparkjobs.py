@@ -183,6 +183,8 @@ def _ingest_args(spec: AutoMQClusterSpec, lake: LakeIngestionSpec) -> tuple[list
         args += ["--expire-snapshots-older-than", lake.expire_snapshots_older_than]
     if lake.compact_files_below:
         args += ["--compact-files-below", lake.compact_files_below]
+    if lake.remove_orphans_older_than:
+        args += ["--remove-orphans-older-than", lake.remove_orphans_older_than]
     return args, env
 
 

@@ -604,7 +604,13 @@ class LakeIngestionSpec(SparkJobSpec):
     compact_files_below: Size | None = Field(
         None,
         description="After each run rewrite each table's data files smaller than this (e.g. 32MiB) into large "
-        "ones, in one commit that keeps the table's offsets; tables with delete files (upsert) are left alone.",
+        "ones, in one commit that keeps the table's offsets (upsert tables too: their deletes are copy-on-write); "
+        "tables with merge-on-read delete files (written by another engine) are left alone.",
+    )
+    remove_orphans_older_than: Duration | None = Field(
+        None,
+        description="After each run delete files under each table's location that nothing references and that "
+        "are older than this, e.g. 72h: what a killed run left. Keep it well above activeDeadlineSeconds.",
     )
 
     @model_validator(mode="after")

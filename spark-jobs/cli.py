@@ -73,6 +73,12 @@ def ingest_command(
         "--compact-files-below",
         help="After committing, rewrite each table's data files smaller than this (e.g. 32MiB) into large ones.",
     ),
+    remove_orphans: str | None = typer.Option(
+        None,
+        "--remove-orphans-older-than",
+        help="After committing, delete files under each table's location that no snapshot references and are "
+        "older than this, e.g. 72h (keep it well above the longest run: a run's files are unreferenced until it commits).",
+    ),
     master: str | None = _MASTER,
 ) -> None:
     """Write table topics to Iceberg, exactly once (offsets live in the tables' snapshots)."""
@@ -84,6 +90,7 @@ def ingest_command(
     location = _location(data_dir, controller, object_store)
     expire_ms = _duration_ms(expire_snapshots, "--expire-snapshots-older-than") if expire_snapshots else None
     small_bytes = _size(compact_files_below, "--compact-files-below") if compact_files_below else None
+    orphans_ms = _duration_ms(remove_orphans, "--remove-orphans-older-than") if remove_orphans else None
     if catalog is None:
         if data_dir is None:
             typer.echo("error: pass --catalog (or --data-dir for the embedded sqlite catalog)", err=True)
@@ -111,6 +118,7 @@ def ingest_command(
         enabled_topics=not only,
         expire_snapshots_ms=expire_ms,
         compact_files_below=small_bytes,
+        remove_orphans_ms=orphans_ms,
     )
     for r in results:
         typer.echo(
@@ -124,6 +132,7 @@ def ingest_command(
                     "offsets": r.offsets,
                     "expired_snapshots": r.expired_snapshots,
                     "compacted_files": r.compacted_files,
+                    "removed_files": r.removed_files,
                     "message": r.message,
                 }
             )

@@ -39,7 +39,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import And, EqualTo, In, Or
 from pyiceberg.table import Table
 
-from automq.spark import iceberg
+from automq.spark import iceberg, lakefiles
 from automq.spark.bulkread import read_range
 from automq.spark.cluster import ClusterLocation, ClusterView, TopicView
 from automq.spark.convert import DLQ_SCHEMA, META_PREFIX, Converted, TableSettings, convert
@@ -62,6 +62,7 @@ class TableResult:
     attempts: int = 0
     expired_snapshots: int = 0
     compacted_files: int = 0  # small data files rewritten by --compact-files-below
+    removed_files: int = 0  # files no snapshot needs any more, deleted (lakefiles.py)
     message: str = ""
 
 
@@ -90,6 +91,7 @@ def ingest(
     enabled_topics: bool = True,
     expire_snapshots_ms: int | None = None,
     compact_files_below: int | None = None,
+    remove_orphans_ms: int | None = None,
     before_commit: Callable[[str, Table], None] | None = None,
 ) -> list[TableResult]:
     """One ingestion run over the chosen topics. `before_commit(table_name, table)` runs
@@ -97,22 +99,33 @@ def ingest(
     `enabled_topics=False`: only the topics named in `topics`. `expire_snapshots_ms`: after
     each table's round, drop its snapshots older than that many ms (never the current one).
     `compact_files_below`: after each table's round, rewrite its data files smaller than that
-    many bytes into large ones (automq.spark.lakecompact), offsets unchanged."""
+    many bytes into large ones (automq.spark.lakecompact), offsets unchanged; this comes
+    before the expiry, whose snapshots then take the replaced files with them: the files no
+    snapshot reaches any more are deleted. `remove_orphans_ms`: then delete files under the
+    table's location that nothing references and older than that many ms (automq.spark.lakefiles)."""
     view = ClusterView.load(location, with_objects=False)
     results = []
     for t in select_topics(view, topics, enabled_topics):
         try:
             result = ingest_topic(spark, location, catalog, t, force=force, before_commit=before_commit)
-            if expire_snapshots_ms is not None and result.status != "failed":
-                table = iceberg.load_table(catalog, result.table)
-                if table is not None:
-                    cutoff = int(time.time() * 1000) - expire_snapshots_ms
-                    result.expired_snapshots = iceberg.expire_snapshots(table, cutoff)
             if compact_files_below is not None and result.status != "failed":
                 table = iceberg.load_table(catalog, result.table)
                 if table is not None:
                     files = compact_files(table, compact_files_below)
                     result.compacted_files = files.files_before if files.status == "compacted" else 0
+            if expire_snapshots_ms is not None and result.status != "failed":
+                table = iceberg.load_table(catalog, result.table)
+                if table is not None:
+                    cutoff = int(time.time() * 1000) - expire_snapshots_ms
+                    before = lakefiles.reachable_files(table)
+                    result.expired_snapshots = iceberg.expire_snapshots(table, cutoff)
+                    if result.expired_snapshots:
+                        result.removed_files += lakefiles.remove_unreferenced(table, before).files
+            if remove_orphans_ms is not None and result.status != "failed":
+                table = iceberg.load_table(catalog, result.table)
+                if table is not None:
+                    cutoff = int(time.time() * 1000) - remove_orphans_ms
+                    result.removed_files += lakefiles.remove_orphans(table, cutoff).files
             results.append(result)
         except Exception as exc:  # one table's failure must not stop the others
             log.exception("ingesting %s failed", t.name)

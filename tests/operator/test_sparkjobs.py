@@ -140,7 +140,13 @@ def test_cron_jobs_are_valid_kubernetes_objects_with_the_job_settings() -> None:
             "failedJobsHistoryLimit": 5,
             "scheduling": {"nodeSelector": {"pool": "batch"}},
         },
-        lakeIngestion={**LAKE, "topics": ["orders"], "expireSnapshotsOlderThan": "168h", "compactFilesBelow": "32MiB"},
+        lakeIngestion={
+            **LAKE,
+            "topics": ["orders"],
+            "expireSnapshotsOlderThan": "168h",
+            "compactFilesBelow": "32MiB",
+            "removeOrphansOlderThan": "72h",
+        },
     )
     assert set(jobs) == {"compaction", "keyCompaction", "lakeIngestion"}
     for cron in jobs.values():
@@ -192,6 +198,7 @@ def test_cron_jobs_are_valid_kubernetes_objects_with_the_job_settings() -> None:
     assert "s3.endpoint=http://seaweedfs:8333" in ingest
     assert ingest[ingest.index("--expire-snapshots-older-than") + 1] == "168h"
     assert ingest[ingest.index("--compact-files-below") + 1] == "32MiB"
+    assert ingest[ingest.index("--remove-orphans-older-than") + 1] == "72h"
     assert container(jobs["lakeIngestion"])["resources"] == sparkjobs.DEFAULT_JOB_RESOURCES
     kubernetes_validate.validate(sparkjobs.service_account(REF), "1.31", strict=True)
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 
 import duckdb
 import polars as pl
 import pytest
 
-from automq.spark import iceberg
+from automq.spark import iceberg, lakefiles
 from automq.spark.cluster import ClusterLocation
 from automq.spark.ingest import ingest
 
@@ -308,8 +309,48 @@ def test_debezium_envelopes_upsert_on_id_columns(spark, spark_cluster, sh, catal
     assert r2.status == "committed", r2.message
     table = catalog.load_table(r1.table)
     rows = sorted((r["id"], r["name"], r["addr_city"]) for r in table.scan().to_arrow().to_pylist())
-    assert rows == [(0, "v0", "x"), (1, "v1b", "y"), (3, "v3b", "z"), (4, "v4", "x"), (9, "v9", "q")]
+    expected = [(0, "v0", "x"), (1, "v1b", "y"), (3, "v3b", "z"), (4, "v4", "x"), (9, "v9", "q")]
+    assert rows == expected
     assert iceberg.committed_offsets(table) == {0: len(first) + len(second)}
+
+    # maintenance of the upsert table: pyiceberg deletes copy-on-write (data files rewritten, no
+    # delete files), so small-file compaction applies; then every snapshot but the current one
+    # expires and the files none of them reaches go, with an orphan a killed run left
+    assert not any(t.delete_files for t in table.scan().plan_files())
+    replaced = set(_data_files(table))
+    orphan = Path(table.location().removeprefix("file://")) / "data" / "orphan-from-a-killed-run.parquet"
+    orphan.write_bytes(b"PAR1 not referenced by anything")
+    [r3] = ingest(
+        spark,
+        location,
+        catalog,
+        [topic],
+        enabled_topics=False,
+        compact_files_below=64 << 20,
+        expire_snapshots_ms=0,
+        remove_orphans_ms=0,
+    )
+    assert (r3.status, r3.compacted_files) == ("up-to-date", len(replaced)), r3
+    table = catalog.load_table(r1.table)
+    assert len(table.snapshots()) == 1 and len(_data_files(table)) == 1
+    assert iceberg.committed_offsets(table) == {0: len(first) + len(second)}
+    assert not orphan.exists() and r3.removed_files > 1
+    left = _files_under(table)
+    assert not replaced & left  # the small files the compaction replaced are deleted
+    # what is left on disk is exactly what the table references (plus its metadata JSON files)
+    referenced = {p.removeprefix("file://") for p in lakefiles.reachable_files(table)}
+    assert {f for f in left if not f.endswith(".metadata.json")} == referenced
+    assert sorted((r["id"], r["name"], r["addr_city"]) for r in table.scan().to_arrow().to_pylist()) == expected
+    files = _data_files(table)
+    duck = duckdb.sql(f"select id, name, addr_city from read_parquet({files!r}) order by id").fetchall()
+    assert duck == expected
+    polars = pl.scan_iceberg(table).select("id", "name", "addr_city").sort("id").collect().rows()
+    assert polars == expected
+
+
+def _files_under(table) -> set[str]:
+    root = Path(table.location().removeprefix("file://"))
+    return {str(p) for p in root.rglob("*") if p.is_file()}
 
 
 def test_snapshot_expiry_keeps_the_current_snapshot_and_its_offsets(spark, spark_cluster, sh, catalog, location):

@@ -230,8 +230,8 @@ class KafkaConfig(_Section):
     group_share_delivery_count_limit: int = Field(5, ge=2, le=10)  # share groups: deliveries before archiving
     group_share_partition_max_record_locks: int = Field(2_000, ge=100)  # share groups: in-flight records per partition
     offsets_retention_ms: int = 7 * 24 * 3_600_000
-    transactional_id_expiration_ms: int = 7 * 24 * 3_600_000
-    producer_id_expiration_ms: int = 24 * 3_600_000
+    transactional_id_expiration_ms: DurationMs = Field(7 * 24 * 3_600_000, gt=0)
+    producer_id_expiration_ms: DurationMs = Field(24 * 3_600_000, gt=0)
     producer_id_expiration_check_interval_ms: DurationMs = Field(600_000, gt=0)  # how often idle producers go
     offsets_topic_num_partitions: int = Field(8, ge=1)  # partitions of the internal __consumer_offsets topic
     transaction_state_log_num_partitions: int = Field(8, ge=1)  # partitions of the internal __transaction_state topic

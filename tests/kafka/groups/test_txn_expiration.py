@@ -143,3 +143,18 @@ async def test_idle_idempotent_producers_expire_and_stay_expired_on_the_next_own
     assert moved.snapshot_offset == 3  # it started from the final snapshot, not a replay
     assert {e.producer_id for e in moved.producer_state.entries()} == {8, 9}
     assert moved.txns.ongoing == {9: 2}
+
+
+def test_expiration_settings_must_be_positive_durations() -> None:
+    """0 would forget every id right after InitProducerId: refused at start, naming the key."""
+    import pytest
+
+    from automq.broker.config import ConfigError, parse_config
+
+    for key in ("transactional_id_expiration_ms", "producer_id_expiration_ms"):
+        with pytest.raises(ConfigError, match=f"kafka.{key}"):
+            parse_config({"node_id": 1, "object_store_url": "file:///tmp/t", "kafka": {key: 0}})
+    config = parse_config(
+        {"node_id": 1, "object_store_url": "file:///tmp/t", "kafka": {"producer_id_expiration_ms": "90s"}}
+    )
+    assert config.kafka.producer_id_expiration_ms == 90_000

@@ -448,13 +448,19 @@ async def share_fetch(request, ctx: RequestContext):
             for index in forgotten.partitions:
                 session.partitions.pop((info.name, index), None)
                 parts.pop((info.name, index), None)
-    await _persist(to_persist)
+    # the acknowledgements are made durable while the new records are read and acquired; the
+    # answer waits for both
+    persisting = asyncio.ensure_future(_persist(to_persist)) if to_persist else None
 
     if epoch == FINAL_EPOCH:
+        if persisting is not None:
+            await persisting
         _close_session(ctx, session)
         return _respond(ctx, list(parts.values()) + extra, 0, full=True)
     if getattr(request, "is_renew_ack", False):
         # v2: a request that only renews locks fetches nothing
+        if persisting is not None:
+            await persisting
         return _respond(ctx, list(parts.values()) + extra, _lock_of(parts.values()), full=False)
 
     # ---- every partition of the session is fetched
@@ -517,6 +523,13 @@ async def share_fetch(request, ctx: RequestContext):
                 s.remove_waiter(waiter)
         if total_bytes > 0:
             break
+    if persisting is not None:
+        await persisting
+        for part in fetching:
+            if part.acquired and part.share is not None and part.share.fenced:
+                # another leader took the state over meanwhile: these locks mean nothing
+                part.acquired, part.payloads, part.size = [], [], 0
+                part.error = ErrorCode.not_leader_or_follower
     for part in fetching:
         if part.size:
             ctx.broker.metrics.record_fetch(part.topic or "", part.index, part.size)

@@ -10,9 +10,11 @@ import asyncio
 import datetime
 import time
 
+import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kio.schema.errors import ErrorCode
 
+from automq.broker.config import ConfigError, parse_config
 from automq.broker.kafka import codec, producer_recovery, records
 
 FIND_COORDINATOR, INIT_PID, ADD_PARTS, END_TXN, DESCRIBE_TXNS = 10, 22, 24, 26, 65
@@ -147,10 +149,6 @@ async def test_idle_idempotent_producers_expire_and_stay_expired_on_the_next_own
 
 def test_expiration_settings_must_be_positive_durations() -> None:
     """0 would forget every id right after InitProducerId: refused at start, naming the key."""
-    import pytest
-
-    from automq.broker.config import ConfigError, parse_config
-
     for key in ("transactional_id_expiration_ms", "producer_id_expiration_ms"):
         with pytest.raises(ConfigError, match=f"kafka.{key}"):
             parse_config({"node_id": 1, "object_store_url": "file:///tmp/t", "kafka": {key: 0}})

@@ -349,3 +349,67 @@ async def test_txn_offset_commit_outside_the_transaction_is_refused(two_brokers)
     assert r.error_code == ErrorCode.none
     assert await commit(3) == ErrorCode.none
     assert pid in offsets.txns.ongoing
+
+
+async def test_broker_verification_needs_cluster_action_only(two_brokers) -> None:
+    """With an authorizer: AddPartitionsToTxn v4+ is a broker's request, allowed by CLUSTER_ACTION
+    alone (the asking broker checked the producer's own rights); a client principal without it
+    gets CLUSTER_AUTHORIZATION_FAILED, as from Kafka."""
+    from automq.broker.config import KafkaConfig
+    from automq.broker.controller.acls import AclBinding, AclOperation, PatternType, PermissionType, ResourceType
+    from automq.broker.kafka.authorizer import Authorizer
+
+    brokers = two_brokers
+    coordinator, pid, epoch = await coordinated(brokers, "acl-tx")
+    assert await add_partitions(coordinator, "acl-tx", pid, epoch, [("t", 0)]) == {ErrorCode.none}
+    authorizer = Authorizer(KafkaConfig(authorizer_class_name="standard"))
+    authorizer.update(
+        (
+            AclBinding(
+                int(ResourceType.CLUSTER),
+                "kafka-cluster",
+                int(PatternType.LITERAL),
+                "User:broker",
+                "*",
+                int(AclOperation.CLUSTER_ACTION),
+                int(PermissionType.ALLOW),
+            ),
+        )
+    )
+    cls = codec.request_class(ADD_PARTS, 5)
+    txn_cls = codec.nested(cls, "AddPartitionsToTxnTransaction")
+    topic_cls = codec.nested(cls, "AddPartitionsToTxnTopic")
+    request = codec.build(
+        cls,
+        transactions=(
+            codec.build(
+                txn_cls,
+                transactional_id="acl-tx",
+                producer_id=pid,
+                producer_epoch=epoch,
+                verify_only=True,
+                topics=(codec.build(topic_cls, name="t", partitions=(0, 1)),),
+            ),
+        ),
+    )
+    handler = handlers.lookup(ADD_PARTS)
+    assert handler is not None
+    answers = {}
+    coordinator.authorizer = authorizer
+    try:
+        for principal in ("User:broker", "User:client"):
+            ctx = RequestContext(
+                ADD_PARTS, 5, 1, "test-client", "127.0.0.1:5555", codec.response_class(ADD_PARTS, 5), coordinator
+            )
+            ctx.principal = principal
+            answers[principal] = await handler.handler(request, ctx)
+    finally:
+        coordinator.authorizer = None
+    r = answers["User:broker"]
+    assert r.error_code == ErrorCode.none
+    assert {
+        (t.name, p.partition_index): p.partition_error_code
+        for t in r.results_by_transaction[0].topic_results
+        for p in t.results_by_partition
+    } == {("t", 0): ErrorCode.none, ("t", 1): ErrorCode.transaction_abortable}
+    assert answers["User:client"].error_code == ErrorCode.cluster_authorization_failed

@@ -135,6 +135,9 @@ def test_share_consumers_acknowledge_every_record_once_and_a_killed_consumers_re
     cluster = share_cluster
     topic, group = e2e.topic_name("sq"), f"sg-{uuid.uuid4().hex[:8]}"
     e2e.create_topic(cluster.bootstrap, topic, partitions=3)
+    # locks far longer than the test: the killed consumer's records can only come back
+    # through the close of its connections
+    _set_group_config(cluster.bootstrap, group, "share.record.lock.duration.ms", "600000")
     victim = subprocess.Popen(
         [sys.executable, "-c", _VICTIM, cluster.bootstrap, group, topic],
         stdout=subprocess.PIPE,
@@ -180,6 +183,23 @@ def test_share_consumers_acknowledge_every_record_once_and_a_killed_consumers_re
     # it, which ended its share sessions and released what it held before the locks expired
     assert sum(s.redelivered for s in survivors) >= held
     assert _broker_metric(cluster, "kafka_share_records_released_on_close_total") >= held
+
+
+def _set_group_config(bootstrap: str, group: str, name: str, value: str) -> None:
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
+    admin.incremental_alter_configs([resource])[resource].result(30)
+    deadline = time.monotonic() + 30
+    while True:  # every broker applies it once the controller's metadata reaches it
+        described = admin.describe_configs([ConfigResource(ResourceType.GROUP, group)])
+        configs = next(iter(described.values())).result(30)
+        if configs[name].value == value:
+            break
+        assert time.monotonic() < deadline, f"{name}={value} not visible"
+        time.sleep(0.1)
 
 
 def _broker_metric(cluster, name: str) -> float:

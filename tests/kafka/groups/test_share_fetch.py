@@ -484,3 +484,38 @@ async def test_a_long_poll_behind_an_open_transaction_waits_without_blocking_the
         task.cancel()
     assert _acquired(r) == {}
     assert during > 0  # other tasks ran during the long poll
+
+
+async def test_share_fetch_needs_read_on_the_group_and_the_topic(cluster) -> None:
+    from automq.broker.controller import acls as model
+
+    node = await cluster.start_node(1, authorizer_class_name="standard")
+    node.broker.share_partitions._settings = _settings()
+    await node.broker.ensure_topic("q", partitions=1)
+    await _produce(node, "q", 0, 2)
+    # no ACL at all: the group is refused before anything else
+    assert (await _fetch(node, "m", 0, {0: []})).error_code == ErrorCode.group_authorization_failed
+
+    async def grant(rtype: model.ResourceType, name: str) -> None:
+        b = model.AclBinding(
+            int(rtype),
+            name,
+            int(model.PatternType.LITERAL),
+            "User:ANONYMOUS",
+            "*",
+            int(model.AclOperation.READ),
+            int(model.PermissionType.ALLOW),
+        )
+        assert await node.client.create_acls([b]) == [(None, None)]
+        for _ in range(200):
+            if any(a.key() == b.key() for a in node.broker.metadata.acls):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the ACL never reached the broker")
+
+    await grant(model.ResourceType.GROUP, GROUP)
+    r = await _fetch(node, "m", 0, {0: []})
+    assert r.error_code == ErrorCode.none
+    assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.topic_authorization_failed]
+    await grant(model.ResourceType.TOPIC, "q")
+    assert _acquired(await _fetch(node, "m", 0, {0: []})) == {0: [(0, 1, 1)]}

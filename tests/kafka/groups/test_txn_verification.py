@@ -413,3 +413,47 @@ async def test_broker_verification_needs_cluster_action_only(two_brokers) -> Non
         for p in t.results_by_partition
     } == {("t", 0): ErrorCode.none, ("t", 1): ErrorCode.transaction_abortable}
     assert answers["User:client"].error_code == ErrorCode.cluster_authorization_failed
+
+
+async def test_a_hanging_transaction_is_found_and_aborted_as_kafka_tools_do(real_cluster) -> None:
+    """The operator's way out for a transaction no coordinator will end (written with
+    verification off, or by an old broker): `kafka-transactions.sh find-hanging` reads
+    DescribeProducers (an open transaction's start offset), `abort` sends WriteTxnMarkers
+    with that producer's id and epoch to the partition's leader; the last stable offset moves on."""
+    service = await real_cluster.start_broker(1, transaction_partition_verification_enable=False)
+    broker = service.broker
+    await broker.ensure_topic("h", partitions=1)
+    p = await broker.partitions.get_when_open("h", 0, 30)
+    assert (await produce(broker, 9, "nobody", "h", 0, txn_batch(777, 3, 0))).error_code == ErrorCode.none
+    assert p.last_stable_offset == 0 < p.high_watermark  # hanging
+
+    topic_cls = codec.nested(codec.request_class(61, 0), "TopicRequest")
+    r = await call(broker, 61, 0, topics=(codec.build(topic_cls, name="h", partition_indexes=(0,)),))
+    hanging = [
+        (a.producer_id, a.producer_epoch, a.current_txn_start_offset)
+        for a in r.topics[0].partitions[0].active_producers
+        if a.current_txn_start_offset >= 0
+    ]
+    assert hanging == [(777, 3, 0)]
+
+    cls = codec.request_class(27, 1)
+    marker_cls = codec.nested(cls, "WritableTxnMarker")
+    mtopic_cls = codec.nested(cls, "WritableTxnMarkerTopic")
+    r = await call(
+        broker,
+        27,
+        1,
+        markers=(
+            codec.build(
+                marker_cls,
+                producer_id=777,
+                producer_epoch=3,
+                transaction_result=False,
+                topics=(codec.build(mtopic_cls, name="h", partition_indexes=(0,)),),
+                coordinator_epoch=-1,
+            ),
+        ),
+    )
+    assert r.markers[0].topics[0].partitions[0].error_code == ErrorCode.none
+    assert p.last_stable_offset == p.high_watermark
+    assert [a.producer_id for a in p.aborted_transactions(0, p.high_watermark)] == [777]

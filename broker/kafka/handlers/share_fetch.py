@@ -77,13 +77,14 @@ def _manager(ctx: RequestContext) -> SharePartitionManager:
     return manager
 
 
-def _resolve(ctx: RequestContext, topic_id: uuid.UUID | None) -> tuple[str | None, ErrorCode]:
+def _resolve(ctx: RequestContext, topic_id: uuid.UUID | None) -> tuple[str | None, ErrorCode, int]:
+    """(topic name, error, partition count) of a requested topic id."""
     info = ctx.broker.partitions.topic_by_id(str(topic_id)) if topic_id is not None else None
     if info is None:
-        return None, ErrorCode.unknown_topic_id
+        return None, ErrorCode.unknown_topic_id, 0
     if ctx.broker.authorizer is not None and not authz.allowed(ctx, authz.Op.READ, authz.TOPIC, info.name):
-        return info.name, ErrorCode.topic_authorization_failed
-    return info.name, ErrorCode.none
+        return info.name, ErrorCode.topic_authorization_failed, len(info.partitions)
+    return info.name, ErrorCode.none, len(info.partitions)
 
 
 def _check_group(ctx: RequestContext, group_id: str | None, member_id: str | None) -> ErrorCode:
@@ -430,10 +431,14 @@ async def share_fetch(request, ctx: RequestContext):
     extra: list[_Part] = []  # partitions answered once (unknown topic, no authorization)
     to_persist: list[tuple[_Part, SharePartition]] = []
     for t in request.topics:
-        name, terr = _resolve(ctx, t.topic_id)
+        name, terr, count = _resolve(ctx, t.topic_id)
         for p in t.partitions:
-            part = _Part(name, t.topic_id, p.partition_index, error=terr)
-            if terr == ErrorCode.none and epoch != FINAL_EPOCH:
+            error = terr
+            if error == ErrorCode.none and not 0 <= p.partition_index < count:
+                # answered once, never kept in the session (a client cannot grow it at will)
+                error = ErrorCode.unknown_topic_or_partition
+            part = _Part(name, t.topic_id, p.partition_index, error=error)
+            if error == ErrorCode.none and epoch != FINAL_EPOCH:
                 session.partitions[(name, p.partition_index)] = None  # type: ignore[index]
                 parts[(name, p.partition_index)] = part
             else:
@@ -594,7 +599,7 @@ async def share_acknowledge(request, ctx: RequestContext):
     parts: list[_Part] = []
     to_persist: list[tuple[_Part, SharePartition]] = []
     for t in request.topics:
-        name, terr = _resolve(ctx, t.topic_id)
+        name, terr, _count = _resolve(ctx, t.topic_id)
         for p in t.partitions:
             part = _Part(name, t.topic_id, p.partition_index, error=terr)
             parts.append(part)

@@ -218,8 +218,9 @@ async def test_hostile_requests_get_kafkas_codes(cluster) -> None:
     # unknown topic id, unknown partition
     r = await _fetch(node, "m3", 0, {0: []}, topic_id=uuid.uuid4())
     assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.unknown_topic_id]
-    r = await _fetch(node, "m4", 0, {7: []})
-    assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.unknown_topic_or_partition]
+    r = await _fetch(node, "m4", 0, {7: [], -1: [], 1 << 30: []})
+    assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.unknown_topic_or_partition] * 3
+    assert node.broker.share_sessions.get(GROUP, "m4").partitions == {}  # never kept in the session
     # no member id, no group id
     assert (await _fetch(node, "", 0, {0: []})).error_code == ErrorCode.invalid_request
     assert (await _fetch(node, "m5", 0, {0: []}, group="")).error_code == ErrorCode.invalid_group_id

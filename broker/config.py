@@ -166,6 +166,22 @@ class SecurityConfig(_Section):
         '(`... required username="broker" password="...";`), used on a SASL inter-broker listener; re-read '
         "for every new connection",
     )
+    delegation_token_secret_key_file: str | None = Field(
+        None,
+        description="A file holding the key delegation tokens' HMACs are derived from, the same on every broker "
+        "(`delegation.token.secret.key`); unset: delegation tokens are disabled",
+    )
+    delegation_token_max_lifetime_ms: DurationMs = Field(
+        7 * 24 * 3_600_000,
+        gt=0,
+        description="A token cannot be renewed past this age (`delegation.token.max.lifetime.ms`)",
+    )
+    delegation_token_expiry_time_ms: DurationMs = Field(
+        24 * 3_600_000,
+        gt=0,
+        description="A token expires this long after its creation or last renewal unless renewed "
+        "(`delegation.token.expiry.time.ms`)",
+    )
     controller_token_file: str | None = Field(
         None,
         description="A file holding the shared token every controller API call must carry (`Authorization: Bearer`); "

@@ -30,6 +30,7 @@ from automq.broker.controller.acls import AclBinding, AclFilter
 from automq.broker.controller.protocol import (
     CLUSTER_ERRORS_BY_CODE,
     ControllerUnavailableError,
+    DelegationTokenInfo,
     Endpoint,
     MetadataImage,
     ScramCredentialInfo,
@@ -259,6 +260,26 @@ class ControllerClient:
             },
         )
         return {u: ((v[0], v[1]) if v else None) for u, v in data["results"].items()}
+
+    async def create_delegation_token(self, token: DelegationTokenInfo) -> None:
+        await self.call(
+            "delegation_token",
+            {
+                "op": "create",
+                "token_id": token.token_id,
+                "owner": token.owner,
+                "requester": token.requester,
+                "renewers": list(token.renewers),
+                "issue_ms": token.issue_ms,
+                "expiry_ms": token.expiry_ms,
+                "max_ms": token.max_ms,
+            },
+        )
+
+    async def set_delegation_token_expiry(self, token_id: str, expiry_ms: int | None) -> bool:
+        """Renew (new expiry, capped at the token's max) or remove (None); False: unknown token."""
+        data = await self.call("delegation_token", {"op": "expiry", "token_id": token_id, "expiry_ms": expiry_ms})
+        return bool(data["found"])
 
     async def undrain_broker(self, node_id: int) -> None:
         await self.call("undrain_broker", {"node_id": node_id})

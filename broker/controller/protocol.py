@@ -180,6 +180,19 @@ class GroupConfigs:
 
 
 @dataclass(frozen=True, slots=True)
+class DelegationTokenInfo:
+    """A delegation token as brokers need it (no HMAC: derived from the shared secret key)."""
+
+    token_id: str
+    owner: str
+    requester: str
+    renewers: tuple[str, ...]
+    issue_ms: int
+    expiry_ms: int
+    max_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class MetadataImage:
     """A consistent view of the cluster at one metadata version."""
 
@@ -194,6 +207,7 @@ class MetadataImage:
     client_quotas: tuple[ClientQuota, ...] = ()
     scram_credentials: tuple[ScramCredentialInfo, ...] = ()
     group_configs: tuple[GroupConfigs, ...] = ()
+    delegation_tokens: tuple[DelegationTokenInfo, ...] = ()
 
 
 @runtime_checkable

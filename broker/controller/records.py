@@ -366,3 +366,34 @@ class ScramCredentialUpserted(Record):
 class ScramCredentialDeleted(Record):
     user: str
     mechanism: str
+
+
+# --------------------------------------------------------------------------- delegation tokens (issue 15)
+
+
+@_record("delegation_token_created", visible=True)
+@dataclass(frozen=True, slots=True)
+class DelegationTokenCreated(Record):
+    """A delegation token's metadata; its HMAC is never stored (brokers derive it from the
+    shared secret key and the token id, as Kafka's)."""
+
+    token_id: str
+    owner: str  # "User:alice"
+    requester: str
+    renewers: list[str]
+    issue_ms: int
+    expiry_ms: int
+    max_ms: int
+
+
+@_record("delegation_token_renewed", visible=True)
+@dataclass(frozen=True, slots=True)
+class DelegationTokenRenewed(Record):
+    token_id: str
+    expiry_ms: int
+
+
+@_record("delegation_token_removed", visible=True)
+@dataclass(frozen=True, slots=True)
+class DelegationTokenRemoved(Record):
+    token_id: str

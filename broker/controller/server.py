@@ -28,6 +28,7 @@ from automq.broker.controller.acls import AclBinding, AclFilter
 from automq.broker.controller.controller import Controller
 from automq.broker.controller.protocol import (
     ControllerAuthenticationError,
+    DelegationTokenInfo,
     Endpoint,
     InvalidRequestError,
     ScramCredentialInfo,
@@ -529,6 +530,29 @@ async def _alter_scram_credentials(c: Controller, q: AlterScramCredentials) -> d
     upsertions = [ScramCredentialInfo(**u.model_dump()) for u in q.upsertions]
     results = await c.execute(lambda tx: users.alter_scram_credentials(tx, deletions, upsertions))
     return {"results": {u: (list(v) if v else None) for u, v in results.items()}}
+
+
+class DelegationTokenChange(_Req):
+    op: Annotated[str, Field(pattern=r"^(create|expiry)$")]
+    token_id: Name
+    owner: str = ""
+    requester: str = ""
+    renewers: list[str] = Field(default_factory=list, max_length=1_000)
+    issue_ms: int = 0
+    expiry_ms: int | None = None
+    max_ms: int = 0
+
+
+@method("delegation_token", DelegationTokenChange)
+async def _delegation_token(c: Controller, q: DelegationTokenChange) -> dict:
+    if q.op == "create":
+        info = DelegationTokenInfo(
+            q.token_id, q.owner, q.requester, tuple(q.renewers), q.issue_ms, q.expiry_ms or 0, q.max_ms
+        )
+        await c.execute(lambda tx: users.create_delegation_token(tx, info))
+        return {"found": True}
+    found = await c.execute(lambda tx: users.set_delegation_token_expiry(tx, q.token_id, q.expiry_ms))
+    return {"found": found}
 
 
 # --------------------------------------------------------------------------- app

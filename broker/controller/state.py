@@ -20,6 +20,7 @@ from automq.broker.controller import records as r
 from automq.broker.controller.acls import AclBinding
 from automq.broker.controller.protocol import (
     BrokerInfo,
+    DelegationTokenInfo,
     Endpoint,
     GroupConfigs,
     MetadataImage,
@@ -147,6 +148,8 @@ class MetadataState:
         self.group_configs: dict[str, dict[str, str]] = {}
         # SCRAM users: (user, mechanism) -> [salt, iterations, stored_key, server_key] (base64)
         self.scram: dict[tuple[str, str], list[Any]] = {}
+        # delegation tokens: id -> [owner, requester, renewers, issue_ms, expiry_ms, max_ms]
+        self.tokens: dict[str, list[Any]] = {}
 
     # ------------------------------------------------------------------ apply
 
@@ -494,6 +497,10 @@ class MetadataState:
             client_quotas=tuple(ClientQuota(e, dict(v)) for e, v in self.client_quotas.items()),
             group_configs=tuple(GroupConfigs(g, dict(v)) for g, v in sorted(self.group_configs.items())),
             scram_credentials=tuple(ScramCredentialInfo(u, m, *v) for (u, m), v in sorted(self.scram.items())),
+            delegation_tokens=tuple(
+                DelegationTokenInfo(t, o, q, tuple(rs), i, e, m)
+                for t, (o, q, rs, i, e, m) in sorted(self.tokens.items())
+            ),
         )
 
     # ------------------------------------------------------------------ snapshots
@@ -569,6 +576,7 @@ class MetadataState:
             "client_quotas": [[[list(p) for p in e], v] for e, v in self.client_quotas.items()],
             "group_configs": {g: dict(v) for g, v in self.group_configs.items()},
             "scram": [[u, m, *v] for (u, m), v in self.scram.items()],
+            "delegation_tokens": {t: list(v) for t, v in self.tokens.items()},
         }
 
     @classmethod
@@ -623,6 +631,8 @@ class MetadataState:
             st.group_configs[group_id] = dict(values)
         for user, mechanism, *values in data.get("scram", []):  # absent from snapshots before issue 15
             st.scram[(user, mechanism)] = values
+        for token_id, values in data.get("delegation_tokens", {}).items():  # absent before delegation tokens
+            st.tokens[token_id] = list(values)
         return st
 
     # ------------------------------------------------------------------ invariants
@@ -682,7 +692,23 @@ def _scram_credential_deleted(st: MetadataState, rec: r.ScramCredentialDeleted) 
     st.scram.pop((rec.user, rec.mechanism), None)
 
 
+def _token_created(st: MetadataState, rec: r.DelegationTokenCreated) -> None:
+    st.tokens[rec.token_id] = [rec.owner, rec.requester, list(rec.renewers), rec.issue_ms, rec.expiry_ms, rec.max_ms]
+
+
+def _token_renewed(st: MetadataState, rec: r.DelegationTokenRenewed) -> None:
+    if rec.token_id in st.tokens:
+        st.tokens[rec.token_id][4] = rec.expiry_ms
+
+
+def _token_removed(st: MetadataState, rec: r.DelegationTokenRemoved) -> None:
+    st.tokens.pop(rec.token_id, None)
+
+
 _HANDLERS: dict[type[r.Record], Callable[[MetadataState, Any], None]] = {
+    r.DelegationTokenCreated: _token_created,
+    r.DelegationTokenRenewed: _token_renewed,
+    r.DelegationTokenRemoved: _token_removed,
     r.ScramCredentialUpserted: _scram_credential_upserted,
     r.ScramCredentialDeleted: _scram_credential_deleted,
     r.ControllerElected: MetadataState._controller_elected,

@@ -15,6 +15,7 @@ from typing import Any
 from automq.broker.controller.acls import AclBinding
 from automq.broker.controller.protocol import (
     BrokerInfo,
+    DelegationTokenInfo,
     Endpoint,
     GroupConfigs,
     MetadataImage,
@@ -117,4 +118,7 @@ def metadata_image(d: dict) -> MetadataImage:
         ),
         scram_credentials=tuple(ScramCredentialInfo(**c) for c in d.get("scram_credentials", ())),
         group_configs=tuple(GroupConfigs(g["group_id"], dict(g["configs"])) for g in d.get("group_configs", ())),
+        delegation_tokens=tuple(
+            DelegationTokenInfo(**{**t, "renewers": tuple(t["renewers"])}) for t in d.get("delegation_tokens", ())
+        ),
     )

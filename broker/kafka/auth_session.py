@@ -40,6 +40,7 @@ class ConnectionSession:
     # after a SaslHandshake v0 the client sends raw SASL tokens (size-prefixed, no request
     # header) until the mechanism completes; the server answers them the same way
     raw_tokens: bool = False
+    token_authenticated: bool = False  # logged in with a delegation token (may not create or renew tokens)
 
     def finish(self, server: MechanismServer, reauth_ms: int) -> tuple[str | None, int]:
         """The mechanism completed: (error, session lifetime ms). As Kafka: a session ends
@@ -55,6 +56,7 @@ class ConnectionSession:
             lifetime_ms = min(lifetime_ms, max(expiry_ms - int(time.time() * 1000), 1))
         self.principal = principal
         self.authenticated = True
+        self.token_authenticated = bool(getattr(server, "token_authenticated", False))
         self.expires_at = time.monotonic() + lifetime_ms / 1000.0 if lifetime_ms else None
         return None, lifetime_ms
 

@@ -36,6 +36,7 @@ from automq.broker.kafka.transactions.verification import TxnVerifier
 from automq.broker.security.client import inter_broker_listener
 from automq.broker.security.sasl import SaslMechanisms
 from automq.broker.security.scram import ScramCredential
+from automq.broker.security.tokens import DelegationTokens
 from automq.broker.storage.api import StreamClient
 
 log = logging.getLogger(__name__)
@@ -91,10 +92,11 @@ class Broker:
         self.share_sessions = ShareSessionCache()
         self._creating: dict[str, asyncio.Task[TopicInfo | None]] = {}
         self._scram: dict[tuple[str, str], ScramCredential] = {}  # from the metadata image
+        self.tokens = DelegationTokens(config.security)  # delegation tokens of the metadata image
         # SASL mechanisms of the SASL_* listeners (None: no such listener)
         self.sasl: SaslMechanisms | None = None
         if any(lst.security_protocol.startswith("SASL") for lst in config.listeners):
-            self.sasl = SaslMechanisms(config.security, self.scram_credential)
+            self.sasl = SaslMechanisms(config.security, self.scram_credential, self.tokens.scram_login)
         if config.listeners and inter_broker_listener(config) is None:
             log.warning(
                 "every listener needs SASL and security.sasl_inter_broker_jaas_config_file is not set: transaction "
@@ -135,6 +137,8 @@ class Broker:
         if self.authorizer is not None:
             self.authorizer.update(image.acls)
         self.quotas.update(image.client_quotas)
+        if previous is None or previous.delegation_tokens != image.delegation_tokens:
+            self.tokens.update(image.delegation_tokens)
         if previous is None or previous.scram_credentials != image.scram_credentials:
             self._scram = {
                 (c.user, c.mechanism): ScramCredential(

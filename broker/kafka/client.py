@@ -166,7 +166,9 @@ class BrokerConnection:
         if mechanism == "PLAIN":
             last = await step(b"\0" + user.encode() + b"\0" + password.encode())
         else:
-            scram = ScramClient(mechanism, user, password)
+            scram = ScramClient(
+                mechanism, user, password, extensions=(("tokenauth", "true"),) if security.token_auth else ()
+            )
             first = await step(scram.first())
             last = await step(scram.final(first.auth_bytes))
             scram.verify(last.auth_bytes)

@@ -51,6 +51,7 @@ class ClientSecurity:
     ssl_context: Callable[[], ssl.SSLContext] | None = None
     sasl_mechanism: str | None = None
     credentials: Callable[[], tuple[str, str]] | None = None
+    token_auth: bool = False  # SCRAM with a delegation token (user = token id, password = its HMAC, base64)
 
     @property
     def tls(self) -> bool:
@@ -178,10 +179,14 @@ def from_properties(props: dict[str, str], source: str = "--command-config") -> 
         raise ConfigError(
             f"{source}: sasl.mechanism {mechanism} is not supported here (use one of {CLIENT_SASL_MECHANISMS})"
         )
+    token_auth = False
     if "sasl.jaas.config" in props:
         user, password = parse_jaas(props["sasl.jaas.config"], f"{source}: sasl.jaas.config")
+        token_auth = re.search(r'\btokenauth\s*=\s*"?true"?', props["sasl.jaas.config"], re.IGNORECASE) is not None
     elif "sasl.username" in props and "sasl.password" in props:
         user, password = props["sasl.username"], props["sasl.password"]
     else:
         raise ConfigError(f"{source}: SASL needs sasl.jaas.config (or sasl.username and sasl.password)")
-    return ClientSecurity(protocol, context, mechanism, lambda: (user, password))
+    if token_auth and not mechanism.startswith("SCRAM"):
+        raise ConfigError(f"{source}: a delegation token (tokenauth) authenticates with SCRAM-SHA-256 or SCRAM-SHA-512")
+    return ClientSecurity(protocol, context, mechanism, lambda: (user, password), token_auth)

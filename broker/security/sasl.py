@@ -27,6 +27,8 @@ from automq.broker.security.oauthbearer import OAuthBearerServer, TokenValidator
 from automq.broker.security.scram import SaslAuthenticationError, ScramCredential, ScramServer
 
 ScramLookup = Callable[[str, str], ScramCredential | None]  # (user, mechanism) -> credential
+# (token id, mechanism) -> (credential, owner user) of a live delegation token
+TokenLookup = Callable[[str, str], tuple[ScramCredential, str] | None]
 
 
 class MechanismServer(Protocol):
@@ -102,9 +104,12 @@ class PlainServer:
 
 
 class SaslMechanisms:
-    def __init__(self, config: SecurityConfig, scram_lookup: ScramLookup) -> None:
+    def __init__(
+        self, config: SecurityConfig, scram_lookup: ScramLookup, token_lookup: TokenLookup | None = None
+    ) -> None:
         self.enabled = list(config.sasl_enabled_mechanisms)
         self._scram_lookup = scram_lookup
+        self._token_lookup = token_lookup
         self._plain_file = PlainUsersFile(config.sasl_plain_users_file) if config.sasl_plain_users_file else None
         self._validator = TokenValidator(config) if "OAUTHBEARER" in self.enabled else None
 
@@ -125,4 +130,9 @@ class SaslMechanisms:
         if mechanism == "OAUTHBEARER":
             assert self._validator is not None
             return OAuthBearerServer(self._validator)
-        return ScramServer(mechanism, lambda user: self._scram_lookup(user, mechanism))
+        token_lookup = self._token_lookup
+        return ScramServer(
+            mechanism,
+            lambda user: self._scram_lookup(user, mechanism),
+            token_lookup=None if token_lookup is None else (lambda token_id: token_lookup(token_id, mechanism)),
+        )

@@ -91,8 +91,12 @@ class ScramServer:
     None). `step()` takes each client message and returns the server's; `complete` and
     `username` once the proof checked out. Any failure raises SaslAuthenticationError."""
 
-    def __init__(self, mechanism: str, lookup, server_nonce=lambda: secrets.token_urlsafe(24)) -> None:
+    def __init__(
+        self, mechanism: str, lookup, server_nonce=lambda: secrets.token_urlsafe(24), token_lookup=None
+    ) -> None:
         self._server_nonce = server_nonce
+        self._token_lookup = token_lookup  # (token id) -> (credential, owner) for `tokenauth=true`
+        self.token_authenticated = False
         if mechanism not in MECHANISMS:
             raise ValueError(mechanism)
         self.mechanism = mechanism
@@ -133,7 +137,11 @@ class ScramServer:
             raise SaslAuthenticationError("invalid SCRAM client-first message")
         self._gs2 = f"{parts[0]},{parts[1]},"
         bare = parts[2]
-        attrs = _attributes(bare)
+        # Kafka's SCRAM extensions (e.g. tokenauth=true) follow r=, as key=value with longer keys
+        fields = bare.split(",")
+        is_extension = [i >= 2 and f.find("=") > 1 for i, f in enumerate(fields)]
+        extensions = dict(f.split("=", 1) for f, ext in zip(fields, is_extension, strict=True) if ext)
+        attrs = _attributes(",".join(f for f, ext in zip(fields, is_extension, strict=True) if not ext))
         if "n" not in attrs or "r" not in attrs or not attrs["r"]:
             raise SaslAuthenticationError("SCRAM client-first message lacks n= or r=")
         if "m" in attrs:
@@ -142,7 +150,15 @@ class ScramServer:
         authzid = parts[1][2:] if parts[1] else ""
         if authzid and _saslname(authzid) != user:
             raise SaslAuthenticationError("SCRAM authorization id must match the user name")
-        credential = self._lookup(user)
+        if extensions.get("tokenauth", "").lower() == "true":
+            found = self._token_lookup(user) if self._token_lookup is not None else None
+            if found is None:
+                raise self._fail()
+            credential, owner = found
+            self.token_authenticated = True
+            user = owner
+        else:
+            credential = self._lookup(user)
         if credential is None:
             raise self._fail()
         self.username = user
@@ -195,13 +211,23 @@ class ScramClient:
     that does not fit (a foreign nonce, a bad signature, an iteration count Kafka would not
     use) raises SaslAuthenticationError, so a man in the middle cannot pass as the broker."""
 
-    def __init__(self, mechanism: str, username: str, password: str, nonce: str | None = None) -> None:
+    def __init__(
+        self,
+        mechanism: str,
+        username: str,
+        password: str,
+        nonce: str | None = None,
+        extensions: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         if mechanism not in MECHANISMS:
             raise ValueError(mechanism)
         self._hash = MECHANISMS[mechanism]
         self._password = password
         self._nonce = nonce or secrets.token_urlsafe(24)
-        self._first_bare = f"n={_encode_saslname(username)},r={self._nonce}"
+        # extensions (tokenauth=true for a delegation token) follow the nonce, as Kafka's client sends them
+        self._first_bare = f"n={_encode_saslname(username)},r={self._nonce}" + "".join(
+            f",{k}={v}" for k, v in extensions
+        )
         self._server_key = b""
         self._auth_message = b""
 

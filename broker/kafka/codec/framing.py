@@ -64,6 +64,10 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     35: (1, 4),  # DescribeLogDirs
     36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
+    38: (1, 3),  # CreateDelegationToken (v0 is gone in Kafka 4)
+    39: (1, 2),  # RenewDelegationToken
+    40: (1, 2),  # ExpireDelegationToken
+    41: (1, 3),  # DescribeDelegationToken
     42: (0, 2),  # DeleteGroups
     43: (0, 2),  # ElectLeaders
     44: (0, 1),  # IncrementalAlterConfigs

@@ -9,6 +9,7 @@ from automq.broker.kafka.handlers import (  # noqa: F401 - imported for their re
     api_versions,
     cluster_info,  # ElectLeaders, DescribeTopicPartitions, DescribeQuorum, AlterReplicaLogDirs, telemetry
     consumer_groups,  # KIP-848 ConsumerGroupHeartbeat / ConsumerGroupDescribe
+    delegation_tokens,  # Create/Renew/Expire/DescribeDelegationToken
     fetch,
     groups,  # FindCoordinator and the group APIs
     leader_epochs,  # OffsetForLeaderEpoch

@@ -232,3 +232,36 @@ def test_admin_cli_with_command_config(secure_cluster, pki, scram_alice, tmp_pat
     props.write_text("security.protocol=SASL_SSL\n")
     bad = cli("topics", "list", "-b", bootstrap, "--command-config", str(props))
     assert bad.returncode == 2 and "sasl.jaas.config" in bad.stderr, bad.stderr
+
+
+@pytest.fixture(scope="module")
+def reauth_cluster(tmp_path_factory, pki):
+    from conftest import ThreadedCluster, secure_configs
+
+    tmp = tmp_path_factory.mktemp("reauth")
+    controller_cfg, broker_raw = secure_configs(tmp, pki, connections_max_reauth_ms=1000)
+    cluster = ThreadedCluster(controller_cfg, broker_raw).start()
+    yield cluster
+    cluster.stop()
+
+
+def test_client_outlives_a_session_lifetime(reauth_cluster, pki):
+    """KIP-368: the broker gives SASL sessions 1 s and closes a connection that goes on after
+    that without re-authenticating; the client (what carries transaction markers) opens a new,
+    authenticated connection itself before then, so a call after the lifetime still works."""
+    import time
+
+    security = _props(pki, "SASL_PLAINTEXT")
+
+    async def go():
+        conn = BrokerConnection("127.0.0.1", reauth_cluster.port("SASL"), client_id="t", security=security)
+        try:
+            first = await conn.call(_metadata_request())
+            time.sleep(1.5)  # past the session's lifetime (blocking on purpose: nothing else runs here)
+            second = await conn.call(_metadata_request())
+            return first, second
+        finally:
+            await conn.close()
+
+    first, second = asyncio.run(go())
+    assert first.brokers and second.brokers

@@ -67,6 +67,9 @@ def _admin_apps() -> None:
 
     app.add_typer(topics_app, name="topics")
     app.add_typer(groups_app, name="groups")
+    from automq.broker.admin.transactions import transactions_app
+
+    app.add_typer(transactions_app, name="transactions")
 
 
 _admin_apps()

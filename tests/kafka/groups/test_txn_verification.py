@@ -13,8 +13,8 @@ import datetime
 from typing import Any
 
 import pytest
-from kafka.record.default_records import DefaultRecordBatchBuilder
 from kio.schema.errors import ErrorCode
+from txn_requests import call, produce, txn_batch  # tests/support
 
 from automq.broker.kafka import codec, handlers, records
 from automq.broker.kafka.context import RequestContext
@@ -24,49 +24,6 @@ from automq.broker.kafka.producers import ProducerStateError
 PRODUCE, INIT_PID, ADD_PARTS, ADD_OFFSETS, END_TXN, TXN_COMMIT = 0, 22, 24, 25, 26, 28
 TXN_TOPIC = "__transaction_state"
 MINUTE = datetime.timedelta(minutes=1)
-
-
-async def call(broker: Any, api_key: int, version: int, **fields: Any) -> Any:
-    request = codec.build(codec.request_class(api_key, version), **fields)
-    ctx = RequestContext(
-        api_key, version, 1, "test-client", "127.0.0.1:5555", codec.response_class(api_key, version), broker
-    )
-    registration = handlers.lookup(api_key)
-    assert registration is not None
-    return await registration.handler(request, ctx)
-
-
-def txn_batch(pid: int, epoch: int, sequence: int, count: int = 2) -> bytes:
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=True,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=sequence,
-        batch_size=1 << 20,
-    )
-    for i in range(count):
-        builder.append(i, timestamp=1_700_000_000_000 + i, key=b"k", value=b"v", headers=[])
-    return bytes(builder.build())
-
-
-async def produce(broker: Any, version: int, tid: str | None, topic: str, index: int, batch: bytes) -> Any:
-    cls = codec.request_class(PRODUCE, version)
-    topic_cls = codec.nested(cls, "TopicProduceData")
-    part_cls = codec.nested(cls, "PartitionProduceData")
-    r = await call(
-        broker,
-        PRODUCE,
-        version,
-        transactional_id=tid,
-        acks=-1,
-        timeout=datetime.timedelta(seconds=30),
-        topic_data=(
-            codec.build(topic_cls, name=topic, partition_data=(codec.build(part_cls, index=index, records=batch),)),
-        ),
-    )
-    return r.responses[0].partition_responses[0]
 
 
 async def add_partitions(broker: Any, tid: str, pid: int, epoch: int, tps: list[tuple[str, int]]) -> set[ErrorCode]:

@@ -134,6 +134,16 @@ async def _acknowledge(
             part.ack_message = f"acknowledgement batches overlap or are out of order at offset {b.first_offset}"
             return share
         previous_last = b.last_offset
+    # all or nothing for the partition: every batch is checked before any is applied
+    for b in batches:
+        try:
+            share.state.validate(member_id, b.first_offset, b.last_offset, b.acknowledge_types)
+        except InvalidRecordState as exc:
+            part.ack_error, part.ack_message = ErrorCode.invalid_record_state, str(exc)
+            return None
+        except InvalidAcknowledgement as exc:
+            part.ack_error, part.ack_message = ErrorCode.invalid_request, str(exc)
+            return None
     settings = share.settings
     now = _now_ms()
     changed = False

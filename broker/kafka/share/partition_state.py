@@ -199,16 +199,7 @@ class SharePartitionState:
     ) -> None:
         """Apply one AcknowledgementBatch. `types` holds one type for the whole range or one
         per offset. All or nothing: every offset must be ACQUIRED by `member`."""
-        if first < 0 or last < first:
-            raise InvalidAcknowledgement(f"acknowledgement batch {first}..{last} is not a range")
-        if not types or (len(types) != 1 and len(types) != last - first + 1):
-            raise InvalidAcknowledgement(
-                f"acknowledgement batch {first}..{last} has {len(types)} types (1 or one per offset)"
-            )
-        # held first: it bounds the range by what is in flight before any per-offset work
-        self._check_held(member, first, last)
-        if any(t not in ACK_TYPES for t in types):
-            raise InvalidAcknowledgement(f"unknown acknowledge type in {sorted(set(types))}")
+        self.validate(member, first, last, types)
         if len(types) == 1:
             runs = [(first, last, types[0])]
         else:
@@ -221,6 +212,20 @@ class SharePartitionState:
         for a, b, t in runs:
             self._apply(a, b, t, delivery_limit, now_ms + lock_ms)
         self._advance()
+
+    def validate(self, member: str, first: int, last: int, types: Sequence[int]) -> None:
+        """Raise what `acknowledge` would, changing nothing (a request's batches for one
+        partition are checked together before any is applied, as Kafka does)."""
+        if first < 0 or last < first:
+            raise InvalidAcknowledgement(f"acknowledgement batch {first}..{last} is not a range")
+        if not types or (len(types) != 1 and len(types) != last - first + 1):
+            raise InvalidAcknowledgement(
+                f"acknowledgement batch {first}..{last} has {len(types)} types (1 or one per offset)"
+            )
+        # held first: it bounds the range by what is in flight before any per-offset work
+        self._check_held(member, first, last)
+        if any(t not in ACK_TYPES for t in types):
+            raise InvalidAcknowledgement(f"unknown acknowledge type in {sorted(set(types))}")
 
     def release_member(self, member: str, delivery_limit: int) -> int:
         """Release every record `member` holds (its share session closed or it left the

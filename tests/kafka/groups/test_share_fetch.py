@@ -520,3 +520,14 @@ async def test_share_fetch_needs_read_on_the_group_and_the_topic(cluster) -> Non
     assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.topic_authorization_failed]
     await grant(model.ResourceType.TOPIC, "q")
     assert _acquired(await _fetch(node, "m", 0, {0: []})) == {0: [(0, 1, 1)]}
+
+
+async def test_one_bad_acknowledgement_batch_refuses_the_partitions_others(cluster) -> None:
+    node = await _node(cluster)
+    await _produce(node, "q", 0, 6)
+    assert _acquired(await _fetch(node, "m", 0, {0: []})) == {0: [(0, 5, 1)]}
+    r = await _fetch(node, "m", 1, {0: [(0, 1, [ACCEPT]), (2, 3, [REJECT]), (4, 9, [ACCEPT])]})
+    assert _ack_errors(r) == {0: ErrorCode.invalid_record_state}  # 6..9 were never delivered
+    share = await node.broker.share_partitions.get(GROUP, "q", 0)
+    assert share.state.start_offset == 0 and share.state.count(1) == 6  # all six still acquired by m
+    assert _ack_errors(await _fetch(node, "m", 2, {0: [(0, 5, [ACCEPT])]})) == {0: ErrorCode.none}

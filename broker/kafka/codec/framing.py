@@ -93,6 +93,7 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     77: (1, 1),  # ShareGroupDescribe (KIP-932)
     78: (1, 2),  # ShareFetch (KIP-932; v0 was Kafka 4.0's early access)
     79: (1, 2),  # ShareAcknowledge (KIP-932)
+    83: (0, 0),  # InitializeShareGroupState (KIP-932, inter-broker)
     85: (1, 1),  # WriteShareGroupState (KIP-932, inter-broker: a start-offset reset on the leader)
     86: (0, 0),  # DeleteShareGroupState (KIP-932, inter-broker)
     87: (1, 1),  # ReadShareGroupStateSummary (KIP-932, inter-broker)

@@ -225,6 +225,7 @@ class GroupCoordinator:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._share_listeners: list[Callable[[str, str], None]] = []
         self.share_state = ShareStateRouter(broker)
+        self._share_inits: dict[str, asyncio.Task[None]] = {}
         self.metrics = _GroupMetrics(self)
         registry = getattr(broker, "registry", None)
         if registry is not None:
@@ -644,7 +645,46 @@ class GroupCoordinator:
                 return ShareHeartbeatResult(ErrorCode.not_coordinator, "the group's state could not be written")
             self._wakeup.set()  # new deadlines (sessions)
         self._tell_share_listeners()
+        if fx.writes and result.error == ErrorCode.none:
+            self._initialize_share_partitions(request.group_id)
         return result
+
+    def _initialize_share_partitions(self, group_id: str) -> None:
+        """Have the leaders create the group's state on partitions newly in its target assignment
+        (Kafka's InitializeShareGroupState), in the background: with share.auto.offset.reset=latest
+        a member then gets what was produced after the assignment, even before its first fetch."""
+        if group_id in self._share_inits or not self.manager.share_uninitialized(group_id):
+            return
+        task = asyncio.get_running_loop().create_task(self._share_init(group_id))
+        self._share_inits[group_id] = task
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if self._share_inits.get(group_id) is t:
+                del self._share_inits[group_id]
+
+        task.add_done_callback(done)
+
+    async def _share_init(self, group_id: str) -> None:
+        try:
+            for _ in range(3):  # partitions that entered the target while this ran come next
+                pending = sorted(self.manager.share_uninitialized(group_id), key=lambda tp: (str(tp[0]), tp[1]))
+                names = {meta.topic_id: name for name, meta in self.topic_view().items()}
+                pending = [(t, p) for t, p in pending if t in names]
+                if not pending or self._closing:
+                    return
+                results = await asyncio.gather(
+                    *(self.share_state.initialize(group_id, names[t], p) for t, p in pending)
+                )
+                done = [tp for tp, error in zip(pending, results, strict=True) if error == ErrorCode.none]
+                if not done:
+                    return  # leaders unavailable: the next change of the group tries again
+                fx = self.manager.share_mark_initialized(group_id, done, now_ms())
+                if fx.writes:
+                    await self.write(fx.writes)
+        except Exception:
+            log.exception("initializing share-partitions of group %r failed", group_id)
 
     def share_member(self, group_id: str, member_id: str) -> bool | None:
         """For the partition side: whether `member_id` is in share group `group_id`, or None when

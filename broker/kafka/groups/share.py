@@ -39,6 +39,7 @@ from automq.broker.kafka.groups.consumer import (
     _parts_from_json,
     _parts_json,
     flatten,
+    nest,
 )
 
 JOIN_EPOCH = 0
@@ -109,6 +110,10 @@ class ShareGroupData:
     target: dict[str, Partitions] = field(default_factory=dict)  # member id -> target assignment
     # the subscribed topics' (name, id, partitions) the target was computed from
     topics_signature: tuple[tuple[str, str, int], ...] = ()
+    # share-partitions whose state the partition leaders were asked to create (Kafka's
+    # InitializeShareGroupState): done when a partition first enters the target assignment, so
+    # share.auto.offset.reset=latest counts from the assignment, not from the first fetch
+    initialized: set[tuple[uuid.UUID, int]] = field(default_factory=set)
     # every member's subscribed topic names together; None after a membership or subscription
     # change (not persisted: a steady heartbeat must not walk every member)
     subscribed: frozenset[str] | None = field(default=None, compare=False, repr=False)
@@ -133,6 +138,7 @@ class ShareGroupData:
                 "members": [m.to_json() for m in self.members.values()],
                 "target": {mid: _parts_json(parts) for mid, parts in self.target.items()},
                 "signature": [list(s) for s in self.topics_signature],
+                "init": _parts_json(nest(self.initialized)),
             },
             separators=(",", ":"),
         ).encode()
@@ -148,7 +154,15 @@ class ShareGroupData:
             data.members[member.member_id] = member
         data.target = {mid: _parts_from_json(p) for mid, p in doc.get("target", {}).items()}
         data.topics_signature = tuple((str(n), str(i), int(c)) for n, i, c in doc.get("signature", ()))
+        data.initialized = set(flatten(_parts_from_json(doc.get("init", {}))))
         return data
+
+    def uninitialized(self) -> set[tuple[uuid.UUID, int]]:
+        """Share-partitions in the target assignment whose state was not created yet."""
+        wanted: set[tuple[uuid.UUID, int]] = set()
+        for parts in self.target.values():
+            wanted |= flatten(parts)
+        return wanted - self.initialized
 
 
 # ---------------------------------------------------------------- the assignor

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+INITIALIZE_SHARE_GROUP_STATE = 83
 WRITE_SHARE_GROUP_STATE = 85
 DELETE_SHARE_GROUP_STATE = 86
 READ_SHARE_GROUP_STATE_SUMMARY = 87
@@ -87,6 +88,10 @@ async def local_summary(broker: Broker, group_id: str, topic: str, index: int) -
         done = sum(last - first + 1 for first, last, st, _count in snapshot.ranges if st in (ACKNOWLEDGED, ARCHIVED))
     lag = max(0, partition.high_watermark - start - done)
     return StateSummary(start, partition.leader_epoch, done, acquired, lag)
+
+
+async def local_initialize(broker: Broker, group_id: str, topic: str, index: int) -> None:
+    await broker.share_partitions.initialize(group_id, topic, index)
 
 
 async def local_reset(broker: Broker, group_id: str, topic: str, index: int, start_offset: int) -> None:
@@ -192,6 +197,27 @@ class ShareStateRouter:
         except (KafkaClientError, ValueError):
             return -1
         return int(p.offset) if p.error_code == ErrorCode.none else -1
+
+    async def initialize(self, group_id: str, topic: str, index: int) -> ErrorCode:
+        """Have the leader create the group's state on the partition (start offset from the
+        group's share.auto.offset.reset) unless it exists."""
+        found = self._leader(topic, index)
+        if isinstance(found, ErrorCode):
+            return found
+        leader, topic_id = found
+        if leader == self.broker.node_id:
+            try:
+                await local_initialize(self.broker, group_id, topic, index)
+                return ErrorCode.none
+            except Exception as exc:
+                return self._failed("initializing", group_id, topic, index, exc)
+        cls = codec.request_class(INITIALIZE_SHARE_GROUP_STATE, 0)
+        partition = codec.nested(cls, "PartitionData")(partition=index, state_epoch=0, start_offset=-1)
+        request = cls(
+            group_id=group_id,
+            topics=(codec.nested(cls, "InitializeStateData")(topic_id=topic_id, partitions=(partition,)),),
+        )
+        return await self._simple(leader, request, "initializing", group_id, topic, index)
 
     async def reset(self, group_id: str, topic: str, index: int, start_offset: int) -> ErrorCode:
         found = self._leader(topic, index)

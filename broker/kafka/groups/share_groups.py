@@ -9,6 +9,7 @@ existing classic or consumer group never turns into a share group; DeleteGroups 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -188,6 +189,29 @@ class ShareGroups:
             group.protocol_type = "share"
             self._share_changed(group, now_ms, fx)
         return group, fx
+
+    def share_uninitialized(self, group_id: str) -> set[tuple[uuid.UUID, int]]:
+        group = self.groups.get(group_id)
+        if group is None or group.share is None:
+            return set()
+        return group.share.uninitialized()
+
+    def share_mark_initialized(
+        self, group_id: str, pairs: Iterable[tuple[uuid.UUID, int]], now_ms: int, *, initialized: bool = True
+    ) -> Effects:
+        """Record that share-partitions' state was created (or, `initialized=False`, deleted)."""
+        fx = Effects()
+        group = self.groups.get(group_id)
+        if group is None or group.share is None:
+            return fx
+        before = set(group.share.initialized)
+        if initialized:
+            group.share.initialized |= set(pairs)
+        else:
+            group.share.initialized -= set(pairs)
+        if group.share.initialized != before:
+            fx.writes.append(self.share_record(group))
+        return fx
 
     def share_assignment(self, group_id: str) -> dict[str, Partitions]:
         group = self.groups.get(group_id)

@@ -56,7 +56,7 @@ def lookup(api_key: int) -> Registration | None:
 # KIP-932 share groups' APIs (ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch,
 # ShareAcknowledge, the inter-broker share-state APIs, Describe/Alter/DeleteShareGroupOffsets):
 # neither advertised nor served when kafka.group_share_enable is false (Kafka: share.version=0).
-SHARE_GROUP_APIS = frozenset({76, 77, 78, 79, 85, 86, 87, 90, 91, 92})
+SHARE_GROUP_APIS = frozenset({76, 77, 78, 79, 83, 85, 86, 87, 90, 91, 92})
 
 
 def served_ranges(config: Any = None) -> dict[int, tuple[int, int]]:

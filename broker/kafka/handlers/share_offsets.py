@@ -102,6 +102,13 @@ async def describe_share_group_offsets(request: Any, ctx: RequestContext) -> Any
     return build(cls, throttle_time=ZERO_THROTTLE, groups=tuple(out))
 
 
+async def _record_initialized(coordinator: Any, group_id: str, pairs: list[tuple[Any, int]], initialized: bool) -> None:
+    if pairs:
+        fx = coordinator.manager.share_mark_initialized(group_id, pairs, now_ms(), initialized=initialized)
+        if fx.writes:
+            await coordinator.write(fx.writes)
+
+
 def _not_empty(group: Group) -> tuple[ErrorCode, str] | None:
     if group.share is not None and group.share.members:
         return ErrorCode.non_empty_group, f"The group {group.group_id} has members; stop them first."
@@ -123,7 +130,9 @@ async def alter_share_group_offsets(request: Any, ctx: RequestContext) -> Any:
     busy = _not_empty(found)
     if busy is not None:
         return failed(*busy)
-    router = _coordinator(ctx).share_state
+    coordinator = _coordinator(ctx)
+    router = coordinator.share_state
+    reset: list[tuple[Any, int]] = []
     responses = []
     for t in request.topics:
         info = _topic(ctx, t.topic_name)
@@ -139,9 +148,12 @@ async def alter_share_group_offsets(request: Any, ctx: RequestContext) -> Any:
                 error, message = ErrorCode.invalid_request, f"Start offset {p.start_offset} is invalid."
             else:
                 error = await router.reset(request.group_id, t.topic_name, index, int(p.start_offset))
+                if error == ErrorCode.none:
+                    reset.append((topic_uuid(info.topic_id), index))
             parts.append(build(part_cls, partition_index=index, error_code=error, error_message=message))
         topic_id = topic_uuid(info.topic_id) if info is not None else None
         responses.append(build(topic_cls, topic_name=t.topic_name, topic_id=topic_id, partitions=tuple(parts)))
+    await _record_initialized(coordinator, request.group_id, reset, True)
     return build(
         cls, throttle_time=ZERO_THROTTLE, error_code=ErrorCode.none, error_message=None, responses=tuple(responses)
     )
@@ -161,8 +173,10 @@ async def delete_share_group_offsets(request: Any, ctx: RequestContext) -> Any:
     busy = _not_empty(found)
     if busy is not None:
         return failed(*busy)
-    router = _coordinator(ctx).share_state
+    coordinator = _coordinator(ctx)
+    router = coordinator.share_state
     with_state = await router.partitions_with_state(request.group_id)
+    deleted: list[tuple[Any, int]] = []
     responses = []
     for t in request.topics:
         info = _topic(ctx, t.topic_name)
@@ -177,10 +191,13 @@ async def delete_share_group_offsets(request: Any, ctx: RequestContext) -> Any:
                 if result != ErrorCode.none:
                     error, message = result, f"Partition {index}: {result.name.upper()}"
                     break
+                deleted.append((topic_uuid(info.topic_id), index))
         topic_id = topic_uuid(info.topic_id) if info is not None else None
         responses.append(
             build(topic_cls, topic_name=t.topic_name, topic_id=topic_id, error_code=error, error_message=message)
         )
+    # deleted state is created again (share.auto.offset.reset) when the partition is next assigned
+    await _record_initialized(coordinator, request.group_id, deleted, False)
     return build(
         cls, throttle_time=ZERO_THROTTLE, error_code=ErrorCode.none, error_message=None, responses=tuple(responses)
     )

@@ -2,7 +2,8 @@
 coordinator on another broker (groups/share_admin.py): ReadShareGroupStateSummary (the
 share-partition start offset and how many records above it are done), WriteShareGroupState
 (accepted only without state batches: a reset of the start offset, what
-AlterShareGroupOffsets needs) and DeleteShareGroupState. Brokers only: CLUSTER_ACTION when an
+AlterShareGroupOffsets needs), InitializeShareGroupState (accepted only with start offset -1:
+the leader starts where the group's share.auto.offset.reset says) and DeleteShareGroupState. Brokers only: CLUSTER_ACTION when an
 authorizer runs, as for WriteTxnMarkers."""
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from automq.broker.kafka.codec import build, nested
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.groups.share_admin import (
     DELETE_SHARE_GROUP_STATE,
+    INITIALIZE_SHARE_GROUP_STATE,
     READ_SHARE_GROUP_STATE_SUMMARY,
     WRITE_SHARE_GROUP_STATE,
     error_of,
     local_delete,
+    local_initialize,
     local_reset,
     local_summary,
 )
@@ -120,6 +123,19 @@ async def write_share_group_state(request: Any, ctx: RequestContext) -> Any:
         return None
 
     return await _per_partition(request, ctx, "WriteStateResult", apply)
+
+
+@handles(INITIALIZE_SHARE_GROUP_STATE)
+async def initialize_share_group_state(request: Any, ctx: RequestContext) -> Any:
+    async def apply(topic: str, p: Any) -> tuple[ErrorCode, str] | None:
+        if p.start_offset >= 0:
+            # the leader picks the start from the group's share.auto.offset.reset; an explicit
+            # start is AlterShareGroupOffsets' job (WriteShareGroupState)
+            return ErrorCode.invalid_request, "Only start offset -1 (share.auto.offset.reset) is accepted."
+        await local_initialize(ctx.broker, request.group_id, topic, int(p.partition))
+        return None
+
+    return await _per_partition(request, ctx, "InitializeStateResult", apply)
 
 
 @handles(DELETE_SHARE_GROUP_STATE)

@@ -505,3 +505,43 @@ async def test_share_groups_turned_off_are_neither_advertised_nor_served(real_cl
         call, port, ApiVersionsRequest(client_software_name="t", client_software_version="1")
     )
     assert again.error_code == ErrorCode.none  # still serving
+
+
+async def test_assigned_partitions_are_initialized_before_the_first_fetch(real_cluster) -> None:
+    """With share.auto.offset.reset=latest (the default), the state of a partition is created
+    when it is first assigned (the coordinator asks each leader, the other broker's through
+    InitializeShareGroupState), so records produced after the assignment but before any fetch
+    are the group's to consume; deleted offsets are initialized again on the next assignment."""
+    b1 = await real_cluster.start_broker(1, offsets_topic_num_partitions=1)
+    b2 = await real_cluster.start_broker(2, offsets_topic_num_partitions=1)
+    await b1.broker.ensure_topic(TOPIC, partitions=4)
+    bootstrap = f"{b1.bootstrap},{b2.bootstrap}"
+    await asyncio.to_thread(produce, bootstrap, TOPIC, 5, 4)  # before the group: not the group's
+    group = "sg-init"
+    ports = {1: b1.kafka_ports["PLAINTEXT"], 2: b2.kafka_ports["PLAINTEXT"]}
+    port = await asyncio.to_thread(coordinator_port, ports, group)
+    member = str(uuid.uuid4())
+    r = await asyncio.to_thread(retrying, lambda: heartbeat(port, group, member, 0, (TOPIC,)))
+    assert r.error_code == ErrorCode.none, r
+    store = b1.broker.share_partitions.store
+
+    async def initialized(n: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(await store.streams_of_group(group)) != n:
+            assert time.monotonic() < deadline, await store.streams_of_group(group)
+            await asyncio.sleep(0.1)
+
+    await initialized(4)  # no ShareFetch was sent: the coordinator did it
+    await asyncio.to_thread(produce, bootstrap, TOPIC, 3, 4, 20)
+    g = await asyncio.to_thread(describe_offsets, port, group, None)
+    assert offsets_of(g) == {(TOPIC, p): (5, 3, ErrorCode.none) for p in range(4)}
+
+    # state deleted while the group is empty comes back when the partitions are assigned again
+    assert (await asyncio.to_thread(heartbeat, port, group, member, -1)).error_code == ErrorCode.none
+    assert (await asyncio.to_thread(delete_offsets, port, group, [TOPIC])).error_code == ErrorCode.none
+    await initialized(0)
+    r = await asyncio.to_thread(heartbeat, port, group, member, 0, (TOPIC,))
+    assert r.error_code == ErrorCode.none, r
+    await initialized(4)
+    g = await asyncio.to_thread(describe_offsets, port, group, None)
+    assert offsets_of(g) == {(TOPIC, p): (8, 0, ErrorCode.none) for p in range(4)}

@@ -315,3 +315,21 @@ def test_share_group_apis_are_not_served_when_turned_off() -> None:
     assert on[76] == (1, 1) and on[77] == (1, 1)
     assert 76 not in off and 77 not in off
     assert set(on) - set(off) <= registry.SHARE_GROUP_APIS
+
+
+def test_initialized_partitions_are_tracked_and_survive_a_reload() -> None:
+    c = Cluster()
+    c.join("a", ("orders", "audit"))
+    assert c.m.share_uninitialized("q") == {(T1, p) for p in range(6)} | {(T2, 0), (T2, 1)}
+    fx = c.m.share_mark_initialized("q", [(T1, p) for p in range(6)], c.now)
+    c.writes.extend((w.key, w.value) for w in fx.writes)
+    assert c.m.share_uninitialized("q") == {(T2, 0), (T2, 1)}
+    assert c.m.share_mark_initialized("q", [(T1, 0)], c.now).writes == []  # nothing new: nothing written
+    fresh = GroupManager(GroupConfig(), 1)
+    fresh.topic_view = lambda: c.topics
+    fresh.load(0, [(decode_key(k), v) for k, v in c.writes], c.now)
+    assert fresh.share_uninitialized("q") == {(T2, 0), (T2, 1)}
+    # offsets deleted: those partitions are initialized again when next assigned
+    fresh.share_mark_initialized("q", [(T1, 0), (T1, 1)], c.now, initialized=False)
+    assert fresh.share_uninitialized("q") == {(T1, 0), (T1, 1), (T2, 0), (T2, 1)}
+    assert fresh.share_uninitialized("unknown") == set()

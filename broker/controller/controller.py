@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from automq.broker.config import ControllerConfig
-from automq.broker.controller import commands
+from automq.broker.controller import commands, users
 from automq.broker.controller import records as r
 from automq.broker.controller.commands import Tx
 from automq.broker.controller.log import LogConflictError, LogCorruptError, MetadataLog
@@ -583,6 +583,7 @@ class Controller:
         """One GC round: expire prepared ids, then delete objects marked for deletion longer
         than the retention ago, and record that they are gone. Returns how many were deleted."""
         await self.execute(commands.expire_prepared)
+        await self.execute(users.remove_expired_delegation_tokens)
         ids = await self.read(lambda st: commands.deletable_objects(st, wall_ms(), self.gc_retention_ms))
         if not ids:
             return 0

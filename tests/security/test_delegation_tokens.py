@@ -203,6 +203,20 @@ def test_tokens_survive_a_snapshot_and_leave_no_secret_in_metadata():
     assert "hmac" not in json.dumps(snapshot).lower()
 
 
+def test_expired_tokens_leave_the_metadata():
+    from automq.broker.controller import records as r
+    from automq.broker.controller import users
+    from automq.broker.controller.commands import Tx
+    from automq.broker.controller.state import MetadataState
+
+    st = MetadataState()
+    st.apply(r.DelegationTokenCreated("old", "User:a", "User:a", [], 1, 100, 1000))
+    st.apply(r.DelegationTokenCreated("live", "User:a", "User:a", [], 1, 10_000, 20_000))
+    emitted: list = []
+    assert users.remove_expired_delegation_tokens(Tx(st, 5_000, emitted)) == 1
+    assert emitted == [r.DelegationTokenRemoved("old")]
+
+
 def test_client_properties_for_a_token():
     from automq.broker.config import ConfigError
     from automq.broker.security.client import from_properties

@@ -378,8 +378,22 @@ class SharePartitionManager:
         shares = [s for s in self._shares.values() if s.partition.topic == topic and s.partition.partition == partition]
         for share in shares:
             self._shares.pop(share.key, None)
-        if shares:
-            await asyncio.gather(*(s.close() for s in shares))
+        if not shares:
+            return
+        info = self._broker.partitions.topic(topic)
+        if info is None or all(p.stream_id != shares[0].partition.stream.stream_id for p in info.partitions):
+            # the topic was deleted (its stream with it): its share state goes too
+            for share in shares:
+                share.fenced = True  # no final write
+                await share.close()
+                try:
+                    await self.store.delete(share.group_id, share.partition.stream.stream_id)
+                except Exception as exc:
+                    log.warning(
+                        "deleting share state of %s on deleted %s-%d failed: %s", share.group_id, topic, partition, exc
+                    )
+            return
+        await asyncio.gather(*(s.close() for s in shares))
 
     async def close(self) -> None:
         if self._sweeper is not None:

@@ -531,3 +531,19 @@ async def test_one_bad_acknowledgement_batch_refuses_the_partitions_others(clust
     share = await node.broker.share_partitions.get(GROUP, "q", 0)
     assert share.state.start_offset == 0 and share.state.count(1) == 6  # all six still acquired by m
     assert _ack_errors(await _fetch(node, "m", 2, {0: [(0, 5, [ACCEPT])]})) == {0: ErrorCode.none}
+
+
+async def test_deleting_a_topic_deletes_the_share_state_loaded_for_it(cluster) -> None:
+    node = await _node(cluster)
+    await _produce(node, "q", 0, 2)
+    assert _acquired(await _fetch(node, "m", 0, {0: []})) == {0: [(0, 1, 1)]}
+    store = node.broker.share_partitions.store
+    stream_id = node.broker.partitions.get("q", 0).stream.stream_id
+    assert await store.load(GROUP, stream_id) is not None
+    await node.client.delete_topic("q")
+    for _ in range(200):
+        if node.broker.share_partitions.shares() == [] and await store.load(GROUP, stream_id) is None:
+            break
+        await asyncio.sleep(0.05)
+    assert node.broker.share_partitions.shares() == []
+    assert await store.load(GROUP, stream_id) is None

@@ -10,7 +10,9 @@ over the Kafka protocol (any broker of this project or of Kafka answers the same
   with it turned off, or by an older one.
 * `abort`: writes an ABORT marker for one producer in one partition (WriteTxnMarkers to the
   leader, which requires CLUSTER_ACTION when an authorizer runs), the producer found by the
-  transaction's start offset (as `find-hanging` prints it) or given by id and epoch.
+  transaction's start offset (as `find-hanging` prints it) or given by id and epoch. Unlike
+  Kafka's tool it refuses, without --force, a transaction its coordinator still owns: aborting
+  one partition of a live transaction would break its atomicity.
 """
 
 from __future__ import annotations
@@ -246,6 +248,9 @@ def transactions_abort(
     producer_id: int | None = typer.Option(None, "--producer-id", help="Instead of --start-offset."),
     producer_epoch: int | None = typer.Option(None, "--producer-epoch", help="With --producer-id."),
     coordinator_epoch: int = typer.Option(-1, "--coordinator-epoch", help="With --producer-id."),
+    force: bool = typer.Option(
+        False, "--force", help="Abort even a transaction its coordinator still owns (breaks its atomicity)."
+    ),
     bootstrap: str | None = BOOTSTRAP,
     command_config: Path | None = COMMAND_CONFIG,
     data_dir: Path = DATA_DIR,
@@ -269,6 +274,13 @@ def transactions_abort(
 
             raise KafkaAdminError(f"no transaction starting at offset {start_offset} is open in {topic}-{partition}")
         o = match[0]
+        if not o.hanging and not force:
+            from automq.broker.balancer.kafka_admin import KafkaAdminError
+
+            raise KafkaAdminError(
+                f"the transaction of {o.transactional_id!r} is live at its coordinator (not hanging): it will be "
+                "committed or aborted there; --force aborts it in this partition anyway"
+            )
         await abort_transaction(admin, topic, partition, o.producer_id, o.producer_epoch, o.coordinator_epoch)
         return o
 

@@ -60,6 +60,10 @@ async def test_find_and_abort_a_hanging_transaction(real_cluster) -> None:
     )
     assert code == 1 and "no transaction starting at offset 5" in out
     code, out = await asyncio.to_thread(
+        cli, "transactions", "abort", *b, "--topic", "h", "--partition", "0", "--start-offset", "2"
+    )
+    assert code == 1 and "live at its coordinator" in out  # the live one is not aborted by mistake
+    code, out = await asyncio.to_thread(
         cli, "transactions", "abort", *b, "--topic", "h", "--partition", "0", "--start-offset", "0"
     )
     assert code == 0, out

@@ -41,6 +41,7 @@ from automq.operator.spec import (
     AutoMQClusterSpec,
     Resources,
     Scheduling,
+    broker_principal,
     inter_broker_listener,
     nest_overrides,
 )
@@ -154,6 +155,14 @@ TLS_DIR = "/etc/automq-tls"
 TOKEN_DIR = "/etc/automq-token"
 
 
+BROKER_CREDENTIALS_DIR = "/etc/automq-broker-credentials"
+INTER_BROKER_JAAS = "inter-broker.jaas"
+
+
+def broker_credentials_secret_name(ref: ClusterRef) -> str:
+    return f"{ref.name}-broker-credentials"
+
+
 def broker_certs_secret_name(ref: ClusterRef) -> str:
     return f"{ref.name}-broker-certs"
 
@@ -256,8 +265,19 @@ def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeCon
         raw["listeners"] = [listener.model_dump() for listener in listeners]
         inter = inter_broker_listener(spec.listeners)
         inter_name = inter.name if inter else REPLICATION_LISTENER
-        if inter_name != listeners[0].name:  # the first listener is the broker's default
+        # Named unless it is the first listener and PLAINTEXT (the broker's own default), so
+        # clusters that predate spec.listeners keep a byte-identical config.
+        if not (inter_name == listeners[0].name and listeners[0].security_protocol == "PLAINTEXT"):
             raw["kafka"] = {"inter_broker_listener_name": inter_name}
+        mechanism = inter.sasl_mechanism() if inter is not None else None
+        if mechanism is not None:
+            # The brokers' own SCRAM user (automq.operator.security keeps its credential);
+            # PLAIN listeners check passwords against SCRAM credentials too.
+            raw["security"] = {
+                **raw.get("security", {}),
+                "sasl_mechanism_inter_broker_protocol": mechanism,
+                "sasl_inter_broker_jaas_config_file": f"{BROKER_CREDENTIALS_DIR}/{INTER_BROKER_JAAS}",
+            }
         if spec.needs_tls():
             client_certs = [lst.client_certificates() for lst in spec.listeners if lst.tls]
             raw["tls"] = {
@@ -282,7 +302,16 @@ def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeCon
         # On Kubernetes the active controller holds a Lease (CLUSTER_RULES grants exactly that).
         raw["controller"] = {"leadership": "lease", "lease_name": lease_name(ref), "lease_namespace": ref.namespace}
     overrides = nest_overrides({**spec.config, **role_spec.config})
-    return NodeConfig.model_validate(_deep_merge(raw, overrides))
+    merged = _deep_merge(raw, overrides)
+    principal = broker_principal(ref.name, inter_broker_listener(spec.listeners)) if role == "broker" else None
+    if principal is not None:
+        # Brokers act on each other's partitions (WriteTxnMarkers needs CLUSTER_ACTION): with an
+        # authorizer on, their own principal is a super user, whatever else spec.config names.
+        kafka = merged.setdefault("kafka", {})
+        names = [n for n in str(kafka.get("super_users") or "").split(";") if n.strip()]
+        if principal not in names:
+            kafka["super_users"] = ";".join([*names, principal])
+    return NodeConfig.model_validate(merged)
 
 
 def config_map(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any]:
@@ -571,6 +600,10 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
     if role == "broker" and spec.needs_tls():
         secret_volumes.append(_secret_volume("tls", broker_certs_secret_name(ref)))
         volume_mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+    inter = inter_broker_listener(spec.listeners)
+    if role == "broker" and inter is not None and inter.sasl_mechanism() is not None:
+        secret_volumes.append(_secret_volume("broker-credentials", broker_credentials_secret_name(ref)))
+        volume_mounts.append({"name": "broker-credentials", "mountPath": BROKER_CREDENTIALS_DIR, "readOnly": True})
     if spec.controller_token():
         secret_volumes.append(_secret_volume("controller-token", controller_token_secret_name(ref)))
         volume_mounts.append({"name": "controller-token", "mountPath": TOKEN_DIR, "readOnly": True})

@@ -4,7 +4,8 @@ Two policies, one per role, each allowing only what the role serves:
 
     demo-broker      Kafka listeners: from `kafkaFrom` peers (everyone when absent; clients
                      authenticate on the listener); REPLICATION (broker-to-broker, no
-                     credentials): from this cluster's brokers only; HTTP port (/metrics,
+                     credentials, only rendered when every internal listener is OAUTHBEARER):
+                     from this cluster's brokers only; HTTP port (/metrics,
                      /healthz, /readyz): from `metricsFrom` peers (everyone when absent) and from
                      the operator (the balancer and autoscaler read broker metrics).
     demo-controller  controller API: from this cluster's brokers and controllers, its Spark job

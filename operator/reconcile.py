@@ -196,6 +196,7 @@ async def security_material(c: Cluster) -> None:
     if c.spec.controller_token():
         await security.ensure_controller_token(c.api, c.ref)
         c.controller_api_factory = await security.authenticated(c.controller_api_factory, c.api, c.spec, c.ref)
+    await security.ensure_broker_credentials(c.api, c.spec, c.ref)  # before the broker pods mount it
     if c.spec.needs_tls() and c.spec.security.certificates.issuer == "operator":
         now = dt.datetime.now(dt.UTC)
         for note in await security.ensure_certificates(c.api, c.spec, c.ref, now):
@@ -210,6 +211,22 @@ async def security_material(c: Cluster) -> None:
         name = network_policies.policy_name(c.ref, role)
         if name not in names and await c.api.get("NetworkPolicy", c.ref.namespace, name) is not None:
             await c.api.delete("NetworkPolicy", c.ref.namespace, name)
+
+
+async def broker_credentials(c: Cluster) -> None:
+    """The brokers' own SCRAM user (broker-to-broker calls on a SASL listener) in the cluster's
+    metadata, once a controller is up; the cluster is not Ready before it is there."""
+    password = await security.ensure_broker_credentials(c.api, c.spec, c.ref)
+    if password is None:
+        return
+    controllers = c.status.get("controllers")
+    if controllers is None or controllers.ready == 0:
+        c.progress.append(Note("BrokerCredentials", "waiting for a controller to store the brokers' SCRAM credential"))
+        return
+    try:
+        await security.store_broker_credential(c.controller_api(), c.spec, password)
+    except ControllerApiError as exc:
+        c.progress.append(Note("BrokerCredentials", f"the brokers' SCRAM credential is not stored yet: {exc}"))
 
 
 async def config_map(c: Cluster) -> None:
@@ -738,6 +755,7 @@ STEPS: tuple[tuple[str, Step], ...] = (
     ("brokerStatefulSet", broker_statefulset),
     ("rollingUpdate", rolling_update),
     ("podsReady", pods_ready),
+    ("brokerCredentials", broker_credentials),
     ("sparkJobsStatus", spark_jobs_status),
 )
 

@@ -31,10 +31,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from automq.broker.security.controller_auth import ControllerClientAuth, TokenFile
+from automq.broker.security.scram import make_credential, password_matches
 from automq.operator import builders, certificates
 from automq.operator.builders import ClusterRef
 from automq.operator.certificates import KeyPair
-from automq.operator.spec import SECURITY_DEFAULTS_ANNOTATION, AutoMQClusterSpec
+from automq.operator.spec import (
+    BROKER_USER,
+    SECURITY_DEFAULTS_ANNOTATION,
+    AutoMQClusterSpec,
+    inter_broker_listener,
+)
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +192,53 @@ async def ensure_controller_token(api: Any, ref: ClusterRef) -> str:
         await _write_secret(api, ref, name, {TOKEN_KEY: token.encode()}, live)
         log.info("controller token of %s/%s written to Secret %s", ref.namespace, ref.name, name)
     return token
+
+
+async def ensure_broker_credentials(api: Any, spec: AutoMQClusterSpec, ref: ClusterRef) -> str | None:
+    """The brokers' own SCRAM password (in `<cluster>-broker-credentials`, with the JAAS line
+    the brokers read), when they call each other on a SASL listener; None otherwise."""
+    inter = inter_broker_listener(spec.listeners)
+    if inter is None or inter.sasl_mechanism() is None:
+        return None
+    name = builders.broker_credentials_secret_name(ref)
+    live = await api.get("Secret", ref.namespace, name)
+    data = (live or {}).get("data") or {}
+    password = _unb64(data, "password").decode(errors="replace")
+    if not password:
+        password = random_secrets.token_urlsafe(24)
+    module = "plain.PlainLoginModule" if inter.sasl_mechanism() == "PLAIN" else "scram.ScramLoginModule"
+    jaas = f'org.apache.kafka.common.security.{module} required username="{BROKER_USER}" password="{password}";'
+    await _write_secret(
+        api, ref, name, {"password": password.encode(), builders.INTER_BROKER_JAAS: jaas.encode()}, live
+    )
+    return password
+
+
+def broker_scram_mechanism(spec: AutoMQClusterSpec) -> str | None:
+    """The mechanism of the brokers' stored SCRAM credential (PLAIN listeners check passwords
+    against any stored SCRAM credential: SCRAM-SHA-512 then)."""
+    inter = inter_broker_listener(spec.listeners)
+    mechanism = inter.sasl_mechanism() if inter is not None else None
+    if mechanism is None:
+        return None
+    return "SCRAM-SHA-512" if mechanism == "PLAIN" else mechanism
+
+
+async def store_broker_credential(controller: Any, spec: AutoMQClusterSpec, password: str) -> bool:
+    """Put the brokers' SCRAM credential in the cluster's metadata if it is not there (or no
+    longer matches the password); True when it was already in place."""
+    from automq.operator.users import _credential, _info
+
+    mechanism = broker_scram_mechanism(spec)
+    if mechanism is None:
+        return True
+    image = await controller.metadata()
+    held = [c for c in image.scram_credentials if c.user == BROKER_USER and c.mechanism == mechanism]
+    if held and password_matches(_credential(held[0]), password):
+        return True
+    await controller.alter_scram([], [_info(BROKER_USER, make_credential(mechanism, password))])
+    log.info("brokers' SCRAM credential (%s, %s) stored", BROKER_USER, mechanism)
+    return False
 
 
 class _FixedToken(TokenFile):

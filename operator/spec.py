@@ -49,7 +49,7 @@ DEFAULT_IMAGE = "ghcr.io/automq-py/automq:0.1.0"  # placeholder registry until i
 KAFKA_PORT = 9092
 CONTROLLER_PORT = 9093
 BROKER_HTTP_PORT = 9094
-REPLICATION_LISTENER = "REPLICATION"  # broker-to-broker calls when no client listener is PLAINTEXT
+REPLICATION_LISTENER = "REPLICATION"  # broker-to-broker calls when no internal listener can carry them
 REPLICATION_PORT = 9091
 # On the AutoMQCluster: "secure" or "legacy", which defaults apply to a spec that names no
 # listener (see automq.operator.security_spec); written once by the operator, then sticky.
@@ -897,7 +897,7 @@ class AutoMQClusterSpec(_Model):
         if inter_broker_listener(value) is None and (REPLICATION_LISTENER in names or REPLICATION_PORT in ports):
             raise ValueError(
                 f"listener name {REPLICATION_LISTENER} and port {REPLICATION_PORT} are the brokers' own "
-                "(broker-to-broker calls) when no internal listener is PLAINTEXT"
+                "(broker-to-broker calls) when only OAUTHBEARER listeners are internal"
             )
         return value
 
@@ -1086,9 +1086,35 @@ def explain_validation_error(exc: ValidationError, prefix: str = "spec") -> str:
 
 
 def inter_broker_listener(listeners: list[ListenerSpec]) -> ListenerSpec | None:
-    """The client listener brokers also use to call each other (transaction markers): the first
-    internal PLAINTEXT one; None when there is none and the operator adds REPLICATION."""
-    return next((lst for lst in listeners if lst.type == "internal" and lst.security_protocol() == "PLAINTEXT"), None)
+    """The internal listener brokers also use to call each other (transaction markers), by
+    preference: PLAINTEXT (what the listener allows anyway), client certificates (the broker
+    presents its own), SCRAM or PLAIN (the brokers' own SCRAM user), TLS without authentication.
+    None when only OAUTHBEARER listeners are internal: the operator then adds REPLICATION."""
+    internal = [lst for lst in listeners if lst.type == "internal"]
+    for wanted in (
+        lambda lst: lst.security_protocol() == "PLAINTEXT",
+        lambda lst: lst.client_certificates(),
+        lambda lst: lst.sasl_mechanism() in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"),
+        lambda lst: lst.security_protocol() == "SSL",
+    ):
+        found = next((lst for lst in internal if wanted(lst)), None)
+        if found is not None:
+            return found
+    return None
+
+
+BROKER_USER = "__automq-broker"  # the brokers' SCRAM user (no AutoMQUser can have this name)
+
+
+def broker_principal(name: str, listener: ListenerSpec | None) -> str | None:
+    """The principal brokers have when calling each other on `listener` (None: anonymous)."""
+    if listener is None or listener.security_protocol() == "PLAINTEXT":
+        return None
+    if listener.client_certificates():
+        return f"User:CN={name}-broker,O=automq-cluster"  # the broker certificate's subject
+    if listener.sasl_mechanism() is not None:
+        return f"User:{BROKER_USER}"
+    return None
 
 
 def parse_spec(raw: dict[str, Any], *, legacy: bool = False) -> AutoMQClusterSpec:

@@ -22,7 +22,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from cryptography import x509
 from kubelet_harness import KubeletHarness, s3_cluster_spec
 
@@ -210,3 +211,67 @@ def test_tls_user_gets_a_client_certificate_whose_principal_the_acls_name(tmp_pa
         anon.produce("orders", value=b"x", on_delivery=lambda err, msg: anonymous.append(str(err)))
         anon.flush(30)
         assert len(anonymous) == 1 and "AUTHORIZATION_FAILED" in anonymous[0], anonymous
+
+
+def test_transactions_across_brokers_with_broker_to_broker_authentication(tmp_path: Path, s3_url: str) -> None:
+    """Secure defaults with two brokers and an ACL authorizer: transaction markers to the other
+    broker go over the SASL_SSL listener as the brokers' own SCRAM user (stored by the operator,
+    a super user), so a transaction spanning both brokers commits."""
+    spec = s3_cluster_spec(
+        s3_url,
+        brokers=2,
+        config={
+            "kafka.authorizer_class_name": "standard",
+            "kafka.super_users": "User:alice",
+            # The harness advertises loopback IPs, which the certificate does not name (pods are
+            # reached by their DNS names, which it does: tests/operator/test_security.py).
+            "tls.endpoint_identification_algorithm": "",
+        },
+    )
+    del spec["listeners"], spec["security"]
+    with KubeletHarness(tmp_path) as k8s:
+        k8s.create_cluster("txn", spec)
+        k8s.wait_ready("txn", brokers=2)
+        broker_yaml = k8s.get("ConfigMap", "txn-config")["data"]["broker.yaml"]
+        assert "inter_broker_listener_name: INTERNAL" in broker_yaml and "9091" not in broker_yaml
+        k8s.create_user("alice", {"cluster": "txn", "authentication": {"type": "scram-sha-512"}})
+        password = k8s.wait_for("alice's Secret", lambda: _secret(k8s, "alice").get("password"))
+        ca = tmp_path / "ca.crt"
+        ca.write_text(_secret(k8s, "txn-cluster-ca-cert")["ca.crt"])
+        bootstrap = k8s.bootstrap("txn", port=9092)
+        client = _client(bootstrap, ca, "alice", password)
+
+        admin = AdminClient(client)
+        admin.create_topics([NewTopic("ledger", 2, 1)])["ledger"].result(30)
+        leaders = k8s.wait_for(
+            "both partitions led",
+            lambda: (
+                (
+                    len(
+                        {p.leader for p in admin.list_topics("ledger", timeout=10).topics["ledger"].partitions.values()}
+                        - {-1}
+                    )
+                    == 2
+                )
+                and {
+                    p.id: p.leader for p in admin.list_topics("ledger", timeout=10).topics["ledger"].partitions.values()
+                }
+            ),
+        )
+        assert set(leaders.values()) == {0, 1}, leaders  # one partition on each broker
+
+        producer = Producer({**client, "transactional.id": "ledger-writer"})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for partition in (0, 1):
+            producer.produce("ledger", value=f"entry-{partition}".encode(), partition=partition)
+        producer.commit_transaction(60)  # answered once both partitions hold the COMMIT marker
+
+        consumer = Consumer({**client, "group.id": "auditors", "isolation.level": "read_committed"})
+        consumer.assign([TopicPartition("ledger", p, 0) for p in (0, 1)])
+        got: list[bytes] = []
+        k8s.wait_for("committed entries", lambda: _poll(consumer, got) >= 2, timeout=60)
+        consumer.close()
+        assert sorted(got) == [b"entry-0", b"entry-1"]
+        stored = k8s.get("Secret", "txn-broker-credentials")
+        assert stored is not None and "inter-broker.jaas" in stored["data"]

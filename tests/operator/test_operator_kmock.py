@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import kmock
@@ -48,6 +49,7 @@ class Log:
         self.entries: list[tuple] = []
         self.held: set[int] = set()  # brokers whose drain does not finish until released
         self.controller_down = False  # every controller call fails
+        self.scram: list[Any] = []  # SCRAM credentials stored through the controller API
         self._lock = threading.Lock()
 
     def add(self, *entry: Any) -> None:
@@ -81,6 +83,16 @@ class RecordingControllerApi:
         if self.log.controller_down:
             raise ControllerApiError(f"unregister of broker {node_id} failed: controller unreachable")
         self.log.add("unregister", node_id)
+
+    # The brokers' own SCRAM credential (secure defaults: broker-to-broker calls authenticate).
+    async def metadata(self) -> Any:
+        if self.log.controller_down:
+            raise ControllerApiError("cannot read cluster metadata: controller unreachable")
+        return SimpleNamespace(scram_credentials=list(self.log.scram))
+
+    async def alter_scram(self, deletions: list[Any], upsertions: list[Any]) -> None:
+        self.log.scram = [c for c in self.log.scram if c.user not in {u.user for u in upsertions}] + upsertions
+        self.log.add("scram", [u.user for u in upsertions])
 
     async def close(self) -> None:
         pass
@@ -349,6 +361,8 @@ def test_create_builds_every_object_with_owner_references(k8s: Harness) -> None:
     k8s.wait_for("ClusterReady event", lambda: any(e["reason"] == "ClusterReady" for e in k8s.events("demo")))
     # Nothing was drained or restarted while creating.
     assert [e for e in k8s.log.snapshot() if e[0] in ("drain", "deleted")] == []
+    # Secure defaults: the brokers' own SCRAM user was stored once a controller was Ready.
+    assert [e for e in k8s.log.snapshot() if e[0] == "scram"] == [("scram", ["__automq-broker"])]
 
 
 def test_config_change_rolls_brokers_one_at_a_time_then_controllers(k8s: Harness) -> None:

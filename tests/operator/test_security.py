@@ -48,11 +48,13 @@ def broker_config(spec: Any) -> NodeConfig:
 def test_a_new_cluster_is_secure_by_default() -> None:
     spec = spec_with()
     config = broker_config(spec)
-    assert [(lst.name, lst.port, lst.security_protocol) for lst in config.listeners] == [
-        ("INTERNAL", 9092, "SASL_SSL"),
-        ("REPLICATION", 9091, "PLAINTEXT"),
-    ]
-    assert config.kafka.inter_broker_listener_name == "REPLICATION"
+    assert [(lst.name, lst.port, lst.security_protocol) for lst in config.listeners] == [("INTERNAL", 9092, "SASL_SSL")]
+    # Brokers call each other on INTERNAL as their own SCRAM user, a super user (WriteTxnMarkers
+    # needs CLUSTER_ACTION once an authorizer is on); no unauthenticated port anywhere.
+    assert config.kafka.inter_broker_listener_name == "INTERNAL"
+    assert config.security.sasl_mechanism_inter_broker_protocol == "SCRAM-SHA-512"
+    assert config.security.sasl_inter_broker_jaas_config_file == "/etc/automq-broker-credentials/inter-broker.jaas"
+    assert config.kafka.super_users == "User:__automq-broker"
     assert config.security.sasl_enabled_mechanisms == ["SCRAM-SHA-512"]
     assert config.tls.cert_file == "/etc/automq-tls/tls.crt" and config.tls.client_auth == "none"
     assert config.security.controller_token_file == "/etc/automq-token/token"
@@ -60,7 +62,35 @@ def test_a_new_cluster_is_secure_by_default() -> None:
     # The bootstrap Service fronts the client listener only; REPLICATION is on the headless one.
     bootstrap, headless, _ = builders.services(spec, REF)[:3]
     assert [p["port"] for p in bootstrap["spec"]["ports"]] == [9092]
-    assert [p["port"] for p in headless["spec"]["ports"]] == [9092, 9091, 9094]
+    assert [p["port"] for p in headless["spec"]["ports"]] == [9092, 9094]
+
+
+def test_broker_to_broker_listener_and_credentials() -> None:
+    from automq.operator.spec import inter_broker_listener
+
+    def inter(*listeners: dict[str, Any]) -> str | None:
+        found = inter_broker_listener(spec_with(listeners=list(listeners)).listeners)
+        return found.name if found else None
+
+    scram = {"name": "S", "port": 9092, "tls": True, "authentication": {"type": "scram-sha-256"}}
+    mtls = {"name": "M", "port": 9093, "tls": True, "authentication": {"type": "tls"}}
+    plain = {"name": "P", "port": 9095}
+    assert inter(scram, mtls, plain) == "P" and inter(scram, mtls) == "M" and inter(scram) == "S"
+    # A SCRAM-SHA-256 listener: the brokers' stored credential is SCRAM-SHA-256 too.
+    spec = spec_with(listeners=[scram])
+    assert security.broker_scram_mechanism(spec) == "SCRAM-SHA-256"
+    kube = FakeKube()
+    password = asyncio.run(security.ensure_broker_credentials(kube, spec, REF))
+    assert password and asyncio.run(security.ensure_broker_credentials(kube, spec, REF)) == password  # kept
+    jaas = _data(kube, "demo-broker-credentials")["inter-broker.jaas"].decode()
+    assert jaas == (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="__automq-broker" password="{password}";'
+    )
+    # spec.config's super users are kept; the brokers' principal is added.
+    config = broker_config(spec_with(listeners=[scram], config={"kafka.super_users": "User:admin"}))
+    assert config.kafka.super_users == "User:admin;User:__automq-broker"
+    assert asyncio.run(security.ensure_broker_credentials(FakeKube(), spec_with(listeners=[mtls]), REF)) is None
 
 
 def test_a_legacy_cluster_keeps_plaintext_and_its_config_is_unchanged() -> None:
@@ -181,7 +211,10 @@ def test_valid_listeners_pass_cel() -> None:
     [
         ({"listeners": [{"name": "E", "port": 9095, "type": "nodeport", "nodePortBase": 31000}]}, "type internal"),
         (
-            {"listeners": [{"name": "IN", "port": 9091, "tls": True, "authentication": {"type": "scram-sha-512"}}]},
+            {
+                "listeners": [{"name": "IN", "port": 9091, "tls": True, "authentication": {"type": "oauthbearer"}}],
+                "config": {"security.sasl_oauthbearer_allow_unsecured": "true"},
+            },
             "REPLICATION",
         ),
         (
@@ -253,8 +286,11 @@ def test_mixed_listeners_render_protocols_services_and_addresses() -> None:
         "MTLS": "SSL",
         "EXTERNAL": "SASL_SSL",
         "CLOUD": "SASL_SSL",
-        "REPLICATION": "PLAINTEXT",
     }
+    # Client certificates win for broker-to-broker calls: the broker presents its own.
+    assert config.kafka.inter_broker_listener_name == "MTLS"
+    assert config.security.sasl_inter_broker_jaas_config_file is None
+    assert config.kafka.super_users == "User:CN=demo-broker,O=automq-cluster"
     # One TLS context serves every listener: certificates requested, not required (SASL clients have none).
     assert config.tls.client_auth == "requested"
     assert config.security.sasl_enabled_mechanisms == ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -294,7 +330,6 @@ def test_mixed_listeners_render_protocols_services_and_addresses() -> None:
         "MTLS": ("demo-broker-1.demo-brokers.kafka.svc", 9093),
         "EXTERNAL": ("10.0.0.7", 31001),
         "CLOUD": ("kafka-1.example.com", 9096),
-        "REPLICATION": ("demo-broker-1.demo-brokers.kafka.svc", 9091),
     }
     names = security.broker_dns_names(spec, REF)
     assert {
@@ -315,6 +350,7 @@ def test_every_rendered_object_is_valid_kubernetes() -> None:
     pod = builders.pod_template(spec_with(), REF, "broker")["spec"]
     assert {v["name"]: v.get("secret", {}).get("secretName") for v in pod["volumes"] if "secret" in v} == {
         "tls": "demo-broker-certs",
+        "broker-credentials": "demo-broker-credentials",
         "controller-token": "demo-controller-token",
     }
     controller = builders.pod_template(spec_with(), REF, "controller")["spec"]
@@ -334,7 +370,14 @@ def test_network_policies_let_in_only_what_each_port_serves() -> None:
         }
     }
     assert rules[9092] is None and rules[9095] is None  # clients authenticate on the listener
-    assert rules[9091] == [brokers]  # REPLICATION has no credentials: brokers only
+    assert 9091 not in rules  # no REPLICATION listener: brokers authenticate on MTLS
+    oauth_only = spec_with(
+        listeners=[{"name": "IN", "port": 9092, "tls": True, "authentication": {"type": "oauthbearer"}}],
+        config={"security.sasl_oauthbearer_allow_unsecured": "true"},
+    )
+    [oauth_broker, _] = network_policies.network_policies(oauth_only, REF)
+    oauth_rules = {r["ports"][0]["port"]: r.get("from") for r in oauth_broker["spec"]["ingress"]}
+    assert oauth_rules[9091] == [brokers]  # REPLICATION (no credentials): brokers only
     assert rules[9094][0] == MIXED["security"]["networkPolicies"]["metricsFrom"][0]
     assert rules[9094][1]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     api_peers = controller["spec"]["ingress"][0]["from"]

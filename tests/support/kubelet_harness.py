@@ -752,7 +752,13 @@ class KubeletHarness:
         if wal.get("kind") == "volume":
             wal["path"] = _under_mounts(str(Path(raw["data_dir"]) / wal.get("path", "wal")), mounts)
         raw["data_dir"] = _under_mounts(raw["data_dir"], mounts)
-        mounted = (("tls", "cert_file"), ("tls", "key_file"), ("tls", "ca_file"), ("security", "controller_token_file"))
+        mounted = (
+            ("tls", "cert_file"),
+            ("tls", "key_file"),
+            ("tls", "ca_file"),
+            ("security", "controller_token_file"),
+            ("security", "sasl_inter_broker_jaas_config_file"),
+        )
         for section, key in mounted:
             if (raw.get(section) or {}).get(key):
                 raw[section][key] = _under_mounts(raw[section][key], mounts)

@@ -265,3 +265,34 @@ def test_client_outlives_a_session_lifetime(reauth_cluster, pki):
 
     first, second = asyncio.run(go())
     assert first.brokers and second.brokers
+
+
+def test_rebalance_cli_with_command_config(secure_cluster, pki, scram_alice, tmp_path):
+    """`automq rebalance` (the balancer's client) over SASL_SSL with --command-config: it reads
+    the cluster, measures load and proposes (one broker: nothing to move)."""
+    import json
+
+    props = tmp_path / "rebalance.properties"
+    props.write_text(
+        f"security.protocol=SASL_SSL\nsasl.mechanism=PLAIN\nsasl.username=alice\nsasl.password={USERS['alice']}\n"
+        f"ssl.ca.location={pki.ca.path}\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "automq.broker.cli", "rebalance", "-b", secure_cluster.bootstrap("SASL_TLS")]
+        + ["--command-config", str(props), "--dry-run", "--interval", "0.5", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["status"] == "proposal" and report["proposal"]["moves"] == []
+    # without it: the SASL_SSL port gives nothing, and the report says so
+    bare = subprocess.run(
+        [sys.executable, "-m", "automq.broker.cli", "rebalance", "-b", secure_cluster.bootstrap("SASL_TLS")]
+        + ["--dry-run", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bare.returncode == 2 and json.loads(bare.stdout)["status"] == "unreachable", bare.stdout + bare.stderr

@@ -277,9 +277,9 @@ def test_rebalance_cli_with_command_config(secure_cluster, pki, scram_alice, tmp
         f"security.protocol=SASL_SSL\nsasl.mechanism=PLAIN\nsasl.username=alice\nsasl.password={USERS['alice']}\n"
         f"ssl.ca.location={pki.ca.path}\n"
     )
+    cli = [sys.executable, "-m", "automq.broker.cli", "rebalance", "-b", secure_cluster.bootstrap("SASL_TLS")]
     run = subprocess.run(
-        [sys.executable, "-m", "automq.broker.cli", "rebalance", "-b", secure_cluster.bootstrap("SASL_TLS")]
-        + ["--command-config", str(props), "--dry-run", "--interval", "0.5", "-o", "json"],
+        [*cli, "--command-config", str(props), "--dry-run", "--interval", "0.5", "-o", "json"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -289,8 +289,7 @@ def test_rebalance_cli_with_command_config(secure_cluster, pki, scram_alice, tmp
     assert report["status"] == "proposal" and report["proposal"]["moves"] == []
     # without it: the SASL_SSL port gives nothing, and the report says so
     bare = subprocess.run(
-        [sys.executable, "-m", "automq.broker.cli", "rebalance", "-b", secure_cluster.bootstrap("SASL_TLS")]
-        + ["--dry-run", "-o", "json"],
+        [*cli, "--dry-run", "-o", "json"],
         capture_output=True,
         text=True,
         timeout=120,

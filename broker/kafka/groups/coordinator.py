@@ -320,6 +320,8 @@ class GroupCoordinator:
                 self._partitions[index] = partition
                 self._records_since_checkpoint[index] = len(records)
                 log.info("coordinating %s-%d: %d records replayed", OFFSETS_TOPIC, index, len(records))
+                for g in [g for g in self.manager.groups.values() if g.partition == index and g.share is not None]:
+                    self._initialize_share_partitions(g.group_id)  # what the previous coordinator left undone
                 return
         finally:
             if self._loads.get(index) is asyncio.current_task():

@@ -295,3 +295,75 @@ def test_rebalance_cli_with_command_config(secure_cluster, pki, scram_alice, tmp
         timeout=120,
     )
     assert bare.returncode == 2 and json.loads(bare.stdout)["status"] == "unreachable", bare.stdout + bare.stderr
+
+
+@pytest.fixture(scope="module")
+def authorizing_cluster(tmp_path_factory, pki):
+    from conftest import ThreadedCluster, secure_configs
+
+    tmp = tmp_path_factory.mktemp("inter-broker-acl")
+    controller_cfg, broker_raw = secure_configs(tmp, pki)
+    broker_raw["kafka"].update({"authorizer_class_name": "standard", "super_users": "User:alice"})
+    cluster = ThreadedCluster(controller_cfg, broker_raw).start()
+    yield cluster
+    cluster.stop()
+
+
+def test_inter_broker_principal_authorized_by_a_cluster_acl(authorizing_cluster, pki):
+    """A broker's WriteTxnMarkers, sent as a principal that is no super user (bob), is refused
+    with CLUSTER_AUTHORIZATION_FAILED until bob holds CLUSTER_ACTION on the cluster (Kafka's
+    rule; `local up --secure` makes the brokers' principal a super user instead)."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    from automq.broker.kafka import codec
+
+    request_cls = codec.request_class(27, 1)
+    marker = codec.nested(request_cls, "WritableTxnMarker")
+    topic = codec.nested(request_cls, "WritableTxnMarkerTopic")
+    request = request_cls(
+        markers=(
+            marker(
+                producer_id=123,
+                producer_epoch=0,
+                transaction_result=True,
+                topics=(topic(name="no-such-topic", partition_indexes=(0,)),),
+                coordinator_epoch=0,
+            ),
+        )
+    )
+    bob = _props(pki, "SASL_PLAINTEXT", user="bob")
+
+    def marker_error() -> ErrorCode:
+        response = _call(authorizing_cluster, "SASL", bob, request)
+        return response.markers[0].topics[0].partitions[0].error_code
+
+    assert marker_error() == ErrorCode.cluster_authorization_failed
+    admin = AdminClient(
+        {
+            "bootstrap.servers": authorizing_cluster.bootstrap("SASL"),
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "alice",
+            "sasl.password": USERS["alice"],
+        }
+    )
+    acl = AclBinding(
+        ResourceType.BROKER,
+        "kafka-cluster",
+        ResourcePatternType.LITERAL,
+        "User:bob",
+        "*",
+        AclOperation.CLUSTER_ACTION,
+        AclPermissionType.ALLOW,
+    )
+    for future in admin.create_acls([acl]).values():
+        future.result(30)
+    # allowed now: the marker reaches the partition check (no such topic here)
+    assert marker_error() == ErrorCode.unknown_topic_or_partition

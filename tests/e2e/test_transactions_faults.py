@@ -10,7 +10,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from automq.broker.kafka.groups.state import partition_for
 
@@ -30,6 +30,37 @@ def _leader(bootstrap: str, topic: str, partition: int) -> int:
 
     md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
     return md.topics[topic].partitions[partition].leader
+
+
+def _settled(bootstrap: str, topic: str, partitions: int, timeout: float = 120.0) -> None:
+    """Wait until no transaction is open in the topic (the last stable offset, what
+    read_committed ListOffsets answers, is the high watermark in every partition). EndTxn
+    answers after at most 5 s even if a partition's leader is still down; the coordinator
+    writes that partition's marker once it is back, and a read before then would stop at
+    the held-back last stable offset and see the transaction in some partitions only."""
+    readers = {
+        level: Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": f"w-{uuid.uuid4().hex[:8]}", "isolation.level": level}
+        )
+        for level in ("read_committed", "read_uncommitted")
+    }
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            ends = {
+                level: [
+                    c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)[1]
+                    for p in range(partitions)
+                ]
+                for level, c in readers.items()
+            }
+            if ends["read_committed"] == ends["read_uncommitted"]:
+                return
+            assert time.monotonic() < deadline, f"a transaction stays open in {topic}: {ends}"
+            time.sleep(0.2)
+    finally:
+        for c in readers.values():
+            c.close()
 
 
 def _read_committed(bootstrap: str, topic: str, partitions: int, timeout: float = 120.0) -> list[bytes]:
@@ -186,6 +217,7 @@ def _kill_mid_transaction(cluster, e2e, choose_victim, client: str = "confluent"
             outcome = f"aborted ({exc!r})"
         print(f"{client}: victim broker-{victim} (coordinator {coordinator}): the transaction {outcome}")
         cluster.wait_restarted(f"broker-{victim}", pid)
+        _settled(cluster.bootstrap, topic, 4)
         seen = _read_committed(cluster.bootstrap, topic, 4)
         inside = sorted(v for v in seen if v.startswith(b"txn-"))
         if outcome == "committed":
@@ -197,6 +229,7 @@ def _kill_mid_transaction(cluster, e2e, choose_victim, client: str = "confluent"
         producer.begin()
         producer.send(topic, 1, b"after")
         producer.commit()
+        _settled(cluster.bootstrap, topic, 4)
         assert b"after" in _read_committed(cluster.bootstrap, topic, 4)
     finally:
         producer.close()

@@ -91,6 +91,9 @@ class TransactionCoordinator:
         self._completing: dict[str, asyncio.Task[None]] = {}
         self._marked: dict[str, asyncio.Future[None]] = {}  # resolved once a completion's markers are written
         self._records: dict[int, int] = {}  # records appended per partition since its last checkpoint
+        # the newest state of an id whose record is being written (None: its tombstone): a
+        # checkpoint must rewrite that, not the older state still current until it is durable
+        self._pending: dict[str, TxnMetadata | None] = {}
         self._channel = markers.MarkerChannel.for_node(broker.config)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timer: asyncio.Task[None] | None = None
@@ -247,11 +250,16 @@ class TransactionCoordinator:
         batch = bytearray(
             grouplog.encode_batch([(TxnKey(md.transactional_id).encode(), md.value().encode())], now_ms())
         )
+        tid = md.transactional_id
+        self._pending[tid] = md
         try:
             await partition.append_batch(batch, batches.parse_header(batch))
         except Exception as exc:
-            log.warning("writing transaction state of %r failed: %r", md.transactional_id, exc)
+            log.warning("writing transaction state of %r failed: %r", tid, exc)
             return False
+        finally:
+            if self._pending.get(tid) is md:
+                del self._pending[tid]
         if self._partitions.get(md.coordinator_partition) is not partition:
             return False  # resigned while writing: the next coordinator replays it
         if make_current:
@@ -276,17 +284,30 @@ class TransactionCoordinator:
         if partition is None:
             return
         start = partition.log_end_offset
-        live = [md for md in self.txns.values() if md.coordinator_partition == index]
+        # every id with a record below `start`, including ids whose first record is in flight
+        ids = [tid for tid, md in self.txns.items() if md.coordinator_partition == index]
+        ids += [
+            tid
+            for tid, md in self._pending.items()
+            if md is not None and md.coordinator_partition == index and tid not in self.txns
+        ]
         try:
-            for chunk in range(0, len(live), 500):
-                recs: list[tuple[bytes, bytes | None]] = [
-                    (TxnKey(m.transactional_id).encode(), m.value().encode()) for m in live[chunk : chunk + 500]
-                ]
+            for chunk in range(0, len(ids), 500):
+                # each id's newest state, read when its chunk's offset is reserved (no await in
+                # between): a state written while an earlier chunk was being written is not
+                # overwritten by the older one captured when the checkpoint began
+                recs: list[tuple[bytes, bytes | None]] = []
+                for tid in ids[chunk : chunk + 500]:
+                    md = self._pending[tid] if tid in self._pending else self.txns.get(tid)
+                    if md is not None:
+                        recs.append((TxnKey(tid).encode(), md.value().encode()))
+                if not recs:
+                    continue
                 batch = bytearray(grouplog.encode_batch(recs, now_ms()))
                 await partition.append_batch(batch, batches.parse_header(batch))
             if self._partitions.get(index) is partition:
                 await partition.stream.trim(start)
-                self._records[index] = len(live)
+                self._records[index] = len(ids)
         except Exception:
             log.exception("checkpoint of %s-%d failed", TXN_TOPIC, index)
 
@@ -616,11 +637,16 @@ class TransactionCoordinator:
         if partition is None or partition.closed:
             return False
         batch = bytearray(grouplog.encode_batch([(TxnKey(md.transactional_id).encode(), None)], now_ms()))
+        tid = md.transactional_id
+        self._pending[tid] = None
         try:
             await partition.append_batch(batch, batches.parse_header(batch))
         except Exception as exc:
-            log.warning("expiring transactional id %r failed: %r", md.transactional_id, exc)
+            log.warning("expiring transactional id %r failed: %r", tid, exc)
             return False
+        finally:
+            if tid in self._pending and self._pending[tid] is None:
+                del self._pending[tid]
         if self._partitions.get(md.coordinator_partition) is not partition:
             return False  # resigned while writing: the next coordinator replays the tombstone
         if self.txns.get(md.transactional_id) is md:

@@ -355,3 +355,36 @@ async def test_a_put_landing_after_the_tombstone_is_never_acknowledged(store):
     assert got == []
     assert await bulks(store) == []
     await again.close()
+
+
+class PauseAfterListing:
+    """The recoverer's view of the store, held right after it listed the data objects."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.listed = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def list(self, prefix: str = ""):
+        async for info in self.inner.list(prefix):
+            yield info
+        if prefix == data_prefix(4):
+            self.listed.set()
+            await self.release.wait()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+async def test_a_writer_closing_cleanly_while_being_recovered_loses_nothing(store):
+    """A clean close needs no tombstone only if the recoverer saw it before listing the data:
+    appends acknowledged after the listing, then a close, must still be replayed."""
+    old, _ = await started(store, 1, bulk_interval_ms=60_000)
+    await old.append(rec(0))
+    view = PauseAfterListing(store)
+    recovering = asyncio.create_task(ObjectStoreWal(view, 4, 2).recover())
+    await view.listed.wait()  # the listing holds bulk 0 only
+    await old.append(rec(1))  # acknowledged after the listing
+    await old.close()  # writes its `closed` marker
+    view.release.set()
+    assert ids(await recovering) == [0, 1]

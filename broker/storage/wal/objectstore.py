@@ -239,7 +239,21 @@ class ObjectStoreWal(WriteAheadLog):
                 f"S3 WAL of node {self.node_id} is fenced by epoch {newest} (this is epoch {self.node_epoch})"
             )
         await self._store.put(f"{fence_prefix(self.node_id)}{self.node_epoch:010d}", b"")
+        # Listed again after our marker: of two incarnations starting at once, each LISTs
+        # after its own PUT, so at least one sees the other. An older one that sees ours
+        # stops (above, in its own recover()); one we see here is treated as live below.
+        fenced = await self._epochs_marked(fence_prefix(self.node_id))
+        newest = max(fenced, default=-1)
+        if newest > self.node_epoch:
+            raise WalFencedError(
+                f"S3 WAL of node {self.node_id} is fenced by epoch {newest} (this is epoch {self.node_epoch})"
+            )
         report = RecoveryReport(stop_reason="empty")
+        # Before the data listing: a `closed` marker is written after its epoch's last PUT
+        # settled, so every bulk of an epoch seen closed here is in the listing below. Read
+        # after it, a writer could finish more PUTs (acknowledged) and close in between, and
+        # its epoch would get no tombstone and lose them from the chain.
+        closed = await self._epochs_marked(closed_prefix(self.node_id))
         keys: list[tuple[int, int, int, str]] = []
         async for info in self._store.list(data_prefix(self.node_id)):
             parsed = parse_data_key(self.node_id, info.key, info.size)
@@ -250,7 +264,6 @@ class ObjectStoreWal(WriteAheadLog):
                 keys.append((*parsed, info.key))
         keys.sort()
         trims = await self._trim_positions()
-        closed = await self._epochs_marked(closed_prefix(self.node_id))
         by_epoch: dict[int, list[tuple[int, int, str]]] = {}
         for epoch, start, end, key in keys:
             by_epoch.setdefault(epoch, []).append((start, end, key))

@@ -3,6 +3,7 @@ topic, in the same run. Prints numbers; asserts nothing.
 
     python benchmarks/share_group_bench.py                         # 1 broker, 6 partitions, 100k x 100 B, 2 rounds
     python benchmarks/share_group_bench.py --share-consumers 3 --brokers 3
+    python benchmarks/share_group_bench.py --backlog               # drain records produced beforehand
 
 An `automq local up` cluster (real processes, file:// object store). Each round creates a
 topic and starts, on it, both groups at once:
@@ -162,6 +163,71 @@ def settle(data: Path, classic: Members, share: Members, partitions: int, heartb
     time.sleep(2 * heartbeat_s)  # share members' assignments converge by heartbeats
 
 
+def set_earliest(bootstrap: str, group: str) -> None:
+    """share.auto.offset.reset=earliest as a group config (a backlog is read from its start)."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
+    admin.incremental_alter_configs([resource])[resource].result(30)
+    time.sleep(1.0)  # every broker learns it from the controller's metadata
+
+
+def backlog(args: argparse.Namespace) -> None:
+    """--backlog: the records are in the topic before either group starts; each group, one
+    after the other (alternating which goes first), drains them from the start. A share
+    group's members join one by one, so with several of them the time includes the
+    assignment converging (heartbeats, --heartbeat-ms)."""
+    results: dict[str, list[float]] = {"classic": [], "share": []}
+    with tempfile.TemporaryDirectory(prefix="share-bench-") as tmp:
+        data = Path(tmp)
+        port = args.port if args.port is not None else local.free_port_block(args.brokers)
+        proc, bootstrap = start_cluster(data, port, args.brokers, args.heartbeat_ms)
+        try:
+            for r in range(args.rounds):
+                topic = f"share-backlog-{r}"
+                create_topic(bootstrap, topic, args.partitions)
+                produce(bootstrap, topic, args.records, args.size)
+                suffix = uuid.uuid4().hex[:8]
+                set_earliest(bootstrap, f"share-{suffix}")
+                for kind in ("classic", "share") if r % 2 == 0 else ("share", "classic"):
+                    count = args.classic_consumers if kind == "classic" else args.share_consumers
+                    start = time.perf_counter()
+                    members = Members(kind, bootstrap, topic, f"{kind}-{suffix}", count)
+                    members.target = args.records
+                    try:
+                        deadline = time.monotonic() + 600
+                        while members.reached is None and time.monotonic() < deadline:
+                            time.sleep(0.02)
+                        if members.reached is None:
+                            raise SystemExit(f"{kind} got {members.received} of {args.records}")
+                        results[kind].append(members.reached - start)
+                    finally:
+                        members.close()
+                print(
+                    f"round {r + 1}: classic group {results['classic'][-1]:.2f} s, "
+                    f"share group {results['share'][-1]:.2f} s",
+                    flush=True,
+                )
+        finally:
+            stop_cluster(proc)
+    print(
+        f"\n{args.brokers} broker(s), {args.partitions} partitions, backlog of {args.records} x {args.size} B, "
+        f"median of {args.rounds} rounds (time from the members' start to the last record received)"
+    )
+    print("| reader | members | seconds | records/s | MB/s |")
+    print("|---|---|---|---|---|")
+    for kind, label, n in (
+        ("classic", "classic group (baseline)", args.classic_consumers),
+        ("share", "share group (KIP-932)", args.share_consumers),
+    ):
+        took = statistics.median(results[kind])
+        print(
+            f"| {label} | {n} | {took:.2f} | {args.records / took:,.0f} | {args.records * args.size / took / 1e6:.1f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--brokers", type=int, default=1)
@@ -173,7 +239,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--heartbeat-ms", type=int, default=1000, help="group.share.heartbeat.interval.ms")
     parser.add_argument("--port", type=int, default=None, help="the cluster's first port (default: a free block)")
+    parser.add_argument(
+        "--backlog",
+        action="store_true",
+        help="produce first, then time each group (one after the other) draining the backlog from its start",
+    )
     args = parser.parse_args()
+    if args.backlog:
+        backlog(args)
+        return
 
     results: dict[str, list[float]] = {"producer": [], "classic": [], "share": []}
     with tempfile.TemporaryDirectory(prefix="share-bench-") as tmp:

@@ -29,6 +29,9 @@ RECORD = 1024
 
 
 def start(data: Path, secure: bool, port: int | None = None) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    if port is not None:
+        # a given range may lie in the ephemeral range, where outgoing connections take ports
+        port = next((p for p in range(port, port + 10) if local.port_is_free(p)), port)
     port = port if port is not None else local.free_port_block(1)
     cmd = [sys.executable, "-m", "automq.broker.cli", "local", "up", "--brokers", "1"]
     cmd += ["--data-dir", str(data), "--port", str(port)] + (["--secure"] if secure else [])

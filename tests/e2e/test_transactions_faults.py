@@ -47,14 +47,17 @@ def _settled(bootstrap: str, topic: str, partitions: int, timeout: float = 120.0
     deadline = time.monotonic() + timeout
     try:
         while True:
-            ends = {
-                level: [
-                    c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)[1]
-                    for p in range(partitions)
-                ]
-                for level, c in readers.items()
-            }
-            if ends["read_committed"] == ends["read_uncommitted"]:
+            try:
+                ends = {
+                    level: [
+                        c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)[1]
+                        for p in range(partitions)
+                    ]
+                    for level, c in readers.items()
+                }
+            except KafkaException as exc:  # e.g. NOT_LEADER_FOR_PARTITION while leadership settles
+                ends = {"error": [str(exc)]}
+            if ends.get("read_committed") is not None and ends["read_committed"] == ends["read_uncommitted"]:
                 return
             assert time.monotonic() < deadline, f"a transaction stays open in {topic}: {ends}"
             time.sleep(0.2)

@@ -171,6 +171,32 @@ def controller_token_secret_name(ref: ClusterRef) -> str:
     return f"{ref.name}-controller-token"
 
 
+def listener_status(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str, Any]]:
+    """status.listeners: what a client of each listener puts in its config."""
+    out = []
+    for lst in spec.listeners:
+        entry: dict[str, Any] = {
+            "name": lst.name,
+            "type": lst.type,
+            "securityProtocol": lst.security_protocol(),
+        }
+        if lst.sasl_mechanism():
+            entry["saslMechanism"] = lst.sasl_mechanism()
+        if lst.type == "internal":
+            entry["service"] = bootstrap_service_name(ref)
+            entry["bootstrapServers"] = f"{bootstrap_service_name(ref)}.{ref.namespace}.svc:{lst.port}"
+        else:
+            entry["service"] = external_bootstrap_service_name(ref, lst)
+            if lst.advertised_host_template:
+                hosts = [lst.advertised_host_template.replace("{ordinal}", str(i)) for i in range(spec.broker.replicas)]
+                entry["bootstrapServers"] = ",".join(f"{h}:{lst.port}" for h in hosts)
+        if lst.tls:  # cert-manager puts the issuing CA in the certificate's own Secret
+            operator_ca = spec.security.certificates.issuer == "operator"
+            entry["caSecret"] = f"{ref.name}-cluster-ca-cert" if operator_ca else broker_certs_secret_name(ref)
+        out.append(entry)
+    return out
+
+
 def broker_listeners(spec: AutoMQClusterSpec) -> list[Listener]:
     """The brokers' listeners as node config: the spec's, plus REPLICATION (PLAINTEXT, for
     broker-to-broker calls, which carry no credentials yet) when no internal one is PLAINTEXT."""

@@ -38,7 +38,7 @@ from automq.operator.controller_api import ControllerApi, ControllerApiError, Co
 from automq.operator.kube import KubeApi, apply, wait_until
 from automq.operator.moves import execute_moves
 from automq.operator.quantity import same_quantity
-from automq.operator.spec import AutoMQClusterSpec, AutoMQClusterStatus, Condition, RoleStatus
+from automq.operator.spec import AutoMQClusterSpec, AutoMQClusterStatus, Condition, ListenerStatus, RoleStatus
 
 log = logging.getLogger(__name__)
 
@@ -724,6 +724,7 @@ async def update_status(c: Cluster) -> None:
         brokers=c.status.get("brokers", RoleStatus()),
         bootstrap=builders.bootstrap_address(c.spec, c.ref),
         controller_endpoint=builders.controller_service_url(c.ref),
+        listeners=[ListenerStatus.model_validate(e) for e in builders.listener_status(c.spec, c.ref)],
         broker_selector=builders.broker_selector(c.ref),
         drained_brokers=sorted(c.drained),
         # A pass that stopped before sparkJobsStatus keeps what the last one saw.

@@ -1026,6 +1026,22 @@ class SparkJobStatus(_Model):
     last_failure_message: str | None = Field(None, description="Why it failed (the Job's condition).")
 
 
+class ListenerStatus(_Model):
+    """One listener as a client sees it."""
+
+    name: str = Field(..., description="Listener name.")
+    type: str = Field(..., description="internal, nodeport or loadbalancer.")
+    security_protocol: str = Field(..., description="The client's security.protocol.")
+    sasl_mechanism: str | None = Field(None, description="The client's sasl.mechanism, for SASL listeners.")
+    bootstrap_servers: str | None = Field(
+        None, description="bootstrap.servers (internal: the bootstrap Service; loadbalancer: the brokers' names)."
+    )
+    service: str | None = Field(None, description="The listener's bootstrap Service.")
+    ca_secret: str | None = Field(
+        None, description="TLS listeners: the Secret whose ca.crt clients trust (ssl.ca.location)."
+    )
+
+
 class AutoMQClusterStatus(_Model):
     """Observed state, written by the operator."""
 
@@ -1039,6 +1055,9 @@ class AutoMQClusterStatus(_Model):
     brokers: RoleStatus = Field(default_factory=RoleStatus, description="Broker replicas.")
     bootstrap: str | None = Field(None, description="Kafka bootstrap address inside the cluster (host:port).")
     controller_endpoint: str | None = Field(None, description="Controller API base URL inside the cluster.")
+    listeners: list[ListenerStatus] = Field(
+        default_factory=list, description="How clients reach each listener (what a client config needs)."
+    )
     broker_selector: str = Field(
         "", description="Label selector of broker pods (the scale subresource's labelSelectorPath)."
     )

@@ -68,6 +68,17 @@ def test_secure_defaults_with_real_processes_and_client(tmp_path: Path, s3_url: 
         k8s.create_cluster("demo", spec)
         cluster = k8s.wait_ready("demo", brokers=1)
         assert cluster["metadata"]["annotations"]["automq.io/security-defaults"] == "secure"
+        assert cluster["status"]["listeners"] == [
+            {
+                "name": "INTERNAL",
+                "type": "internal",
+                "securityProtocol": "SASL_SSL",
+                "saslMechanism": "SCRAM-SHA-512",
+                "service": "demo-bootstrap",
+                "bootstrapServers": f"demo-bootstrap.{k8s.namespace}.svc:9092",
+                "caSecret": "demo-cluster-ca-cert",
+            }
+        ]
         broker_yaml = k8s.get("ConfigMap", "demo-config")["data"]["broker.yaml"]
         assert "security_protocol: SASL_SSL" in broker_yaml
 

@@ -331,6 +331,42 @@ def test_mixed_listeners_render_protocols_services_and_addresses() -> None:
         "EXTERNAL": ("10.0.0.7", 31001),
         "CLOUD": ("kafka-1.example.com", 9096),
     }
+    assert builders.listener_status(spec, REF) == [
+        {
+            "name": "INTERNAL",
+            "type": "internal",
+            "securityProtocol": "SASL_SSL",
+            "saslMechanism": "SCRAM-SHA-512",
+            "service": "demo-bootstrap",
+            "bootstrapServers": "demo-bootstrap.kafka.svc:9092",
+            "caSecret": "demo-cluster-ca-cert",
+        },
+        {
+            "name": "MTLS",
+            "type": "internal",
+            "securityProtocol": "SSL",
+            "service": "demo-bootstrap",
+            "bootstrapServers": "demo-bootstrap.kafka.svc:9093",
+            "caSecret": "demo-cluster-ca-cert",
+        },
+        {
+            "name": "EXTERNAL",
+            "type": "nodeport",
+            "securityProtocol": "SASL_SSL",
+            "saslMechanism": "SCRAM-SHA-256",
+            "service": "demo-external-bootstrap",
+            "caSecret": "demo-cluster-ca-cert",
+        },
+        {
+            "name": "CLOUD",
+            "type": "loadbalancer",
+            "securityProtocol": "SASL_SSL",
+            "saslMechanism": "PLAIN",
+            "service": "demo-cloud-bootstrap",
+            "bootstrapServers": "kafka-0.example.com:9096,kafka-1.example.com:9096",
+            "caSecret": "demo-cluster-ca-cert",
+        },
+    ]
     names = security.broker_dns_names(spec, REF)
     assert {
         "*.demo-brokers.kafka.svc",
@@ -614,3 +650,73 @@ def test_tls_users_need_the_operator_ca_and_a_certificate_listener() -> None:
     # Before the cluster's reconcile made the clients CA: a clear, retriable error.
     with pytest.raises(LookupError, match="clients CA"):
         asyncio.run(users.ensure_certificate_secret(FakeKube(), "alice", REF, "u", spec_with(**MIXED), "b", NOW))
+
+
+# ------------------------------------------------------------------------------ reconcile steps
+
+
+class ReconcileKube(FakeKube):
+    async def list(self, kind: str, namespace: str, labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(o)
+            for (k, _), o in self.objects.items()
+            if k == kind and all((o["metadata"].get("labels") or {}).get(a) == b for a, b in (labels or {}).items())
+        ]
+
+    async def delete(self, kind: str, namespace: str, name: str, **_: Any) -> bool:
+        self.writes.append(f"delete {(kind, name)}")
+        return self.objects.pop((kind, name), None) is not None
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def info(self, reason: str, message: str) -> None:
+        self.seen.append((reason, message))
+
+    def warn(self, reason: str, message: str) -> None:
+        self.seen.append((reason, message))
+
+
+def _pass(kube: ReconcileKube, spec: Any, *steps: Any) -> Events:
+    from automq.operator.reconcile import Cluster
+
+    events = Events()
+    cluster = Cluster(
+        api=kube,  # type: ignore[arg-type]
+        ref=REF,
+        spec=spec,
+        raw_spec={},
+        generation=1,
+        previous_status={},
+        reporter=events,
+        controller_api_factory=lambda urls, auth=None: None,
+    )
+    for step in steps:
+        asyncio.run(step(cluster))
+    return events
+
+
+def test_reconcile_removes_external_services_and_policies_no_longer_wanted() -> None:
+    from automq.operator import reconcile
+
+    kube = ReconcileKube()
+    events = _pass(kube, spec_with(**MIXED), reconcile.security_material, reconcile.services)
+    names = {n for (k, n) in kube.objects if k == "Service"}
+    assert {"demo-external-1", "demo-cloud-1", "demo-external-bootstrap"} <= names
+    assert {n for (k, n) in kube.objects if k == "NetworkPolicy"} == {"demo-broker", "demo-controller"}
+    assert {n for (k, n) in kube.objects if k == "Secret"} >= {"demo-controller-token", "demo-broker-certs"}
+    assert [r for r, _ in events.seen].count("CertificateIssued") == 3
+
+    # Scale-in: the scaled-away broker's own Services go (a LoadBalancer costs money), the rest stay.
+    _pass(kube, spec_with(**{**MIXED, "broker": {"replicas": 1}}), reconcile.services)
+    names = {n for (k, n) in kube.objects if k == "Service"}
+    assert "demo-external-1" not in names and "demo-cloud-1" not in names
+    assert {"demo-external-0", "demo-cloud-0", "demo-bootstrap", "demo-brokers"} <= names
+
+    # External listeners removed, NetworkPolicies turned off: their objects go too.
+    internal_only = spec_with(listeners=MIXED["listeners"][:2], security={"networkPolicies": {"enabled": False}})
+    _pass(kube, internal_only, reconcile.security_material, reconcile.services)
+    assert {n for (k, n) in kube.objects if k == "Service"} == {"demo-bootstrap", "demo-brokers", "demo-controllers"}
+    assert not [n for (k, n) in kube.objects if k == "NetworkPolicy"]

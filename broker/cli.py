@@ -9,6 +9,7 @@
     automq rebalance      measure load and move partitions to balance it (any cluster, by bootstrap)
     automq topics ...     list, describe, create, delete, alter-config
     automq groups ...     list, describe (members, offsets, lag)
+    automq tokens ...     delegation tokens: create, describe, renew, expire
     automq status         controllers, brokers, partitions, WAL backlog and problems of a running cluster
 
 Each subcommand imports its implementation lazily so that `automq --help` is instant and a
@@ -70,6 +71,9 @@ def _admin_apps() -> None:
     from automq.broker.admin.transactions import transactions_app
 
     app.add_typer(transactions_app, name="transactions")
+    from automq.broker.admin.tokens import tokens_app
+
+    app.add_typer(tokens_app, name="tokens")
 
 
 _admin_apps()

@@ -230,3 +230,41 @@ def test_client_properties_for_a_token():
     assert sec.token_auth and sec.credentials is not None and sec.credentials() == ("id", "h")
     with pytest.raises(ConfigError, match="SCRAM"):
         from_properties({"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.jaas.config": jaas})
+
+
+def test_tokens_cli(token_cluster, tmp_path):
+    """`automq tokens` (kafka-delegation-tokens.sh's commands) with SASL client properties; the
+    printed HMAC logs a client in."""
+    import json
+    import subprocess
+    import sys
+
+    props = tmp_path / "alice.properties"
+    props.write_text(
+        f"security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=alice\nsasl.password={USERS['alice']}\n"
+    )
+    common = ["-b", token_cluster.bootstrap("SASL"), "--command-config", str(props)]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "automq.broker.cli", "tokens", *args], capture_output=True, text=True, timeout=60
+        )
+
+    made = cli("create", "--renewer", "User:bob", "-o", "json", *common)
+    assert made.returncode == 0, made.stderr
+    (token,) = json.loads(made.stdout)
+    assert token["owner"] == "User:alice" and token["renewers"] == ["User:bob"]
+    (md,) = _call(token_cluster, _token_login(token["token_id"], base64.b64decode(token["hmac"])), _metadata())
+    assert md.brokers
+    listed = cli("describe", "-o", "json", *common)
+    assert token["token_id"] in [t["token_id"] for t in json.loads(listed.stdout)], listed.stderr
+    renewed = cli("renew", "--hmac", token["hmac"], "--renew-time-period-ms", "60000", *common)
+    assert renewed.returncode == 0 and renewed.stdout.startswith("renewed"), renewed.stderr
+    expired = cli("expire", "--hmac", token["hmac"], *common)
+    assert expired.returncode == 0 and expired.stdout.strip() == "expired", expired.stderr
+    again = cli("renew", "--hmac", token["hmac"], *common)
+    assert again.returncode == 1 and "DELEGATION_TOKEN_NOT_FOUND" in again.stderr, again.stderr
+    assert cli("renew", "--hmac", "%%%", *common).returncode == 2
+    # on a PLAINTEXT listener: Kafka's refusal, one line
+    plain = cli("describe", "-b", token_cluster.bootstrap("INTERNAL"))
+    assert plain.returncode == 1 and "DELEGATION_TOKEN_REQUEST_NOT_ALLOWED" in plain.stderr, plain.stderr

@@ -4,9 +4,8 @@ broker honours, their validation, their broker-wide defaults, and how they are d
 They are set with IncrementalAlterConfigs (`kafka-configs --entity-type groups`, the admin
 clients' `incremental_alter_configs` on a GROUP resource), kept in the controller's metadata
 (every broker sees them, as the share-partition leaders need them) and read by
-`effective_group_config`. Only keys that take effect are accepted: the share-group keys of
-KIP-932 and KIP-1240. Kafka's `consumer.*` group keys are refused with INVALID_CONFIG here,
-because KIP-848 groups use the broker-wide settings.
+`effective_group_config`. Only keys that take effect are accepted: the KIP-848 consumer group
+session timeout and heartbeat interval, and the share-group keys of KIP-932 and KIP-1240.
 """
 
 from __future__ import annotations
@@ -97,6 +96,22 @@ GROUP_CONFIGS: dict[str, GroupConfigKey] = {
     k.name: k
     for k in (
         GroupConfigKey(
+            "consumer.session.timeout.ms",
+            ConfigType.INT,
+            _int(1_000, 3_600_000),
+            "group_consumer_session_timeout_ms",
+            "",
+            "A KIP-848 consumer group member silent this long is removed.",
+        ),
+        GroupConfigKey(
+            "consumer.heartbeat.interval.ms",
+            ConfigType.INT,
+            _int(100, 3_600_000),
+            "group_consumer_heartbeat_interval_ms",
+            "",
+            "The heartbeat interval given to a KIP-848 consumer group's members.",
+        ),
+        GroupConfigKey(
             "share.auto.offset.reset",
             ConfigType.STRING,
             _reset,
@@ -166,8 +181,7 @@ def default_value(key: GroupConfigKey, node: NodeConfig | None) -> str:
 def _validate(name: str, value: str | None) -> str:
     key = GROUP_CONFIGS.get(name)
     if key is None:
-        hint = " (KIP-848 groups use the broker-wide settings here)" if name.startswith("consumer.") else ""
-        raise TopicConfigError(f"Unknown group config name: {name}{hint}")
+        raise TopicConfigError(f"Unknown group config name: {name}")
     if value is None:
         raise TopicConfigError(f"Null value not supported for group configs: {name}")
     try:
@@ -183,11 +197,12 @@ def _check_consistency(configs: Mapping[str, str], node: NodeConfig | None) -> N
         text = configs.get(name) or default_value(GROUP_CONFIGS[name], node)
         return int(text) if text else None
 
-    hb, session = value("share.heartbeat.interval.ms"), value("share.session.timeout.ms")
-    if hb is not None and session is not None and hb >= session:
-        raise TopicConfigError(
-            f"share.heartbeat.interval.ms ({hb}) must be less than share.session.timeout.ms ({session})"
-        )
+    for kind in ("consumer", "share"):
+        hb, session = value(f"{kind}.heartbeat.interval.ms"), value(f"{kind}.session.timeout.ms")
+        if hb is not None and session is not None and hb >= session:
+            raise TopicConfigError(
+                f"{kind}.heartbeat.interval.ms ({hb}) must be less than {kind}.session.timeout.ms ({session})"
+            )
 
 
 def apply_incremental(

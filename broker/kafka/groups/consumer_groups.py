@@ -56,6 +56,8 @@ class ConsumerGroups:
     # group) and members fenced, by reason (consumer.FENCING_REASONS)
     consumer_rebalances: int
     consumer_fencings: dict[str, int]
+    # a group's session timeout (its consumer.session.timeout.ms config, else the broker's)
+    consumer_session_timeout: Callable[[str], int]
 
     def _init_consumer_groups(self) -> None:
         enabled = tuple(a for a in self.config.consumer_assignors if a in assignors.ASSIGNORS) or assignors.ASSIGNORS
@@ -63,6 +65,7 @@ class ConsumerGroups:
         self.topic_view = dict
         self.consumer_rebalances = 0
         self.consumer_fencings = dict.fromkeys(FENCING_REASONS, 0)
+        self.consumer_session_timeout = lambda _group_id: self.config.consumer_session_timeout_ms
 
     def _new_group(self, group_id: str, now_ms: int) -> Group:
         raise NotImplementedError
@@ -127,18 +130,18 @@ class ConsumerGroups:
         return Write(group.partition, ConsumerGroupKey(group.group_id).encode(), None)
 
     def consumer_deadlines(self) -> Iterable[int]:
-        timeout = self.config.consumer_session_timeout_ms
         for group in self.groups.values():
-            if group.consumer is not None:
+            if group.consumer is not None and group.consumer.members:
+                timeout = self.consumer_session_timeout(group.group_id)
                 yield from ConsumerGroupRules.deadlines(group.consumer, timeout)
 
     def consumer_tick(self, now_ms: int, fx: Effects) -> None:
-        timeout = self.config.consumer_session_timeout_ms
         topics: TopicView | None = None
         for group in self.groups.values():
             data = group.consumer
             if data is None or not data.members:
                 continue
+            timeout = self.consumer_session_timeout(group.group_id)
             if topics is None:
                 topics = self.topic_view()
             epoch_before = data.group_epoch

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker import group_configs
 from automq.broker.kafka import records as batches
 from automq.broker.kafka.groups import log as grouplog
 from automq.broker.kafka.groups.consumer import (
@@ -208,6 +209,9 @@ class GroupCoordinator:
         self.manager = GroupManager(self.config, self.num_partitions)
         self.manager.topic_view = self.topic_view
         self.manager.share_session_timeout = lambda group_id: share_settings(broker, group_id).session_timeout_ms
+        self.manager.consumer_session_timeout = lambda group_id: int(
+            self.group_config(group_id)["consumer.session.timeout.ms"]
+        )
         self._view: TopicView = {}
         self._view_image: object = None
         self._partitions: dict[int, Partition] = {}  # loaded partition index
@@ -687,6 +691,12 @@ class GroupCoordinator:
                     await self.write(fx.writes)
         except Exception:
             log.exception("initializing share-partitions of group %r failed", group_id)
+
+    def group_config(self, group_id: str) -> dict[str, str]:
+        """Every group config key with the value that applies to `group_id` (group_configs.py)."""
+        return group_configs.effective_group_config(
+            group_configs.configs_of(self.broker.metadata, group_id), self.broker.config
+        )
 
     def share_member(self, group_id: str, member_id: str) -> bool | None:
         """For the partition side: whether `member_id` is in share group `group_id`, or None when

@@ -44,7 +44,9 @@ def _owned(topic_partitions: Any) -> Partitions | None:
 async def consumer_group_heartbeat(request: Any, ctx: RequestContext) -> Any:
     cls = ctx.response_class
     coordinator = _coordinator(ctx)
-    interval = datetime.timedelta(milliseconds=coordinator.config.consumer_heartbeat_interval_ms)
+    interval = datetime.timedelta(
+        milliseconds=int(coordinator.group_config(request.group_id)["consumer.heartbeat.interval.ms"])
+    )
 
     def respond(error: ErrorCode, message: str | None, member_id: str | None, epoch: int, assignment: Any) -> Any:
         return build(

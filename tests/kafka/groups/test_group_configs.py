@@ -47,7 +47,9 @@ def test_values_are_validated_in_kafkas_words() -> None:
         (("share.delivery.count.limit", SET, "11"), "no more than 10"),
         (("share.record.lock.duration.ms", SET, "soon"), "Not a number"),
         (("share.isolation.level", SET, "serializable"), "read_committed"),
-        (("consumer.session.timeout.ms", SET, "10000"), "KIP-848 groups use the broker-wide settings"),
+        (("consumer.session.timeout.ms", SET, "soon"), "Not a number"),
+        (("consumer.heartbeat.interval.ms", SET, "50"), "at least 100"),
+        (("consumer.group.max.size", SET, "10"), "Unknown group config name"),
         (("unknown.key", SET, "1"), "Unknown group config name: unknown.key"),
         (("share.auto.offset.reset", SET, None), "Null value"),
         (("share.auto.offset.reset", APPEND, "x"), "append/subtract"),
@@ -59,6 +61,11 @@ def test_values_are_validated_in_kafkas_words() -> None:
         gc.apply_incremental(
             {}, [("share.heartbeat.interval.ms", SET, "9000"), ("share.session.timeout.ms", SET, "9000")]
         )
+    with pytest.raises(TopicConfigError, match="must be less than consumer.session.timeout.ms"):
+        gc.apply_incremental({"consumer.session.timeout.ms": "5000"}, [("consumer.heartbeat.interval.ms", SET, "6000")])
+    assert gc.apply_incremental({}, [("consumer.session.timeout.ms", SET, "20000")]) == {
+        "consumer.session.timeout.ms": "20000"
+    }
     with pytest.raises(TopicConfigError, match="duplicate"):
         gc.apply_incremental(
             {}, [("share.isolation.level", SET, "read_committed"), ("share.isolation.level", DELETE, None)]

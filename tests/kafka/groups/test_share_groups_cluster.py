@@ -97,7 +97,7 @@ def admin_configs(bootstrap: str, group: str) -> dict[str, Any]:
     for bad in (
         ConfigEntry("share.auto.offset.reset", "sometimes", incremental_operation=AlterConfigOpType.SET),
         ConfigEntry("share.delivery.count.limit", "1", incremental_operation=AlterConfigOpType.SET),
-        ConfigEntry("consumer.session.timeout.ms", "10000", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("consumer.session.timeout.ms", "soon", incremental_operation=AlterConfigOpType.SET),
         ConfigEntry("no.such.config", "1", incremental_operation=AlterConfigOpType.SET),
     ):
         try:
@@ -545,3 +545,65 @@ async def test_assigned_partitions_are_initialized_before_the_first_fetch(real_c
     await initialized(4)
     g = await asyncio.to_thread(describe_offsets, port, group, None)
     assert offsets_of(g) == {(TOPIC, p): (8, 0, ErrorCode.none) for p in range(4)}
+
+
+async def test_kip848_group_configs_take_effect(real_cluster) -> None:
+    """consumer.heartbeat.interval.ms / consumer.session.timeout.ms set on one KIP-848 group:
+    its members are told that interval, and a silent member leaves after that timeout; another
+    group keeps the broker's settings."""
+    import datetime
+
+    from kio.schema.consumer_group_heartbeat.v1.request import ConsumerGroupHeartbeatRequest
+    from kio.schema.incremental_alter_configs.v1.request import (
+        AlterableConfig,
+        AlterConfigsResource,
+        IncrementalAlterConfigsRequest,
+    )
+
+    b1 = await real_cluster.start_broker(1, offsets_topic_num_partitions=1)
+    await b1.broker.ensure_topic(TOPIC, partitions=2)
+    port = b1.kafka_ports["PLAINTEXT"]
+    r = await asyncio.to_thread(
+        call,
+        port,
+        IncrementalAlterConfigsRequest(
+            resources=(
+                AlterConfigsResource(
+                    resource_type=32,
+                    resource_name="k-conf",
+                    configs=(
+                        AlterableConfig(name="consumer.heartbeat.interval.ms", config_operation=0, value="1234"),
+                        AlterableConfig(name="consumer.session.timeout.ms", config_operation=0, value="1500"),
+                    ),
+                ),
+            ),
+            validate_only=False,
+        ),
+    )
+    assert r.responses[0].error_code == ErrorCode.none, r
+
+    def join(group: str) -> Any:
+        return call(
+            port,
+            ConsumerGroupHeartbeatRequest(
+                group_id=group,
+                member_id=str(uuid.uuid4()),
+                member_epoch=0,
+                rebalance_timeout=datetime.timedelta(seconds=30),
+                subscribed_topic_names=(TOPIC,),
+                topic_partitions=(),
+            ),
+        )
+
+    await asyncio.to_thread(coordinator_port, {1: port}, "k-conf")  # creates __consumer_offsets
+    configured = await asyncio.to_thread(retrying, lambda: join("k-conf"))
+    plain = await asyncio.to_thread(retrying, lambda: join("k-plain"))
+    assert configured.error_code == plain.error_code == ErrorCode.none
+    assert configured.heartbeat_interval == datetime.timedelta(milliseconds=1234)
+    assert plain.heartbeat_interval == datetime.timedelta(milliseconds=5000)
+    groups = b1.broker.groups.manager.groups
+    deadline = time.monotonic() + 30
+    while groups["k-conf"].consumer.members:  # silent: removed after 1.5 s, not the broker's 45 s
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    assert len(groups["k-plain"].consumer.members) == 1

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 from kafka_bench import LoadProducer, Tail, create_topic
-from startup_bench import stop, wait_http
+from startup_bench import pick_ports, stop, wait_http
 
 MiB = 1 << 20
 
@@ -86,7 +86,7 @@ class CatchUp(threading.Thread):
 
 def start_processes(base: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, subprocess.Popen, str]:
     store = f"file://{base}/objects"
-    ctl_port, kafka_port, http_port = args.port_base, args.port_base + 1, args.port_base + 2
+    ctl_port, kafka_port, http_port = pick_ports(args.port_base, 3)
     (base / "controller.yaml").write_text(
         yaml.safe_dump(
             {

@@ -85,6 +85,25 @@ def metadata_lists(port: int, node_id: int) -> bool:
     return False
 
 
+def pick_ports(base: int, count: int) -> list[int]:
+    """`count` ports from `base` up that nothing holds right now: a fixed port range on a
+    shared machine overlaps the kernel's ephemeral range, so other processes' client
+    connections sometimes sit on it."""
+    found: list[int] = []
+    port = base
+    while len(found) < count:
+        if port > base + 500:
+            raise RuntimeError(f"no {count} free ports in {base}..{base + 500}")
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+                found.append(port)
+            except OSError:
+                pass
+        port += 1
+    return found
+
+
 def spawn_time(code: str) -> tuple[float, float]:
     """Wall and CPU (user + system) seconds of `python -c code`."""
     t0 = time.perf_counter()
@@ -127,10 +146,10 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def broker_ready_times(
-    base: Path, rounds: int, port_base: int, baselines: Callable[[], object]
+    base: Path, rounds: int, port_base: int, baselines: Callable[[], object], wal_capacity_mib: int = 256
 ) -> list[tuple[float, float]]:
     store = f"file://{base}/objects"
-    ctl_port = port_base
+    ctl_port, kafka_port, http_port = pick_ports(port_base, 3)
     ctl_cfg = base / "controller.yaml"
     ctl_cfg.write_text(
         yaml.safe_dump(
@@ -155,7 +174,6 @@ def broker_ready_times(
         wait_http(f"http://127.0.0.1:{ctl_port}/readyz", ctl)
         for r in range(rounds):
             baselines()
-            kafka_port, http_port = port_base + 1, port_base + 2
             cfg = base / f"broker-{r}.yaml"
             cfg.write_text(
                 yaml.safe_dump(
@@ -168,7 +186,7 @@ def broker_ready_times(
                         "http_host": "127.0.0.1",
                         "http_port": http_port,
                         "log_level": "WARNING",
-                        "wal": {"capacity": "64MiB"},
+                        "wal": {"capacity": f"{wal_capacity_mib}MiB"},
                     }
                 )
             )
@@ -233,13 +251,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--wal-mib", type=int, default=256)
     ap.add_argument("--port-base", type=int, default=37100)
+    ap.add_argument(
+        "--ready-wal-mib", type=int, default=256, help="WAL capacity of the started brokers (a new WAL is preallocated)"
+    )
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     base = Path(args.dir or tempfile.mkdtemp(prefix="startup-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     print(f"# start-up bench; load average {os.getloadavg()[0]:.1f} at start; {os.cpu_count()} CPUs")
 
-    print(f"\n## broker ready (first Metadata answer listing it) on an empty volume WAL, {args.rounds} rounds")
+    print(
+        f"\n## broker ready (first Metadata answer listing it) on a new, empty {args.ready_wal_mib} MiB volume WAL, "
+        f"{args.rounds} rounds"
+    )
     bare: list[tuple[float, float]] = []
     imports: list[tuple[float, float]] = []
     with_hypothesis: list[tuple[float, float]] = []
@@ -253,6 +277,7 @@ def main() -> None:
             imports.append(spawn_time(IMPORTS)),
             with_hypothesis.append(spawn_time(IMPORTS_BEFORE)),
         ),
+        args.ready_wal_mib,
     )
     for name, values in (
         ("python -c pass (baseline)", bare),

@@ -47,8 +47,9 @@ the old writer can acknowledge nothing beyond it: no LIST after each PUT (the pr
 an ack cost a PUT plus a LIST), and no clock or lease assumption. Tombstones are never deleted
 (a writer frozen for any length of time must still hit it when it resumes); one empty object
 per epoch that ended without `close()`. A cleanly closed epoch writes its `closed` marker after
-its last PUT settled, so recovering it needs no tombstone; markers of older epochs go in
-`start()`. Fence markers also keep an older incarnation from starting (recover() refuses) and
+its last PUT settled, so recovering it needs no tombstone, provided the recoverer reads the
+`closed` markers before it lists the data (then the listing holds every bulk of that epoch);
+markers of older epochs go in `start()`. Fence markers also keep an older incarnation from starting (recover() refuses) and
 mark which epochs still need replay (below).
 
 Bulk object format: a 32-byte header (magic, version, node id, node epoch, record count,

@@ -57,7 +57,6 @@ from automq.broker.kafka.groups.model import (
 )
 from automq.broker.kafka.groups.share import SHARE_GROUP_STATES, ShareHeartbeatRequest, ShareHeartbeatResult
 from automq.broker.kafka.groups.share_admin import ShareStateRouter
-from automq.broker.kafka.groups.share_settings import share_settings
 from automq.broker.kafka.groups.state import GroupManager
 from automq.broker.kafka.producers import ProducerStateError
 from automq.broker.kafka.topic_ids import topic_uuid
@@ -208,9 +207,13 @@ class GroupCoordinator:
         self.num_partitions = kafka.offsets_topic_num_partitions
         self.manager = GroupManager(self.config, self.num_partitions)
         self.manager.topic_view = self.topic_view
-        self.manager.share_session_timeout = lambda group_id: share_settings(broker, group_id).session_timeout_ms
-        self.manager.consumer_session_timeout = lambda group_id: int(
-            self.group_config(group_id)["consumer.session.timeout.ms"]
+        # per group, on every timer pass: a lookup in the image's group configs, the broker's
+        # value when the group sets none
+        self.manager.share_session_timeout = lambda group_id: self._group_int(
+            group_id, "share.session.timeout.ms", self.config.share_session_timeout_ms
+        )
+        self.manager.consumer_session_timeout = lambda group_id: self._group_int(
+            group_id, "consumer.session.timeout.ms", self.config.consumer_session_timeout_ms
         )
         self._view: TopicView = {}
         self._view_image: object = None
@@ -691,6 +694,10 @@ class GroupCoordinator:
                     await self.write(fx.writes)
         except Exception:
             log.exception("initializing share-partitions of group %r failed", group_id)
+
+    def _group_int(self, group_id: str, key: str, default: int) -> int:
+        value = group_configs.configs_of(self.broker.metadata, group_id).get(key)
+        return int(value) if value is not None else default
 
     def group_config(self, group_id: str) -> dict[str, str]:
         """Every group config key with the value that applies to `group_id` (group_configs.py)."""

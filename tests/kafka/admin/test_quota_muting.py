@@ -199,3 +199,61 @@ def test_throttled_fetch_is_answered_empty(inprocess_cluster) -> None:
     # the second goes over: no data at all, the throttle time, no error
     assert second.throttle_time.total_seconds() > 0
     assert second.responses == () and second.error_code == ErrorCode.none
+
+
+@pytest.mark.parametrize(
+    "inprocess_cluster",
+    [{"brokers": 1, "kafka": {"quota_window_num": 2, "quota_window_size_seconds": 1}}],
+    indirect=True,
+)
+def test_python_consumers_read_everything_through_empty_throttled_fetches(inprocess_cluster) -> None:
+    """kafka-python and aiokafka under a consumer_byte_rate: fetches are capped at the window's
+    worth and throttled ones come back empty; both still read every record, in order. (How
+    many fetches get throttled depends on how fast the client fetches, so it is not asserted;
+    test_throttled_fetch_is_answered_empty pins the empty answer itself.)"""
+    from kafka import KafkaConsumer
+
+    bootstrap = inprocess_cluster.bootstrap
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.size": 12_000})
+    values = [f"{i:04d}".encode() + b"q" * 9_996 for i in range(30)]
+    for v in values:
+        p.produce("slow-read", v)
+    assert p.flush(60) == 0
+    for client in ("kp-thirsty", "aio-thirsty"):
+        _set_quota(bootstrap, client, "consumer_byte_rate", 60_000.0)
+
+    got: list[bytes] = []
+    consumer = KafkaConsumer(
+        "slow-read",
+        bootstrap_servers=bootstrap,
+        client_id="kp-thirsty",
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=60_000,
+    )
+    try:
+        for msg in consumer:
+            got.append(msg.value)
+            if len(got) == len(values):
+                break
+    finally:
+        consumer.close()
+    assert got == values
+
+    async def aio() -> list[bytes]:
+        from aiokafka import AIOKafkaConsumer
+
+        c = AIOKafkaConsumer(
+            "slow-read", bootstrap_servers=bootstrap, client_id="aio-thirsty", auto_offset_reset="earliest"
+        )
+        await c.start()
+        out: list[bytes] = []
+        try:
+            while len(out) < len(values):
+                batch = await asyncio.wait_for(c.getmany(timeout_ms=1000), 60)
+                for records in batch.values():
+                    out += [r.value for r in records]
+        finally:
+            await c.stop()
+        return out
+
+    assert asyncio.run(aio()) == values

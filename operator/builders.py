@@ -156,6 +156,7 @@ TOKEN_DIR = "/etc/automq-token"
 
 
 BROKER_CREDENTIALS_DIR = "/etc/automq-broker-credentials"
+OAUTH_DIR = "/etc/automq-oauth"  # the JWKS Secret of oauthbearer listeners
 INTER_BROKER_JAAS = "inter-broker.jaas"
 
 
@@ -316,6 +317,15 @@ def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeCon
                 "client_auth": "required" if all(client_certs) else ("requested" if any(client_certs) else "none"),
                 "principal_mapping_rules": list(PRINCIPAL_MAPPING_RULES),
             }
+        oauth = next((lst.authentication for lst in spec.listeners if lst.sasl_mechanism() == "OAUTHBEARER"), None)
+        if oauth is not None:
+            security = raw.setdefault("security", {})
+            if oauth.jwks_secret is not None:
+                security["sasl_oauthbearer_jwks_file"] = f"{OAUTH_DIR}/{oauth.jwks_secret.key}"
+            if oauth.expected_issuer is not None:
+                security["sasl_oauthbearer_expected_issuer"] = oauth.expected_issuer
+            if oauth.expected_audience is not None:
+                security["sasl_oauthbearer_expected_audience"] = oauth.expected_audience
         mechanisms = sorted({m for lst in spec.listeners if (m := lst.sasl_mechanism()) is not None})
         if mechanisms:
             raw.setdefault("security", {})["sasl_enabled_mechanisms"] = mechanisms
@@ -626,6 +636,10 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
     if role == "broker" and spec.needs_tls():
         secret_volumes.append(_secret_volume("tls", broker_certs_secret_name(ref)))
         volume_mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+    oauth = next((lst.authentication for lst in spec.listeners if lst.sasl_mechanism() == "OAUTHBEARER"), None)
+    if role == "broker" and oauth is not None and oauth.jwks_secret is not None:
+        secret_volumes.append(_secret_volume("oauth-jwks", oauth.jwks_secret.name))
+        volume_mounts.append({"name": "oauth-jwks", "mountPath": OAUTH_DIR, "readOnly": True})
     inter = inter_broker_listener(spec.listeners)
     if role == "broker" and inter is not None and inter.sasl_mechanism() is not None:
         secret_volumes.append(_secret_volume("broker-credentials", broker_credentials_secret_name(ref)))

@@ -54,16 +54,59 @@ class _Model(BaseModel):
     )
 
 
+class SecretKeySelector(_Model):
+    """A key of a Secret in the cluster's namespace."""
+
+    name: str = Field(..., min_length=1, max_length=253, description="Secret name.")
+    key: str = Field("jwks.json", min_length=1, max_length=253, description="Key within the Secret.")
+
+
 class ListenerAuthentication(_Model):
     """How clients of this listener authenticate."""
 
     type: AuthenticationType = Field(
         ...,
         description="scram-sha-512 / scram-sha-256: SCRAM users (AutoMQUser with authentication scram-*); "
-        "plain: SASL PLAIN checked against the SCRAM users' passwords; oauthbearer: JWTs (set "
-        "security.sasl_oauthbearer_* in spec.config); tls: client certificates signed by the clients CA "
-        "(needs tls: true; AutoMQUser with authentication tls).",
+        "plain: SASL PLAIN checked against the SCRAM users' passwords; oauthbearer: JWTs signed by a key "
+        "of jwksSecret; tls: client certificates signed by the clients CA (needs tls: true; AutoMQUser with "
+        "authentication tls).",
     )
+    jwks_secret: SecretKeySelector | None = Field(
+        None,
+        description="oauthbearer: the Secret key holding your identity provider's JSON Web Key Set (the "
+        "brokers re-read it when the Secret changes). Required unless spec.config sets "
+        "security.sasl_oauthbearer_allow_unsecured (development only).",
+    )
+    expected_issuer: str | None = Field(None, description="oauthbearer: tokens' iss must be this.")
+    expected_audience: str | None = Field(None, description="oauthbearer: tokens' aud must contain this.")
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.type == 'oauthbearer' || (!has(self.jwksSecret) && !has(self.expectedIssuer) "
+                    "&& !has(self.expectedAudience))",
+                    "message": "jwksSecret, expectedIssuer and expectedAudience only apply to oauthbearer",
+                }
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _oauth_only(self) -> ListenerAuthentication:
+        oauth = (self.jwks_secret, self.expected_issuer, self.expected_audience)
+        if self.type != "oauthbearer" and any(v is not None for v in oauth):
+            raise ValueError("jwksSecret, expectedIssuer and expectedAudience only apply to oauthbearer")
+        return self
+
+    def oauth_settings(self) -> tuple[str | None, ...]:
+        secret = self.jwks_secret
+        return (
+            secret.name if secret else None,
+            secret.key if secret else None,
+            self.expected_issuer,
+            self.expected_audience,
+        )
 
 
 class ListenerSpec(_Model):

@@ -902,6 +902,28 @@ class AutoMQClusterSpec(_Model):
         return value
 
     @model_validator(mode="after")
+    def _oauth_settings(self) -> AutoMQClusterSpec:
+        # One JWKS / issuer / audience per broker (the node config's security section).
+        oauth = [lst for lst in self.listeners if lst.sasl_mechanism() == "OAUTHBEARER"]
+        settings = {lst.authentication.oauth_settings() for lst in oauth if lst.authentication is not None}
+        if len(settings) > 1:
+            raise ValueError(
+                "spec.listeners: every oauthbearer listener must name the same jwksSecret and issuer/audience"
+            )
+        unsecured = {**self.config, **self.broker.config}.get("security.sasl_oauthbearer_allow_unsecured", "")
+        for lst in oauth:
+            if (
+                lst.authentication is not None
+                and lst.authentication.jwks_secret is None
+                and unsecured.lower() != "true"
+            ):
+                raise ValueError(
+                    f"spec.listeners: {lst.name}: oauthbearer needs authentication.jwksSecret (the identity "
+                    "provider's keys), or security.sasl_oauthbearer_allow_unsecured: 'true' in spec.config for development"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _node_ports_fit(self) -> AutoMQClusterSpec:
         most = max(self.broker.replicas, self.autoscaling.max_replicas if self.autoscaling.enabled else 0)
         for listener in self.listeners:

@@ -20,11 +20,14 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from kubelet_harness import KubeletHarness, s3_cluster_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.timeout(300)]
@@ -286,3 +289,86 @@ def test_transactions_across_brokers_with_broker_to_broker_authentication(tmp_pa
         assert sorted(got) == [b"entry-0", b"entry-1"]
         stored = k8s.get("Secret", "txn-broker-credentials")
         assert stored is not None and "inter-broker.jaas" in stored["data"]
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _jwt(key: rsa.RSAPrivateKey, kid: str, audience: str = "kafka") -> tuple[str, float]:
+    now = int(time.time())
+    claims = {"sub": "svc-orders", "iss": "https://idp.test", "aud": audience, "iat": now, "exp": now + 600}
+    head = f"{_b64url(json.dumps({'alg': 'RS256', 'kid': kid}).encode())}.{_b64url(json.dumps(claims).encode())}"
+    return f"{head}.{_b64url(key.sign(head.encode(), padding.PKCS1v15(), hashes.SHA256()))}", float(claims["exp"])
+
+
+def _jwks(key: rsa.RSAPrivateKey, kid: str) -> str:
+    n = key.public_key().public_numbers().n
+    return json.dumps(
+        {"keys": [{"kty": "RSA", "kid": kid, "n": _b64url(n.to_bytes((n.bit_length() + 7) // 8, "big")), "e": "AQAB"}]}
+    )
+
+
+def test_oauthbearer_listener_with_keys_from_a_secret(tmp_path: Path, s3_url: str) -> None:
+    """An OAUTHBEARER listener: the operator mounts the identity provider's JWKS Secret; a
+    librdkafka client with RS256 tokens produces, tokens for another audience or signed by an
+    unknown key fail, and rotated keys in the Secret take effect without a restart."""
+    first, second = (rsa.generate_private_key(public_exponent=65537, key_size=2048) for _ in range(2))
+    spec = s3_cluster_spec(
+        s3_url,
+        listeners=[
+            {
+                "name": "OAUTH",
+                "port": 9092,
+                "tls": True,
+                "authentication": {
+                    "type": "oauthbearer",
+                    "jwksSecret": {"name": "idp-keys"},
+                    "expectedIssuer": "https://idp.test",
+                    "expectedAudience": "kafka",
+                },
+            }
+        ],
+    )
+    with KubeletHarness(tmp_path) as k8s:
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "idp-keys", "namespace": k8s.namespace},
+            "data": {"jwks.json": base64.b64encode(_jwks(first, "k1").encode()).decode()},
+        }
+        k8s.call(k8s.api.create(secret))
+        k8s.create_cluster("idp", spec)
+        k8s.wait_ready("idp", brokers=1)
+        ca = tmp_path / "ca.crt"
+        ca.write_text(_secret(k8s, "idp-cluster-ca-cert")["ca.crt"])
+        bootstrap = k8s.bootstrap("idp", port=9092)
+
+        def client(make_token: Any) -> dict[str, Any]:
+            return {
+                "bootstrap.servers": bootstrap,
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": "OAUTHBEARER",
+                "oauth_cb": lambda _config: make_token(),
+                "ssl.ca.location": str(ca),
+                "ssl.endpoint.identification.algorithm": "none",
+            }
+
+        producer = Producer({**client(lambda: _jwt(first, "k1")), "acks": "all"})
+        producer.produce("tokens", b"signed")
+        assert producer.flush(60) == 0
+        assert "is not in aud" in _refused(client(lambda: _jwt(first, "k1", audience="other")))
+        assert "_AUTHENTICATION" in _refused(client(lambda: _jwt(second, "k2")))  # key not in the JWKS yet
+
+        # The provider rotates its keys: the Secret changes, the broker (same process) follows.
+        pid = k8s.pod_process("idp-broker-0").pid
+        rotated = {"data": {"jwks.json": base64.b64encode(_jwks(second, "k2").encode()).decode()}}
+        k8s.call(k8s.api.patch("Secret", k8s.namespace, "idp-keys", rotated))
+
+        def rotated_key_works() -> bool:
+            fresh = Producer({**client(lambda: _jwt(second, "k2")), "acks": "all", "message.timeout.ms": "5000"})
+            fresh.produce("tokens", b"rotated")
+            return fresh.flush(10) == 0
+
+        k8s.wait_for("a token of the rotated key accepted", rotated_key_works, timeout=90)
+        assert k8s.pod_process("idp-broker-0").pid == pid

@@ -173,11 +173,15 @@ def cel_failures(item: dict[str, Any]) -> list[str]:
         if name not in obj and "default" in prop:
             obj[name] = prop["default"]
     failures = []
-    for rule in LISTENER_ITEM["x-kubernetes-validations"]:
-        result = env.program(env.compile(rule["rule"])).evaluate({"self": celpy.json_to_cel(obj)})
-        assert not isinstance(result, celpy.CELEvalError), (rule, result)
-        if not result:
-            failures.append(rule["message"])
+    nodes = [(LISTENER_ITEM, obj)]
+    if "authentication" in obj:
+        nodes.append((LISTENER_ITEM["properties"]["authentication"], obj["authentication"]))
+    for schema, value in nodes:
+        for rule in schema.get("x-kubernetes-validations", []):
+            result = env.program(env.compile(rule["rule"])).evaluate({"self": celpy.json_to_cel(value)})
+            assert not isinstance(result, celpy.CELEvalError), (rule, result)
+            if not result:
+                failures.append(rule["message"])
     return failures
 
 
@@ -188,6 +192,10 @@ def cel_failures(item: dict[str, Any]) -> list[str]:
         ({"name": "A", "port": 9092, "type": "nodeport"}, "nodePortBase"),
         ({"name": "A", "port": 9092, "type": "loadbalancer"}, "advertisedHostTemplate"),
         ({"name": "A", "port": 9092, "nodePortBase": 31000}, "only apply"),
+        (
+            {"name": "A", "port": 9092, "authentication": {"type": "scram-sha-512", "jwksSecret": {"name": "idp"}}},
+            "only apply to oauthbearer",
+        ),
     ],
 )
 def test_listener_rules_in_pydantic_and_cel(listener: dict[str, Any], mentions: str) -> None:
@@ -195,6 +203,45 @@ def test_listener_rules_in_pydantic_and_cel(listener: dict[str, Any], mentions: 
         spec_with(listeners=[{"name": "IN", "port": 9093}, listener])
     assert mentions in str(exc.value)
     assert any(mentions in failure for failure in cel_failures(listener)), cel_failures(listener)
+
+
+def test_oauthbearer_listener_mounts_the_jwks_secret() -> None:
+    oauth = {
+        "name": "OAUTH",
+        "port": 9092,
+        "tls": True,
+        "authentication": {
+            "type": "oauthbearer",
+            "jwksSecret": {"name": "idp-keys", "key": "keys.json"},
+            "expectedIssuer": "https://idp.example.com",
+            "expectedAudience": "kafka",
+        },
+    }
+    assert cel_failures(oauth) == []
+    spec = spec_with(listeners=[oauth])
+    config = broker_config(spec)
+    assert config.security.sasl_enabled_mechanisms == ["OAUTHBEARER"]
+    assert config.security.sasl_oauthbearer_jwks_file == "/etc/automq-oauth/keys.json"
+    assert config.security.sasl_oauthbearer_expected_issuer == "https://idp.example.com"
+    assert config.security.sasl_oauthbearer_expected_audience == "kafka"
+    pod = builders.pod_template(spec, REF, "broker")["spec"]
+    assert {"name": "oauth-jwks", "secret": {"secretName": "idp-keys", "defaultMode": 0o440}} in pod["volumes"]
+    # OAUTHBEARER only: the brokers cannot authenticate to each other, REPLICATION is added.
+    assert [lst.name for lst in config.listeners] == ["OAUTH", "REPLICATION"]
+    kubernetes_validate.validate(builders.statefulset(spec, REF, "broker"), "1.31", strict=True)
+
+    without_keys = {**oauth, "authentication": {"type": "oauthbearer"}}
+    with pytest.raises(InvalidSpec, match="jwksSecret"):
+        spec_with(listeners=[without_keys])
+    spec_with(listeners=[without_keys], config={"security.sasl_oauthbearer_allow_unsecured": "true"})
+    other = {
+        **oauth,
+        "name": "OTHER",
+        "port": 9093,
+        "authentication": {**oauth["authentication"], "expectedAudience": "x"},
+    }
+    with pytest.raises(InvalidSpec, match="same jwksSecret"):
+        spec_with(listeners=[oauth, other])
 
 
 def test_valid_listeners_pass_cel() -> None:

@@ -758,6 +758,7 @@ class KubeletHarness:
             ("tls", "ca_file"),
             ("security", "controller_token_file"),
             ("security", "sasl_inter_broker_jaas_config_file"),
+            ("security", "sasl_oauthbearer_jwks_file"),
         )
         for section, key in mounted:
             if (raw.get(section) or {}).get(key):

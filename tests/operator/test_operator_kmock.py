@@ -881,3 +881,45 @@ def test_automq_operator_command_serves_liveness_and_stops_on_sigterm(k8s: Harne
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_cluster_an_older_operator_made_keeps_plaintext_and_is_told_so(k8s: Harness) -> None:
+    """Upgrade safety of the secure defaults: a cluster whose node ConfigMap exists before this
+    operator first sees it (an older operator made it) is pinned `legacy`: no listener in its spec
+    still means PLAINTEXT, no controller token, no NetworkPolicies, and a Warning says how to move."""
+    old_ref = ClusterRef("old", NS, "not-yet")
+    legacy = parse_spec(SPEC, legacy=True)
+    before = builders.config_map(legacy, old_ref)  # what the older operator wrote
+    k8s.call(k8s.api.create(before))
+    ref = k8s.create_cluster("old", SPEC)
+    cluster = k8s.wait_for("old cluster Ready", lambda: _ready(k8s, "old"))
+    assert cluster["metadata"]["annotations"]["automq.io/security-defaults"] == "legacy"
+    assert k8s.get("ConfigMap", "old-config")["data"] == before["data"]  # unchanged: nothing rolls
+    assert "security_protocol: PLAINTEXT" in before["data"]["broker.yaml"]
+    assert k8s.get("NetworkPolicy", "old-broker") is None
+    assert k8s.get("Secret", "old-controller-token") is None and k8s.get("Secret", "old-cluster-ca") is None
+    assert cluster["status"]["listeners"][0]["securityProtocol"] == "PLAINTEXT"
+    warning = k8s.wait_for(
+        "SecurityDefaultsLegacy event",
+        lambda: [e for e in k8s.events("old") if e["reason"] == "SecurityDefaultsLegacy"],
+    )
+    assert "spec.listeners" in warning[0]["message"]
+    assert ref.name == "old"
+
+    # A new cluster next to it gets the secure defaults.
+    k8s.create_cluster("fresh", SPEC)
+    k8s.wait_for(
+        "fresh cluster pinned",
+        lambda: (
+            (k8s.get("AutoMQCluster", "fresh") or {})
+            .get("metadata", {})
+            .get("annotations", {})
+            .get("automq.io/security-defaults")
+            == "secure"
+        ),
+    )
+    k8s.wait_for("fresh NetworkPolicy", lambda: k8s.get("NetworkPolicy", "fresh-broker"))
+    assert (
+        "SASL_SSL"
+        in k8s.wait_for("fresh ConfigMap", lambda: k8s.get("ConfigMap", "fresh-config"))["data"]["broker.yaml"]
+    )

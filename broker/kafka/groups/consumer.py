@@ -432,6 +432,10 @@ class ConsumerGroupRules:
             fenced = self._check_epoch(member, req)
             if fenced is not None:
                 return fenced, False
+            # A member heartbeating at its epoch changes only itself, the group's epochs and the
+            # target (a new dict whenever it is recomputed): compare those instead of serializing
+            # the whole group on every heartbeat (4.5 ms for 200 members on a busy machine).
+            before = (data.group_epoch, data.assignment_epoch, id(data.target), member.to_json())
             member.last_heartbeat_ms = now_ms
             bump = self._update(data, member, req)
         self.refresh(data, topics, bump=bump)
@@ -442,6 +446,9 @@ class ConsumerGroupRules:
             member_epoch=member.member_epoch,
             assignment=self._to_send(member, req),
         )
+        if req.member_epoch != JOIN_EPOCH:
+            after = (data.group_epoch, data.assignment_epoch, id(data.target), member.to_json())
+            return result, after != before
         return result, data.to_json() != data.persisted
 
     def _check_epoch(self, member: ConsumerMember, req: HeartbeatRequest) -> HeartbeatResult | None:

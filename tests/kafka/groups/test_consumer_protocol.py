@@ -331,3 +331,46 @@ def test_rebalances_and_fencings_are_counted_for_metrics() -> None:
     c.hb("d", 5, owned={})
     assert c.hb("d", -1).error == ErrorCode.none
     assert sum(c.m.consumer_fencings.values()) == 3
+
+
+def test_a_heartbeat_that_writes_nothing_changed_nothing() -> None:
+    """Randomized: members join, leave, reconcile (reporting what they own, sometimes stale),
+    topics grow; whenever a heartbeat writes no record the group's state is exactly the last
+    record written (the steady path compares the member and the epochs, not the whole group)."""
+    import random
+
+    rng = random.Random(848)
+    c = Cluster()
+    data_of = lambda: c.m.groups["g"].consumer
+    members: dict[str, int] = {}
+    for step in range(600):
+        roll = rng.random()
+        before = len(c.writes)
+        if roll < 0.1 or not members:
+            name = f"m{rng.randrange(8)}"
+            r = c.join(name, rng.choice([("orders",), ("audit",), ("orders", "audit")]))
+        elif roll < 0.15:
+            name = rng.choice(sorted(members))
+            r = c.hb(name, -1)
+            members.pop(name, None)
+            continue
+        elif roll < 0.18:
+            t = rng.choice(["orders", "audit"])
+            c.topics[t] = TopicMeta(c.topics[t].topic_id, c.topics[t].partitions + 1)
+            continue
+        else:
+            name = rng.choice(sorted(members))
+            member = data_of().members.get(name)
+            if member is None:
+                members.pop(name)
+                continue
+            owned = None if rng.random() < 0.3 else {t: set(ps) for t, ps in member.assigned.items()}
+            if owned is not None and member.revoking and rng.random() < 0.5:
+                for t, ps in member.revoking.items():  # still holding what it must give up
+                    owned.setdefault(t, set()).update(ps)
+            r = c.hb(name, member.member_epoch, owned)
+        if r.error == ErrorCode.none:
+            members[name] = r.member_epoch
+        data = data_of()
+        if data is not None and len(c.writes) == before:
+            assert data.to_json() == data.persisted, f"step {step}: a change was not written"

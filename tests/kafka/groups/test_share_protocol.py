@@ -333,3 +333,40 @@ def test_initialized_partitions_are_tracked_and_survive_a_reload() -> None:
     fresh.share_mark_initialized("q", [(T1, 0), (T1, 1)], c.now, initialized=False)
     assert fresh.share_uninitialized("q") == {(T1, 0), (T1, 1), (T2, 0), (T2, 1)}
     assert fresh.share_uninitialized("unknown") == set()
+
+
+def test_a_share_heartbeat_that_writes_nothing_changed_nothing() -> None:
+    """Randomized joins, leaves, subscription and client changes, growing topics, lost answers:
+    whenever a heartbeat writes no record, the group's state is exactly the last one written."""
+    import random
+
+    rng = random.Random(932)
+    c = Cluster()
+    last: bytes | None = None
+    for step in range(800):
+        roll = rng.random()
+        data = c.m.groups["q"].share if "q" in c.m.groups else None
+        names = sorted(data.members) if data is not None else []
+        before = len(c.writes)
+        if roll < 0.12 or not names:
+            c.join(f"m{rng.randrange(10)}", rng.choice([("orders",), ("audit",), ("orders", "audit")]))
+        elif roll < 0.17:
+            c.hb(rng.choice(names), -1)
+        elif roll < 0.2:
+            t = rng.choice(["orders", "audit"])
+            c.topics[t] = TopicMeta(c.topics[t].topic_id, c.topics[t].partitions + 1)
+            continue
+        else:
+            m = data.members[rng.choice(names)]  # type: ignore[union-attr]
+            epoch = m.previous_member_epoch if rng.random() < 0.1 and m.previous_member_epoch > 0 else m.member_epoch
+            fields: dict = {}
+            if rng.random() < 0.1:
+                fields["topics"] = rng.choice([("orders",), ("audit",), ("orders", "audit")])
+            if rng.random() < 0.05:
+                fields["client_id"] = f"client-{rng.randrange(3)}"
+            c.hb(m.member_id, epoch, fields.pop("topics", None), **fields)
+        if len(c.writes) > before:
+            last = c.writes[-1][1]
+        data = c.m.groups["q"].share if "q" in c.m.groups else None
+        if data is not None and last is not None:
+            assert data.to_json() == last, f"step {step}: a change was not written"

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from automq.spark.cluster import ClusterLocation, ClusterView
-from automq.spark.reader import ROW_SCHEMA
+from automq.spark.reader import ROW_SCHEMA, ObjectSlice
 from automq.spark.source import (
     DEFAULT_MAX_BYTES_PER_PARTITION,
     SliceGroup,
@@ -25,6 +25,8 @@ from automq.spark.source import (
     with_lookahead,
 )
 
+MIN_TASK_BYTES = 4 << 20  # below this a task costs more than it reads
+
 
 def _read_ipc(groups: Iterator[SliceGroup]) -> Iterator[bytes]:
     for group in groups:
@@ -33,6 +35,14 @@ def _read_ipc(groups: Iterator[SliceGroup]) -> Iterator[bytes]:
             for batch in read_group(group.object_store_url, group.slices, group.lookahead, group.report_open):
                 writer.write_batch(batch)
         yield sink.getvalue().to_pybytes()
+
+
+def task_bytes(slices: list[ObjectSlice], parallelism: int, max_bytes: int) -> int:
+    """How much one read task takes: at most `max_bytes`, and little enough that every core
+    gets a task (`max_bytes` alone packed a 32 MiB range into one task, read on one core while
+    the other idled: profiled), but not below MIN_TASK_BYTES (a task costs more than it reads)."""
+    total = sum(sl.object_size for sl in slices)
+    return max(MIN_TASK_BYTES, min(max_bytes, -(-total // max(1, parallelism))))
 
 
 def read_range(
@@ -51,7 +61,7 @@ def read_range(
     slices = plan_slices(view, [topic], {topic: start}, {topic: end})
     if not slices:
         return ROW_SCHEMA.empty_table()
-    groups = group_slices(slices, max_bytes)
+    groups = group_slices(slices, task_bytes(slices, spark.sparkContext.defaultParallelism, max_bytes))
     tasks = [
         SliceGroup(location.object_store_url, tuple(g), ahead, report_open)
         for g, ahead in zip(groups, with_lookahead(groups, slices), strict=True)

@@ -172,11 +172,14 @@ def ingest_topic(
         if all(start[p] >= end[p] for p in end):
             result.offsets = {p: max(committed.get(p, 0), start[p]) for p in end}
             return result
+        t0 = time.perf_counter()
         rows = _read(spark, location, topic.name, start, end)
         rows, end = _stop_at_open_transactions(rows, end)
         _check_range(rows, start, end)
+        t1 = time.perf_counter()
         converted = convert(rows, settings)
         offsets = {**committed, **{p: max(start[p], end[p]) for p in end}}
+        t2 = time.perf_counter()
         try:
             dead = _commit_dead_letters(catalog, name, topic.name, converted.dead, offsets)
             table = table or iceberg.create_table(
@@ -186,6 +189,14 @@ def ingest_topic(
         except CommitFailedException as exc:
             log.info("%s: lost a concurrent commit (%s); re-planning", name, exc)
             continue
+        log.info(
+            "%s: %d records: read %.2fs, convert %.2fs, write and commit %.2fs",
+            name,
+            rows.num_rows,
+            t1 - t0,
+            t2 - t1,
+            time.perf_counter() - t2,
+        )
         result.status, result.records, result.dead_letters, result.offsets = (
             "committed",
             converted.rows.num_rows,

@@ -98,3 +98,15 @@ def test_bad_options_name_the_option(spark, spark_cluster):
         reader().option("topic", "no-such-topic-here").load().collect()
     with pytest.raises(PySparkException, match="no object store"):
         spark.read.format("automq").option("topic", "x").load().collect()
+
+
+def test_bulk_reads_give_every_core_a_task_but_not_tiny_ones():
+    from automq.spark.bulkread import MIN_TASK_BYTES, task_bytes
+    from automq.spark.reader import ObjectSlice
+    from automq.spark.source import group_slices
+
+    slices = [ObjectSlice(i, 1 << 20, 7, i * 100, (i + 1) * 100) for i in range(32)]  # 32 MiB in 1 MiB objects
+    groups = group_slices(slices, task_bytes(slices, 2, 64 << 20))
+    assert len(groups) == 2 and [sl for g in groups for sl in g] == slices  # was 1 task with max_bytes alone
+    assert len(group_slices(slices, task_bytes(slices, 64, 64 << 20))) == 32 // (MIN_TASK_BYTES >> 20)
+    assert task_bytes(slices * 10, 2, 64 << 20) == 64 << 20

@@ -30,6 +30,10 @@ def cluster_spec(wal: dict[str, Any], grace_s: int, brokers: int = 2) -> dict[st
         "controller": {"replicas": 1},
         "broker": {"replicas": brokers, "wal": wal, "nodeLossGracePeriod": grace_s},
         "objectStore": {"bucket": "node-loss"},  # the harness replaces the store (object_store_url)
+        # Plain clients and controller calls: the security defaults are tested elsewhere
+        # (tests/e2e/test_operator_security.py).
+        "listeners": [{"name": "PLAINTEXT", "port": 9092}],
+        "security": {"controllerApi": {"authentication": "none"}},
     }
 
 

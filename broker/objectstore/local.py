@@ -12,7 +12,14 @@ S3 (see `base.ObjectStore`), including across processes sharing the directory:
   writer slipping in between. Only the rename is under the lock, never the data write/fsync.
 - ETag = md5 hex of the content, stored in the `user.automq.etag` xattr of the temp file
   before the rename (so it is atomic with the content); computed from the data when the
-  filesystem has no user xattrs.
+  filesystem has no user xattrs. Objects written by `put_multipart`, and unconditional puts
+  of at least 8 MiB (the uploader's objects), get `<crc32c>-<size>-c` instead when xattrs
+  work (S3's multipart ETags are not the content's MD5 either): MD5 of every uploaded byte
+  was the largest single CPU cost of a broker at peak on this store (docs/benchmarks.md,
+  "Peak profile"); CRC-32C runs in hardware. Conditional writes (the metadata log's
+  compare-and-swap objects) keep MD5. Tags are content-derived: the same bytes always get the
+  same tag. A tool that copies objects without their xattrs turns such a tag into the MD5
+  (an If-Match with the old tag then fails; it never falsely succeeds).
 
 On-disk names: key "a/b/c" is stored as `<root>/a/b/c%obj`. Every '%' in a segment is
 written as '%25', so the names we add ("…%obj" files, ".%tmp-…" temp files, "%lock") can
@@ -37,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+import crc32c
+
 from automq.broker.objectstore.base import (
     BucketNotFound,
     ObjectInfo,
@@ -55,6 +64,7 @@ OBJECT_SUFFIX = "%obj"
 TEMP_PREFIX = ".%tmp-"
 LOCK_NAME = "%lock"
 ETAG_XATTR = "user.automq.etag"
+FAST_TAG_BYTES = 8 << 20  # unconditional puts from this size on get a CRC-32C tag, not MD5
 _MAX_NAME_BYTES = 255
 _COPY_CHUNK = 1 << 20
 
@@ -91,17 +101,24 @@ class _TempObject:
     """A new object's content being written next to its final place: a `.%tmp-*` file that
     `seal()` tags with its ETag and fsyncs; the store then renames or links it into place."""
 
-    def __init__(self, store: LocalObjectStore, directory: Path) -> None:
+    def __init__(self, store: LocalObjectStore, directory: Path, *, fast_tag: bool = False) -> None:
         self.store = store
         self.path = directory / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
         self.fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self.size = 0
-        self._digest = hashlib.md5(usedforsecurity=False)
+        # A CRC-32C tag must be stored to be found again (without the xattr, readers compute
+        # MD5): only when xattrs work.
+        self._crc: int | None = 0 if fast_tag and store._xattrs else None
+        self._digest = hashlib.md5(usedforsecurity=False) if self._crc is None else None
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         assert self.fd is not None
         view = memoryview(chunk).cast("B")
-        self._digest.update(view)
+        if self._crc is not None:
+            self._crc = crc32c.crc32c(view, self._crc)
+        else:
+            assert self._digest is not None
+            self._digest.update(view)
         self.size += len(view)
         while view:
             view = view[os.write(self.fd, view) :]
@@ -109,7 +126,11 @@ class _TempObject:
     def seal(self) -> str:
         """Store the ETag (xattr), fsync, close; returns the ETag."""
         assert self.fd is not None
-        etag = self._digest.hexdigest()
+        if self._crc is not None:
+            etag = f"{self._crc:08x}-{self.size}-c"
+        else:
+            assert self._digest is not None
+            etag = self._digest.hexdigest()
         if self.store._xattrs:
             try:
                 os.setxattr(self.fd, ETAG_XATTR, etag.encode("ascii"))
@@ -117,6 +138,8 @@ class _TempObject:
                 if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
                     raise
                 self.store._xattrs = False
+                if self._crc is not None:  # not storable: the tag readers will compute
+                    etag = self.store._etag_of_fd(os.open(self.path, os.O_RDONLY), close=True)
         if self.store._fsync:
             os.fsync(self.fd)
         os.close(self.fd)
@@ -252,7 +275,12 @@ class LocalObjectStore(ObjectStore):
         finally:
             os.close(fd)  # closing releases the flock
 
-    def _etag_of_fd(self, fd: int) -> str:
+    def _etag_of_fd(self, fd: int, *, close: bool = False) -> str:
+        if close:
+            try:
+                return self._etag_of_fd(fd)
+            finally:
+                os.close(fd)
         if self._xattrs:
             try:
                 return os.getxattr(fd, ETAG_XATTR).decode("ascii")
@@ -282,9 +310,9 @@ class LocalObjectStore(ObjectStore):
 
     # -- writing ----------------------------------------------------------------------------
 
-    def _new_temp(self, directory: Path) -> _TempObject:
+    def _new_temp(self, directory: Path, fast_tag: bool = False) -> _TempObject:
         self._ensure_dir(directory)
-        return _TempObject(self, directory)
+        return _TempObject(self, directory, fast_tag=fast_tag)
 
     def _commit(
         self,
@@ -337,7 +365,8 @@ class LocalObjectStore(ObjectStore):
     ) -> PutResult:
         self._check_root()
         directory, name = self._path(key)
-        temp = self._new_temp(directory)
+        fast = not (if_none_match or if_match is not None) and memoryview(data).nbytes >= FAST_TAG_BYTES
+        temp = self._new_temp(directory, fast)
         try:
             temp.write(data)
             etag = temp.seal()
@@ -369,7 +398,7 @@ class LocalObjectStore(ObjectStore):
         validate_key(key)
         await self._run("put_multipart", self._check_root)
         directory, name = self._path(key)
-        temp: _TempObject = await self._run("put_multipart", self._new_temp, directory)
+        temp: _TempObject = await self._run("put_multipart", self._new_temp, directory, True)
         try:
             async for part in iterate_parts(parts):
                 await self._run("put_multipart", temp.write, part)

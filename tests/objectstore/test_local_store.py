@@ -124,6 +124,30 @@ async def test_etag_is_computed_when_the_xattr_is_missing(tmp_path):
     assert await store.get("k") == b"new"
 
 
+async def test_multipart_objects_get_a_crc32c_tag_that_works_like_any_etag(tmp_path):
+    import crc32c
+
+    store = LocalObjectStore.from_url(f"file://{tmp_path}/objects")
+    parts = [os.urandom(100_000), os.urandom(50_000)]
+    data = b"".join(parts)
+    result = await store.put_multipart("big", parts)
+    assert result.etag == f"{crc32c.crc32c(data):08x}-{len(data)}-c" != hashlib.md5(data).hexdigest()
+    assert (await store.head("big")).etag == result.etag
+    assert [info.etag async for info in store.list("big")] == [result.etag]
+    again = await store.put_multipart("same", [data])  # content-derived: same bytes, same tag
+    assert again.etag == result.etag
+    # unconditional puts of 8 MiB and more (the uploader's objects) get it too; conditional
+    # writes and small objects keep the MD5
+    large = os.urandom(8 << 20)
+    assert (await store.put("large", large)).etag == f"{crc32c.crc32c(large):08x}-{len(large)}-c"
+    created = await store.put("large-cas", large, if_none_match=True)
+    assert created.etag == hashlib.md5(large).hexdigest()
+    replaced = await store.put("big", b"small", if_match=result.etag)
+    assert replaced.etag == hashlib.md5(b"small").hexdigest()
+    with pytest.raises(PreconditionFailed):
+        await store.put("big", b"stale", if_match=result.etag)
+
+
 async def test_missing_root_is_created_and_file_root_is_bucket_not_found(tmp_path):
     store = open_object_store(f"file://{tmp_path}/a/b/objects")
     await store.put("x", b"1")

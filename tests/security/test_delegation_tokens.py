@@ -24,6 +24,8 @@ def token_cluster(tmp_path_factory, pki):
     key = tmp / "token-secret"
     key.write_text("a-shared-secret-of-the-brokers\n")
     controller_cfg, broker_raw = secure_configs(tmp, pki, delegation_token_secret_key_file=str(key))
+    # an authorizer denying by default, alice its only super user: token rules hold with ACLs on
+    broker_raw["kafka"].update({"authorizer_class_name": "standard", "super_users": "User:alice"})
     cluster = ThreadedCluster(controller_cfg, broker_raw).start()
     yield cluster
     cluster.stop()
@@ -130,8 +132,9 @@ def test_token_lifecycle_and_login(token_cluster):
 
     # owner and renewer see it; a filter on another owner does not
     (mine,) = _call(token_cluster, _sasl("alice"), _describe())
-    assert [t.token_id for t in mine.tokens] == [created.token_id]
-    assert [(r.principal_type, r.principal_name) for r in mine.tokens[0].renewers] == [("User", "bob")]
+    (described,) = [t for t in mine.tokens if t.token_id == created.token_id]
+    assert [(r.principal_type, r.principal_name) for r in described.renewers] == [("User", "bob")]
+    assert described.hmac == created.hmac
     (bobs,) = _call(token_cluster, _sasl("bob"), _describe(owners=["alice"]))
     assert [t.token_id for t in bobs.tokens] == [created.token_id]
     (none,) = _call(token_cluster, _sasl("alice"), _describe(owners=["carol"]))
@@ -153,6 +156,36 @@ def test_token_lifecycle_and_login(token_cluster):
     assert created.token_id not in [t.token_id for t in after.tokens]
     (gone,) = _call(token_cluster, _sasl("alice"), _renew(created.hmac, 1000))
     assert gone.error_code == ErrorCode.delegation_token_not_found
+
+
+def test_token_for_another_owner_needs_create_tokens(token_cluster):
+    """KIP-373: bob may create a token owned by alice only with CREATE_TOKENS on USER User:alice;
+    he then sees it as its requester, and alice as its owner."""
+    from kio.schema.create_acls.v3.request import AclCreation, CreateAclsRequest
+    from kio.static.primitive import i8
+
+    (denied,) = _call(token_cluster, _sasl("bob"), _create(owner="alice"))
+    assert denied.error_code == ErrorCode.delegation_token_authorization_failed
+    acl = AclCreation(
+        resource_type=i8(7),  # USER
+        resource_name="User:alice",
+        resource_pattern_type=i8(3),  # LITERAL
+        principal="User:bob",
+        host="*",
+        operation=i8(13),  # CREATE_TOKENS
+        permission_type=i8(3),  # ALLOW
+    )
+    (acls,) = _call(token_cluster, _sasl("alice"), CreateAclsRequest(creations=(acl,)))
+    assert [r.error_code for r in acls.results] == [ErrorCode.none]
+    (made,) = _call(token_cluster, _sasl("bob"), _create(owner="alice"))
+    assert made.error_code == ErrorCode.none
+    assert (made.principal_name, made.token_requester_principal_name) == ("alice", "bob")
+    for user in ("alice", "bob"):
+        (seen,) = _call(token_cluster, _sasl(user), _describe())
+        assert made.token_id in [t.token_id for t in seen.tokens]
+    # a client logs in with it (served as alice, its owner)
+    (md,) = _call(token_cluster, _token_login(made.token_id, made.hmac), _metadata())
+    assert md.brokers
 
 
 def test_token_refusals(token_cluster, secure_cluster):

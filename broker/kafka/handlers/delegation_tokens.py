@@ -6,7 +6,9 @@ Kafka's rules: without `security.delegation_token_secret_key_file` every call an
 DELEGATION_TOKEN_AUTH_DISABLED; tokens are created, renewed, expired and described only on an
 authenticated channel (SASL, or SSL with a client certificate) and never on one that logged in
 with a token (DELEGATION_TOKEN_REQUEST_NOT_ALLOWED); creating a token for another owner (v3)
-needs a super user here (Kafka: CREATE_TOKENS on that user); only the owner or a renewer may
+needs CREATE_TOKENS on that USER (DELEGATION_TOKEN_AUTHORIZATION_FAILED); a token is described
+to its owner, requester and renewers, and to principals with DESCRIBE on the DELEGATION_TOKEN or
+DESCRIBE_TOKENS on its owner's USER (everyone, with no authorizer); only the owner or a renewer may
 renew or expire (DELEGATION_TOKEN_OWNER_MISMATCH); an unknown HMAC is
 DELEGATION_TOKEN_NOT_FOUND, a lapsed token DELEGATION_TOKEN_EXPIRED; renewers must be `User`
 principals (INVALID_PRINCIPAL_TYPE). A token past its expiry is refused for logins and left
@@ -21,7 +23,9 @@ import time
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker.controller.acls import AclOperation, ResourceType
 from automq.broker.controller.protocol import DelegationTokenInfo
+from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka import codec
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers.admin import _controller
@@ -60,11 +64,6 @@ def _split(principal: str) -> tuple[str, str]:
     return kind, name
 
 
-def _is_super(ctx: RequestContext) -> bool:
-    authorizer = ctx.broker.authorizer
-    return authorizer is not None and ctx.principal in authorizer.super_users
-
-
 async def _visible(ctx: RequestContext, predicate) -> None:
     """Answer once this broker's image shows the change (a client may log in with the token
     right away, here or elsewhere)."""
@@ -99,7 +98,7 @@ async def create_delegation_token(request, ctx: RequestContext):
         if owner_type != "User":
             return answer(ErrorCode.invalid_principal_type)
         owner = f"{owner_type}:{owner_name}"
-        if owner != ctx.principal and ctx.broker.authorizer is not None and not _is_super(ctx):
+        if owner != ctx.principal and not authz.allowed(ctx, AclOperation.CREATE_TOKENS, ResourceType.USER, owner):
             return answer(ErrorCode.delegation_token_authorization_failed)
     renewers = []
     for r in request.renewers:
@@ -196,8 +195,12 @@ async def describe_delegation_token(request, ctx: RequestContext):
     for t in sorted(tokens.tokens.values(), key=lambda t: t.issue_ms):
         if t.expiry_ms < now or (owners is not None and t.owner not in owners):
             continue
-        if not (_is_super(ctx) or ctx.principal in (t.owner, t.requester, *t.renewers)):
-            continue  # Kafka: owners, requesters and renewers see a token (or DESCRIBE on it)
+        if not (
+            ctx.principal in (t.owner, t.requester, *t.renewers)
+            or authz.allowed(ctx, AclOperation.DESCRIBE, ResourceType.DELEGATION_TOKEN, t.token_id)
+            or authz.allowed(ctx, AclOperation.DESCRIBE_TOKENS, ResourceType.USER, t.owner)
+        ):
+            continue  # as Kafka's filterToken (with no authorizer, every authenticated user sees all)
         out.append(
             codec.build(
                 token_cls,

@@ -759,6 +759,11 @@ async def _alter_configs(
             return True
 
         await _await_local(ctx, applied, METADATA_PROPAGATION_WAIT_S)
+        if altered_groups:
+            # a share group's configs are read by every partition leader (share.auto.offset.reset
+            # when a share-partition starts): a client that sets them and then subscribes must
+            # not meet a leader still on the old image (librdkafka's share tests do exactly that)
+            await _await_cluster(ctx, [], METADATA_PROPAGATION_WAIT_S)
     return build(cls, throttle_time=ZERO_THROTTLE, responses=tuple(results))
 
 

@@ -108,9 +108,11 @@ def test_pipelined_produce_is_held_while_throttled(inprocess_cluster) -> None:
 
     async def pipeline() -> tuple[int, int, int, list]:
         reader, writer = await asyncio.open_connection(host, int(port))
-        request = _produce_request(250_000)
-        n = 7
-        # 7 x 250 kB at once at 100 kB/s: Kafka's window lets ~1 MB pass, the 5th is throttled
+        request = _produce_request(300_000)
+        n = 6
+        # 6 x 300 kB at once at 100 kB/s: Kafka's window lets 1 MB pass, so the 4th (1.2 MB) is the
+        # first throttled, by ~2 s (sizes chosen so no request lands just over the line with a
+        # throttle of a few ms, which would end before the check below)
         for i in range(1, n + 1):
             frame = codec.encode_request(i, request, client_id="pipeliner")
             writer.write(_SIZE.pack(len(frame)) + frame)

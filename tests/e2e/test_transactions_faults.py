@@ -38,12 +38,16 @@ def _settled(bootstrap: str, topic: str, partitions: int, timeout: float = 120.0
     answers after at most 5 s even if a partition's leader is still down; the coordinator
     writes that partition's marker once it is back, and a read before then would stop at
     the held-back last stable offset and see the transaction in some partitions only."""
-    readers = {
-        level: Consumer(
-            {"bootstrap.servers": bootstrap, "group.id": f"w-{uuid.uuid4().hex[:8]}", "isolation.level": level}
-        )
-        for level in ("read_committed", "read_uncommitted")
-    }
+
+    def handles() -> dict[str, Consumer]:
+        return {
+            level: Consumer(
+                {"bootstrap.servers": bootstrap, "group.id": f"w-{uuid.uuid4().hex[:8]}", "isolation.level": level}
+            )
+            for level in ("read_committed", "read_uncommitted")
+        }
+
+    readers = handles()
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -55,8 +59,14 @@ def _settled(bootstrap: str, topic: str, partitions: int, timeout: float = 120.0
                     ]
                     for level, c in readers.items()
                 }
-            except KafkaException as exc:  # e.g. NOT_LEADER_FOR_PARTITION while leadership settles
+            except KafkaException as exc:
+                # NOT_LEADER_FOR_PARTITION while a restarted broker takes its partitions back;
+                # a librdkafka handle that got it can keep asking the same way (seen for 90 s
+                # with the brokers' metadata already right), so the next try uses new handles
                 ends = {"error": [str(exc)]}
+                for c in readers.values():
+                    c.close()
+                readers = handles()
             if ends.get("read_committed") is not None and ends["read_committed"] == ends["read_uncommitted"]:
                 return
             assert time.monotonic() < deadline, f"a transaction stays open in {topic}: {ends}"

@@ -26,7 +26,7 @@ from automq.broker.controller.protocol import ClusterClient, Endpoint, MetadataI
 from automq.broker.kafka.authorizer import Authorizer
 from automq.broker.kafka.groups import GroupCoordinator
 from automq.broker.kafka.metrics import KafkaMetrics
-from automq.broker.kafka.partitions import PartitionManager
+from automq.broker.kafka.partition_manager import PartitionManager
 from automq.broker.kafka.producers import ProducerIdAllocator
 from automq.broker.kafka.quotas import ClientQuotas
 from automq.broker.kafka.share.manager import SharePartitionManager

@@ -157,6 +157,8 @@ class ArrowBuilder:
         if header.is_control:
             return 0
         decoded = records.decode_records(batch, header)
+        if not decoded:
+            return 0  # an empty batch (key compaction keeps a producer's last batch even with no records left)
         if decoded[0][0] < start or decoded[-1][0] >= end:
             decoded = [r for r in decoded if start <= r[0] < end]
         ts_type = 1 if header.attributes & records.TIMESTAMP_TYPE_BIT else 0

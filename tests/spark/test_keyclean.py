@@ -9,6 +9,7 @@ from __future__ import annotations
 from automq.broker.kafka import records
 from automq.broker.kafka.producers import ProducerStateManager
 from automq.spark.keyclean import HORIZON_BIT, KeyCleaner, LogScan
+from automq.spark.reader import ArrowBuilder
 
 NOW = 1_000_000_000
 HOUR = 3_600_000
@@ -182,6 +183,10 @@ def test_active_producers_last_batch_keeps_fields_and_span_even_when_empty():
     assert (first.producer_id, first.producer_epoch, first.base_sequence) == (3, 0, 0)
     assert stats.empty_batches == 1
     assert all(h.producer_id != 4 for h in hs)  # expired: not kept for it
+    # the Spark jobs' reader takes the empty batch in its stride
+    builder = ArrowBuilder("t", 0)
+    assert sum(builder.add_batch(b, 0, 1 << 40) for b in out) == len(rows(out))
+    assert builder.flush().column("offset").to_pylist() == [o for o, _k, _v in rows(out)]
     # a broker rebuilding producer state from this log expects sequence 3 next from producer 3
     state = ProducerStateManager(clock=lambda: NOW)
     for h in hs:

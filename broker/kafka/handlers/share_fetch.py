@@ -491,6 +491,10 @@ async def share_fetch(request, ctx: RequestContext):
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _time_ms(request.max_wait) / 1000
+    # MaxBytes 0 acquires nothing (Kafka answers such a fetch empty once max_wait elapses;
+    # librdkafka's fetch.max.bytes=0 relies on it): reading "at least one batch" would hand out
+    # and lock records the consumer said it has no room for
+    nothing_fits = request.max_bytes <= 0
     max_bytes = max(request.max_bytes, 1)
     max_records = max(request.max_records, 1) if request.max_records > 0 else 500
     strict = getattr(request, "share_acquire_mode", 0) == 1  # v2 record_limit: never more than max_records
@@ -498,7 +502,7 @@ async def share_fetch(request, ctx: RequestContext):
     while True:
         total_bytes = total_records = 0
         for part in fetching:
-            if total_records >= max_records or (total_bytes >= max_bytes and total_bytes > 0):
+            if nothing_fits or total_records >= max_records or (total_bytes >= max_bytes and total_bytes > 0):
                 break
             if part.acquired or part.error != ErrorCode.none:
                 continue

@@ -51,6 +51,7 @@ async def _fetch(
     group: str = GROUP,
     topic_id: uuid.UUID | None = None,
     forgotten: tuple = (),
+    max_bytes: int = 1 << 20,
 ) -> Any:
     tid = topic_id or _topic_id(node, topic)
     topics = ()
@@ -98,7 +99,7 @@ async def _fetch(
         share_session_epoch=epoch,
         max_wait=timedelta(milliseconds=max_wait_ms),
         min_bytes=1,
-        max_bytes=1 << 20,
+        max_bytes=max_bytes,
         max_records=max_records,
         batch_size=500,
         topics=tuple(build(t) for t in topics),
@@ -187,6 +188,17 @@ async def test_members_share_a_partition_and_acknowledgements_are_durable(cluste
     r = await _ack(node, "m1", 2, 0, [(3, 4, [REJECT])])
     assert [p.error_code for t in r.responses for p in t.partitions] == [ErrorCode.none]
     assert (await node.broker.share_partitions.summary(GROUP, "q", 0))[0] == 10
+
+
+async def test_max_bytes_zero_acquires_nothing(cluster) -> None:
+    """Kafka answers a ShareFetch with MaxBytes 0 without records (librdkafka's
+    fetch.max.bytes=0, test 0180): nothing is handed out, so nothing is locked either."""
+    node = await _node(cluster)
+    await _produce(node, "q", 0, 4)
+    empty = await _fetch(node, "m1", 0, {0: []}, max_bytes=0, max_wait_ms=300)
+    assert empty.error_code == ErrorCode.none
+    assert _acquired(empty) == {}
+    assert _acquired(await _fetch(node, "m2", 0, {0: []})) == {0: [(0, 3, 1)]}
 
 
 async def test_hostile_requests_get_kafkas_codes(cluster) -> None:

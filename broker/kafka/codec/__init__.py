@@ -31,6 +31,7 @@ from automq.broker.kafka.codec._common import (
     Buffer,
 )
 from automq.broker.kafka.codec.framing import (
+    FIRST_PRODUCE_TOPIC_ID,
     KAFKA_4_VERSION_RANGES,
     DecodedRequest,
     FrameError,
@@ -69,6 +70,7 @@ from automq.broker.kafka.codec.responses import (
 __all__ = (
     "API_VERSIONS_KEY",
     "CLOSE_CONNECTION",
+    "FIRST_PRODUCE_TOPIC_ID",
     "KAFKA_4_VERSION_RANGES",
     "PRODUCE_KEY",
     "ZERO_THROTTLE",

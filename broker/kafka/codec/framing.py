@@ -30,7 +30,7 @@ from automq.broker.kafka.codec.tolerant import _read_entity_tolerant
 # Kafka 4.0 broker ranges (KIP-896 removed the pre-2.1 versions). Only keys with a registered
 # handler are advertised; kio's available versions cut these further (see supported_range).
 KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
-    0: (3, 12),  # Produce
+    0: (3, 13),  # Produce (v13: Kafka 4.1, topics named by id, KIP-516)
     1: (4, 17),  # Fetch
     2: (1, 10),  # ListOffsets
     3: (0, 13),  # Metadata
@@ -101,6 +101,10 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     91: (0, 0),  # AlterShareGroupOffsets (KIP-932)
     92: (0, 0),  # DeleteShareGroupOffsets (KIP-932)
 }
+
+
+# Produce v13 (Kafka 4.1) names each topic by its id instead of its name, in request and response.
+FIRST_PRODUCE_TOPIC_ID = 13
 
 
 # --------------------------------------------------------------------------- errors
@@ -270,7 +274,9 @@ def decode_request(frame: Buffer, served: dict[int, tuple[int, int]]) -> Decoded
         # large produce frames: record batches stay views of the received buffer (rewritten
         # in place by the produce path), no kio copy
         try:
-            request = decode_produce_in_place(writable, header.size, cls.__flexible__)
+            request = decode_produce_in_place(
+                writable, header.size, cls.__flexible__, topic_ids=api_version >= FIRST_PRODUCE_TOPIC_ID
+            )
         except (IndexError, struct.error, UnicodeDecodeError, _LengthError) as exc:
             raise RequestDecodeError(api_key, api_version, correlation_id, str(exc) or "truncated") from None
         return DecodedRequest(header, request, response_class(api_key, api_version))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import struct
+import uuid
 from dataclasses import dataclass
 
 from automq.broker.kafka.codec._common import _INT16, _INT32, _LengthError
@@ -21,13 +22,14 @@ class ProducePartitionView:
 
 @dataclass(slots=True)
 class ProduceTopicView:
-    name: str
+    name: str | None  # v0-v12
     partition_data: list[ProducePartitionView]
+    topic_id: uuid.UUID | None = None  # v13+ (KIP-516): topics are named by id only
 
 
 @dataclass(slots=True)
 class ProduceRequestView:
-    """Produce v3-v12 with kio's attribute names; records are views of the frame."""
+    """Produce v3-v13 with kio's attribute names; records are views of the frame."""
 
     transactional_id: str | None
     acks: int
@@ -35,8 +37,11 @@ class ProduceRequestView:
     topic_data: list[ProduceTopicView]
 
 
-def decode_produce_in_place(buf: bytearray, position: int, flexible: bool) -> ProduceRequestView:
-    """Decode a Produce request body (lengths already checked by _check_lengths)."""
+def decode_produce_in_place(
+    buf: bytearray, position: int, flexible: bool, topic_ids: bool = False
+) -> ProduceRequestView:
+    """Decode a Produce request body (lengths already checked by _check_lengths); `topic_ids`:
+    v13+, where each topic is a 16-byte UUID instead of a name."""
     view = memoryview(buf)
 
     def string(pos: int, nullable: bool) -> tuple[str | None, int]:
@@ -65,7 +70,16 @@ def decode_produce_in_place(buf: bytearray, position: int, flexible: bool) -> Pr
     topics: list[ProduceTopicView] = []
     n_topics, position = array_length(position)
     for _ in range(max(n_topics, 0)):
-        name, position = string(position, False)
+        name: str | None = None
+        topic_id: uuid.UUID | None = None
+        if topic_ids:
+            if position + 16 > len(buf):
+                raise _LengthError("topic id runs past the frame")
+            raw = bytes(view[position : position + 16])
+            topic_id = uuid.UUID(bytes=raw) if raw != _ZERO_UUID else None  # as kio reads it
+            position += 16
+        else:
+            name, position = string(position, False)
         partitions: list[ProducePartitionView] = []
         n_parts, position = array_length(position)
         for _ in range(max(n_parts, 0)):
@@ -88,8 +102,9 @@ def decode_produce_in_place(buf: bytearray, position: int, flexible: bool) -> Pr
             partitions.append(ProducePartitionView(index, records))
         if flexible:
             position = _skip_tagged_fields(buf, position)
-        topics.append(ProduceTopicView(name, partitions))  # type: ignore[arg-type]
+        topics.append(ProduceTopicView(name, partitions, topic_id))
     return ProduceRequestView(transactional_id, acks, datetime.timedelta(milliseconds=timeout_ms), topics)
 
 
 _ACKS_TIMEOUT = struct.Struct(">hi")
+_ZERO_UUID = bytes(16)

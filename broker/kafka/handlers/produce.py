@@ -93,9 +93,10 @@ async def produce(request, ctx: RequestContext):
     default_max = broker.config.kafka.message_max_bytes
     metrics = broker.metrics
 
-    # (topic, index) -> either an error (code, message) or a pending append task
-    # topic, index, the append task or (error, message), the batch header (0 when refused before parsing)
-    outcome: list[tuple[str, int, Any, records.BatchHeader | int]] = []
+    # the response's topic key (name, or id from v13), topic, index, the append task or
+    # (error, message), the batch header (0 when refused before parsing)
+    outcome: list[tuple[Any, str, int, Any, records.BatchHeader | int]] = []
+    by_id = ctx.api_version >= codec.FIRST_PRODUCE_TOPIC_ID
     transactional_id = getattr(request, "transactional_id", None)
     txn_denied = (
         broker.authorizer is not None
@@ -106,14 +107,25 @@ async def produce(request, ctx: RequestContext):
     # (producer id, epoch) -> the coordinator's answer and the partitions it is asked about
     verifications: dict[tuple[int, int], tuple[asyncio.Future[Any], list[tuple[str, int]]]] = {}
     for topic_data in request.topic_data:
-        topic = topic_data.name
+        if by_id:
+            # KIP-516: an id this broker's image does not know (the zero id included) is answered
+            # UNKNOWN_TOPIC_ID, as Kafka 4.1 does; it has no name to authorize or append to
+            key = topic_data.topic_id
+            info = partitions.topic_by_id(str(key)) if key is not None else None
+            if info is None:
+                for pdata in topic_data.partition_data:
+                    outcome.append((key, "", pdata.index, (ErrorCode.unknown_topic_id, None), 0))
+                continue
+            topic = info.name
+        else:
+            topic = key = topic_data.name
         denied = broker.authorizer is not None and (
             txn_denied or not authz.allowed(ctx, authz.Op.WRITE, authz.TOPIC, topic)
         )
         for pdata in topic_data.partition_data:
             index = pdata.index
             if acks not in (0, 1, -1):
-                outcome.append((topic, index, (ErrorCode.invalid_required_acks, None), 0))
+                outcome.append((key, topic, index, (ErrorCode.invalid_required_acks, None), 0))
                 continue
             if denied:
                 error = (
@@ -121,12 +133,18 @@ async def produce(request, ctx: RequestContext):
                     if txn_denied
                     else ErrorCode.topic_authorization_failed
                 )
-                outcome.append((topic, index, (error, None), 0))
+                outcome.append((key, topic, index, (error, None), 0))
                 continue
             if topic in INTERNAL_TOPICS:
                 # only the group coordinator writes there, and not through Produce (as in Kafka)
                 outcome.append(
-                    (topic, index, (ErrorCode.invalid_topic_exception, f"cannot produce to internal topic {topic}"), 0)
+                    (
+                        key,
+                        topic,
+                        index,
+                        (ErrorCode.invalid_topic_exception, f"cannot produce to internal topic {topic}"),
+                        0,
+                    )
                 )
                 continue
             try:
@@ -146,11 +164,11 @@ async def produce(request, ctx: RequestContext):
                 if partition.is_compacted:
                     _check_keys(pdata.records, header, topic, index)
             except (NotLeaderError, UnknownPartitionError) as exc:
-                outcome.append((topic, index, (_error_of(exc)[0], None), 0))
+                outcome.append((key, topic, index, (_error_of(exc)[0], None), 0))
                 continue
             except records.InvalidBatchError as exc:
                 log.info("rejecting produce to %s-%d from %s: %s", topic, index, ctx.peer, exc)
-                outcome.append((topic, index, (exc.error_code, str(exc), exc.record_errors), 0))
+                outcome.append((key, topic, index, (exc.error_code, str(exc), exc.record_errors), 0))
                 continue
             records_buf = pdata.records
             if not (isinstance(records_buf, memoryview) and not records_buf.readonly):
@@ -158,7 +176,9 @@ async def produce(request, ctx: RequestContext):
             if header.is_transactional and verifier.needed(partition, header):
                 # KIP-890: the batch would open a transaction here; the coordinator is asked first
                 if transactional_id is None:
-                    outcome.append((topic, index, (ErrorCode.transactional_id_authorization_failed, _NO_TXN_ID), 0))
+                    outcome.append(
+                        (key, topic, index, (ErrorCode.transactional_id_authorization_failed, _NO_TXN_ID), 0)
+                    )
                     continue
                 key = (header.producer_id, header.producer_epoch)
                 if key not in verifications:
@@ -168,14 +188,14 @@ async def produce(request, ctx: RequestContext):
                 task = verifier.append(partition, records_buf, header, answer, ctx.api_version)
             else:
                 task = asyncio.ensure_future(partition.append_batch(records_buf, header))
-            outcome.append((topic, index, task, header))
+            outcome.append((key, topic, index, task, header))
 
     for (producer_id, producer_epoch), (answer, verify_tps) in verifications.items():
         assert transactional_id is not None
         verifier.verify(
             answer, transactional_id, producer_id, producer_epoch, verify_tps, ctx.api_version >= FIRST_PRODUCE_ADDING
         )
-    tasks = [o[2] for o in outcome if isinstance(o[2], asyncio.Future)]
+    tasks = [o[3] for o in outcome if isinstance(o[3], asyncio.Future)]
     if tasks:
         timeout_s = request.timeout.total_seconds()
         if acks != 0 and timeout_s > 0:
@@ -185,10 +205,10 @@ async def produce(request, ctx: RequestContext):
 
     partition_cls = codec.nested(ctx.response_class, "PartitionProduceResponse")
     topic_cls = codec.nested(ctx.response_class, "TopicProduceResponse")
-    by_topic: dict[str, list] = {}
+    by_topic: dict[Any, list] = {}
     failed = False
     leaders: set[int] = set()
-    for topic, index, result, batch_header in outcome:
+    for key, topic, index, result, batch_header in outcome:
         base_offset, append_time, log_start, error, message = -1, None, -1, ErrorCode.none, None
         record_errors: tuple[tuple[int, str], ...] = ()
         if isinstance(result, asyncio.Future):
@@ -226,7 +246,7 @@ async def produce(request, ctx: RequestContext):
                     leader_id=hint[0], leader_epoch=hint[1]
                 )
                 leaders.add(hint[0])
-        by_topic.setdefault(topic, []).append(
+        by_topic.setdefault(key, []).append(
             codec.build(
                 partition_cls,
                 index=index,
@@ -241,7 +261,10 @@ async def produce(request, ctx: RequestContext):
         )
     if acks == 0:
         return codec.CLOSE_CONNECTION if failed else None
-    responses = tuple(codec.build(topic_cls, name=t, partition_responses=tuple(ps)) for t, ps in by_topic.items())
+    key_field = "topic_id" if by_id else "name"
+    responses = tuple(
+        codec.build(topic_cls, partition_responses=tuple(ps), **{key_field: k}) for k, ps in by_topic.items()
+    )
     return codec.build(
         ctx.response_class,
         responses=responses,

@@ -20,7 +20,7 @@ CASES = [(key, v) for key in CORE_APIS for v in range(SERVED[key][0], SERVED[key
 
 
 def test_core_apis_advertise_kafka_4_ranges():
-    assert SERVED[0] == (3, 12)
+    assert SERVED[0] == (3, 13)  # Produce v13: Kafka 4.1 (topic ids)
     assert SERVED[1] == (4, 17)
     assert SERVED[2] == (1, 10)
     assert SERVED[3] == (0, 13)
@@ -184,10 +184,14 @@ def test_in_place_produce_decoding_matches_kio(version, data):
         via_kio.acks,
         via_kio.timeout,
     )
+    # v13+ names topics by id (KIP-516), earlier versions by name
     assert [
-        (t.name, [(p.index, None if p.records is None else bytes(p.records)) for p in t.partition_data])
+        (t.name, t.topic_id, [(p.index, None if p.records is None else bytes(p.records)) for p in t.partition_data])
         for t in in_place.topic_data
-    ] == [(t.name, [(p.index, p.records) for p in t.partition_data]) for t in via_kio.topic_data]
+    ] == [
+        (getattr(t, "name", None), getattr(t, "topic_id", None), [(p.index, p.records) for p in t.partition_data])
+        for t in via_kio.topic_data
+    ]
     for t in in_place.topic_data:
         for p in t.partition_data:
             assert p.records is None or not p.records.readonly

@@ -92,7 +92,7 @@ async def test_api_versions_lists_only_served_apis(server):
     assert correlation_id == 7
     ranges = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
     assert ranges == registry.served_ranges()
-    assert ranges[0] == (3, 12) and ranges[18] == (0, 4)
+    assert ranges[0] == (3, 13) and ranges[18] == (0, 4)
     client.close()
 
 

@@ -1,0 +1,232 @@
+"""The Kafka 4.1/4.2 versions the broker advertises, spoken with raw kio frames to a real broker:
+Produce v13 names topics by id (KIP-516) in request and response, and an id the broker does not
+know (the zero id included) is answered UNKNOWN_TOPIC_ID while the rest of the request succeeds.
+Both decoders are exercised: kio's for small frames, the in-place one for frames over 64 KiB."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import struct
+import uuid
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from automq.broker.kafka import codec
+from automq.broker.kafka.handlers.registry import served_ranges
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _call(port: int, request, correlation_id: int = 7):
+    frame = codec.encode_request(correlation_id, request)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        head = b""
+        while len(head) < 4:
+            chunk = sock.recv(4 - len(head))
+            assert chunk, "broker closed the connection"
+            head += chunk
+        (size,) = struct.unpack(">i", head)
+        body = b""
+        while len(body) < size:
+            chunk = sock.recv(size - len(body))
+            assert chunk, "broker closed the connection"
+            body += chunk
+    got_id, response = codec.decode_response(body, type(request))
+    assert got_id == correlation_id
+    return response
+
+
+def _create(port: int, name: str, partitions: int = 2) -> uuid.UUID:
+    from kio.schema.create_topics.v7.request import CreatableTopic, CreateTopicsRequest
+
+    response = _call(
+        port,
+        CreateTopicsRequest(
+            topics=(
+                CreatableTopic(name=name, num_partitions=partitions, replication_factor=1, assignments=(), configs=()),
+            ),
+            timeout=datetime.timedelta(seconds=30),
+            validate_only=False,
+        ),
+    )
+    (result,) = response.topics
+    assert result.error_code == ErrorCode.none, result
+    assert result.topic_id is not None
+    return result.topic_id
+
+
+def _batch(values: list[bytes]) -> bytes:
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 24,
+    )
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=1_700_000_000_000, key=b"k%d" % i, value=value, headers=[])
+    return bytes(builder.build())
+
+
+def _produce_v13(port: int, topics: list[tuple[uuid.UUID | None, list[tuple[int, bytes]]]], acks: int = -1):
+    from kio.schema.produce.v13.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    return _call(
+        port,
+        ProduceRequest(
+            transactional_id=None,
+            acks=acks,
+            timeout=datetime.timedelta(seconds=20),
+            topic_data=tuple(
+                TopicProduceData(
+                    topic_id=topic_id,
+                    partition_data=tuple(PartitionProduceData(index=i, records=r) for i, r in parts),
+                )
+                for topic_id, parts in topics
+            ),
+        ),
+    )
+
+
+def _fetch_values(port: int, topic_id: uuid.UUID, partition: int, version: int = 17) -> list[bytes]:
+    import importlib
+
+    from kafka.record.default_records import DefaultRecordBatch
+
+    schema = importlib.import_module(f"kio.schema.fetch.v{version}.request")
+    response = _call(
+        port,
+        schema.FetchRequest(
+            max_wait=datetime.timedelta(milliseconds=0),
+            min_bytes=0,
+            topics=(
+                schema.FetchTopic(
+                    topic_id=topic_id,
+                    partitions=(
+                        schema.FetchPartition(partition=partition, fetch_offset=0, partition_max_bytes=1 << 22),
+                    ),
+                ),
+            ),
+            forgotten_topics_data=(),
+        ),
+    )
+    (topic,) = response.responses
+    assert topic.topic_id == topic_id
+    (part,) = topic.partitions
+    assert part.error_code == ErrorCode.none, part
+    data = bytes(part.records or b"")
+    values: list[bytes] = []
+    position = 0
+    while position + 12 <= len(data):
+        (length,) = struct.unpack_from(">i", data, position + 8)
+        batch = DefaultRecordBatch(data[position : position + 12 + length])
+        values.extend(bytes(record.value) for record in batch)
+        position += 12 + length
+    return values
+
+
+def test_produce_v13_is_advertised():
+    assert served_ranges()[0] == (3, 13)
+
+
+@pytest.mark.parametrize("size", [16, 100_000], ids=["small-frame", "large-frame"])
+def test_produce_v13_names_topics_by_id(fuzz_broker, size):
+    """Records land in the topic the id names; the response names the topic by the same id."""
+    port = fuzz_broker.port
+    name = f"p13-{size}"
+    topic_id = _create(port, name)
+    values = [bytes([65 + i]) * size for i in range(3)]
+    response = _produce_v13(port, [(topic_id, [(1, _batch(values))])])
+    (topic,) = response.responses
+    assert topic.topic_id == topic_id
+    (part,) = topic.partition_responses
+    assert (part.index, part.error_code, part.base_offset) == (1, ErrorCode.none, 0)
+    assert part.log_start_offset == 0
+    assert _fetch_values(port, topic_id, 1) == values
+    # a second produce continues the log; partition 0 stayed empty
+    again = _produce_v13(port, [(topic_id, [(1, _batch([b"z"]))])])
+    assert again.responses[0].partition_responses[0].base_offset == 3
+    assert _fetch_values(port, topic_id, 0) == []
+
+
+@pytest.mark.parametrize("size", [16, 100_000], ids=["small-frame", "large-frame"])
+def test_produce_v13_unknown_and_zero_topic_ids(fuzz_broker, size):
+    """Unknown ids and the zero id get UNKNOWN_TOPIC_ID under their own id; the known topic in
+    the same request is written, and nothing is written for the others."""
+    port = fuzz_broker.port
+    known = _create(port, f"p13-mixed-{size}", partitions=1)
+    stranger = uuid.uuid4()
+    zero = uuid.UUID(int=0)
+    batch = _batch([b"m" * size])
+    response = _produce_v13(port, [(stranger, [(0, batch), (3, batch)]), (known, [(0, batch)]), (zero, [(0, batch)])])
+    by_id = {t.topic_id: t.partition_responses for t in response.responses}
+    # kio reads the zero id as None
+    assert set(by_id) == {stranger, known, None}
+    assert [(p.index, p.error_code, p.base_offset) for p in by_id[stranger]] == [
+        (0, ErrorCode.unknown_topic_id, -1),
+        (3, ErrorCode.unknown_topic_id, -1),
+    ]
+    assert [(p.index, p.error_code) for p in by_id[None]] == [(0, ErrorCode.unknown_topic_id)]
+    assert [(p.index, p.error_code, p.base_offset) for p in by_id[known]] == [(0, ErrorCode.none, 0)]
+    assert _fetch_values(port, known, 0) == [b"m" * size]
+    fuzz_broker.assert_serving()
+
+
+def test_produce_v13_unknown_partition_of_known_topic(fuzz_broker):
+    port = fuzz_broker.port
+    topic_id = _create(port, "p13-partitions", partitions=1)
+    response = _produce_v13(port, [(topic_id, [(5, _batch([b"x"])), (-1, _batch([b"y"]))])])
+    codes = [(p.index, p.error_code) for p in response.responses[0].partition_responses]
+    assert codes == [(5, ErrorCode.unknown_topic_or_partition), (-1, ErrorCode.unknown_topic_or_partition)]
+
+
+def test_produce_v12_still_names_topics(fuzz_broker):
+    from kio.schema.produce.v12.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    port = fuzz_broker.port
+    topic_id = _create(port, "p12-by-name", partitions=1)
+    response = _call(
+        port,
+        ProduceRequest(
+            transactional_id=None,
+            acks=1,
+            timeout=datetime.timedelta(seconds=20),
+            topic_data=(
+                TopicProduceData(
+                    name="p12-by-name", partition_data=(PartitionProduceData(index=0, records=_batch([b"old"])),)
+                ),
+            ),
+        ),
+    )
+    (topic,) = response.responses
+    assert topic.name == "p12-by-name"
+    assert topic.partition_responses[0].error_code == ErrorCode.none
+    assert _fetch_values(port, topic_id, 0) == [b"old"]
+
+
+def test_produce_v13_truncated_topic_id_is_a_decode_error():
+    """A large v13 frame cut inside a topic id is refused by the in-place decoder, not misread."""
+    from kio.schema.produce.v13.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    request = ProduceRequest(
+        transactional_id="t" * 70_000,  # makes the frame large without records
+        acks=-1,
+        timeout=datetime.timedelta(seconds=1),
+        topic_data=(
+            TopicProduceData(topic_id=uuid.uuid4(), partition_data=(PartitionProduceData(index=0, records=None),)),
+        ),
+    )
+    frame = codec.encode_request(3, request)
+    whole = codec.decode_request(bytearray(frame), {0: (3, 13)})
+    assert whole.request.topic_data[0].topic_id == request.topic_data[0].topic_id
+    assert whole.request.topic_data[0].name is None
+    cut = len(frame) - 16  # 9 bytes follow the topic id: the cut ends inside it
+    with pytest.raises(codec.RequestDecodeError):
+        codec.decode_request(bytearray(frame[:cut]), {0: (3, 13)})

@@ -21,7 +21,7 @@ CASES = [(key, v) for key in CORE_APIS for v in range(SERVED[key][0], SERVED[key
 
 def test_core_apis_advertise_kafka_4_ranges():
     assert SERVED[0] == (3, 13)  # Produce v13: Kafka 4.1 (topic ids)
-    assert SERVED[1] == (4, 17)
+    assert SERVED[1] == (4, 18)  # Fetch v18: Kafka 4.1
     assert SERVED[2] == (1, 10)
     assert SERVED[3] == (0, 13)
     assert SERVED[18] == (0, 4)

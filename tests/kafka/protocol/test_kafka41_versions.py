@@ -230,3 +230,75 @@ def test_produce_v13_truncated_topic_id_is_a_decode_error():
     cut = len(frame) - 16  # 9 bytes follow the topic id: the cut ends inside it
     with pytest.raises(codec.RequestDecodeError):
         codec.decode_request(bytearray(frame[:cut]), {0: (3, 13)})
+
+
+def _fetch_v18(port: int, topics, *, session_id: int = 0, session_epoch: int = -1, forgotten=()):
+    from kio.schema.fetch.v18.request import FetchPartition, FetchRequest, FetchTopic
+
+    return _call(
+        port,
+        FetchRequest(
+            max_wait=datetime.timedelta(milliseconds=0),
+            min_bytes=0,
+            session_id=session_id,
+            session_epoch=session_epoch,
+            topics=tuple(
+                FetchTopic(
+                    topic_id=topic_id,
+                    partitions=tuple(
+                        # v18's high_watermark is a follower's (KIP-1166); a consumer leaves it at
+                        # its default, and a value sent anyway changes nothing for a consumer
+                        FetchPartition(partition=p, fetch_offset=o, partition_max_bytes=1 << 20, high_watermark=hw)
+                        for p, o, hw in parts
+                    ),
+                )
+                for topic_id, parts in topics
+            ),
+            forgotten_topics_data=forgotten,
+        ),
+    )
+
+
+def test_fetch_v18_is_advertised():
+    assert served_ranges()[1] == (4, 18)
+
+
+def test_fetch_v18_reads_by_topic_id(fuzz_broker):
+    port = fuzz_broker.port
+    topic_id = _create(port, "f18", partitions=1)
+    _produce_v13(port, [(topic_id, [(0, _batch([b"a", b"b", b"c"]))])])
+    assert _fetch_values(port, topic_id, 0, version=18) == [b"a", b"b", b"c"]
+    for follower_hw in (2**63 - 1, -1, 1, 10**9):
+        response = _fetch_v18(port, [(topic_id, [(0, 1, follower_hw)])])
+        (part,) = response.responses[0].partitions
+        assert (part.error_code, part.high_watermark, part.log_start_offset) == (ErrorCode.none, 3, 0)
+        assert part.records  # from offset 1: the batch holding it
+
+
+def test_fetch_v18_unknown_and_zero_topic_ids(fuzz_broker):
+    port = fuzz_broker.port
+    known = _create(port, "f18-mixed", partitions=1)
+    _produce_v13(port, [(known, [(0, _batch([b"k"]))])])
+    stranger = uuid.uuid4()
+    response = _fetch_v18(port, [(stranger, [(0, 0, -1)]), (known, [(0, 0, -1)]), (uuid.UUID(int=0), [(0, 0, -1)])])
+    by_id = {t.topic_id: t.partitions for t in response.responses}
+    assert set(by_id) == {stranger, known, None}
+    assert [p.error_code for p in by_id[stranger]] == [ErrorCode.unknown_topic_id]
+    assert [p.error_code for p in by_id[None]] == [ErrorCode.unknown_topic_id]
+    assert [(p.error_code, p.high_watermark) for p in by_id[known]] == [(ErrorCode.none, 1)]
+    fuzz_broker.assert_serving()
+
+
+def test_fetch_v18_incremental_session(fuzz_broker):
+    """A v18 fetch session (KIP-227) keyed by topic id: the second, incremental fetch names no
+    partitions and still answers the one whose high watermark moved."""
+    port = fuzz_broker.port
+    topic_id = _create(port, "f18-session", partitions=1)
+    first = _fetch_v18(port, [(topic_id, [(0, 0, -1)])], session_epoch=0)
+    assert first.error_code == ErrorCode.none and first.session_id != 0
+    _produce_v13(port, [(topic_id, [(0, _batch([b"s"]))])])
+    second = _fetch_v18(port, [], session_id=first.session_id, session_epoch=1)
+    assert second.error_code == ErrorCode.none
+    (topic,) = second.responses
+    assert topic.topic_id == topic_id
+    assert [(p.partition_index, p.high_watermark) for p in topic.partitions] == [(0, 1)]

@@ -32,7 +32,7 @@ from automq.broker.kafka.codec.tolerant import _read_entity_tolerant
 KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     0: (3, 13),  # Produce (v13: Kafka 4.1, topics named by id, KIP-516)
     1: (4, 18),  # Fetch (v18: Kafka 4.1, a follower's high watermark, KIP-1166; consumers omit it)
-    2: (1, 10),  # ListOffsets
+    2: (1, 11),  # ListOffsets (v11: Kafka 4.2, EARLIEST_PENDING_UPLOAD_TIMESTAMP, KIP-1023)
     3: (0, 13),  # Metadata
     8: (2, 9),  # OffsetCommit
     9: (1, 9),  # OffsetFetch

@@ -8,6 +8,10 @@ compressed one answers with its base offset and max timestamp, and a consumer se
 skips the earlier records itself). MAX_TIMESTAMP reports the offset of the first record with
 the largest timestamp seen by this leader (appends since it opened the partition and the tail
 scanned at open): the batch is known from the appends, its records are read at query time.
+EARLIEST_PENDING_UPLOAD (-6, v11, KIP-1023) asks for the first offset not yet copied to tiered
+storage: this design has no tiers, so it is answered as a Kafka topic without remote storage
+answers it (offset and timestamp -1, no error). A sentinel sent in a version older than the one
+that introduced it is answered UNSUPPORTED_VERSION, as Kafka does.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ EARLIEST = -2
 MAX_TIMESTAMP = -3
 EARLIEST_LOCAL = -4
 EARLIEST_TIERED = -5
+EARLIEST_PENDING_UPLOAD = -6
+# the first ListOffsets version that carries each sentinel (Kafka's timestampMinSupportedVersion)
+_SENTINEL_MIN_VERSION = {MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, EARLIEST_TIERED: 9, EARLIEST_PENDING_UPLOAD: 11}
 
 
 class _Denied(Exception):
@@ -58,6 +65,10 @@ async def list_offsets(request, ctx: RequestContext):
                 error = leader_epoch_error(partition, getattr(req, "current_leader_epoch", -1))
                 if error != ErrorCode.none:
                     pass
+                elif ctx.api_version < _SENTINEL_MIN_VERSION.get(req.timestamp, 0):
+                    error = ErrorCode.unsupported_version
+                elif req.timestamp == EARLIEST_PENDING_UPLOAD:
+                    pass  # nothing is pending a tier upload: offset -1, as Kafka without remote storage
                 elif req.timestamp == LATEST:
                     offset = partition.last_stable_offset if committed else partition.high_watermark
                 elif req.timestamp in (EARLIEST, EARLIEST_LOCAL, EARLIEST_TIERED):

@@ -22,7 +22,7 @@ CASES = [(key, v) for key in CORE_APIS for v in range(SERVED[key][0], SERVED[key
 def test_core_apis_advertise_kafka_4_ranges():
     assert SERVED[0] == (3, 13)  # Produce v13: Kafka 4.1 (topic ids)
     assert SERVED[1] == (4, 18)  # Fetch v18: Kafka 4.1
-    assert SERVED[2] == (1, 10)
+    assert SERVED[2] == (1, 11)  # ListOffsets v11: Kafka 4.2
     assert SERVED[3] == (0, 13)
     assert SERVED[18] == (0, 4)
     assert SERVED[17] == (0, 1) and SERVED[36] == (0, 2)  # SaslHandshake, SaslAuthenticate

@@ -125,11 +125,39 @@ def _kafka_python_inferred_version(bootstrap: str) -> tuple[int, ...]:
 async def test_clients_against_the_kafka_41_versions(broker, versions_seen):
     """No installed client sends Produce v13 yet (librdkafka 2.16 stops at v10, kafka-python's
     producer at v9): they keep negotiating their own newest version and work unchanged, and
-    kafka-python's version inference, which reads Produce v13 as "4.1", now sees one."""
+    kafka-python's version inference, which reads Produce v13 as "4.1" and ListOffsets v11 as
+    "4.2", now sees them."""
     await _topic_ready(broker, "k41", 2)
     errors, seen, committed = await asyncio.to_thread(_confluent_roundtrip, broker.bootstrap, "k41", 500)
     assert errors == []
     assert seen == list(range(500))
     assert committed == 500
     assert set(versions_seen[0]) == {10}, versions_seen  # librdkafka 2.16's newest Produce
-    assert await asyncio.to_thread(_kafka_python_inferred_version, broker.bootstrap) >= (4, 1)
+    assert await asyncio.to_thread(_kafka_python_inferred_version, broker.bootstrap) >= (4, 2)
+
+
+def _kafka_python_offsets(bootstrap: str, topic: str):
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
+        return (
+            consumer.beginning_offsets(tps),
+            consumer.end_offsets(tps),
+            consumer.offsets_for_times(dict.fromkeys(tps, 0)),
+        )
+    finally:
+        consumer.close()
+
+
+async def test_kafka_python_lists_offsets_with_v11(broker, versions_seen):
+    """kafka-python 3.0.12 sends the newest ListOffsets both sides know: v11 (Kafka 4.2)."""
+    await _topic_ready(broker, "lo11", 2)
+    await asyncio.to_thread(_confluent_roundtrip, broker.bootstrap, "lo11", 10)
+    versions_seen[2].clear()
+    beginning, end, by_time = await asyncio.to_thread(_kafka_python_offsets, broker.bootstrap, "lo11")
+    assert sorted(beginning.values()) == [0, 0]
+    assert sorted(end.values()) == [5, 5]
+    assert sorted(o.offset for o in by_time.values()) == [0, 0]
+    assert set(versions_seen[2]) == {11}, versions_seen

@@ -302,3 +302,56 @@ def test_fetch_v18_incremental_session(fuzz_broker):
     (topic,) = second.responses
     assert topic.topic_id == topic_id
     assert [(p.partition_index, p.high_watermark) for p in topic.partitions] == [(0, 1)]
+
+
+def _list_offsets(port: int, version: int, name: str, timestamps: list[int]):
+    import importlib
+
+    schema = importlib.import_module(f"kio.schema.list_offsets.v{version}.request")
+    response = _call(
+        port,
+        codec.build(
+            schema.ListOffsetsRequest,
+            replica_id=-1,
+            isolation_level=0,
+            timeout=datetime.timedelta(seconds=5),
+            topics=(
+                schema.ListOffsetsTopic(
+                    name=name,
+                    partitions=tuple(schema.ListOffsetsPartition(partition_index=0, timestamp=t) for t in timestamps),
+                ),
+            ),
+        ),
+    )
+    (topic,) = response.topics
+    return [(p.error_code, p.offset, p.timestamp) for p in topic.partitions]
+
+
+def test_list_offsets_v11_is_advertised():
+    assert served_ranges()[2] == (1, 11)
+
+
+def test_list_offsets_v11_earliest_pending_upload(fuzz_broker):
+    """-6 (KIP-1023): nothing here waits for a tier upload, so it is answered as Kafka answers a
+    topic without remote storage; the other sentinels are unchanged in v11."""
+    port = fuzz_broker.port
+    topic_id = _create(port, "lo11", partitions=1)
+    _produce_v13(port, [(topic_id, [(0, _batch([b"a", b"b"]))])])
+    answers = _list_offsets(port, 11, "lo11", [-6, -1, -2, -4])
+    assert answers == [
+        (ErrorCode.none, -1, -1),
+        (ErrorCode.none, 2, -1),
+        (ErrorCode.none, 0, -1),
+        (ErrorCode.none, 0, -1),
+    ]
+
+
+@pytest.mark.parametrize(("version", "timestamp"), [(10, -6), (8, -5), (7, -4), (6, -3)])
+def test_list_offsets_sentinel_older_than_its_version_is_unsupported(fuzz_broker, version, timestamp):
+    port = fuzz_broker.port
+    name = f"lo-old-{version}"
+    _create(port, name, partitions=1)
+    assert _list_offsets(port, version, name, [timestamp, -1]) == [
+        (ErrorCode.unsupported_version, -1, -1),
+        (ErrorCode.none, 0, -1),
+    ]

@@ -584,8 +584,11 @@ class ConsumerGroupRules:
         relaxation: a commit carrying an older epoch is accepted for partitions the member
         still owns (its epoch moved on a heartbeat the commit crossed; nobody else can own
         them yet, so the commit cannot overwrite another member's progress)."""
-        if member_epoch < 0 and not member_id:
-            return ErrorCode.none if not data.members else ErrorCode.unknown_member_id
+        if member_epoch < 0 and not data.members:
+            # Kafka: epoch -1 is an admin client or a consumer without group management
+            # (assign()); it may commit while the group is empty, whatever member id it sends
+            # (librdkafka's KIP-848 consumer sends the id it generated for itself, KIP-1082)
+            return ErrorCode.none
         member = data.members.get(member_id)
         if member is None:
             return ErrorCode.unknown_member_id

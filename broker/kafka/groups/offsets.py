@@ -69,6 +69,8 @@ class OffsetBook:
         if checked is not None:
             if checked != ErrorCode.none:
                 return fail(checked)
+        elif generation_id < 0 and group.state is GroupState.EMPTY:
+            pass  # Kafka: an admin client or a consumer without group management, any member id
         elif generation_id >= 0 or member_id or group_instance_id is not None:
             if group.is_static_fenced(member_id, group_instance_id):
                 return fail(ErrorCode.fenced_instance_id)

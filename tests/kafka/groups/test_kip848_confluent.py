@@ -233,3 +233,34 @@ async def test_kip848_group_survives_its_coordinator_moving(real_cluster, member
     await asyncio.to_thread(a.join, 30)
     await asyncio.to_thread(b.join, 30)
     assert a.error is None and b.error is None
+
+
+def commit_without_subscribing(bootstrap: str, group: str, protocol: str) -> tuple[int, int]:
+    """A consumer that assign()s and commits: (offset it committed, offset read back)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": protocol, "enable.auto.commit": False}
+    )
+    try:
+        c.assign([TopicPartition(TOPIC, 0, 0)])
+        c.poll(0.5)
+        committed = c.commit(offsets=[TopicPartition(TOPIC, 0, 3)], asynchronous=False)
+        back = c.committed([TopicPartition(TOPIC, 0)], timeout=30)
+        return committed[0].offset, back[0].offset
+    finally:
+        c.close()
+
+
+async def test_consumers_without_group_management_commit_to_an_empty_group(real_cluster) -> None:
+    """librdkafka's KIP-848 consumer sends its self-generated member id with epoch -1 when it
+    only assign()s; Kafka accepts such commits while the group is empty (librdkafka 0030)."""
+    broker = await real_cluster.start_broker(1, **FAST)
+    await broker.broker.ensure_topic(TOPIC, partitions=PARTITIONS)
+    for protocol in ("consumer", "classic"):
+        assert await asyncio.to_thread(
+            commit_without_subscribing, broker.bootstrap, f"assign-{protocol}", protocol
+        ) == (
+            3,
+            3,
+        )

@@ -35,7 +35,7 @@ from automq.broker.balancer.planner import Move
 from automq.operator import builders, network_policies, security, sparkjobs
 from automq.operator.builders import ClusterRef, Role
 from automq.operator.controller_api import ControllerApi, ControllerApiError, ControllerApiFactory
-from automq.operator.kube import KubeApi, apply, wait_until
+from automq.operator.kube import KubeApi, KubeError, apply, wait_until
 from automq.operator.moves import execute_moves
 from automq.operator.quantity import same_quantity
 from automq.operator.spec import AutoMQClusterSpec, AutoMQClusterStatus, Condition, ListenerStatus, RoleStatus
@@ -202,7 +202,19 @@ async def security_material(c: Cluster) -> None:
         for note in await security.ensure_certificates(c.api, c.spec, c.ref, now):
             c.reporter.info("CertificateIssued", note)
     for obj in security.cert_manager_objects(c.spec, c.ref):
-        await _apply(c, obj)
+        try:
+            await _apply(c, obj)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            c.problems.append(
+                Note(
+                    "CertManagerMissing",
+                    f"spec.security.certificates.issuer is cert-manager but the API has no {obj['apiVersion']} "
+                    f"{obj['kind']} (install cert-manager, or use issuer: operator): {exc}",
+                )
+            )
+            break
     wanted = network_policies.network_policies(c.spec, c.ref)
     for policy in wanted:
         await _apply(c, policy)

@@ -923,3 +923,17 @@ def test_a_cluster_an_older_operator_made_keeps_plaintext_and_is_told_so(k8s: Ha
         "SASL_SSL"
         in k8s.wait_for("fresh ConfigMap", lambda: k8s.get("ConfigMap", "fresh-config"))["data"]["broker.yaml"]
     )
+
+
+def test_cert_manager_issuer_gets_certificates_owned_by_the_cluster(k8s: Harness) -> None:
+    for plural, kind in (("certificates", "Certificate"), ("issuers", "Issuer")):  # cert-manager's CRDs
+        info = k8s.emulator.resources[f"cert-manager.io/v1/{plural}"]
+        info.kind, info.namespaced = kind, True
+        info.verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
+    k8s.create_cluster("cm", {**SPEC, "security": {"certificates": {"issuer": "cert-manager", "renewalDays": 20}}})
+    certificate = k8s.wait_for("broker Certificate", lambda: k8s.get("Certificate", "cm-broker-certs"))
+    assert certificate["spec"]["secretName"] == "cm-broker-certs" and certificate["spec"]["renewBefore"] == "480h"
+    assert "*.cm-brokers.streaming.svc" in certificate["spec"]["dnsNames"]
+    assert k8s.get("Issuer", "cm-cluster-ca")["spec"] == {"ca": {"secretName": "cm-cluster-ca"}}
+    assert certificate["metadata"]["ownerReferences"][0]["name"] == "cm"
+    assert k8s.get("Secret", "cm-cluster-ca") is None  # cert-manager makes it, not the operator

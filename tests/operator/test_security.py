@@ -767,3 +767,29 @@ def test_reconcile_removes_external_services_and_policies_no_longer_wanted() -> 
     _pass(kube, internal_only, reconcile.security_material, reconcile.services)
     assert {n for (k, n) in kube.objects if k == "Service"} == {"demo-bootstrap", "demo-brokers", "demo-controllers"}
     assert not [n for (k, n) in kube.objects if k == "NetworkPolicy"]
+
+
+def test_cert_manager_missing_is_a_clear_problem_not_a_crash() -> None:
+    from automq.operator import reconcile
+    from automq.operator.kube import KubeError
+    from automq.operator.reconcile import Cluster
+
+    class NoCertManager(ReconcileKube):
+        async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+            if kind in ("Certificate", "Issuer"):
+                raise KubeError(404, "the server could not find the requested resource")
+            return await super().get(kind, namespace, name)
+
+    cluster = Cluster(
+        api=NoCertManager(),  # type: ignore[arg-type]
+        ref=REF,
+        spec=spec_with(security={"certificates": {"issuer": "cert-manager"}}),
+        raw_spec={},
+        generation=1,
+        previous_status={},
+        reporter=Events(),
+        controller_api_factory=lambda urls, auth=None: None,
+    )
+    asyncio.run(reconcile.security_material(cluster))
+    [problem] = cluster.problems
+    assert problem.reason == "CertManagerMissing" and "install cert-manager" in problem.message

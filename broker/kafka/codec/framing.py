@@ -34,8 +34,8 @@ KAFKA_4_VERSION_RANGES: dict[int, tuple[int, int]] = {
     1: (4, 18),  # Fetch (v18: Kafka 4.1, a follower's high watermark, KIP-1166; consumers omit it)
     2: (1, 11),  # ListOffsets (v11: Kafka 4.2, EARLIEST_PENDING_UPLOAD_TIMESTAMP, KIP-1023)
     3: (0, 13),  # Metadata
-    8: (2, 9),  # OffsetCommit
-    9: (1, 9),  # OffsetFetch
+    8: (2, 10),  # OffsetCommit (v10: Kafka 4.2, topics named by id, KIP-848)
+    9: (1, 10),  # OffsetFetch (v10: Kafka 4.2, topics named by id, KIP-848)
     10: (0, 6),  # FindCoordinator
     11: (0, 9),  # JoinGroup
     12: (0, 4),  # Heartbeat

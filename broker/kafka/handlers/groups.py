@@ -25,6 +25,7 @@ from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.groups.coordinator import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIGS, GroupCoordinator, now_ms
 from automq.broker.kafka.groups.state import partition_for
 from automq.broker.kafka.handlers.registry import handles
+from automq.broker.kafka.topic_ids import topic_uuid
 from automq.broker.kafka.transactions.coordinator import TXN_TOPIC, TXN_TOPIC_CONFIGS
 
 log = logging.getLogger(__name__)
@@ -275,28 +276,52 @@ def _known_partition(ctx: RequestContext, topic: str, partition: int) -> bool:
     return info is not None and 0 <= partition < len(info.partitions)
 
 
-@handles(OFFSET_COMMIT, max_version=9)
+# OffsetCommit v10 and OffsetFetch v10 (Kafka 4.2, KIP-848) name topics by id instead of name
+FIRST_OFFSETS_TOPIC_ID = 10
+
+
+def _topic_name_of(ctx: RequestContext, topic: Any) -> str | None:
+    """The topic's name: from its id in v10+ (None when this broker does not know the id, the
+    zero id included), else as sent."""
+    if ctx.api_version < FIRST_OFFSETS_TOPIC_ID:
+        name: str = topic.name
+        return name
+    info = ctx.broker.partitions.topic_by_id(str(topic.topic_id)) if topic.topic_id is not None else None
+    return info.name if info is not None else None
+
+
+def _topic_id_of(ctx: RequestContext, name: str) -> Any:
+    info = ctx.broker.partitions.topic(name)
+    return topic_uuid(info.topic_id) if info is not None else None
+
+
+@handles(OFFSET_COMMIT)
 async def offset_commit(request: Any, ctx: RequestContext) -> Any:
     cls = ctx.response_class
     topic_cls = nested(cls, "OffsetCommitResponseTopic")
     partition_cls = nested(cls, "OffsetCommitResponsePartition")
+    by_id = ctx.api_version >= FIRST_OFFSETS_TOPIC_ID
+    # each request topic's name, None for an id this broker does not know (UNKNOWN_TOPIC_ID)
+    named = [(t, _topic_name_of(ctx, t)) for t in request.topics]
     errors: dict[tuple[str, int], ErrorCode] = {}
-    order = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+    order = [(name, p.partition_index) for t, name in named if name is not None for p in t.partitions]
     error = _group_error(ctx, request.group_id)
     if error is not None:
         errors = dict.fromkeys(order, error)
     else:
         coordinator = _coordinator(ctx)
         offsets = []
-        for t in request.topics:
-            readable = authz.allowed(ctx, authz.Op.READ, authz.TOPIC, t.name)
+        for t, name in named:
+            if name is None:
+                continue
+            readable = authz.allowed(ctx, authz.Op.READ, authz.TOPIC, name)
             for p in t.partitions:
                 if not readable:
-                    errors[(t.name, p.partition_index)] = ErrorCode.topic_authorization_failed
-                elif _known_partition(ctx, t.name, p.partition_index):
+                    errors[(name, p.partition_index)] = ErrorCode.topic_authorization_failed
+                elif _known_partition(ctx, name, p.partition_index):
                     offsets.append(
                         (
-                            t.name,
+                            name,
                             p.partition_index,
                             p.committed_offset,
                             getattr(p, "committed_leader_epoch", -1),
@@ -304,7 +329,7 @@ async def offset_commit(request: Any, ctx: RequestContext) -> Any:
                         )
                     )
                 else:
-                    errors[(t.name, p.partition_index)] = ErrorCode.unknown_topic_or_partition
+                    errors[(name, p.partition_index)] = ErrorCode.unknown_topic_or_partition
         retention = _ms(getattr(request, "retention_time", -1))
         plan = coordinator.manager.prepare_commit(
             now_ms(),
@@ -316,15 +341,17 @@ async def offset_commit(request: Any, ctx: RequestContext) -> Any:
             retention_ms=retention if retention >= 0 else -1,
         )
         errors.update(await coordinator.commit(plan))
-    topics: dict[str, list[Any]] = {}
-    for name, index in order:
-        topics.setdefault(name, []).append(
-            build(partition_cls, partition_index=index, error_code=errors.get((name, index), ErrorCode.none))
-        )
+    topics: dict[Any, list[Any]] = {}
+    for t, name in named:
+        key = t.topic_id if by_id else t.name
+        for p in t.partitions:
+            code = ErrorCode.unknown_topic_id if name is None else errors.get((name, p.partition_index), ErrorCode.none)
+            topics.setdefault(key, []).append(build(partition_cls, partition_index=p.partition_index, error_code=code))
+    key_field = "topic_id" if by_id else "name"
     return build(
         cls,
         throttle_time=ZERO_THROTTLE,
-        topics=tuple(build(topic_cls, name=n, partitions=tuple(ps)) for n, ps in topics.items()),
+        topics=tuple(build(topic_cls, partitions=tuple(ps), **{key_field: k}) for k, ps in topics.items()),
     )
 
 
@@ -375,7 +402,7 @@ def _fetch_group(
     return ErrorCode.none, list(by_topic.items())
 
 
-@handles(OFFSET_FETCH, max_version=9)
+@handles(OFFSET_FETCH)
 async def offset_fetch(request: Any, ctx: RequestContext) -> Any:
     cls = ctx.response_class
     # require_stable (v7+): a partition with a pending transactional offset answers
@@ -386,8 +413,18 @@ async def offset_fetch(request: Any, ctx: RequestContext) -> Any:
         topic_cls = nested(cls, "OffsetFetchResponseTopics")
         partition_cls = nested(cls, "OffsetFetchResponsePartitions")
         groups = []
+        by_id = ctx.api_version >= FIRST_OFFSETS_TOPIC_ID
         for g in request.groups:
-            requested = None if g.topics is None else [(t.name, list(t.partition_indexes)) for t in g.topics]
+            requested: list[tuple[str, list[int]]] | None = None
+            unknown: list[tuple[Any, list[int]]] = []  # v10: ids this broker does not know
+            if g.topics is not None:
+                requested = []
+                for t in g.topics:
+                    name = _topic_name_of(ctx, t)
+                    if name is None:
+                        unknown.append((t.topic_id, list(t.partition_indexes)))
+                    else:
+                        requested.append((name, list(t.partition_indexes)))
             error, topics = _fetch_group(
                 ctx,
                 g.group_id,
@@ -395,14 +432,27 @@ async def offset_fetch(request: Any, ctx: RequestContext) -> Any:
                 stable,
                 (getattr(g, "member_id", None), int(getattr(g, "member_epoch", -1))),
             )
-            groups.append(
-                build(
-                    group_cls,
-                    group_id=g.group_id,
-                    error_code=error,
-                    topics=_fetch_topics(topic_cls, partition_cls, topics),
+            answered = _fetch_topics(topic_cls, partition_cls, topics, ctx if by_id else None)
+            if unknown:
+                answered += tuple(
+                    build(
+                        topic_cls,
+                        topic_id=topic_id,
+                        partitions=tuple(
+                            build(
+                                partition_cls,
+                                partition_index=p,
+                                committed_offset=-1,
+                                committed_leader_epoch=-1,
+                                metadata="",
+                                error_code=ErrorCode.unknown_topic_id,
+                            )
+                            for p in ps
+                        ),
+                    )
+                    for topic_id, ps in unknown
                 )
-            )
+            groups.append(build(group_cls, group_id=g.group_id, error_code=error, topics=answered))
         return build(cls, throttle_time=ZERO_THROTTLE, groups=tuple(groups))
     topic_cls = nested(cls, "OffsetFetchResponseTopic")
     partition_cls = nested(cls, "OffsetFetchResponsePartition")
@@ -416,14 +466,25 @@ async def offset_fetch(request: Any, ctx: RequestContext) -> Any:
 
 
 def _fetch_topics(
-    topic_cls: type, partition_cls: type, topics: list[tuple[str, list[tuple[int, Any, ErrorCode]]]]
+    topic_cls: type,
+    partition_cls: type,
+    topics: list[tuple[str, list[tuple[int, Any, ErrorCode]]]],
+    by_id: RequestContext | None = None,
 ) -> tuple[Any, ...]:
+    """`by_id` (v10+): topics are named by their current id; offsets of a topic that has none
+    any more (deleted) are left out, as Kafka does."""
     out = []
     for name, parts in topics:
+        topic_id = None
+        if by_id is not None:
+            topic_id = _topic_id_of(by_id, name)
+            if topic_id is None:
+                continue
         out.append(
             build(
                 topic_cls,
                 name=name,
+                topic_id=topic_id,
                 partitions=tuple(
                     build(
                         partition_cls,

@@ -9,6 +9,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka import codec, handlers
+from automq.broker.kafka.topic_ids import topic_uuid
 
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN, HEARTBEAT, LEAVE, SYNC = 8, 9, 10, 11, 12, 13, 14
 DESCRIBE, LIST, DELETE, OFFSET_DELETE, INIT_PRODUCER_ID = 15, 16, 42, 47, 22
@@ -204,7 +205,8 @@ async def test_sync_heartbeat_leave_every_version(node) -> None:
         assert (again.members[0].error_code if v >= 3 else again.error_code) == ErrorCode.unknown_member_id
 
 
-def commit_fields(version: int, group: str, generation: int, member: str, offset: int) -> dict:
+def commit_fields(version: int, group: str, generation: int, member: str, offset: int, topic_id=None) -> dict:
+    """`topic_id`: topic t's id, which v10+ name it by (KIP-848)."""
     req = codec.request_class(OFFSET_COMMIT, version)
     part = nest(
         req,
@@ -224,7 +226,7 @@ def commit_fields(version: int, group: str, generation: int, member: str, offset
         committed_metadata=None,
         commit_timestamp=-1,
     )
-    topic = nest(req, "OffsetCommitRequestTopic", name="t", partitions=(part, unknown))
+    topic = nest(req, "OffsetCommitRequestTopic", name="t", topic_id=topic_id, partitions=(part, unknown))
     return dict(
         group_id=group,
         generation_id_or_member_epoch=generation,
@@ -235,13 +237,20 @@ def commit_fields(version: int, group: str, generation: int, member: str, offset
     )
 
 
-def fetch_fields(version: int, group: str, topics: list[str] | None) -> dict:
+def fetch_fields(version: int, group: str, topics: list[str] | None, topic_id=None) -> dict:
     req = codec.request_class(OFFSET_FETCH, version)
     ts = (
         None
         if topics is None
         else tuple(
-            nest(req, "OffsetFetchRequestTopic", "OffsetFetchRequestTopics", name=t, partition_indexes=(0, 3))
+            nest(
+                req,
+                "OffsetFetchRequestTopic",
+                "OffsetFetchRequestTopics",
+                name=t,
+                topic_id=topic_id,
+                partition_indexes=(0, 3),
+            )
             for t in topics
         )
     )
@@ -253,27 +262,29 @@ def fetch_fields(version: int, group: str, topics: list[str] | None) -> dict:
 
 async def test_offset_commit_and_fetch_every_version(node) -> None:
     member, generation = await joined_member(node, "offsets")
+    t_id = topic_uuid(node.broker.partitions.topic("t").topic_id)
     for v in versions(OFFSET_COMMIT):
-        r = await call(node, OFFSET_COMMIT, v, **commit_fields(v, "offsets", generation, member, 100 + v))
+        r = await call(node, OFFSET_COMMIT, v, **commit_fields(v, "offsets", generation, member, 100 + v, t_id))
         assert [(p.partition_index, p.error_code) for p in r.topics[0].partitions] == [
             (0, ErrorCode.none),
             (5, ErrorCode.unknown_topic_or_partition),
         ]
-        simple = await call(node, OFFSET_COMMIT, v, **commit_fields(v, f"simple-v{v}", -1, "", v))
+        simple = await call(node, OFFSET_COMMIT, v, **commit_fields(v, f"simple-v{v}", -1, "", v, t_id))
         assert simple.topics[0].partitions[0].error_code == ErrorCode.none
-        stale = await call(node, OFFSET_COMMIT, v, **commit_fields(v, "offsets", generation + 1, member, 1))
+        stale = await call(node, OFFSET_COMMIT, v, **commit_fields(v, "offsets", generation + 1, member, 1, t_id))
         assert stale.topics[0].partitions[0].error_code == ErrorCode.illegal_generation
     last = max(versions(OFFSET_COMMIT))
     for v in versions(OFFSET_FETCH):
-        r = await call(node, OFFSET_FETCH, v, **fetch_fields(v, "offsets", ["t"]))
+        r = await call(node, OFFSET_FETCH, v, **fetch_fields(v, "offsets", ["t"], t_id))
         topics = r.groups[0].topics if v >= 8 else r.topics
         parts = {p.partition_index: (p.committed_offset, p.metadata, p.error_code) for p in topics[0].partitions}
         assert parts == {0: (100 + last, f"v{last}", ErrorCode.none), 3: (-1, "", ErrorCode.none)}
         if v >= 2:  # all partitions of the group
             r = await call(node, OFFSET_FETCH, v, **fetch_fields(v, "offsets", None))
             topics = r.groups[0].topics if v >= 8 else r.topics
-            assert [(t.name, [p.partition_index for p in t.partitions]) for t in topics] == [("t", [0])]
-        r = await call(node, OFFSET_FETCH, v, **fetch_fields(v, "never-seen", ["t"]))
+            names = [(t.topic_id if v >= 10 else t.name, [p.partition_index for p in t.partitions]) for t in topics]
+            assert names == [(t_id if v >= 10 else "t", [0])]
+        r = await call(node, OFFSET_FETCH, v, **fetch_fields(v, "never-seen", ["t"], t_id))
         topics = r.groups[0].topics if v >= 8 else r.topics
         assert [p.committed_offset for p in topics[0].partitions] == [-1, -1]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import socket
 import struct
+import time
 import uuid
 
 import pytest
@@ -355,3 +356,131 @@ def test_list_offsets_sentinel_older_than_its_version_is_unsupported(fuzz_broker
         (ErrorCode.unsupported_version, -1, -1),
         (ErrorCode.none, 0, -1),
     ]
+
+
+def _commit_v10(port: int, group: str, topics: list[tuple[uuid.UUID | None, list[tuple[int, int]]]]):
+    from kio.schema.offset_commit.v10.request import (
+        OffsetCommitRequest,
+        OffsetCommitRequestPartition,
+        OffsetCommitRequestTopic,
+    )
+
+    request = OffsetCommitRequest(
+        group_id=group,
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        topics=tuple(
+            OffsetCommitRequestTopic(
+                topic_id=topic_id,
+                partitions=tuple(
+                    OffsetCommitRequestPartition(partition_index=p, committed_offset=o, committed_metadata="m")
+                    for p, o in parts
+                ),
+            )
+            for topic_id, parts in topics
+        ),
+    )
+    from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+    from kio.static.primitive import i8
+
+    # FindCoordinator creates __consumer_offsets; the coordinator may still be loading it
+    _call(port, FindCoordinatorRequest(key_type=i8(0), coordinator_keys=(group,)))
+    for _ in range(100):
+        response = _call(port, request)
+        codes = {p.error_code for t in response.topics for p in t.partitions}
+        if not codes & {
+            ErrorCode.coordinator_load_in_progress,
+            ErrorCode.coordinator_not_available,
+            ErrorCode.not_coordinator,
+        }:
+            return response
+        time.sleep(0.1)
+    raise AssertionError(f"coordinator never ready: {response}")
+
+
+def _fetch_offsets_v10(port: int, group: str, topics: list[tuple[uuid.UUID | None, list[int]]] | None):
+    from kio.schema.offset_fetch.v10.request import (
+        OffsetFetchRequest,
+        OffsetFetchRequestGroup,
+        OffsetFetchRequestTopics,
+    )
+
+    response = _call(
+        port,
+        OffsetFetchRequest(
+            groups=(
+                OffsetFetchRequestGroup(
+                    group_id=group,
+                    topics=None
+                    if topics is None
+                    else tuple(OffsetFetchRequestTopics(topic_id=t, partition_indexes=tuple(ps)) for t, ps in topics),
+                ),
+            ),
+        ),
+    )
+    (answer,) = response.groups
+    assert answer.error_code == ErrorCode.none, answer
+    return {
+        t.topic_id: [(p.partition_index, p.committed_offset, p.error_code) for p in t.partitions] for t in answer.topics
+    }
+
+
+def test_offset_commit_and_fetch_v10_are_advertised():
+    served = served_ranges()
+    assert (served[8], served[9]) == ((2, 10), (1, 10))
+
+
+def test_offset_commit_v10_by_topic_id(fuzz_broker):
+    """Offsets committed by id are stored under the topic (v9 by name reads them back); unknown
+    and zero ids get UNKNOWN_TOPIC_ID while the known topic's commit goes through."""
+    from kio.schema.offset_fetch.v9.request import (
+        OffsetFetchRequest,
+        OffsetFetchRequestGroup,
+        OffsetFetchRequestTopics,
+    )
+
+    port = fuzz_broker.port
+    topic_id = _create(port, "oc10", partitions=2)
+    stranger = uuid.uuid4()
+    response = _commit_v10(
+        port, "g-oc10", [(stranger, [(0, 5)]), (topic_id, [(0, 7), (1, 9), (4, 1)]), (None, [(0, 1)])]
+    )
+    by_id = {t.topic_id: [(p.partition_index, p.error_code) for p in t.partitions] for t in response.topics}
+    assert by_id == {
+        stranger: [(0, ErrorCode.unknown_topic_id)],
+        topic_id: [(0, ErrorCode.none), (1, ErrorCode.none), (4, ErrorCode.unknown_topic_or_partition)],
+        None: [(0, ErrorCode.unknown_topic_id)],
+    }
+    by_name = _call(
+        port,
+        OffsetFetchRequest(
+            groups=(
+                OffsetFetchRequestGroup(
+                    group_id="g-oc10", topics=(OffsetFetchRequestTopics(name="oc10", partition_indexes=(0, 1)),)
+                ),
+            )
+        ),
+    )
+    (topic,) = by_name.groups[0].topics
+    assert topic.name == "oc10"
+    assert [(p.partition_index, p.committed_offset, p.metadata) for p in topic.partitions] == [(0, 7, "m"), (1, 9, "m")]
+
+
+def test_offset_fetch_v10_by_topic_id(fuzz_broker):
+    port = fuzz_broker.port
+    first = _create(port, "of10-a", partitions=2)
+    second = _create(port, "of10-b", partitions=1)
+    _commit_v10(port, "g-of10", [(first, [(0, 3), (1, 4)]), (second, [(0, 11)])])
+    stranger = uuid.uuid4()
+    asked = _fetch_offsets_v10(port, "g-of10", [(first, [0, 1]), (stranger, [0, 2]), (None, [0])])
+    assert asked == {
+        first: [(0, 3, ErrorCode.none), (1, 4, ErrorCode.none)],
+        stranger: [(0, -1, ErrorCode.unknown_topic_id), (2, -1, ErrorCode.unknown_topic_id)],
+        None: [(0, -1, ErrorCode.unknown_topic_id)],
+    }
+    # all of the group's offsets, each topic named by its id
+    assert _fetch_offsets_v10(port, "g-of10", None) == {
+        first: [(0, 3, ErrorCode.none), (1, 4, ErrorCode.none)],
+        second: [(0, 11, ErrorCode.none)],
+    }
+    fuzz_broker.assert_serving()

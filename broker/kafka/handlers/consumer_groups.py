@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -15,6 +16,7 @@ from automq.broker.kafka.codec import ZERO_THROTTLE, build, nested
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.groups.consumer import HeartbeatRequest, Partitions, TopicView
 from automq.broker.kafka.groups.consumer_groups import ConsumerGroupSummary
+from automq.broker.kafka.groups.coordinator import GroupCoordinator
 from automq.broker.kafka.handlers.groups import (
     GROUP_OPERATIONS,
     NO_AUTHORIZED_OPERATIONS,
@@ -92,25 +94,29 @@ async def consumer_group_heartbeat(request: Any, ctx: RequestContext) -> Any:
     )
     assignment = None
     if result.error == ErrorCode.none and result.assignment is not None:
-        assignment_cls = nested(cls, "Assignment")
-        tp_cls = nested(cls, "TopicPartitions")
-        assignment = build(
-            assignment_cls,
-            topic_partitions=tuple(
-                build(tp_cls, topic_id=t, partitions=tuple(sorted(ps)))
-                for t, ps in sorted(result.assignment.items(), key=lambda kv: str(kv[0]))
-                if ps
-            ),
-        )
+        assignment = heartbeat_assignment(cls, result.assignment)
     return respond(result.error, result.message, result.member_id, result.member_epoch, assignment)
 
 
-def _names_by_id(view: TopicView) -> dict[uuid.UUID, str]:
+def names_by_id(view: TopicView) -> dict[uuid.UUID, str]:
     return {meta.topic_id: name for name, meta in view.items()}
 
 
-def _describe_one(cls: Any, summary: ConsumerGroupSummary, names: dict[uuid.UUID, str], operations: int) -> Any:
-    member_cls = nested(cls, "Member")
+def heartbeat_assignment(cls: Any, parts: Partitions) -> Any:
+    """A heartbeat response's Assignment (topic ids and partitions), for KIP-848 and share groups."""
+    tp_cls = nested(cls, "TopicPartitions")
+    return build(
+        nested(cls, "Assignment"),
+        topic_partitions=tuple(
+            build(tp_cls, topic_id=t, partitions=tuple(sorted(ps)))
+            for t, ps in sorted(parts.items(), key=lambda kv: str(kv[0]))
+            if ps
+        ),
+    )
+
+
+def assignment_builder(cls: Any, names: dict[uuid.UUID, str]) -> Callable[[Partitions], Any]:
+    """Builds a describe response's member Assignment (topic ids, names and partitions)."""
     assignment_cls = nested(cls, "Assignment")
     tp_cls = nested(cls, "TopicPartitions")
 
@@ -124,23 +130,10 @@ def _describe_one(cls: Any, summary: ConsumerGroupSummary, names: dict[uuid.UUID
             ),
         )
 
-    members = tuple(
-        build(
-            member_cls,
-            member_id=m.member_id,
-            instance_id=m.instance_id,
-            rack_id=m.rack_id,
-            member_epoch=m.member_epoch,
-            client_id=m.client_id,
-            client_host=m.client_host,
-            subscribed_topic_names=m.subscribed_topic_names,
-            subscribed_topic_regex=m.subscribed_topic_regex,
-            assignment=assignment(m.assigned),
-            target_assignment=assignment(summary.targets.get(m.member_id, {})),
-            member_type=MEMBER_TYPE_CONSUMER,
-        )
-        for m in summary.members
-    )
+    return assignment
+
+
+def described_group(cls: Any, summary: Any, members: tuple[Any, ...], operations: int) -> Any:
     return build(
         nested(cls, "DescribedGroup"),
         error_code=ErrorCode.none,
@@ -155,8 +148,15 @@ def _describe_one(cls: Any, summary: ConsumerGroupSummary, names: dict[uuid.UUID
     )
 
 
-@handles(CONSUMER_GROUP_DESCRIBE)
-async def consumer_group_describe(request: Any, ctx: RequestContext) -> Any:
+def describe_groups(
+    request: Any,
+    ctx: RequestContext,
+    lookup: Callable[[GroupCoordinator, str], Any],
+    kind: str,
+    describe_one: Callable[[Any, Any, dict[uuid.UUID, str], int], Any],
+) -> Any:
+    """ConsumerGroupDescribe and ShareGroupDescribe: per group id, authorization, then the
+    coordinator's summary (`lookup`: None when unknown, an ErrorCode when of another type)."""
     cls = ctx.response_class
     group_cls = nested(cls, "DescribedGroup")
     operations = GROUP_OPERATIONS if request.include_authorized_operations else NO_AUTHORIZED_OPERATIONS
@@ -184,11 +184,39 @@ async def consumer_group_describe(request: Any, ctx: RequestContext) -> Any:
             out.append(failed(error, None))
             continue
         coordinator = _coordinator(ctx)
-        summary = coordinator.manager.consumer_describe(group_id)
+        summary = lookup(coordinator, group_id)
         if summary is None:
             out.append(failed(ErrorCode.group_id_not_found, f"Group {group_id} not found."))
         elif isinstance(summary, ErrorCode):
-            out.append(failed(summary, f"Group {group_id} is not a consumer group."))
+            out.append(failed(summary, f"Group {group_id} is not a {kind} group."))
         else:
-            out.append(_describe_one(cls, summary, _names_by_id(coordinator.topic_view()), operations))
+            out.append(describe_one(cls, summary, names_by_id(coordinator.topic_view()), operations))
     return build(cls, throttle_time=ZERO_THROTTLE, groups=tuple(out))
+
+
+def _describe_one(cls: Any, summary: ConsumerGroupSummary, names: dict[uuid.UUID, str], operations: int) -> Any:
+    member_cls = nested(cls, "Member")
+    assignment = assignment_builder(cls, names)
+    members = tuple(
+        build(
+            member_cls,
+            member_id=m.member_id,
+            instance_id=m.instance_id,
+            rack_id=m.rack_id,
+            member_epoch=m.member_epoch,
+            client_id=m.client_id,
+            client_host=m.client_host,
+            subscribed_topic_names=m.subscribed_topic_names,
+            subscribed_topic_regex=m.subscribed_topic_regex,
+            assignment=assignment(m.assigned),
+            target_assignment=assignment(summary.targets.get(m.member_id, {})),
+            member_type=MEMBER_TYPE_CONSUMER,
+        )
+        for m in summary.members
+    )
+    return described_group(cls, summary, members, operations)
+
+
+@handles(CONSUMER_GROUP_DESCRIBE)
+async def consumer_group_describe(request: Any, ctx: RequestContext) -> Any:
+    return describe_groups(request, ctx, lambda c, g: c.manager.consumer_describe(g), "consumer", _describe_one)

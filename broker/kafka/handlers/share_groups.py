@@ -13,13 +13,16 @@ from kio.schema.errors import ErrorCode
 from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka.codec import ZERO_THROTTLE, build, nested
 from automq.broker.kafka.context import RequestContext
-from automq.broker.kafka.groups.consumer import Partitions, TopicView
 from automq.broker.kafka.groups.share import ShareHeartbeatRequest
 from automq.broker.kafka.groups.share_groups import ShareGroupSummary
 from automq.broker.kafka.groups.share_settings import share_settings
+from automq.broker.kafka.handlers.consumer_groups import (
+    assignment_builder,
+    describe_groups,
+    described_group,
+    heartbeat_assignment,
+)
 from automq.broker.kafka.handlers.groups import (
-    GROUP_OPERATIONS,
-    NO_AUTHORIZED_OPERATIONS,
     _client_host,
     _coordinator,
     _group_error,
@@ -74,37 +77,13 @@ async def share_group_heartbeat(request: Any, ctx: RequestContext) -> Any:
     )
     assignment = None
     if result.error == ErrorCode.none and result.assignment is not None:
-        tp_cls = nested(cls, "TopicPartitions")
-        assignment = build(
-            nested(cls, "Assignment"),
-            topic_partitions=tuple(
-                build(tp_cls, topic_id=t, partitions=tuple(sorted(ps)))
-                for t, ps in sorted(result.assignment.items(), key=lambda kv: str(kv[0]))
-                if ps
-            ),
-        )
+        assignment = heartbeat_assignment(cls, result.assignment)
     return respond(result.error, result.message, result.member_id, result.member_epoch, assignment)
-
-
-def _names_by_id(view: TopicView) -> dict[uuid.UUID, str]:
-    return {meta.topic_id: name for name, meta in view.items()}
 
 
 def _describe_one(cls: Any, summary: ShareGroupSummary, names: dict[uuid.UUID, str], operations: int) -> Any:
     member_cls = nested(cls, "Member")
-    assignment_cls = nested(cls, "Assignment")
-    tp_cls = nested(cls, "TopicPartitions")
-
-    def assignment(parts: Partitions) -> Any:
-        return build(
-            assignment_cls,
-            topic_partitions=tuple(
-                build(tp_cls, topic_id=t, topic_name=names.get(t, ""), partitions=tuple(sorted(ps)))
-                for t, ps in sorted(parts.items(), key=lambda kv: names.get(kv[0], str(kv[0])))
-                if ps
-            ),
-        )
-
+    assignment = assignment_builder(cls, names)
     members = tuple(
         build(
             member_cls,
@@ -118,54 +97,9 @@ def _describe_one(cls: Any, summary: ShareGroupSummary, names: dict[uuid.UUID, s
         )
         for m in summary.members
     )
-    return build(
-        nested(cls, "DescribedGroup"),
-        error_code=ErrorCode.none,
-        error_message=None,
-        group_id=summary.group_id,
-        group_state=summary.state,
-        group_epoch=summary.group_epoch,
-        assignment_epoch=summary.assignment_epoch,
-        assignor_name=summary.assignor,
-        members=members,
-        authorized_operations=operations,
-    )
+    return described_group(cls, summary, members, operations)
 
 
 @handles(SHARE_GROUP_DESCRIBE)
 async def share_group_describe(request: Any, ctx: RequestContext) -> Any:
-    cls = ctx.response_class
-    group_cls = nested(cls, "DescribedGroup")
-    operations = GROUP_OPERATIONS if request.include_authorized_operations else NO_AUTHORIZED_OPERATIONS
-    out = []
-    for group_id in request.group_ids:
-
-        def failed(error: ErrorCode, message: str | None, group_id: str = group_id) -> Any:
-            return build(
-                group_cls,
-                error_code=error,
-                error_message=message,
-                group_id=group_id,
-                group_state="Dead",
-                group_epoch=-1,
-                assignment_epoch=-1,
-                assignor_name="",
-                members=(),
-                authorized_operations=operations,
-            )
-
-        error = _group_error(ctx, group_id, authz.Op.DESCRIBE)
-        if error is None and not group_id:
-            error = ErrorCode.invalid_group_id
-        if error is not None:
-            out.append(failed(error, None))
-            continue
-        coordinator = _coordinator(ctx)
-        summary = coordinator.manager.share_describe(group_id)
-        if summary is None:
-            out.append(failed(ErrorCode.group_id_not_found, f"Group {group_id} not found."))
-        elif isinstance(summary, ErrorCode):
-            out.append(failed(summary, f"Group {group_id} is not a share group."))
-        else:
-            out.append(_describe_one(cls, summary, _names_by_id(coordinator.topic_view()), operations))
-    return build(cls, throttle_time=ZERO_THROTTLE, groups=tuple(out))
+    return describe_groups(request, ctx, lambda c, g: c.manager.share_describe(g), "share", _describe_one)

@@ -6,8 +6,6 @@ record is acknowledged exactly once across the group."""
 
 from __future__ import annotations
 
-import socket
-import struct
 import threading
 import time
 import uuid
@@ -15,23 +13,12 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from kafka_call import call
 from kio.schema.errors import ErrorCode
-
-from automq.broker.kafka import codec
 
 pytestmark = pytest.mark.slow
 
 PARTITIONS = 6
-
-
-def call(bootstrap: str, request: Any) -> Any:
-    host, port = bootstrap.split(",")[0].rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        frame = codec.encode_request(1, request)
-        s.sendall(struct.pack(">i", len(frame)) + frame)
-        size = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
-        _, response = codec.decode_response(s.recv(size, socket.MSG_WAITALL), type(request))
-    return response
 
 
 def described(cluster, group: str) -> Any:

@@ -484,3 +484,42 @@ def test_offset_fetch_v10_by_topic_id(fuzz_broker):
         second: [(0, 11, ErrorCode.none)],
     }
     fuzz_broker.assert_serving()
+
+
+def test_produce_v13_acks_0_to_unknown_topic_id_closes_the_connection(fuzz_broker):
+    """acks=0 gets no answer, so a failure closes the connection, as Kafka does."""
+    from kio.schema.produce.v13.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    request = ProduceRequest(
+        transactional_id=None,
+        acks=0,
+        timeout=datetime.timedelta(seconds=5),
+        topic_data=(
+            TopicProduceData(
+                topic_id=uuid.uuid4(), partition_data=(PartitionProduceData(index=0, records=_batch([b"x"])),)
+            ),
+        ),
+    )
+    frame = codec.encode_request(9, request)
+    with socket.create_connection(("127.0.0.1", fuzz_broker.port), timeout=30) as sock:
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        assert sock.recv(1) == b""
+    fuzz_broker.assert_serving()
+
+
+def test_offset_fetch_v10_leaves_out_deleted_topics(fuzz_broker):
+    """A deleted topic has no id any more: v10 cannot name it, so its offsets are left out of a
+    fetch of all the group's offsets, and asking for its old id is UNKNOWN_TOPIC_ID."""
+    from kio.schema.delete_topics.v6.request import DeleteTopicsRequest, DeleteTopicState
+
+    port = fuzz_broker.port
+    kept = _create(port, "of10-kept", partitions=1)
+    gone = _create(port, "of10-gone", partitions=1)
+    _commit_v10(port, "g-of10-del", [(kept, [(0, 1)]), (gone, [(0, 2)])])
+    deleted = _call(
+        port,
+        DeleteTopicsRequest(topics=(DeleteTopicState(topic_id=gone),), timeout=datetime.timedelta(seconds=30)),
+    )
+    assert deleted.responses[0].error_code == ErrorCode.none
+    assert _fetch_offsets_v10(port, "g-of10-del", None) == {kept: [(0, 1, ErrorCode.none)]}
+    assert _fetch_offsets_v10(port, "g-of10-del", [(gone, [0])]) == {gone: [(0, -1, ErrorCode.unknown_topic_id)]}

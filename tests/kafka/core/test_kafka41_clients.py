@@ -132,7 +132,8 @@ async def test_clients_against_the_kafka_41_versions(broker, versions_seen):
     assert errors == []
     assert seen == list(range(500))
     assert committed == 500
-    assert set(versions_seen[0]) == {10}, versions_seen  # librdkafka 2.16's newest Produce
+    # whatever Produce version the installed librdkafka negotiates (2.16: v10) is one we serve
+    assert versions_seen[0] and max(versions_seen[0]) <= 13, versions_seen
     assert await asyncio.to_thread(_kafka_python_inferred_version, broker.bootstrap) >= (4, 2)
 
 

@@ -16,6 +16,7 @@ is `{member_id: {topic_id: set(partitions)}}`.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Mapping
 
@@ -85,7 +86,12 @@ def uniform_assign(
     for topic, _p in all_partitions:
         for m in candidates[topic]:
             share[m] += 1 / len(candidates[topic])
-    cap = {m: int(share[m]) + 1 for m in members}
+    # previous owners keep up to their share rounded up (their lowest partitions first), as
+    # Kafka's uniform assignor does: with 6 partitions, a second member takes 3-5 from the
+    # first, which keeps 0-2 (librdkafka's test 0113 checks exactly that placement)
+    # (heterogeneous subscriptions keep one more: their shares are only estimates)
+    homogeneous = len(set(subscriptions.values())) == 1
+    cap = {m: math.ceil(share[m] - 1e-9) if homogeneous else int(share[m]) + 1 for m in members}
 
     for member in members:
         for topic, parts in sorted(previous.get(member, {}).items(), key=lambda kv: str(kv[0])):

@@ -295,6 +295,17 @@ def test_uniform_is_sticky() -> None:
     assert all(len(second[m][T1]) == 2 for m in subs3)
 
 
+def test_uniform_keeps_kafkas_placement_as_members_join() -> None:
+    """Owners keep their lowest partitions up to their share, newcomers get the rest, as with
+    Kafka's uniform assignor (librdkafka's 0113 x_incremental_rebalances checks it)."""
+    one = assignors.uniform_assign({"a": frozenset({T1})}, {T1: 6}, {})
+    assert one == {"a": {T1: {0, 1, 2, 3, 4, 5}}}
+    two = assignors.uniform_assign({"a": frozenset({T1}), "b": frozenset({T1})}, {T1: 6}, one)
+    assert two == {"a": {T1: {0, 1, 2}}, "b": {T1: {3, 4, 5}}}
+    three = assignors.uniform_assign({m: frozenset({T1}) for m in "abc"}, {T1: 6}, two)
+    assert three == {"a": {T1: {0, 1}}, "b": {T1: {3, 4}}, "c": {T1: {2, 5}}}
+
+
 def test_uniform_with_different_subscriptions() -> None:
     subs = {"a": frozenset({T1, T2}), "b": frozenset({T1})}
     out = assignors.uniform_assign(subs, {T1: 4, T2: 4}, {})

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import USERS
+from conftest import USERS, ThreadedCluster, secure_configs
 from kio.schema.errors import ErrorCode
 
 from automq.broker.config import ConfigError, parse_config
@@ -236,7 +236,6 @@ def test_admin_cli_with_command_config(secure_cluster, pki, scram_alice, tmp_pat
 
 @pytest.fixture(scope="module")
 def reauth_cluster(tmp_path_factory, pki):
-    from conftest import ThreadedCluster, secure_configs
 
     tmp = tmp_path_factory.mktemp("reauth")
     controller_cfg, broker_raw = secure_configs(tmp, pki, connections_max_reauth_ms=1000)
@@ -299,7 +298,6 @@ def test_rebalance_cli_with_command_config(secure_cluster, pki, scram_alice, tmp
 
 @pytest.fixture(scope="module")
 def authorizing_cluster(tmp_path_factory, pki):
-    from conftest import ThreadedCluster, secure_configs
 
     tmp = tmp_path_factory.mktemp("inter-broker-acl")
     controller_cfg, broker_raw = secure_configs(tmp, pki)

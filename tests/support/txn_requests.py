@@ -54,4 +54,6 @@ async def produce(broker: Any, version: int, tid: str | None, topic: str, index:
             codec.build(topic_cls, name=topic, partition_data=(codec.build(part_cls, index=index, records=batch),)),
         ),
     )
+    # the answer names the topic it was asked about (a verification path once answered a tuple)
+    assert [t.name for t in r.responses] == [topic], r.responses
     return r.responses[0].partition_responses[0]

@@ -180,10 +180,10 @@ async def produce(request, ctx: RequestContext):
                         (key, topic, index, (ErrorCode.transactional_id_authorization_failed, _NO_TXN_ID), 0)
                     )
                     continue
-                key = (header.producer_id, header.producer_epoch)
-                if key not in verifications:
-                    verifications[key] = (asyncio.get_running_loop().create_future(), [])
-                answer, verify_tps = verifications[key]
+                producer = (header.producer_id, header.producer_epoch)
+                if producer not in verifications:
+                    verifications[producer] = (asyncio.get_running_loop().create_future(), [])
+                answer, verify_tps = verifications[producer]
                 verify_tps.append((topic, index))
                 task = verifier.append(partition, records_buf, header, answer, ctx.api_version)
             else:

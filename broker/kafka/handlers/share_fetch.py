@@ -449,7 +449,7 @@ async def share_fetch(request, ctx: RequestContext):
                 error = ErrorCode.unknown_topic_or_partition
             part = _Part(name, t.topic_id, p.partition_index, error=error)
             if error == ErrorCode.none and epoch != FINAL_EPOCH:
-                session.partitions[(name, p.partition_index)] = None  # type: ignore[index]
+                session.partitions[(name, p.partition_index)] = t.topic_id  # type: ignore[index]
                 parts[(name, p.partition_index)] = part
             else:
                 extra.append(part)
@@ -479,10 +479,18 @@ async def share_fetch(request, ctx: RequestContext):
         return _respond(ctx, list(parts.values()) + extra, _lock_of(parts.values()), full=False)
 
     # ---- every partition of the session is fetched
-    for name, index in session.partitions:
+    for (name, index), added_as in list(session.partitions.items()):
         if (name, index) not in parts:
             info = ctx.broker.partitions.topic(name)
-            parts[(name, index)] = _Part(name, topic_uuid(info.topic_id) if info is not None else None, index)
+            current = topic_uuid(info.topic_id) if info is not None else None
+            if added_as is not None and current != added_as:
+                # the topic the client added was deleted (perhaps recreated under its name):
+                # answered once under the id the client knows, then gone from the session;
+                # records of the new topic would reach a client that never asked for them
+                session.partitions.pop((name, index), None)
+                extra.append(_Part(name, added_as, index, error=ErrorCode.unknown_topic_id))
+                continue
+            parts[(name, index)] = _Part(name, current, index)
     fetching = list(parts.values())
     for part in fetching:
         if part.share is None:

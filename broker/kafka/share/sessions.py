@@ -13,6 +13,7 @@ records released, as when it closes).
 from __future__ import annotations
 
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -27,8 +28,9 @@ class ShareSession:
     group_id: str
     member_id: str
     epoch: int = 1  # the epoch the next request must carry
-    # (topic name, partition) of every partition the session fetches
-    partitions: dict[tuple[str, int], None] = field(default_factory=dict)
+    # (topic name, partition) of every partition the session fetches -> the topic id it was
+    # added under (a topic deleted and recreated under its name is another topic)
+    partitions: dict[tuple[str, int], uuid.UUID | None] = field(default_factory=dict)
     last_used: float = field(default_factory=time.monotonic)
     # the client connection the session was last used on (its close-callback registry):
     # when that connection closes, the session ends and the member's records are released

@@ -559,3 +559,33 @@ async def test_deleting_a_topic_deletes_the_share_state_loaded_for_it(cluster) -
         await asyncio.sleep(0.05)
     assert node.broker.share_partitions.shares() == []
     assert await store.load(GROUP, stream_id) is None
+
+
+async def test_a_topic_recreated_under_its_name_is_not_fetched_for_the_old_ones_session(cluster) -> None:
+    """A session holds the partition under the topic id the client added. Once that topic is
+    deleted and another created under its name, the next fetch answers the old id
+    UNKNOWN_TOPIC_ID once and drops it from the session; the new topic's records go to no one
+    who did not add its id (librdkafka got them unasked, dropped them, and their locks expired
+    three times: confluent-kafka-python's test_topic_recreate_resumes_with_fresh_delivery)."""
+    node = await _node(cluster)
+    await _produce(node, "q", 0, 2)
+    old_id = _topic_id(node, "q")
+    assert _acquired(await _fetch(node, "m", 0, {0: []})) == {0: [(0, 1, 1)]}
+    await node.client.delete_topic("q")
+    for _ in range(200):
+        if node.broker.partitions.topic("q") is None:
+            break
+        await asyncio.sleep(0.05)
+    await node.broker.ensure_topic("q", partitions=1)
+    new_id = _topic_id(node, "q")
+    assert new_id != old_id
+    await _produce(node, "q", 0, 3)
+    resp = await _fetch(node, "m", 1, topic_id=old_id)  # incremental: nothing added or acknowledged
+    answered = {(t.topic_id, p.partition_index): p for t in resp.responses for p in t.partitions}
+    assert set(answered) == {(old_id, 0)}
+    assert answered[(old_id, 0)].error_code == ErrorCode.unknown_topic_id
+    assert not answered[(old_id, 0)].acquired_records
+    resp = await _fetch(node, "m", 2, topic_id=old_id)
+    assert [p for t in resp.responses for p in t.partitions] == []  # gone from the session
+    # a client that adds the new id gets the new topic's records, first delivery
+    assert _acquired(await _fetch(node, "m", 3, {0: []}, topic_id=new_id)) == {0: [(0, 2, 1)]}

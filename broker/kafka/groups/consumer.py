@@ -192,6 +192,7 @@ class ConsumerGroupData:
                 "signature": [list(s) for s in self.topics_signature],
             },
             separators=(",", ":"),
+            sort_keys=True,  # equal states give equal bytes (the steady-heartbeat comparison)
         ).encode()
 
     @classmethod

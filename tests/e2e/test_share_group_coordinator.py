@@ -13,38 +13,19 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from kafka_call import call
-from kio.schema.errors import ErrorCode
+from kafka_call import described_by_coordinator
 
 pytestmark = pytest.mark.slow
 
 PARTITIONS = 6
 
 
-def described(cluster, group: str) -> Any:
-    """The group as its coordinator describes it (FindCoordinator, then ShareGroupDescribe)."""
-    from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+def described(cluster, group: str) -> tuple[int, Any]:
     from kio.schema.share_group_describe.v1.request import ShareGroupDescribeRequest
 
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            for b in range(1, cluster.brokers + 1):
-                found = call(cluster.broker_bootstrap(b), FindCoordinatorRequest(key_type=0, coordinator_keys=(group,)))
-                c = found.coordinators[0]
-                if c.error_code != ErrorCode.none:
-                    continue
-                r = call(
-                    f"127.0.0.1:{c.port}",
-                    ShareGroupDescribeRequest(group_ids=(group,), include_authorized_operations=False),
-                )
-                g = r.groups[0]
-                if g.error_code == ErrorCode.none:
-                    return int(c.node_id), g
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, "no broker describes the share group"
-        time.sleep(0.3)
+    return described_by_coordinator(
+        cluster, group, lambda g: ShareGroupDescribeRequest(group_ids=(g,), include_authorized_operations=False)
+    )
 
 
 class Member(threading.Thread):

@@ -185,7 +185,9 @@ class RepeatFilter(logging.Filter):
         return summary
 
     def _emit(self, records: list[logging.LogRecord]) -> None:
-        if self.handler is None:
+        if self.handler is None or getattr(getattr(self.handler, "stream", None), "closed", False):
+            # nowhere to write: e.g. a test runner's captured stderr, closed while this process
+            # (or the flusher thread) still runs; writing printed "--- Logging error ---"
             return
         for record in records:
             self.handler.handle(record)
@@ -204,9 +206,6 @@ def _flush_loop() -> None:
 
 def _flush_at_exit() -> None:
     for repeat_filter in list(_filters):
-        stream = getattr(repeat_filter.handler, "stream", None)
-        if getattr(stream, "closed", False):
-            continue  # e.g. a test runner's captured stderr, closed before interpreter exit
         repeat_filter.flush_all()
 
 

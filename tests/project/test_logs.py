@@ -110,8 +110,9 @@ def test_the_next_window_starts_with_a_line_again_and_a_quiet_call_flushes_at_ex
 
 
 def test_exit_flush_skips_a_handler_whose_stream_is_already_closed(monkeypatch, capsys):
-    """A test runner closes its captured stderr before the interpreter exits: the exit flush
-    must not write to it (that printed "--- Logging error ---" with a traceback)."""
+    """A test runner closes its captured stderr while the process (and the flusher thread)
+    still runs: neither the exit flush nor the thread's flush may write to it (that printed
+    "--- Logging error ---" with a traceback)."""
     from automq.broker import logs
 
     logger, stream, repeat, _ = make_logger()
@@ -121,8 +122,9 @@ def test_exit_flush_skips_a_handler_whose_stream_is_already_closed(monkeypatch, 
     monkeypatch.setattr(logging, "raiseExceptions", True)
     stream.close()
     logs._flush_at_exit()
+    repeat.flush_expired()  # the flusher thread's call, after its window ended
     assert "Logging error" not in capsys.readouterr().err
-    assert repeat.windows, "the pending count stays unflushed: nowhere to write it"
+    assert not repeat.windows  # the counts were due; with nowhere to write them they are dropped
 
 
 def test_different_calls_levels_and_info_lines_are_never_merged():

@@ -12,6 +12,7 @@ object-store directory per test.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +24,33 @@ from automq.broker.objectstore.seaweedfs import SeaweedFS, SeaweedFSStartError
 # Test-only helpers shared across folders (kmock emulator, kubelet harness): `import kubelet_harness`.
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
+# Directories of session-scoped fixtures start with this; everything else a module's tests
+# and fixtures make under the session's base temp dir is removed when the module is done.
+SESSION_DIR_PREFIX = "session-"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_a_passed_modules_directories(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Every broker's data dir holds a preallocated volume WAL (256 MiB by default), and the
+    suite starts some 150 of them: kept to the session's end they took 18 GB of disk, and a CI
+    machine with less free space failed every later test that writes. Function-level
+    `tmp_path` dirs go right after a passing test (tmp_path_retention_policy in pyproject);
+    this removes the `tmp_path_factory.mktemp` dirs of module-scoped fixtures once the module's
+    fixtures are torn down, unless one of its tests failed (then all stay, to be looked at)."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(os.listdir(base))
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed != failed_before:
+        return
+    for name in set(os.listdir(base)) - before:
+        if not name.startswith(SESSION_DIR_PREFIX):
+            shutil.rmtree(base / name, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
-    server = SeaweedFS(data_dir=tmp_path_factory.mktemp("seaweedfs"))
+    server = SeaweedFS(data_dir=tmp_path_factory.mktemp(SESSION_DIR_PREFIX + "seaweedfs"))
     try:
         server.start()
     except SeaweedFSStartError as exc:

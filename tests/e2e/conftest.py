@@ -180,7 +180,7 @@ def running_cluster(data_dir: Path, brokers: int = 2, object_store_url: str | No
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """One shared 2-broker cluster on the embedded (file://) object store. Tests using it
     must leave it running (no kills, no restarts) and use their own topics."""
-    with running_cluster(tmp_path_factory.mktemp("cluster")) as c:
+    with running_cluster(tmp_path_factory.mktemp("session-cluster")) as c:
         yield c
 
 

@@ -25,7 +25,7 @@ CONTROLLER_TOKEN = "test-controller-token-0123456789"
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory) -> Pki:
-    return Pki.create(tmp_path_factory.mktemp("pki"))
+    return Pki.create(tmp_path_factory.mktemp("session-pki"))
 
 
 class ThreadedCluster:

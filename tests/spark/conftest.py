@@ -86,7 +86,7 @@ def start_cluster(
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    cluster = start_cluster(tmp_path_factory.mktemp("spark-cluster"))
+    cluster = start_cluster(tmp_path_factory.mktemp("session-spark-cluster"))
     try:
         yield cluster
     finally:

@@ -107,6 +107,12 @@ class Listener(_Section):
     # Kafka's listener.security.protocol.map entry for this listener: SSL and SASL_SSL use the
     # `tls` section, SASL_* the `security.sasl_*` keys
     security_protocol: SecurityProtocol = "PLAINTEXT"  # Kafka's listener.security.protocol.map entry
+    ssl_client_auth: Literal["none", "requested", "required"] | None = Field(
+        None,
+        description="This SSL / SASL_SSL listener's own `ssl.client.auth` (Kafka's "
+        "`listener.name.<name>.ssl.client.auth`), so a `required` client-certificate listener stays strict "
+        "next to a SASL_SSL listener whose clients have no certificate; unset: `tls.client_auth`",
+    )
 
 
 class TlsConfig(_Section):
@@ -339,6 +345,17 @@ class NodeConfig(_Section):
             raise ValueError(f"tls.cert_file and tls.key_file are required by {', '.join(tls_users)}")
         if self.tls.client_auth != "none" and tls_users and not self.tls.ca_file:
             raise ValueError(f"tls.client_auth={self.tls.client_auth} needs tls.ca_file to verify client certificates")
+        for lst in self.listeners:
+            if lst.ssl_client_auth is not None and not lst.security_protocol.endswith("SSL"):
+                raise ValueError(
+                    f"listeners[{lst.name}].ssl_client_auth applies to SSL and SASL_SSL listeners only "
+                    f"(this one is {lst.security_protocol})"
+                )
+            if lst.ssl_client_auth not in (None, "none") and not self.tls.ca_file:
+                raise ValueError(
+                    f"listeners[{lst.name}].ssl_client_auth={lst.ssl_client_auth} needs tls.ca_file "
+                    "to verify client certificates"
+                )
         sasl = any(lst.security_protocol.startswith("SASL") for lst in self.listeners)
         security = self.security
         if (

@@ -208,6 +208,9 @@ def broker_listeners(spec: AutoMQClusterSpec) -> list[Listener]:
             port=lst.port,
             advertised_port=lst.port,
             security_protocol=lst.security_protocol(),
+            # Each TLS listener has its own rule: a client-certificate listener refuses a client
+            # without one at the handshake, a SASL_SSL listener next to it asks for none.
+            ssl_client_auth=("required" if lst.client_certificates() else "none") if lst.tls else None,
         )
         for lst in spec.listeners
     ]
@@ -306,15 +309,12 @@ def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeCon
                 "sasl_inter_broker_jaas_config_file": f"{BROKER_CREDENTIALS_DIR}/{INTER_BROKER_JAAS}",
             }
         if spec.needs_tls():
-            client_certs = [lst.client_certificates() for lst in spec.listeners if lst.tls]
+            # Which listeners require client certificates is each listener's ssl_client_auth
+            # (broker_listeners), so the section's own client_auth stays at its default, none.
             raw["tls"] = {
                 "cert_file": f"{TLS_DIR}/tls.crt",
                 "key_file": f"{TLS_DIR}/tls.key",
                 "ca_file": f"{TLS_DIR}/ca.crt",
-                # One TLS context serves every TLS listener: certificates are required only
-                # when every TLS listener authenticates by certificate (a SASL_SSL listener
-                # next to them must not ask its clients for one they do not have).
-                "client_auth": "required" if all(client_certs) else ("requested" if any(client_certs) else "none"),
                 "principal_mapping_rules": list(PRINCIPAL_MAPPING_RULES),
             }
         oauth = next((lst.authentication for lst in spec.listeners if lst.sasl_mechanism() == "OAUTHBEARER"), None)

@@ -746,10 +746,15 @@ class KafkaServer:
         self._servers: list[asyncio.AbstractServer] = []
         self._sockets: dict[str, socket.socket] = {}
         self.bound_ports: dict[str, int] = {}
-        # shared by the SSL / SASL_SSL listeners; built here so a bad certificate stops the start
-        self.tls: ReloadingContext | None = None
-        if any(lst.security_protocol.endswith("SSL") for lst in self.config.listeners):
-            self.tls = ReloadingContext(self.config.tls)
+        # One context per client-certificate rule (tls.client_auth, or a listener's own
+        # ssl_client_auth), shared by the SSL / SASL_SSL listeners with that rule: a "required"
+        # listener refuses a client without a certificate at the handshake even when a SASL_SSL
+        # listener of the same broker asks for none. Built here so a bad certificate stops the start.
+        self.tls_contexts: dict[str, ReloadingContext] = {}
+        for lst in self.config.listeners:
+            rule = self.client_auth(lst)
+            if lst.security_protocol.endswith("SSL") and rule not in self.tls_contexts:
+                self.tls_contexts[rule] = ReloadingContext(self.config.tls.model_copy(update={"client_auth": rule}))
         self._principals = PrincipalMapper(self.config.tls.principal_mapping_rules)
         self._tls_reload: asyncio.TimerHandle | None = None
 
@@ -767,11 +772,15 @@ class KafkaServer:
                 session.principal = "User:" + self._principals.name_for(subject_dn(der))
         return session
 
+    def client_auth(self, listener: Listener) -> str:
+        return listener.ssl_client_auth or self.config.tls.client_auth
+
     def _check_tls(self) -> None:
         self._tls_reload = None
-        if self.tls is None:
+        if not self.tls_contexts:
             return
-        self.tls.check()
+        for context in self.tls_contexts.values():
+            context.check()
         interval = self.config.tls.reload_check_interval_ms / 1000.0
         if interval > 0:
             self._tls_reload = asyncio.get_running_loop().call_later(interval, self._check_tls)
@@ -883,7 +892,7 @@ class KafkaServer:
         self._resolve_overrides()
         loop = asyncio.get_running_loop()
         by_name = {listener.name: listener for listener in self.config.listeners}
-        if self.tls is not None and self._tls_reload is None:
+        if self.tls_contexts and self._tls_reload is None:
             self._check_tls()
         for name, sock in self._sockets.items():
             listener = by_name[name]
@@ -891,7 +900,7 @@ class KafkaServer:
             server = await loop.create_server(
                 functools.partial(KafkaConnection, self, listener),
                 sock=sock,
-                ssl=self.tls.context if tls and self.tls is not None else None,
+                ssl=self.tls_contexts[self.client_auth(listener)].context if tls else None,
                 ssl_handshake_timeout=self.config.tls.handshake_timeout_ms / 1000.0 if tls else None,
             )
             self._servers.append(server)

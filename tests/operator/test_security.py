@@ -338,8 +338,14 @@ def test_mixed_listeners_render_protocols_services_and_addresses() -> None:
     assert config.kafka.inter_broker_listener_name == "MTLS"
     assert config.security.sasl_inter_broker_jaas_config_file is None
     assert config.kafka.super_users == "User:CN=demo-broker,O=automq-cluster"
-    # One TLS context serves every listener: certificates requested, not required (SASL clients have none).
-    assert config.tls.client_auth == "requested"
+    # Each TLS listener has its own client-certificate rule: MTLS requires one, SASL_SSL asks for none.
+    assert {lst.name: lst.ssl_client_auth for lst in config.listeners} == {
+        "INTERNAL": "none",
+        "MTLS": "required",
+        "EXTERNAL": "none",
+        "CLOUD": "none",
+    }
+    assert config.tls.client_auth == "none"
     assert config.security.sasl_enabled_mechanisms == ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
     services = {s["metadata"]["name"]: s for s in builders.services(spec, REF)}
     assert set(services) == {

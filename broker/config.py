@@ -225,6 +225,10 @@ def _assignors() -> list[ConsumerAssignor]:
     return list(CONSUMER_ASSIGNORS)
 
 
+def _lower(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
 class KafkaConfig(_Section):
     """Broker defaults a Kafka user knows by their Kafka names (dots become underscores)."""
 
@@ -251,6 +255,25 @@ class KafkaConfig(_Section):
     group_share_record_lock_duration_ms: DurationMs = Field(30_000, gt=0)  # share groups: a record's acquisition lock
     group_share_delivery_count_limit: int = Field(5, ge=2, le=10)  # share groups: deliveries before archiving
     group_share_partition_max_record_locks: int = Field(2_000, ge=100)  # share groups: in-flight records per partition
+    # Kafka's bounds of the per-group share.* configs (a group's value outside them is INVALID_CONFIG)
+    group_share_min_record_lock_duration_ms: DurationMs = Field(
+        15_000, ge=1_000, le=30_000, description="share groups: a group's share.record.lock.duration.ms at least"
+    )
+    group_share_max_record_lock_duration_ms: DurationMs = Field(
+        60_000, ge=30_000, le=3_600_000, description="share groups: a group's share.record.lock.duration.ms at most"
+    )
+    group_share_min_session_timeout_ms: DurationMs = Field(
+        45_000, gt=0, description="share groups: a group's share.session.timeout.ms at least"
+    )
+    group_share_max_session_timeout_ms: DurationMs = Field(
+        60_000, gt=0, description="share groups: a group's share.session.timeout.ms at most"
+    )
+    group_share_min_heartbeat_interval_ms: DurationMs = Field(
+        5_000, gt=0, description="share groups: a group's share.heartbeat.interval.ms at least"
+    )
+    group_share_max_heartbeat_interval_ms: DurationMs = Field(
+        15_000, gt=0, description="share groups: a group's share.heartbeat.interval.ms at most"
+    )
     offsets_retention_ms: int = 7 * 24 * 3_600_000
     transactional_id_expiration_ms: DurationMs = Field(7 * 24 * 3_600_000, gt=0)
     producer_id_expiration_ms: DurationMs = Field(24 * 3_600_000, gt=0)
@@ -277,6 +300,26 @@ class KafkaConfig(_Section):
     authorizer_audit_log: bool = False  # log every authorization decision (denials are always logged at INFO)
     quota_window_num: int = Field(11, ge=2)  # client quotas: rates are measured over this many samples ...
     quota_window_size_seconds: int = Field(1, ge=1)  # ... of this many seconds each
+
+    @model_validator(mode="after")
+    def _check_share_bounds(self) -> KafkaConfig:
+        # Kafka refuses to start when a bound pair is inverted or the broker's own value lies
+        # outside bounds the operator set; the bounds' defaults (Kafka's) do not constrain the
+        # broker value, so fast test clusters with short locks and sessions keep working
+        for what in ("record_lock_duration_ms", "session_timeout_ms", "heartbeat_interval_ms"):
+            lo_field, hi_field = f"group_share_min_{what}", f"group_share_max_{what}"
+            lo, hi, value = getattr(self, lo_field), getattr(self, hi_field), getattr(self, f"group_share_{what}")
+            if lo > hi:
+                raise ValueError(f"{kafka_name(lo_field)} ({lo}) must be at most {kafka_name(hi_field)} ({hi})")
+            if lo_field in self.model_fields_set and value < lo:
+                raise ValueError(
+                    f"group.share.{what.replace('_', '.')} ({value}) must be at least {kafka_name(lo_field)} ({lo})"
+                )
+            if hi_field in self.model_fields_set and value > hi:
+                raise ValueError(
+                    f"group.share.{what.replace('_', '.')} ({value}) must be at most {kafka_name(hi_field)} ({hi})"
+                )
+        return self
 
 
 # Kafka's broker-config name of each `kafka.*` field: the field name with dots, except those

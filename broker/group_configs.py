@@ -197,6 +197,21 @@ def _check_consistency(configs: Mapping[str, str], node: NodeConfig | None) -> N
         text = configs.get(name) or default_value(GROUP_CONFIGS[name], node)
         return int(text) if text else None
 
+    if node is not None:
+        # Kafka: a group's share.* value must lie within the broker's group.share.min/max.* bounds
+        for name in ("share.record.lock.duration.ms", "share.session.timeout.ms", "share.heartbeat.interval.ms"):
+            text = configs.get(name)
+            if not text:
+                continue
+            what = name.removeprefix("share.")
+            lo_key, hi_key = f"group.share.min.{what}", f"group.share.max.{what}"
+            lo = getattr(node.kafka, lo_key.replace(".", "_"))
+            hi = getattr(node.kafka, hi_key.replace(".", "_"))
+            if int(text) < lo:
+                raise TopicConfigError(f"{name} must be greater than or equal to {lo_key} ({lo})")
+            if int(text) > hi:
+                raise TopicConfigError(f"{name} must be less than or equal to {hi_key} ({hi})")
+
     for kind in ("consumer", "share"):
         hb, session = value(f"{kind}.heartbeat.interval.ms"), value(f"{kind}.session.timeout.ms")
         if hb is not None and session is not None and hb >= session:

@@ -48,6 +48,8 @@ def share_cluster(tmp_path_factory, e2e):
             # a killed member keeps its assigned partitions until its session times out
             "group.share.session.timeout.ms=6000",
             "group.share.heartbeat.interval.ms=1000",
+            # lets a group hold its locks for 10 minutes (test_connection_close_releases_locks)
+            "group.share.max.record.lock.duration.ms=600000",
         ],
     ).start()
     try:

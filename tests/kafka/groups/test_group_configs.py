@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from automq.broker import group_configs as gc
-from automq.broker.config import parse_config
+from automq.broker.config import ConfigError, parse_config
 from automq.broker.controller import commands
 from automq.broker.controller.commands import Tx
 from automq.broker.controller.state import MetadataState
@@ -116,3 +116,43 @@ def test_share_settings_apply_group_configs_over_broker_defaults() -> None:
     other = share_settings(broker, "other")  # type: ignore[arg-type]
     assert (other.auto_offset_reset, other.delivery_count_limit) == ("latest", 5)
     assert share_settings(SimpleNamespace(config=node, metadata=None), "q").auto_offset_reset == "latest"  # type: ignore[arg-type]
+
+
+def test_share_values_must_lie_within_the_brokers_min_max_bounds() -> None:
+    """Kafka 4.x: a group's share.record.lock.duration.ms (and share session timeout and
+    heartbeat interval) must lie within group.share.min/max.*; a broker whose own default
+    lies outside bounds it set does not start."""
+    node = parse_config({"node_id": 1, "object_store_url": "file:///tmp/x"})
+    assert (node.kafka.group_share_min_record_lock_duration_ms, node.kafka.group_share_max_record_lock_duration_ms) == (
+        15_000,
+        60_000,
+    )
+    assert gc.apply_incremental({}, [("share.record.lock.duration.ms", SET, "15000")], node) == {
+        "share.record.lock.duration.ms": "15000"
+    }
+    with pytest.raises(TopicConfigError, match="greater than or equal to group.share.min.record.lock.duration.ms"):
+        gc.apply_incremental({}, [("share.record.lock.duration.ms", SET, "14999")], node)
+    with pytest.raises(TopicConfigError, match="less than or equal to group.share.max.record.lock.duration.ms"):
+        gc.replace_all({}, [("share.record.lock.duration.ms", "60001")], node)
+    with pytest.raises(TopicConfigError, match="greater than or equal to group.share.min.session.timeout.ms"):
+        gc.apply_incremental({}, [("share.session.timeout.ms", SET, "30000")], node)
+    wide = parse_config(
+        {
+            "node_id": 1,
+            "object_store_url": "file:///tmp/x",
+            "kafka": {
+                "group_share_max_record_lock_duration_ms": 600_000,
+                "group_share_min_record_lock_duration_ms": 1_000,
+            },
+        }
+    )
+    assert gc.apply_incremental({}, [("share.record.lock.duration.ms", SET, "600000")], wide)
+    assert gc.apply_incremental({}, [("share.record.lock.duration.ms", SET, "1000")], wide)
+    for bad in (
+        {"group_share_min_record_lock_duration_ms": 20_000, "group_share_record_lock_duration_ms": 10_000},
+        {"group_share_max_session_timeout_ms": 50_000, "group_share_session_timeout_ms": 55_000},
+        {"group_share_min_heartbeat_interval_ms": 9_000, "group_share_max_heartbeat_interval_ms": 8_000},
+        {"group_share_min_record_lock_duration_ms": 500},  # Kafka's range: 1000-30000
+    ):
+        with pytest.raises(ConfigError, match="group.share"):
+            parse_config({"node_id": 1, "object_store_url": "file:///tmp/x", "kafka": bad})

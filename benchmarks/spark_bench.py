@@ -46,8 +46,8 @@ MiB = 1 << 20
 VALUE = 1000
 
 
-def start_cluster(data_dir: Path) -> tuple[list, str]:
-    port = local.free_port_block(1)
+def start_cluster(data_dir: Path, port: int | None = None) -> tuple[list, str]:
+    port = port or local.free_port_block(1)
     nodes = local.prepare(1, data_dir, port, None)
     for node in nodes:
         raw = yaml.safe_load(node.config_path.read_text())
@@ -127,10 +127,11 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=32)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--port", type=int, default=None, help="first port of the local cluster (default: a free one)")
     args = ap.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="spark-bench-"))
     data_dir = root / "cluster"
-    nodes, bootstrap = start_cluster(data_dir)
+    nodes, bootstrap = start_cluster(data_dir, args.port)
     try:
         location = ClusterLocation.resolve(data_dir=data_dir)
         topic = "bench"

@@ -8,16 +8,20 @@ One round per table:
 1. load the table; its current snapshot's `automq.offsets` says where it stands;
 2. plan from the controller: each partition from that offset (or its log start) up to the
    committed end offset of its stream;
-3. read that range with the `automq` data source's planner and reader (Spark tasks, straight
-   from the object store, results handed to the driver as Arrow: bulkread.py) and convert
-   it (convert.py);
-4. write the data files and commit ONE Iceberg transaction whose snapshot summary holds the
+3. raw and string values (lakewrite.py): Spark tasks read their planned object slices
+   straight from the object store, convert them and write the table's Parquet data files
+   themselves, returning only the files' metadata; JSON values (schema inferred from the
+   whole run, upsert across it): the tasks hand the rows to the driver as Arrow
+   (bulkread.py), which converts them (convert.py) and writes the files;
+4. commit ONE Iceberg transaction with those files, whose snapshot summary holds the
    new next offsets. The commit carries the requirement that the table's main branch is
    still the snapshot of step 1, so of two racing runs one loses; the loser re-plans from
-   the winner's offsets (nothing is written twice, nothing skipped).
+   the winner's offsets (nothing is written twice, nothing skipped); on the executor path
+   it first deletes the files its tasks wrote.
 
 A run killed after writing data files but before the commit leaves only unreferenced files:
-the table still says the old offsets and the rerun writes that range again, once.
+the table still says the old offsets and the rerun writes that range again, once; the
+orphans go with the next `--remove-orphans-older-than` cleanup (lakefiles.py).
 Dead letters (errors.tolerance=all) go to `<table>_dlq`, committed BEFORE the main table
 with their own offsets, so a rerun after a crash between the two commits skips the dead
 letters it already wrote.
@@ -39,12 +43,12 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import And, EqualTo, In, Or
 from pyiceberg.table import Table
 
-from automq.spark import iceberg, lakefiles
+from automq.spark import iceberg, lakefiles, lakewrite
 from automq.spark.bulkread import read_range
 from automq.spark.cluster import ClusterLocation, ClusterView, TopicView
 from automq.spark.convert import DLQ_SCHEMA, META_PREFIX, Converted, TableSettings, convert
 from automq.spark.lakecompact import compact_files
-from automq.spark.reader import OPEN_TRANSACTION, ROW_SCHEMA
+from automq.spark.reader import ROW_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +160,8 @@ def ingest_topic(
                 result.status, result.message = "skipped", f"last commit {age} ms ago < commit.interval.ms"
                 return result
         committed = iceberg.committed_offsets(table) if table is not None else {}
-        view = ClusterView.load(location, [topic.name], with_objects=False)
+        # the executor path plans its reads from this same view (one metadata load, not two)
+        view = ClusterView.load(location, [topic.name], with_objects=lakewrite.on_executors(settings))
         parts = view.topic(topic.name).partitions
         start = {p.partition: max(committed.get(p.partition, 0), p.start_offset) for p in parts}
         end = {p.partition: p.end_offset for p in parts}
@@ -171,6 +176,27 @@ def ingest_topic(
                 )
         if all(start[p] >= end[p] for p in end):
             result.offsets = {p: max(committed.get(p, 0), start[p]) for p in end}
+            return result
+        if lakewrite.on_executors(settings):
+            try:
+                records, dead, offsets = _write_and_commit(
+                    spark,
+                    location,
+                    view,
+                    catalog,
+                    topic.name,
+                    name,
+                    settings,
+                    table,
+                    committed,
+                    start,
+                    end,
+                    before_commit,
+                )
+            except CommitFailedException as exc:
+                log.info("%s: lost a concurrent commit (%s); re-planning", name, exc)
+                continue
+            result.status, result.records, result.dead_letters, result.offsets = "committed", records, dead, offsets
             return result
         t0 = time.perf_counter()
         rows = _read(spark, location, topic.name, start, end)
@@ -208,6 +234,80 @@ def ingest_topic(
     return result
 
 
+def _write_and_commit(
+    spark,
+    location: ClusterLocation,
+    view: ClusterView,
+    catalog: Catalog,
+    topic: str,
+    name: str,
+    settings: TableSettings,
+    table: Table | None,
+    committed: dict[int, int],
+    start: dict[int, int],
+    end: dict[int, int],
+    before_commit: Callable[[str, Table], None] | None,
+) -> tuple[int, int, dict[int, int]]:
+    """The executors convert and write the data files (lakewrite.py); here: one commit of
+    them with the offsets. Returns (records, dead letters, offsets)."""
+    t0 = time.perf_counter()
+    # the schema is known before reading (raw, string), so the table exists before the
+    # executors write into its location with its field ids
+    schema = _initial_schema(convert(ROW_SCHEMA.empty_table(), settings))
+    created = table is None
+    table = table or iceberg.create_table(catalog, name, schema, topic, settings.partition_by)
+    try:
+        if any(f.name not in table.schema().column_names for f in schema):
+            with table.update_schema() as update:  # a table an older version made
+                update.union_by_name(schema)
+        written = lakewrite.write_range(spark, location, topic, start, end, table, settings, view=view)
+    except Exception:
+        if created and table.refresh().current_snapshot() is None:
+            catalog.drop_table(name)  # nothing half-made: the run created it and wrote nothing
+        raise
+    offsets = {**committed, **{p: max(start[p], written.end[p]) for p in end}}
+    t1 = time.perf_counter()
+    try:
+        dead = _commit_dead_letters(catalog, name, topic, written.dead, offsets)
+        _commit_files(table, written.files, offsets, name, before_commit)
+    except CommitFailedException:
+        lakewrite.delete_files(table, written.files)  # no snapshot will ever reference them
+        raise
+    log.info(
+        "%s: %d records in %d files: read, convert and write on executors %.2fs (in %d tasks: read %.2fs, "
+        "convert %.2fs, write %.2fs), commit %.2fs",
+        name,
+        written.records,
+        len(written.files),
+        t1 - t0,
+        written.tasks,
+        written.task_seconds["read"],
+        written.task_seconds["convert"],
+        written.task_seconds["write"],
+        time.perf_counter() - t1,
+    )
+    return written.records, dead, offsets
+
+
+def _commit_files(
+    table: Table,
+    files: list[lakewrite.WrittenFile],
+    offsets: dict[int, int],
+    name: str,
+    before_commit: Callable[[str, Table], None] | None,
+) -> None:
+    props = {iceberg.OFFSETS_PROPERTY: _offsets_json(offsets)}
+    txn = table.transaction()
+    # always a snapshot (maybe without files): the offsets must advance even when every
+    # record went to the DLQ
+    with txn.update_snapshot(snapshot_properties=props).fast_append() as append:
+        for f in files:
+            append.append_data_file(f.data_file)
+    if before_commit is not None:
+        before_commit(name, table)
+    txn.commit_transaction()
+
+
 def _read(spark, location: ClusterLocation, topic: str, start: dict[int, int], end: dict[int, int]) -> pa.Table:
     # The data source's plan and reader as plain tasks returning Arrow (bulkread.py): the rows
     # go to the driver without Spark SQL's conversions to JVM rows and back.
@@ -219,19 +319,12 @@ def _stop_at_open_transactions(rows: pa.Table, end: dict[int, int]) -> tuple[pa.
     """Each partition up to its last stable offset: the first offset of a transaction with no
     marker yet. Records after it wait for the run after the transaction ends (as a
     read_committed consumer's do), so the offsets committed with the table never skip them."""
-    is_open = pc.equal(rows["timestamp_type"], OPEN_TRANSACTION)
-    opens = rows.filter(is_open)
-    rows = rows.filter(pc.invert(is_open))
-    if not opens.num_rows:
-        return rows, end
+    rows, first_open = lakewrite.cut_at_open_transactions(rows)
     end = dict(end)
-    for p in set(opens["partition"].to_pylist()):
-        lso = pc.min(opens.filter(pc.equal(opens["partition"], p))["offset"]).as_py()
+    for p, lso in first_open.items():
         if lso < end[p]:
             log.info("partition %d: a transaction is open at offset %d; ingesting up to it", p, lso)
             end[p] = lso
-            keep = pc.or_(pc.not_equal(rows["partition"], p), pc.less(rows["offset"], lso))
-            rows = rows.filter(keep)
     return rows, end
 
 
@@ -263,7 +356,7 @@ def _commit(
     if rows.num_rows:
         with txn.update_schema() as update:
             update.union_by_name(pa.schema([f.with_nullable(True) for f in rows.schema]))
-        rows = _align(rows, txn.table_metadata.schema().as_arrow())
+        rows = lakewrite.align(rows, txn.table_metadata.schema().as_arrow())
     if converted.deletes is not None and converted.deletes.num_rows:
         txn.delete(_id_filter(converted.deletes, settings.id_columns), snapshot_properties=props)
         op = rows[f"{META_PREFIX}op"]
@@ -273,17 +366,6 @@ def _commit(
     if before_commit is not None:
         before_commit(name, table)
     txn.commit_transaction()
-
-
-def _align(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """The batch with the table's columns in order (nulls for columns it lacks)."""
-    cols = []
-    for f in schema:
-        if f.name in rows.column_names:
-            cols.append(rows[f.name].cast(f.type) if rows[f.name].type != f.type else rows[f.name])
-        else:
-            cols.append(pa.nulls(rows.num_rows, f.type))
-    return pa.table(cols, schema=pa.schema([f.with_nullable(True) for f in schema]))
 
 
 def _id_filter(ids: pa.Table, columns: tuple[str, ...]):

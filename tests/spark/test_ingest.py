@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -129,6 +130,13 @@ def test_raw_tables_exactly_once_across_reruns_and_a_crash(spark, spark_cluster,
         p: max(o for q, o, *_ in expected if q == p) + 1 for p in (0, 1)
     }
 
+    # the killed run's files (written by the executors, never committed) are orphans the
+    # lake cleanup deletes; the table keeps every row
+    table = catalog.load_table(results[topic].table)
+    removed = lakefiles.remove_orphans(table, int(time.time() * 1000) + 60_000)
+    assert removed.files >= len(orphans) and not any(Path(o).exists() for o in orphans)
+    assert _table_rows(catalog.load_table(results[topic].table)) == expected
+
 
 def test_a_run_that_loses_a_concurrent_commit_replans(spark, spark_cluster, sh, catalog, location):
     topic = sh.topic_name("race")
@@ -149,6 +157,8 @@ def test_a_run_that_loses_a_concurrent_commit_replans(spark, spark_cluster, sh, 
     offsets = [r["offset"] for r in table.scan().to_arrow().to_pylist()]
     assert sorted(offsets) == list(range(200))
     assert len(table.snapshots()) == 1
+    # the loser deleted the data files its executors wrote: nothing unreferenced is left
+    assert {str(p) for p in catalog.warehouse_dir.glob("**/*.parquet")} == set(_data_files(table))
 
 
 def test_ingest_while_producing_then_catch_up(spark, spark_cluster, sh, catalog, location):
@@ -241,6 +251,47 @@ def test_bad_records_fail_the_run_when_not_tolerated(spark, spark_cluster, sh, c
     assert r.status == "failed"
     assert "offset 1" in r.message and "errors.tolerance=all" in r.message
     assert iceberg.load_table(catalog, r.table) is None  # nothing half-made
+
+
+def test_string_values_partitioned_with_dead_letters_and_strict_failure(spark, spark_cluster, sh, catalog, location):
+    """Executor-written tables: string conversion, partition.by, invalid UTF-8 to the DLQ;
+    with errors.tolerance=none the run fails naming the record and leaves no table."""
+    topic = sh.topic_name("text")
+    configs = {
+        **TABLE_ON,
+        "automq.table.topic.convert.value.type": "string",
+        "automq.table.topic.errors.tolerance": "all",
+        "automq.table.topic.partition.by": "partition, day(timestamp)",
+    }
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=2, configs=configs)
+    recs = [(None, f"v{i}".encode(), [], i % 2) for i in range(20)]
+    recs.insert(7, (None, b"\xff\xfe not utf-8", [], 1))
+    ends = sh.produce_confluent(spark_cluster.bootstrap, topic, recs)
+    spark_cluster.wait_uploaded(topic, ends)
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert (r.status, r.records, r.dead_letters) == ("committed", 20, 1), r
+    assert r.offsets == ends
+    table = catalog.load_table(r.table)
+    assert [str(f.transform) for f in table.spec().fields] == ["identity", "day"]
+    assert str(table.schema().find_field("value").field_type) == "string"
+    got = pl.scan_iceberg(table).select("partition", "value").sort("partition", "value").collect().rows()
+    assert got == sorted((i % 2, f"v{i}") for i in range(20))
+    files = _data_files(table)
+    assert len(files) >= 2  # a file per table partition at least
+    assert duckdb.sql(f"select count(*) from read_parquet({files!r})").fetchall() == [(20,)]
+    [dead] = catalog.load_table(r.table + "_dlq").scan().to_arrow().to_pylist()
+    assert (dead["partition"], dead["value"]) == (1, b"\xff\xfe not utf-8") and "UTF-8" in dead["error"]
+
+    strict = sh.topic_name("text-strict")
+    sh.create_topic(
+        spark_cluster.bootstrap, strict, configs={**TABLE_ON, "automq.table.topic.convert.value.type": "string"}
+    )
+    ends = sh.produce_confluent(spark_cluster.bootstrap, strict, [(None, b"ok", [], 0), (None, b"\xc3(", [], 0)])
+    spark_cluster.wait_uploaded(strict, ends)
+    [r] = ingest(spark, location, catalog, [strict], enabled_topics=False)
+    assert r.status == "failed" and "offset 1" in r.message and "errors.tolerance=all" in r.message
+    assert iceberg.load_table(catalog, r.table) is None  # nothing half-made
+    assert not list(catalog.warehouse_dir.glob(f"**/{r.table.split('.')[-1]}/data/*.parquet"))
 
 
 def test_table_configs_are_validated_by_the_broker(spark_cluster):

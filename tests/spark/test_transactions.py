@@ -5,10 +5,12 @@ last stable offset) and picks the rest up, exactly once, after the transaction c
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from automq.spark import iceberg
+from automq.spark import iceberg, lakewrite
 from automq.spark.cluster import ClusterLocation
 from automq.spark.ingest import ingest
 
@@ -51,7 +53,12 @@ def _read_committed(bootstrap: str, topic: str, n: int) -> list[bytes]:
     return out
 
 
-def test_read_committed_rows_and_ingest_up_to_the_open_transaction(spark, spark_cluster, sh, tmp_path):
+def test_read_committed_rows_and_ingest_up_to_the_open_transaction(
+    spark, spark_cluster, sh, tmp_path, monkeypatch, caplog
+):
+    # every object slice its own executor task: the task holding the open transaction cuts its
+    # own rows, the driver drops (and deletes) the files of the tasks after it
+    monkeypatch.setattr(lakewrite, "task_bytes", lambda slices, parallelism, max_bytes: 1)
     bootstrap = spark_cluster.bootstrap
     topic = sh.topic_name("txn")
     sh.create_topic(bootstrap, topic)
@@ -77,6 +84,7 @@ def test_read_committed_rows_and_ingest_up_to_the_open_transaction(spark, spark_
     transaction("c", "abort")
     plain("d")
     transaction("e", None)  # stays open
+    spark_cluster.wait_uploaded(topic, {0: _high_watermark(bootstrap, topic)})  # f in a later object
     plain("f")
     spark_cluster.wait_uploaded(topic, {0: _high_watermark(bootstrap, topic)})
 
@@ -88,13 +96,18 @@ def test_read_committed_rows_and_ingest_up_to_the_open_transaction(spark, spark_
 
     location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
     catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/catalog.db")
-    first = ingest(spark, location, catalog, [topic], force=True, enabled_topics=False)
+    with caplog.at_level(logging.INFO, logger="automq.spark.lakewrite"):
+        first = ingest(spark, location, catalog, [topic], force=True, enabled_topics=False)
     assert [r.status for r in first] == ["committed"], first
+    assert "past the last stable offset" in caplog.text
     table = catalog.load_table(first[0].table)
     got = table.scan().to_arrow().sort_by("offset")["value"].to_pylist()
     assert got == _values("a") + _values("b") + _values("d")  # up to the last stable offset
     e_first = next(r.offset for r in rows if bytes(r.value) == b"f0") - 4  # e0..e3 precede f0
     assert first[0].offsets == {0: e_first}
+    # the file of f's task (past the last stable offset) was written and deleted again
+    on_disk = {str(p) for p in tmp_path.glob("**/*.parquet")}
+    assert on_disk == {t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()}
 
     producer.commit_transaction(60)
     spark_cluster.wait_uploaded(topic, {0: _high_watermark(bootstrap, topic)})

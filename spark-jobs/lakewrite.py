@@ -1,0 +1,240 @@
+"""Lake ingestion's data path on the executors: every Spark task reads its planned object
+slices (the data source's reader), converts them (convert.py) and writes the table's Parquet
+data files itself, with Iceberg field ids, into the table's location. Only the files'
+metadata (path, size, record count, column stats, partition values, the Kafka offsets they
+hold), the dead letters and the open transactions go back to the driver, which commits all
+files in ONE snapshot with the offsets (ingest.py).
+
+Why: a profile of the earlier path (driver collects every decoded row as Arrow, then writes
+alone) put most of an ingestion run in shipping the rows from the Python workers through the
+JVM to the driver, and left the write on one core (docs/benchmarks.md).
+
+Used for value conversions whose table schema is known before reading (`raw`, `string`).
+JSON tables infer and evolve their schema from the values of the whole run and upsert across
+it (the latest image of an id within a run wins): those stay on the driver path.
+
+Every file holds rows of ONE Kafka partition, so the driver can still cut each partition at
+its last stable offset after the fact: a task that meets a transaction with no marker up to
+the planned end leaves out its own rows from that offset on and reports it; the driver drops
+(and deletes) whole files of later tasks that start at or past it. Files written by a run
+that dies or loses its commit are referenced by no snapshot: the run deletes them when it
+loses, `lakefiles.remove_orphans` when it died.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.io import load_file_io
+from pyiceberg.io.pyarrow import _dataframe_to_data_files  # pyiceberg's own writer (field ids, stats, partitions)
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+
+from automq.spark.bulkread import task_bytes
+from automq.spark.cluster import ClusterLocation, ClusterView
+from automq.spark.convert import DLQ_SCHEMA, ConversionError, TableSettings, convert
+from automq.spark.reader import OPEN_TRANSACTION, ROW_SCHEMA
+from automq.spark.source import (
+    DEFAULT_MAX_BYTES_PER_PARTITION,
+    SliceGroup,
+    group_slices,
+    plan_slices,
+    read_group,
+    with_lookahead,
+)
+
+log = logging.getLogger(__name__)
+
+EXECUTOR_CONVERSIONS = ("raw", "string")
+
+
+def on_executors(settings: TableSettings) -> bool:
+    """Whether a topic's rows are converted and written by the executors."""
+    return settings.convert in EXECUTOR_CONVERSIONS and not settings.id_columns
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenFile:
+    data_file: DataFile
+    partition: int  # Kafka partition of every row in it
+    first_offset: int
+    last_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteTask:
+    """What one Spark task does: read a slice group, convert it, write it into the table."""
+
+    group: SliceGroup
+    metadata: TableMetadata
+    io_properties: dict[str, str]
+    settings: TableSettings
+
+
+@dataclass(slots=True)
+class TaskOutput:
+    files: list[WrittenFile] = field(default_factory=list)
+    dead: bytes = b""  # DLQ_SCHEMA rows as an Arrow IPC stream (empty: none)
+    open_transactions: dict[int, int] = field(default_factory=dict)  # partition -> first open offset
+    error: str = ""  # a ConversionError's message (errors.tolerance=none)
+    seconds: dict[str, float] = field(default_factory=dict)  # read, convert, write: for the job's log
+
+
+@dataclass(slots=True)
+class WriteResult:
+    """What the executors wrote for a range, cut at each partition's last stable offset."""
+
+    files: list[WrittenFile]
+    dead: pa.Table  # DLQ_SCHEMA
+    end: dict[int, int]  # the planned ends, lowered to open transactions
+    tasks: int = 0
+    task_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("read", "convert", "write"), 0.0))
+
+    @property
+    def records(self) -> int:
+        return sum(f.data_file.record_count for f in self.files)
+
+
+def cut_at_open_transactions(rows: pa.Table) -> tuple[pa.Table, dict[int, int]]:
+    """The rows without the open-transaction reports (reader.py) and without each reporting
+    partition's rows from its first open offset on; and those offsets."""
+    is_open = pc.equal(rows["timestamp_type"], OPEN_TRANSACTION)
+    opens = rows.filter(is_open)
+    rows = rows.filter(pc.invert(is_open))
+    first: dict[int, int] = {}
+    for p, o in zip(opens["partition"].to_pylist(), opens["offset"].to_pylist(), strict=True):
+        first[p] = min(o, first.get(p, o))
+    for p, lso in first.items():
+        rows = rows.filter(pc.or_(pc.not_equal(rows["partition"], p), pc.less(rows["offset"], lso)))
+    return rows, first
+
+
+def align(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The rows with the table's columns in order (nulls for columns they lack)."""
+    cols = []
+    for f in schema:
+        if f.name in rows.column_names:
+            cols.append(rows[f.name].cast(f.type) if rows[f.name].type != f.type else rows[f.name])
+        else:
+            cols.append(pa.nulls(rows.num_rows, f.type))
+    return pa.table(cols, schema=pa.schema([f.with_nullable(True) for f in schema]))
+
+
+def run_task(task: WriteTask) -> TaskOutput:
+    """On an executor: read, convert, write one file set per Kafka partition."""
+    g = task.group
+    t0 = time.perf_counter()
+    batches = list(read_group(g.object_store_url, g.slices, g.lookahead, g.report_open))
+    rows = pa.Table.from_batches(batches, ROW_SCHEMA) if batches else ROW_SCHEMA.empty_table()
+    rows, open_transactions = cut_at_open_transactions(rows)
+    out = TaskOutput(open_transactions=open_transactions)
+    t1 = time.perf_counter()
+    out.seconds["read"] = t1 - t0
+    try:
+        converted = convert(rows, task.settings)
+    except ConversionError as exc:
+        out.error = str(exc)
+        return out
+    t2 = time.perf_counter()
+    out.seconds["convert"] = t2 - t1
+    if converted.dead.num_rows:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, DLQ_SCHEMA) as writer:
+            writer.write_table(converted.dead.cast(DLQ_SCHEMA))
+        out.dead = sink.getvalue().to_pybytes()
+    good = converted.rows
+    if not good.num_rows:
+        return out
+    io = load_file_io(task.io_properties, task.metadata.location)
+    schema = task.metadata.schema().as_arrow()
+    write_uuid, counter = uuid.uuid4(), itertools.count()
+    for p in pc.unique(good["partition"]).to_pylist():
+        mine = good.filter(pc.equal(good["partition"], p))
+        bounds = pc.min_max(mine["offset"]).as_py()
+        for data_file in _dataframe_to_data_files(task.metadata, align(mine, schema), io, write_uuid, counter):
+            out.files.append(WrittenFile(data_file, p, bounds["min"], bounds["max"]))
+    out.seconds["write"] = time.perf_counter() - t2
+    return out
+
+
+def write_range(
+    spark,
+    location: ClusterLocation,
+    topic: str,
+    start: dict[int, int],
+    end: dict[int, int],
+    table: Table,
+    settings: TableSettings,
+    *,
+    view: ClusterView | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES_PER_PARTITION,
+) -> WriteResult:
+    """Executors write `topic`'s records in [start, end) into `table`'s location (read_committed,
+    each partition up to its last stable offset); nothing is committed here. `view`: the
+    cluster's metadata with objects, when the caller has it already."""
+    view = view or ClusterView.load(location, [topic])
+    slices = plan_slices(view, [topic], {topic: start}, {topic: end})
+    if not slices:
+        return WriteResult([], DLQ_SCHEMA.empty_table(), dict(end))
+    groups = group_slices(slices, task_bytes(slices, spark.sparkContext.defaultParallelism, max_bytes))
+    tasks = [
+        WriteTask(
+            SliceGroup(location.object_store_url, tuple(g), ahead, True), table.metadata, table.io.properties, settings
+        )
+        for g, ahead in zip(groups, with_lookahead(groups, slices), strict=True)
+    ]
+    outputs: list[TaskOutput] = spark.sparkContext.parallelize(tasks, len(tasks)).map(run_task).collect()
+    written = [f for o in outputs for f in o.files]
+    errors = [o.error for o in outputs if o.error]
+    if errors:
+        delete_files(table, written)
+        raise ConversionError(errors[0])
+    end = dict(end)
+    for o in outputs:
+        for p, lso in o.open_transactions.items():
+            if lso < end[p]:
+                log.info("%s-%d: a transaction is open at offset %d; ingesting up to it", topic, p, lso)
+                end[p] = lso
+    keep, drop = [], []
+    for f in written:
+        if f.first_offset >= end[f.partition]:
+            drop.append(f)  # a later task's rows past the last stable offset: the next run's
+        elif f.first_offset < start[f.partition] or f.last_offset >= end[f.partition]:
+            delete_files(table, written)
+            raise RuntimeError(
+                f"partition {f.partition}: a task wrote offsets [{f.first_offset}, {f.last_offset}] "
+                f"outside the plan [{start[f.partition]}, {end[f.partition]})"
+            )
+        else:
+            keep.append(f)
+    if drop:
+        log.info("%s: dropped %d data file(s) past the last stable offset: the next run writes them", topic, len(drop))
+        delete_files(table, drop)
+    dead_parts = [pa.ipc.open_stream(o.dead).read_all() for o in outputs if o.dead]
+    dead = pa.concat_tables(dead_parts) if dead_parts else DLQ_SCHEMA.empty_table()
+    if dead.num_rows:
+        below = [o < end[p] for p, o in zip(dead["partition"].to_pylist(), dead["offset"].to_pylist(), strict=True)]
+        dead = dead.filter(pa.array(below, pa.bool_()))
+    result = WriteResult(keep, dead, end, len(tasks))
+    for o in outputs:
+        for step, secs in o.seconds.items():
+            result.task_seconds[step] += secs
+    return result
+
+
+def delete_files(table: Table, files: list[WrittenFile]) -> None:
+    """Best effort: what is left behind is an orphan `lakefiles.remove_orphans` deletes later."""
+    for f in files:
+        try:
+            table.io.delete(f.data_file.file_path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("%s: could not delete unused data file %s: %s", table.name(), f.data_file.file_path, exc)

@@ -248,6 +248,15 @@ class KafkaConfig(_Section):
     group_consumer_assignors: list[ConsumerAssignor] = Field(
         default_factory=_assignors, min_length=1
     )  # KIP-848; 1st: default
+    group_consumer_migration_policy: Annotated[
+        Literal["bidirectional", "upgrade", "downgrade", "disabled"], BeforeValidator(_lower)
+    ] = Field(
+        "bidirectional",
+        description="KIP-848 online migration of a non-empty group: `upgrade` lets a consumer-protocol member "
+        "join a classic group (it becomes a consumer group that still serves its classic members), `downgrade` turns "
+        "it back into a classic group when its last consumer-protocol member leaves; `bidirectional` both, "
+        "`disabled` neither (a consumer-protocol member joining a non-empty classic group gets GROUP_ID_NOT_FOUND)",
+    )
     group_share_enable: bool = True  # KIP-932 share groups; false: their APIs are not served (Kafka: share.version=0)
     group_share_session_timeout_ms: DurationMs = 45_000  # share groups: a member silent this long is removed
     group_share_heartbeat_interval_ms: DurationMs = 5_000  # share groups: told to members in every heartbeat

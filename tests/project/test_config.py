@@ -84,6 +84,7 @@ _REAL_KAFKA_BROKER_KEYS = frozenset(
         "group.share.max.session.timeout.ms",
         "group.share.min.heartbeat.interval.ms",
         "group.share.max.heartbeat.interval.ms",
+        "group.consumer.migration.policy",
         "inter.broker.listener.name",
         "transactional.id.expiration.ms",
         "producer.id.expiration.ms",

@@ -31,6 +31,7 @@ dict as classic groups, because a group id is one group whose offsets both proto
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import uuid
@@ -76,6 +77,31 @@ class TopicMeta:
 TopicView = Mapping[str, TopicMeta]
 
 
+@dataclass(frozen=True, slots=True)
+class ClassicProtocol:
+    """What a member speaking the classic protocol inside a KIP-848 group (online migration)
+    joined with: its own session timeout and its JoinGroup protocols (name, subscription bytes)."""
+
+    session_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session_timeout_ms": self.session_timeout_ms,
+            "protocols": [[name, base64.b64encode(meta).decode()] for name, meta in self.protocols],
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ClassicProtocol:
+        return cls(
+            int(raw["session_timeout_ms"]),
+            tuple((str(name), base64.b64decode(meta)) for name, meta in raw["protocols"]),
+        )
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.protocols]
+
+
 @dataclass(slots=True)
 class ConsumerMember:
     member_id: str
@@ -92,10 +118,13 @@ class ConsumerMember:
     state: str = STABLE
     assigned: Partitions = field(default_factory=dict)  # what the member may consume now
     revoking: Partitions = field(default_factory=dict)  # what it must give up before its epoch moves
+    classic: ClassicProtocol | None = None  # set for a member using JoinGroup/SyncGroup/Heartbeat
     # not persisted: time and what the client was last told
     last_heartbeat_ms: int = 0
     revoke_deadline_ms: int | None = None
     sent: frozenset[tuple[uuid.UUID, int]] | None = None
+    # a classic member told to rejoin (or that joined and must sync) is removed after this
+    classic_deadline_ms: int | None = None
 
     def owned(self) -> Iterable[tuple[uuid.UUID, int]]:
         for parts in (self.assigned, self.revoking):
@@ -119,6 +148,7 @@ class ConsumerMember:
             "state": self.state,
             "assigned": _parts_json(self.assigned),
             "revoking": _parts_json(self.revoking),
+            **({"classic": self.classic.to_json()} if self.classic is not None else {}),
         }
 
     @classmethod
@@ -138,6 +168,7 @@ class ConsumerMember:
             state=str(raw.get("state", STABLE)),
             assigned=_parts_from_json(raw.get("assigned", {})),
             revoking=_parts_from_json(raw.get("revoking", {})),
+            classic=ClassicProtocol.from_json(raw["classic"]) if raw.get("classic") else None,
             last_heartbeat_ms=now_ms,
         )
         if member.revoking:
@@ -554,9 +585,11 @@ class ConsumerGroupRules:
     @staticmethod
     def deadlines(data: ConsumerGroupData, session_timeout_ms: int) -> Iterable[int]:
         for m in data.members.values():
-            yield m.last_heartbeat_ms + session_timeout_ms
+            yield m.last_heartbeat_ms + (m.classic.session_timeout_ms if m.classic else session_timeout_ms)
             if m.revoke_deadline_ms is not None:
                 yield m.revoke_deadline_ms
+            if m.classic_deadline_ms is not None:
+                yield m.classic_deadline_ms
 
     def expire(
         self, data: ConsumerGroupData, session_timeout_ms: int, topics: TopicView, now_ms: int
@@ -565,10 +598,13 @@ class ConsumerGroupRules:
         SESSION_TIMEOUT or REBALANCE_TIMEOUT (for the fencing metrics)."""
         gone: dict[str, str] = {}
         for m in data.members.values():
-            if now_ms >= m.last_heartbeat_ms + session_timeout_ms:
+            # a classic member (online migration) keeps the session timeout it joined with
+            if now_ms >= m.last_heartbeat_ms + (m.classic.session_timeout_ms if m.classic else session_timeout_ms):
                 gone[m.member_id] = SESSION_TIMEOUT
             elif m.revoke_deadline_ms is not None and now_ms >= m.revoke_deadline_ms:
                 gone[m.member_id] = REBALANCE_TIMEOUT
+            elif m.classic_deadline_ms is not None and now_ms >= m.classic_deadline_ms:
+                gone[m.member_id] = REBALANCE_TIMEOUT  # did not rejoin or sync within its rebalance timeout
         for member_id in gone:
             self.remove(data, member_id)
         if gone:
@@ -593,6 +629,9 @@ class ConsumerGroupRules:
         member = data.members.get(member_id)
         if member is None:
             return ErrorCode.unknown_member_id
+        if member.classic is not None:
+            # Kafka: a classic member's generation id must be its member epoch exactly
+            return ErrorCode.none if member_epoch == member.member_epoch else ErrorCode.illegal_generation
         if member_epoch > member.member_epoch:
             return ErrorCode.fenced_member_epoch
         if member_epoch < member.member_epoch:

@@ -4,8 +4,8 @@ changes into records and group states the rest of the manager understands.
 
 A group id names one group whichever protocol it uses: its committed offsets are shared,
 and an empty group converts between the classic and the consumer protocol on the next
-member's first request (a non-empty group refuses the other protocol, as Kafka does with
-online migration disabled).
+member's first request. A non-empty group converts online as `group.consumer.migration.policy`
+allows (migration.py).
 """
 
 from __future__ import annotations
@@ -70,6 +70,14 @@ class ConsumerGroups:
     def _new_group(self, group_id: str, now_ms: int) -> Group:
         raise NotImplementedError
 
+    def _upgrade(self, group: Group, now_ms: int, fx: Effects) -> bool:
+        raise NotImplementedError  # migration.py
+
+    def _maybe_downgrade(
+        self, group: Group, had_consumer_members: bool, epoch_before: int, now_ms: int, fx: Effects
+    ) -> bool:
+        raise NotImplementedError  # migration.py
+
     def consumer_heartbeat(self, now_ms: int, req: HeartbeatRequest) -> tuple[HeartbeatResult, Effects]:
         fx = Effects()
         invalid = validate(req, self.consumer_rules.assignors)
@@ -82,28 +90,29 @@ class ConsumerGroups:
             group = self._new_group(req.group_id, now_ms)
         if group.share is not None:
             return error(ErrorCode.group_id_not_found, f"Group {req.group_id} is not a consumer group."), fx
+        upgraded = False
         if group.consumer is None:
             if group.members or group.state not in (GroupState.EMPTY, GroupState.DEAD):
-                return (
-                    error(
-                        ErrorCode.group_id_not_found,
-                        f"Group {req.group_id} is a classic group with members; it cannot use the consumer protocol.",
-                    ),
-                    fx,
-                )
-            if req.member_epoch != 0:
-                return error(ErrorCode.group_id_not_found, f"Group {req.group_id} not found."), fx
-            group.consumer = ConsumerGroupData()
-            group.protocol_type = "consumer"
-            group.protocol_name = None
-            group.generation_id = 0
+                # Kafka: a member joining (epoch 0) upgrades the classic group when the policy allows
+                if req.member_epoch != 0 or not self._upgrade(group, now_ms, fx):
+                    return error(ErrorCode.group_id_not_found, f"Group {req.group_id} is not a consumer group."), fx
+                upgraded = True  # written even if this heartbeat fails: the classic members now live here
+            else:
+                if req.member_epoch != 0:
+                    return error(ErrorCode.group_id_not_found, f"Group {req.group_id} not found."), fx
+                group.consumer = ConsumerGroupData()
+                group.protocol_type = "consumer"
+                group.protocol_name = None
+                group.generation_id = 0
         data = group.consumer
+        assert data is not None
         epoch_before = data.group_epoch
+        had_consumer_members = any(m.classic is None for m in data.members.values())
         result, changed = self.consumer_rules.heartbeat(data, req, self.topic_view(), now_ms)
         self.consumer_rebalances += data.group_epoch - epoch_before
         if result.error == ErrorCode.fenced_member_epoch:
             self.consumer_fencings[FENCED_EPOCH] += 1
-        if changed:
+        if (changed or upgraded) and not self._maybe_downgrade(group, had_consumer_members, epoch_before, now_ms, fx):
             self._consumer_changed(group, now_ms, fx)
         return result, fx
 
@@ -145,12 +154,14 @@ class ConsumerGroups:
             if topics is None:
                 topics = self.topic_view()
             epoch_before = data.group_epoch
+            had_consumer_members = any(m.classic is None for m in data.members.values())
             gone = self.consumer_rules.expire(data, timeout, topics, now_ms)
             if gone:
                 self.consumer_rebalances += data.group_epoch - epoch_before
                 for reason in gone.values():
                     self.consumer_fencings[reason] += 1
-                self._consumer_changed(group, now_ms, fx)
+                if not self._maybe_downgrade(group, had_consumer_members, epoch_before, now_ms, fx):
+                    self._consumer_changed(group, now_ms, fx)
 
     def consumer_check_member(
         self, group_id: str, member_id: str, member_epoch: int, partitions: Iterable[tuple[str, int]] = ()

@@ -199,6 +199,7 @@ class GroupCoordinator:
             consumer_session_timeout_ms=kafka.group_consumer_session_timeout_ms,
             consumer_heartbeat_interval_ms=kafka.group_consumer_heartbeat_interval_ms,
             consumer_assignors=tuple(kafka.group_consumer_assignors),
+            consumer_migration_policy=kafka.group_consumer_migration_policy,
             share_enable=kafka.group_share_enable,
             share_session_timeout_ms=kafka.group_share_session_timeout_ms,
             share_heartbeat_interval_ms=kafka.group_share_heartbeat_interval_ms,

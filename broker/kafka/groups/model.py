@@ -43,6 +43,7 @@ class GroupConfig:
     consumer_session_timeout_ms: int = 45_000
     consumer_heartbeat_interval_ms: int = 5_000
     consumer_assignors: tuple[str, ...] = ("uniform", "range")
+    consumer_migration_policy: str = "bidirectional"  # group.consumer.migration.policy (migration.py)
     # KIP-932 share groups (group.share.*)
     share_enable: bool = True
     share_session_timeout_ms: int = 45_000

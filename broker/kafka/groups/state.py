@@ -23,7 +23,6 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from automq.broker.kafka.groups.consumer import ConsumerGroupData
-from automq.broker.kafka.groups.consumer_groups import ConsumerGroups
 from automq.broker.kafka.groups.log import (
     ConsumerGroupKey,
     GroupKey,
@@ -32,6 +31,7 @@ from automq.broker.kafka.groups.log import (
     OffsetValue,
     ShareGroupKey,
 )
+from automq.broker.kafka.groups.migration import GroupMigration
 from automq.broker.kafka.groups.model import (
     CommittedOffset,
     Effects,
@@ -68,7 +68,7 @@ __all__ = (
 # ---------------------------------------------------------------- the manager
 
 
-class GroupManager(ConsumerGroups, ShareGroups, OffsetBook):
+class GroupManager(GroupMigration, ShareGroups, OffsetBook):
     """All groups of the loaded `__consumer_offsets` partitions of one broker."""
 
     def __init__(self, config: GroupConfig, num_partitions: int) -> None:
@@ -124,11 +124,27 @@ class GroupManager(ConsumerGroups, ShareGroups, OffsetBook):
             fx.reply(token, JoinResult(ErrorCode.inconsistent_group_protocol, member_id))
             return fx
         if group.consumer is not None:
-            # a KIP-848 group: the classic protocol may only take it over once it is empty
-            tombstone = self.consumer_leave_classic(group)
-            if tombstone is None:
-                fx.reply(token, JoinResult(ErrorCode.inconsistent_group_protocol, member_id))
+            if group.consumer.members:
+                # a KIP-848 group serves classic members too (online migration, migration.py)
+                self.classic_join_consumer(
+                    group,
+                    now_ms,
+                    fx,
+                    member_id=member_id,
+                    group_instance_id=group_instance_id,
+                    client_id=client_id,
+                    client_host=client_host,
+                    session_timeout_ms=session_timeout_ms,
+                    rebalance_timeout_ms=rebalance_timeout_ms,
+                    protocol_type=protocol_type,
+                    protocols=protocols,
+                    require_known_member_id=require_known_member_id,
+                    token=token,
+                )
                 return fx
+            # an empty KIP-848 group: the classic protocol takes it over
+            tombstone = self.consumer_leave_classic(group)
+            assert tombstone is not None
             fx.writes.append(tombstone)
             group.protocol_type = None
             group.subscribed_topics = None
@@ -367,6 +383,19 @@ class GroupManager(ConsumerGroups, ShareGroups, OffsetBook):
         if group is None:
             fx.reply(token, SyncResult(ErrorCode.unknown_member_id))
             return fx
+        if group.consumer is not None:
+            self.classic_sync_consumer(
+                group,
+                now_ms,
+                fx,
+                generation_id=generation_id,
+                member_id=member_id,
+                group_instance_id=group_instance_id,
+                protocol_type=protocol_type,
+                protocol_name=protocol_name,
+                token=token,
+            )
+            return fx
         if group.state is GroupState.DEAD:
             fx.reply(token, SyncResult(ErrorCode.coordinator_not_available))
             return fx
@@ -422,6 +451,8 @@ class GroupManager(ConsumerGroups, ShareGroups, OffsetBook):
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.unknown_member_id
+        if group.consumer is not None:
+            return self.classic_heartbeat_consumer(group, now_ms, member_id, group_instance_id, generation_id)
         if group.state is GroupState.DEAD:
             return ErrorCode.coordinator_not_available
         if group.is_static_fenced(member_id, group_instance_id):
@@ -446,6 +477,8 @@ class GroupManager(ConsumerGroups, ShareGroups, OffsetBook):
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.none, [ErrorCode.unknown_member_id] * len(members), fx
+        if group.consumer is not None:
+            return ErrorCode.none, self.classic_leave_consumer(group, now_ms, members, fx), fx
         if group.state is GroupState.DEAD:
             return ErrorCode.coordinator_not_available, [ErrorCode.coordinator_not_available] * len(members), fx
         errors = []
@@ -609,6 +642,8 @@ class GroupManager(ConsumerGroups, ShareGroups, OffsetBook):
                     g = group_for(key.group_id)
                     g.consumer = consumer
                     g.protocol_type = "consumer"
+                    # an upgraded classic group: its members now live in the consumer state
+                    g.members, g.static_members, g.leader_id, g.protocol_name = {}, {}, None, None
             elif isinstance(key, ShareGroupKey):
                 if value is None:
                     loaded.pop(key.group_id, None)
@@ -625,6 +660,7 @@ class GroupManager(ConsumerGroups, ShareGroups, OffsetBook):
                     loaded.pop(key.group_id, None)
                 elif isinstance(value, GroupValue):
                     g = group_for(key.group_id)
+                    g.consumer = None  # a classic record after a consumer one: the group was downgraded
                     g.protocol_type = value.protocol_type or None
                     g.generation_id = value.generation_id
                     g.protocol_name = value.protocol_name

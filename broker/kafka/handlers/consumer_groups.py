@@ -30,6 +30,7 @@ from automq.broker.kafka.handlers.registry import handles
 CONSUMER_GROUP_HEARTBEAT = 68
 CONSUMER_GROUP_DESCRIBE = 69
 MEMBER_TYPE_CONSUMER = 1  # ConsumerGroupDescribe v1 (KIP-1099)
+MEMBER_TYPE_CLASSIC = 0  # a classic member of a KIP-848 group (online migration)
 
 
 def _owned(topic_partitions: Any) -> Partitions | None:
@@ -210,7 +211,7 @@ def _describe_one(cls: Any, summary: ConsumerGroupSummary, names: dict[uuid.UUID
             subscribed_topic_regex=m.subscribed_topic_regex,
             assignment=assignment(m.assigned),
             target_assignment=assignment(summary.targets.get(m.member_id, {})),
-            member_type=MEMBER_TYPE_CONSUMER,
+            member_type=MEMBER_TYPE_CLASSIC if m.classic is not None else MEMBER_TYPE_CONSUMER,
         )
         for m in summary.members
     )

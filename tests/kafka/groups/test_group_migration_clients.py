@@ -1,0 +1,267 @@
+"""Online migration with real clients against a real broker: a kafka-python (classic) group
+consuming is upgraded member by member to librdkafka's KIP-848 consumer
+(`group.protocol=consumer`) and downgraded back, every record consumed exactly once across
+both switches (committed offsets carry over); with `group.consumer.migration.policy=disabled`
+a KIP-848 consumer cannot join the non-empty classic group (GROUP_ID_NOT_FOUND)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+TOPIC = "mig"
+PARTITIONS = 4
+GROUP = "mig-grp"
+FAST = {
+    "group_consumer_heartbeat_interval_ms": 300,
+    "group_consumer_session_timeout_ms": 6_000,
+    "group_initial_rebalance_delay_ms": 0,
+}
+
+
+def produce(bootstrap: str, start: int, count: int) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2})
+    for i in range(start, start + count):
+        p.produce(TOPIC, value=str(i).encode(), partition=i % PARTITIONS)
+    assert p.flush(30) == 0
+
+
+class Classic(threading.Thread):
+    """A kafka-python consumer (classic protocol, eager range assignor) with auto-commit: the
+    positions of what poll() returned are committed every 500 ms, before every rejoin (it
+    gives its partitions up) and at close."""
+
+    def __init__(self, bootstrap: str, name: str) -> None:
+        super().__init__(daemon=True, name=name)
+        self.bootstrap = bootstrap
+        self.seen: list[int] = []
+        self.assigned: frozenset[int] = frozenset()
+        self.stop_flag = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from kafka import ConsumerRebalanceListener, KafkaConsumer
+
+        try:
+            consumer = KafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                group_id=GROUP,
+                client_id=self.name,
+                enable_auto_commit=True,
+                auto_commit_interval_ms=500,
+                auto_offset_reset="earliest",
+                session_timeout_ms=6_000,
+                heartbeat_interval_ms=300,
+                max_poll_interval_ms=30_000,
+            )
+            thread = self
+
+            class Listener(ConsumerRebalanceListener):
+                def on_partitions_revoked(self, revoked: Any) -> None:
+                    thread.assigned = frozenset()
+
+                def on_partitions_assigned(self, assigned: Any) -> None:
+                    thread.assigned = frozenset(tp.partition for tp in assigned)
+
+            consumer.partitions_for_topic(TOPIC)
+            consumer.subscribe([TOPIC], listener=Listener())
+            while not self.stop_flag.is_set():
+                batches = consumer.poll(timeout_ms=200)
+                for records in batches.values():
+                    self.seen.extend(int(r.value) for r in records)
+            consumer.close()  # commits, then LeaveGroup
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+
+class Modern(threading.Thread):
+    """librdkafka's KIP-848 consumer committing every record it sees."""
+
+    def __init__(self, bootstrap: str, name: str) -> None:
+        super().__init__(daemon=True, name=name)
+        self.bootstrap = bootstrap
+        self.seen: list[int] = []
+        self.assigned: frozenset[int] = frozenset()
+        self.stop_flag = threading.Event()
+        self.error: BaseException | None = None
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        from confluent_kafka import Consumer
+
+        try:
+            c = Consumer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "group.id": GROUP,
+                    "group.protocol": "consumer",
+                    "client.id": self.name,
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    "topic.metadata.refresh.interval.ms": 1_000,
+                }
+            )
+
+            def on_assign(consumer: Any, partitions: Any) -> None:
+                self.assigned = self.assigned | {p.partition for p in partitions}
+
+            def on_revoke(consumer: Any, partitions: Any) -> None:
+                self.assigned = self.assigned - {p.partition for p in partitions}
+
+            c.subscribe([TOPIC], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
+            while not self.stop_flag.is_set():
+                msg = c.poll(0.1)
+                if msg is None:
+                    continue
+                if msg.error():
+                    self.errors.append(str(msg.error()))
+                    continue
+                self.seen.append(int(msg.value()))
+                c.commit(message=msg, asynchronous=False)
+            c.close()
+        except BaseException as exc:
+            self.error = exc
+
+
+async def wait_for(condition: Any, timeout: float = 90.0, state: Any = lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in time: {state()}")
+        await asyncio.sleep(0.1)
+
+
+def covering(members: list[Any]) -> bool:
+    """Every partition held by exactly one of the members, each of them holding some."""
+    parts = [m.assigned for m in members]
+    return (
+        all(parts) and sum(len(p) for p in parts) == PARTITIONS and frozenset().union(*parts) == set(range(PARTITIONS))
+    )
+
+
+@pytest.fixture
+async def threads():
+    """Every client thread a test starts is stopped when it ends; joined off the event loop,
+    which runs the broker the clients are closing against."""
+    started: list[Any] = []
+    yield started
+    for t in started:
+        t.stop_flag.set()
+    for t in started:
+        await asyncio.to_thread(t.join, 30)
+
+
+@pytest.mark.slow
+async def test_rolling_upgrade_and_downgrade_consume_every_record_once(real_cluster, threads) -> None:
+    b1 = await real_cluster.start_broker(1, offsets_topic_num_partitions=1, **FAST)
+    b2 = await real_cluster.start_broker(2, offsets_topic_num_partitions=1, **FAST)
+    await b1.broker.ensure_topic(TOPIC, partitions=PARTITIONS)
+    bootstrap = f"{b1.bootstrap},{b2.bootstrap}"
+    everyone: list[Any] = []
+    produced = 0
+
+    async def more(count: int = 40) -> None:
+        nonlocal produced
+        await asyncio.to_thread(produce, bootstrap, produced, count)
+        produced += count
+
+    def coordinator() -> int:
+        for node_id, service in real_cluster.brokers.items():
+            if service.broker.groups.coordinator_error(GROUP) is None:
+                return int(node_id)
+        return -1
+
+    def group() -> Any:
+        node = coordinator()
+        return real_cluster.brokers[node].broker.groups.manager.groups.get(GROUP) if node > 0 else None
+
+    def state() -> Any:
+        return ([(t.name, sorted(t.assigned), len(t.seen), t.error) for t in everyone], group())
+
+    def start(t: Any) -> Any:
+        threads.append(t)
+        everyone.append(t)
+        t.start()
+        return t
+
+    async def stop(t: Any) -> None:
+        t.stop_flag.set()
+        await asyncio.to_thread(t.join, 30)
+        assert t.error is None, t.error
+
+    def all_seen() -> bool:
+        return sum(len(t.seen) for t in everyone) >= produced
+
+    await more()
+    c1, c2 = start(Classic(bootstrap, "c1")), start(Classic(bootstrap, "c2"))
+    await wait_for(lambda: covering([c1, c2]) and all_seen(), state=state)
+    assert group().consumer is None and group().protocol_type == "consumer"
+
+    # rolling upgrade: a KIP-848 member joins the classic group, then replaces each classic one
+    k1 = start(Modern(bootstrap, "k1"))
+    await more()
+    await wait_for(lambda: covering([c1, c2, k1]) and all_seen(), state=state)
+    data = group().consumer
+    assert data is not None, "the group was upgraded"
+    assert {m.client_id for m in data.members.values() if m.classic is not None} == {"c1", "c2"}
+    # the upgraded group, classic members included, survives its coordinator stopping
+    moved_from = coordinator()
+    await real_cluster.stop_broker(moved_from)
+    await more()
+    await wait_for(lambda: coordinator() == 3 - moved_from and group() is not None, state=state)
+    assert {m.client_id for m in group().consumer.members.values()} == {"c1", "c2", "k1"}
+    await wait_for(lambda: covering([c1, c2, k1]) and all_seen(), state=state)
+    bootstrap = real_cluster.brokers[3 - moved_from].bootstrap
+    await stop(c1)
+    k2 = start(Modern(bootstrap, "k2"))
+    await more()
+    await wait_for(lambda: covering([c2, k1, k2]) and all_seen(), state=state)
+    await stop(c2)
+    await more()
+    await wait_for(lambda: covering([k1, k2]) and all_seen(), state=state)
+    assert all(m.classic is None for m in group().consumer.members.values())
+
+    # rolling downgrade: classic members join the consumer group, the KIP-848 ones leave
+    c3 = start(Classic(bootstrap, "c3"))
+    await more()
+    await wait_for(lambda: covering([k1, k2, c3]) and all_seen(), state=state)
+    await stop(k1)
+    c4 = start(Classic(bootstrap, "c4"))
+    await more()
+    await wait_for(lambda: covering([k2, c3, c4]) and all_seen(), state=state)
+    await stop(k2)
+    await more()
+    await wait_for(lambda: group().consumer is None and covering([c3, c4]) and all_seen(), state=state)
+    assert {m.client_id for m in group().members.values()} == {"c3", "c4"}
+
+    seen = sorted(i for t in everyone for i in t.seen)
+    assert seen == list(range(produced)), "every record exactly once across both switches"
+    assert [t.error for t in everyone] == [None] * len(everyone)
+    assert not [e for t in everyone if isinstance(t, Modern) for e in t.errors]
+
+
+async def test_with_migration_disabled_a_kip848_member_cannot_join_a_classic_group(real_cluster, threads) -> None:
+    b1 = await real_cluster.start_broker(
+        1, offsets_topic_num_partitions=1, group_consumer_migration_policy="disabled", **FAST
+    )
+    await b1.broker.ensure_topic(TOPIC, partitions=PARTITIONS)
+    bootstrap = b1.bootstrap
+    await asyncio.to_thread(produce, bootstrap, 0, 8)
+    c1 = Classic(bootstrap, "c1")
+    threads.append(c1)
+    c1.start()
+    await wait_for(lambda: len(c1.seen) == 8 and c1.assigned == set(range(PARTITIONS)))
+    k1 = Modern(bootstrap, "k1")
+    threads.append(k1)
+    k1.start()
+    await wait_for(lambda: bool(k1.errors) or k1.error is not None, timeout=30)
+    assert "The group id does not exist" in " ".join(k1.errors), k1.errors  # librdkafka: GROUP_ID_NOT_FOUND
+    group = b1.broker.groups.manager.groups[GROUP]
+    assert group.consumer is None and len(group.members) == 1
+    assert k1.assigned == frozenset() and k1.seen == []

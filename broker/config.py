@@ -194,6 +194,12 @@ class SecurityConfig(_Section):
         "brokers, the operator and CLIs read the same file. Unset: no token required",
     )
     controller_tls: bool = False  # serve the controller API over https with the `tls` section; clients verify it
+    controller_ca_file: str | None = Field(
+        None,
+        description="PEM CA bundle an https controller's certificate is verified against by this node's "
+        "controller client (re-read when it changes); unset: `tls.ca_file`, else the system store. The host "
+        "name is checked unless `tls.endpoint_identification_algorithm` is empty",
+    )
     controller_open_paths: list[str] = Field(
         default_factory=lambda: ["/healthz", "/readyz", "/metrics"],
         description="Controller HTTP paths that need no credentials (probes and scrapes)",

@@ -153,6 +153,8 @@ def bootstrap_address(spec: AutoMQClusterSpec, ref: ClusterRef) -> str:
 # Secrets the node pods mount (automq.operator.security creates them); here to keep builders pure.
 TLS_DIR = "/etc/automq-tls"
 TOKEN_DIR = "/etc/automq-token"
+CONTROLLER_TLS_DIR = "/etc/automq-controller-tls"  # controllers: their https certificate and key
+CONTROLLER_CA_DIR = "/etc/automq-controller-ca"  # everyone else: only the CA that signed it
 
 
 BROKER_CREDENTIALS_DIR = "/etc/automq-broker-credentials"
@@ -170,6 +172,23 @@ def broker_certs_secret_name(ref: ClusterRef) -> str:
 
 def controller_token_secret_name(ref: ClusterRef) -> str:
     return f"{ref.name}-controller-token"
+
+
+def controller_certs_secret_name(ref: ClusterRef) -> str:
+    return f"{ref.name}-controller-certs"
+
+
+def controller_ca_volume(ref: ClusterRef, name: str = "controller-ca") -> dict[str, Any]:
+    """The controllers' certificate Secret projected down to its ca.crt: a caller gets the CA
+    it verifies the controllers against and never the controllers' key."""
+    return {
+        "name": name,
+        "secret": {
+            "secretName": controller_certs_secret_name(ref),
+            "defaultMode": 0o440,
+            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+        },
+    }
 
 
 def listener_status(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str, Any]]:
@@ -231,17 +250,66 @@ def external_listeners_env(spec: AutoMQClusterSpec) -> str:
     return json.dumps(external, sort_keys=True, separators=(",", ":"))
 
 
+def controller_scheme(spec: AutoMQClusterSpec) -> str:
+    return "https" if spec.controller_tls() else "http"
+
+
+def controller_client_env(spec: AutoMQClusterSpec) -> list[dict[str, Any]]:
+    """A pod without a node config (Spark jobs, WAL recovery Jobs) that calls the controller API
+    finds the token and the controllers' CA through these variables (ControllerClientAuth.from_env)."""
+    env: list[dict[str, Any]] = []
+    if spec.controller_token():
+        env.append({"name": "AUTOMQ_CONTROLLER_TOKEN_FILE", "value": f"{TOKEN_DIR}/token"})
+    if spec.controller_tls():
+        env.append({"name": "AUTOMQ_CONTROLLER_CA_FILE", "value": f"{CONTROLLER_CA_DIR}/ca.crt"})
+    return env
+
+
+def controller_client_mounts(spec: AutoMQClusterSpec) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = []
+    if spec.controller_token():
+        mounts.append({"name": "controller-token", "mountPath": TOKEN_DIR, "readOnly": True})
+    if spec.controller_tls():
+        mounts.append({"name": "controller-ca", "mountPath": CONTROLLER_CA_DIR, "readOnly": True})
+    return mounts
+
+
+def controller_client_volumes(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = []
+    if spec.controller_token():
+        volumes.append(_secret_volume("controller-token", controller_token_secret_name(ref)))
+    if spec.controller_tls():
+        volumes.append(controller_ca_volume(ref))
+    return volumes
+
+
 def controller_urls(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[str]:
     service = headless_service_name(ref, "controller")
+    scheme = controller_scheme(spec)
     return [
-        f"http://{pod_name(ref, 'controller', i)}.{service}.{ref.namespace}.svc:{CONTROLLER_PORT}"
+        f"{scheme}://{pod_name(ref, 'controller', i)}.{service}.{ref.namespace}.svc:{CONTROLLER_PORT}"
         for i in range(spec.controller.replicas)
     ]
 
 
-def controller_service_url(ref: ClusterRef) -> str:
+def controller_service_url(spec: AutoMQClusterSpec, ref: ClusterRef) -> str:
     """Every controller behind one name (the headless Service resolves to all of them)."""
-    return f"http://{headless_service_name(ref, 'controller')}.{ref.namespace}.svc:{CONTROLLER_PORT}"
+    service = headless_service_name(ref, "controller")
+    return f"{controller_scheme(spec)}://{service}.{ref.namespace}.svc:{CONTROLLER_PORT}"
+
+
+def controller_dns_names(ref: ClusterRef) -> list[str]:
+    """What the controllers' certificate names: any pod of their headless Service (a wildcard,
+    so scaling needs no new certificate) and the Service itself."""
+    service, ns = headless_service_name(ref, "controller"), ref.namespace
+    return [
+        f"*.{service}.{ns}.svc",
+        f"*.{service}.{ns}.svc.cluster.local",
+        service,
+        f"{service}.{ns}",
+        f"{service}.{ns}.svc",
+        f"{service}.{ns}.svc.cluster.local",
+    ]
 
 
 def _metadata(
@@ -290,6 +358,13 @@ def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeCon
     }
     if spec.controller_token():
         raw["security"] = {"controller_token_file": f"{TOKEN_DIR}/token"}
+    if spec.controller_tls():
+        # Every node verifies the controllers' certificate (a controller also calls the others).
+        ca_dir = CONTROLLER_TLS_DIR if role == "controller" else CONTROLLER_CA_DIR
+        raw.setdefault("security", {})["controller_ca_file"] = f"{ca_dir}/ca.crt"
+        if role == "controller":
+            raw["security"]["controller_tls"] = True
+            raw["tls"] = {"cert_file": f"{CONTROLLER_TLS_DIR}/tls.crt", "key_file": f"{CONTROLLER_TLS_DIR}/tls.key"}
     if role == "broker":
         listeners = broker_listeners(spec)
         raw["listeners"] = [listener.model_dump() for listener in listeners]
@@ -611,9 +686,9 @@ def _credentials_env(spec: AutoMQClusterSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
+def _probe(path: str, port: int, period: int, failures: int, scheme: str = "HTTP") -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": port, "scheme": "HTTP"},
+        "httpGet": {"path": path, "port": port, "scheme": scheme},
         "periodSeconds": period,
         "timeoutSeconds": 5,
         "failureThreshold": failures,
@@ -647,6 +722,14 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
     if spec.controller_token():
         secret_volumes.append(_secret_volume("controller-token", controller_token_secret_name(ref)))
         volume_mounts.append({"name": "controller-token", "mountPath": TOKEN_DIR, "readOnly": True})
+    if spec.controller_tls() and role == "controller":
+        secret_volumes.append(_secret_volume("controller-tls", controller_certs_secret_name(ref)))
+        volume_mounts.append({"name": "controller-tls", "mountPath": CONTROLLER_TLS_DIR, "readOnly": True})
+    elif spec.controller_tls():
+        secret_volumes.append(controller_ca_volume(ref))
+        volume_mounts.append({"name": "controller-ca", "mountPath": CONTROLLER_CA_DIR, "readOnly": True})
+    # https controllers answer nothing in clear text; the kubelet's HTTPS probes do not verify
+    probe_scheme = "HTTPS" if spec.controller_tls() and role == "controller" else "HTTP"
     ports = [{"name": "http", "containerPort": http_port, "protocol": "TCP"}]
     if role == "broker":
         ports = [
@@ -676,10 +759,10 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
         "env": env + _credentials_env(spec),
         "ports": ports,
         "volumeMounts": volume_mounts,
-        "readinessProbe": _probe("/readyz", http_port, 5, 3),
-        "livenessProbe": _probe("/healthz", http_port, 10, 6),
+        "readinessProbe": _probe("/readyz", http_port, 5, 3, probe_scheme),
+        "livenessProbe": _probe("/healthz", http_port, 10, 6, probe_scheme),
         # WAL recovery replays and uploads before the node serves: allow it up to 10 minutes.
-        "startupProbe": _probe("/healthz", http_port, 5, 120),
+        "startupProbe": _probe("/healthz", http_port, 5, 120, probe_scheme),
         "securityContext": _container_security(),
     }
     resources = _resources(role_spec.resources, role)
@@ -720,6 +803,8 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
         annotations.update(
             {"prometheus.io/scrape": "true", "prometheus.io/port": str(http_port), "prometheus.io/path": "/metrics"}
         )
+        if probe_scheme == "HTTPS":
+            annotations["prometheus.io/scheme"] = "https"
     template = {"metadata": {"labels": common_labels(ref, role), "annotations": annotations}, "spec": pod_spec}
     template["metadata"]["annotations"][TEMPLATE_HASH] = content_hash(template)
     return template

@@ -68,7 +68,6 @@ from automq.operator.spec import (
     VERSION,
     InvalidSpec,
     check_cluster_name,
-    is_legacy,
     parse_cluster,
     parse_spec,
 )
@@ -158,9 +157,10 @@ async def _pass(
             f"(annotation {SECURITY_DEFAULTS_ANNOTATION}: legacy); set spec.listeners and spec.security to "
             "secure it (docs/security.md)",
         )
+    controller_http = await security.pin_controller_scheme(api, live, ref)
     try:
         check_cluster_name(name)
-        spec = parse_spec(raw_spec, legacy=legacy)
+        spec = parse_spec(raw_spec, legacy=legacy, controller_http=controller_http)
     except InvalidSpec as exc:
         await write_invalid_spec_status(api, ref, generation, previous, str(exc))
         if reported.get("invalid") != str(exc):  # once per distinct problem, not once per pass
@@ -358,7 +358,7 @@ async def delete_cluster(body: Any, spec: Any, name: str, namespace: str, uid: s
             return  # the leader finished
         await asyncio.sleep(1.0)
     try:
-        parsed = parse_spec(dict(spec or {}), legacy=is_legacy(dict(body)))
+        parsed = parse_cluster(dict(body))
     except InvalidSpec:
         parsed = None  # nothing was created from it; keep whatever data there is
     async with ctx.lock_for(uid):

@@ -166,8 +166,16 @@ def recovery_job(
                 "image": broker["image"],
                 "imagePullPolicy": broker["imagePullPolicy"],
                 "args": args,
-                "env": [e for e in broker["env"] if e["name"].startswith("AWS_")],
-                "volumeMounts": [{"name": "wal", "mountPath": builders.WAL_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+                # the AWS keys, and what the controller API needs (token, the controllers' CA)
+                "env": [
+                    *(e for e in broker["env"] if e["name"].startswith("AWS_")),
+                    *builders.controller_client_env(spec),
+                ],
+                "volumeMounts": [
+                    {"name": "wal", "mountPath": builders.WAL_DIR},
+                    {"name": "tmp", "mountPath": "/tmp"},
+                    *builders.controller_client_mounts(spec),
+                ],
                 "securityContext": broker["securityContext"],
                 "resources": broker.get("resources", {}),
             }
@@ -175,6 +183,7 @@ def recovery_job(
         "volumes": [
             {"name": "wal", "persistentVolumeClaim": {"claimName": wal_claim_name(ref, ordinal)}},
             {"name": "tmp", "emptyDir": {}},
+            *builders.controller_client_volumes(spec, ref),
         ],
     }
     for key in ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets"):

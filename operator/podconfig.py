@@ -11,7 +11,7 @@ which fills in, from the environment the pod template sets:
     AUTOMQ_ROLE              broker | controller
     AUTOMQ_NODE_ID_BASE      0 for brokers, 1000 for controllers (ids never collide)
     AUTOMQ_ADVERTISED_HOST   the pod's stable DNS name (brokers: every listener advertises it;
-                             controllers: controller.advertised_url = http://<host>:<http_port>)
+                             controllers: controller.advertised_url = http(s)://<host>:<http_port>)
     AUTOMQ_RACK              the zone label the downward API exposes ('' when unknown)
     AUTOMQ_EXTERNAL_LISTENERS  {listener: {host: template with {ordinal} or "", port_base}} for
                              nodeport/loadbalancer listeners: they advertise this broker's own
@@ -79,7 +79,8 @@ def render_pod_config(template: Mapping, env: Mapping[str, str]) -> NodeConfig:
         ]
         if env.get("AUTOMQ_ROLE") == "controller":
             port = raw.get("http_port", NodeConfig.model_fields["http_port"].default)
-            raw["controller"] = {**raw.get("controller", {}), "advertised_url": f"http://{host}:{port}"}
+            scheme = "https" if (raw.get("security") or {}).get("controller_tls") else "http"
+            raw["controller"] = {**raw.get("controller", {}), "advertised_url": f"{scheme}://{host}:{port}"}
     return parse_config(raw, source=f"config template for {pod_name}")
 
 

@@ -195,12 +195,14 @@ async def security_material(c: Cluster) -> None:
     before any pod exists, so nodes start with the Secrets they mount."""
     if c.spec.controller_token():
         await security.ensure_controller_token(c.api, c.ref)
-        c.controller_api_factory = await security.authenticated(c.controller_api_factory, c.api, c.spec, c.ref)
     await security.ensure_broker_credentials(c.api, c.spec, c.ref)  # before the broker pods mount it
-    if c.spec.needs_tls() and c.spec.security.certificates.issuer == "operator":
+    if c.spec.needs_certificates() and c.spec.security.certificates.issuer == "operator":
         now = dt.datetime.now(dt.UTC)
         for note in await security.ensure_certificates(c.api, c.spec, c.ref, now):
             c.reporter.info("CertificateIssued", note)
+    if c.spec.controller_token() or c.spec.controller_tls():
+        # after the certificates: the operator verifies the controllers against their Secret's CA
+        c.controller_api_factory = await security.authenticated(c.controller_api_factory, c.api, c.spec, c.ref)
     for obj in security.cert_manager_objects(c.spec, c.ref):
         try:
             await _apply(c, obj)
@@ -735,7 +737,7 @@ async def update_status(c: Cluster) -> None:
         controllers=c.status.get("controllers", RoleStatus()),
         brokers=c.status.get("brokers", RoleStatus()),
         bootstrap=builders.bootstrap_address(c.spec, c.ref),
-        controller_endpoint=builders.controller_service_url(c.ref),
+        controller_endpoint=builders.controller_service_url(c.spec, c.ref),
         listeners=[ListenerStatus.model_validate(e) for e in builders.listener_status(c.spec, c.ref)],
         broker_selector=builders.broker_selector(c.ref),
         drained_brokers=sorted(c.drained),

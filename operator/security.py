@@ -10,6 +10,9 @@ Secrets, for a cluster `demo` (all owned by the AutoMQCluster, so deleted with i
                                               the headless Service, the bootstrap names, external
                                               names) and the trust bundle (both CAs)
     demo-controller-token    token            the controller API's shared token
+    demo-controller-certs    tls.crt, tls.key, ca.crt   the controllers' https certificate (wildcard
+                                              names of their headless Service) and the cluster
+                                              CA(s); other pods mount only its ca.crt
 
 With `spec.security.certificates.issuer: cert-manager` the operator does not generate anything:
 it renders cert-manager `Certificate`s whose Secrets have the same names and keys (tls.crt,
@@ -27,6 +30,7 @@ import datetime as dt
 import functools
 import logging
 import secrets as random_secrets
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +41,7 @@ from automq.operator.builders import ClusterRef
 from automq.operator.certificates import KeyPair
 from automq.operator.spec import (
     BROKER_USER,
+    CONTROLLER_SCHEME_ANNOTATION,
     SECURITY_DEFAULTS_ANNOTATION,
     AutoMQClusterSpec,
     inter_broker_listener,
@@ -65,6 +70,7 @@ def clients_ca_cert_secret(ref: ClusterRef) -> str:
 
 broker_certs_secret = builders.broker_certs_secret_name
 controller_token_secret = builders.controller_token_secret_name
+controller_certs_secret = builders.controller_certs_secret_name
 
 
 def _b64(data: bytes) -> str:
@@ -156,30 +162,53 @@ async def _ensure_ca(
 
 
 async def ensure_certificates(api: Any, spec: AutoMQClusterSpec, ref: ClusterRef, now: dt.datetime) -> list[str]:
-    """Operator-issued CAs and broker certificate, created or renewed as needed; what was done."""
+    """Operator-issued CAs and the broker and controller certificates, created or renewed as
+    needed; what was done."""
     notes: list[str] = []
     cluster_ca, cluster_bundle, previous = await _ensure_ca(api, spec, ref, "cluster", now, notes)
     _clients_ca, clients_bundle, _ = await _ensure_ca(api, spec, ref, "clients", now, notes)
-    name = broker_certs_secret(ref)
+    issuer = (cluster_ca, previous)
+    if spec.needs_tls():
+        dns = broker_dns_names(spec, ref)
+        await _ensure_leaf(api, spec, ref, "broker", dns, issuer, cluster_bundle + clients_bundle, now, notes)
+    if spec.controller_tls():
+        # The controllers' clients are nodes, the operator and jobs of this cluster: they trust
+        # the cluster CA only (ca.crt here is all a broker or job pod mounts of this Secret).
+        dns = builders.controller_dns_names(ref)
+        await _ensure_leaf(api, spec, ref, "controller", dns, issuer, cluster_bundle, now, notes)
+    return notes
+
+
+async def _ensure_leaf(
+    api: Any,
+    spec: AutoMQClusterSpec,
+    ref: ClusterRef,
+    role: str,
+    dns: list[str],
+    issuer: tuple[KeyPair, list[Any]],
+    trust: bytes,
+    now: dt.datetime,
+    notes: list[str],
+) -> None:
+    """The role's certificate Secret (tls.crt, tls.key, ca.crt), (re)issued by the cluster CA when due."""
+    name = broker_certs_secret(ref) if role == "broker" else controller_certs_secret(ref)
     live = await api.get("Secret", ref.namespace, name)
     data = (live or {}).get("data") or {}
     leaf = KeyPair(_unb64(data, "tls.crt"), _unb64(data, "tls.key")) if live is not None else None
     settings = spec.security.certificates
-    dns = broker_dns_names(spec, ref)
+    cluster_ca, previous = issuer
     why = certificates.leaf_due(leaf, cluster_ca, now, settings.renewal_days, dns, previous)
     if why is not None or leaf is None:
         leaf = certificates.issue(
             cluster_ca,
-            certificates.node_subject(f"{ref.name}-broker"),
+            certificates.node_subject(f"{ref.name}-{role}"),
             now,
             settings.validity_days,
             dns_names=dns,
             server=True,
         )
-        notes.append(f"broker certificate issued ({why})")
-    trust = cluster_bundle + clients_bundle
+        notes.append(f"{role} certificate issued ({why})")
     await _write_secret(api, ref, name, {"tls.crt": leaf.cert_pem, "tls.key": leaf.key_pem, "ca.crt": trust}, live)
-    return notes
 
 
 async def ensure_controller_token(api: Any, ref: ClusterRef) -> str:
@@ -256,14 +285,34 @@ class _FixedToken(TokenFile):
 
 
 async def operator_controller_auth(api: Any, spec: AutoMQClusterSpec, ref: ClusterRef) -> ControllerClientAuth | None:
-    """What the operator sends to this cluster's controller API (None: nothing)."""
-    if not spec.controller_token():
+    """What the operator sends to this cluster's controller API and how it verifies the
+    controllers' https certificate (None: nothing to send, plain http)."""
+    token: TokenFile | None = None
+    if spec.controller_token():
+        live = await api.get("Secret", ref.namespace, controller_token_secret(ref))
+        value = _unb64((live or {}).get("data") or {}, TOKEN_KEY).decode(errors="replace").strip()
+        # empty: not created yet (the reconcile creates it before any node starts)
+        token = _FixedToken(value) if value else None
+    context: ssl.SSLContext | None = None
+    if spec.controller_tls():
+        # Trust exactly the CA in the controllers' Secret (the operator's cluster CA, or the one
+        # cert-manager's issuer put there), never the system store: a public CA's certificate
+        # for the Service's name must not pass. Not there yet: nothing is trusted, calls fail.
+        live = await api.get("Secret", ref.namespace, controller_certs_secret(ref))
+        ca = _unb64((live or {}).get("data") or {}, "ca.crt")
+        context = _trusting(ca)
+    if token is None and context is None:
         return None
-    live = await api.get("Secret", ref.namespace, controller_token_secret(ref))
-    token = _unb64((live or {}).get("data") or {}, TOKEN_KEY).decode(errors="replace").strip()
-    if not token:
-        return None  # not created yet: the reconcile creates it before any node starts
-    return ControllerClientAuth(token=_FixedToken(token))
+    return ControllerClientAuth(token=token, ssl=context)
+
+
+def _trusting(ca_pem: bytes) -> ssl.SSLContext:
+    """A client context trusting only the certificates of `ca_pem` (none: it trusts nothing)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies certificates and host names
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if certificates.load_chain(ca_pem):
+        context.load_verify_locations(cadata=ca_pem.decode())
+    return context
 
 
 async def authenticated(factory: Any, api: Any, spec: AutoMQClusterSpec, ref: ClusterRef) -> Any:
@@ -290,6 +339,26 @@ async def pin_security_defaults(api: Any, live: dict[str, Any], ref: ClusterRef)
     return legacy, True
 
 
+async def pin_controller_scheme(api: Any, live: dict[str, Any], ref: ClusterRef) -> bool:
+    """Decide once whether `controllerApi.tls` defaults to false; True when it does.
+
+    A cluster whose nodes already call their controllers over http (a ConfigMap with http
+    controller_urls, written by an operator from before https controllers) keeps http until
+    its spec says `tls: true`; everything else gets https."""
+    annotations = (live.get("metadata") or {}).get("annotations") or {}
+    pinned = annotations.get(CONTROLLER_SCHEME_ANNOTATION)
+    if pinned in ("http", "https"):
+        return pinned == "http"
+    config_map = await api.get("ConfigMap", ref.namespace, builders.config_map_name(ref))
+    broker_yaml = ((config_map or {}).get("data") or {}).get("broker.yaml") or ""
+    value = "http" if config_map is not None and "https://" not in broker_yaml else "https"
+    await api.patch(
+        "AutoMQCluster", ref.namespace, ref.name, {"metadata": {"annotations": {CONTROLLER_SCHEME_ANNOTATION: value}}}
+    )
+    live.setdefault("metadata", {}).setdefault("annotations", {})[CONTROLLER_SCHEME_ANNOTATION] = value
+    return value == "http"
+
+
 # ---------------------------------------------------------------------------------------------
 # cert-manager
 
@@ -300,7 +369,7 @@ CERT_MANAGER_API = "cert-manager.io/v1"
 def cert_manager_objects(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str, Any]]:
     """Issuers and Certificates for `issuer: cert-manager` (empty otherwise, or without TLS)."""
     settings = spec.security.certificates
-    if settings.issuer != "cert-manager" or not spec.needs_tls():
+    if settings.issuer != "cert-manager" or not spec.needs_certificates():
         return []
     out: list[dict[str, Any]] = []
     issuer_ref = settings.cert_manager.issuer_ref
@@ -330,24 +399,29 @@ def cert_manager_objects(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[
         issuer = {"name": ca_issuer, "kind": "Issuer", "group": "cert-manager.io"}
     else:
         issuer = issuer_ref.model_dump(by_alias=True)
-    out.append(
-        _cm(
-            ref,
-            "Certificate",
-            broker_certs_secret(ref),
-            {
-                "secretName": broker_certs_secret(ref),
-                "commonName": f"{ref.name}-broker",
-                "subject": {"organizations": [certificates.BROKER_ORGANIZATION]},
-                "dnsNames": broker_dns_names(spec, ref),
-                "duration": f"{settings.validity_days * 24}h",
-                "renewBefore": f"{settings.renewal_days * 24}h",
-                "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
-                "usages": ["server auth", "client auth", "digital signature"],
-                "issuerRef": issuer,
-            },
+    roles = [("broker", broker_dns_names(spec, ref))] if spec.needs_tls() else []
+    if spec.controller_tls():
+        roles.append(("controller", builders.controller_dns_names(ref)))
+    for role, dns in roles:
+        secret = broker_certs_secret(ref) if role == "broker" else controller_certs_secret(ref)
+        out.append(
+            _cm(
+                ref,
+                "Certificate",
+                secret,
+                {
+                    "secretName": secret,
+                    "commonName": f"{ref.name}-{role}",
+                    "subject": {"organizations": [certificates.BROKER_ORGANIZATION]},
+                    "dnsNames": dns,
+                    "duration": f"{settings.validity_days * 24}h",
+                    "renewBefore": f"{settings.renewal_days * 24}h",
+                    "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
+                    "usages": ["server auth", "client auth", "digital signature"],
+                    "issuerRef": issuer,
+                },
+            )
         )
-    )
     return out
 
 

@@ -300,6 +300,12 @@ class ControllerApiSpec(_Model):
         "/metrics stay open. none: no credentials (anyone who reaches the port can change metadata). "
         "Absent: token, except on clusters created before secure defaults (see docs/security.md).",
     )
+    tls: bool | None = Field(
+        None,
+        description="Serve the controller API over https with a certificate from the cluster CA "
+        "(spec.security.certificates: the operator's CA or cert-manager); brokers, the operator and the Spark "
+        "jobs verify it. Absent: true, except on clusters created before secure defaults.",
+    )
 
 
 class NetworkPoliciesSpec(_Model):

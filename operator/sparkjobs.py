@@ -37,14 +37,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from automq.operator.builders import (
-    TOKEN_DIR,
     USER_ID,
     ClusterRef,
     _credentials_env,
     _metadata,
     _scheduling,
     common_labels,
-    controller_token_secret_name,
+    controller_client_env,
+    controller_client_mounts,
+    controller_client_volumes,
     controller_urls,
 )
 from automq.operator.rbac import SPARK_DRIVER_RULES
@@ -244,27 +245,6 @@ def submit_args(plan: JobPlan, ref: ClusterRef, spec: AutoMQClusterSpec | None =
     ]
 
 
-# A job calls the controller API (plans, commits): with a token on it, the job mounts the
-# cluster's token Secret and the controller client reads it from AUTOMQ_CONTROLLER_TOKEN_FILE.
-def _token_env(spec: AutoMQClusterSpec) -> list[dict[str, Any]]:
-    if not spec.controller_token():
-        return []
-    return [{"name": "AUTOMQ_CONTROLLER_TOKEN_FILE", "value": f"{TOKEN_DIR}/token"}]
-
-
-def _token_mounts(spec: AutoMQClusterSpec) -> list[dict[str, Any]]:
-    if not spec.controller_token():
-        return []
-    return [{"name": "controller-token", "mountPath": TOKEN_DIR, "readOnly": True}]
-
-
-def _token_volumes(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str, Any]]:
-    if not spec.controller_token():
-        return []
-    source: dict[str, Any] = {"secretName": controller_token_secret_name(ref), "defaultMode": 0o440}
-    return [{"name": "controller-token", "secret": source}]
-
-
 def _pod_security() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,
@@ -363,11 +343,12 @@ def cron_job(spec: AutoMQClusterSpec, ref: ClusterRef, plan: JobPlan) -> dict[st
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             *_credentials_env(spec),
-            *_token_env(spec),
+            # a job calls the controller API (plans, commits): the token and the controllers' CA
+            *controller_client_env(spec),
             *plan.env,
         ],
         "resources": _resources(section.resources),
-        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_DIR}, *_token_mounts(spec)],
+        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_DIR}, *controller_client_mounts(spec)],
         "securityContext": _container_security(),
     }
     pod_executors = section.executors > 0
@@ -379,7 +360,7 @@ def cron_job(spec: AutoMQClusterSpec, ref: ClusterRef, plan: JobPlan) -> dict[st
         "enableServiceLinks": False,
         "securityContext": _pod_security(),
         "containers": [container],
-        "volumes": [{"name": "scratch", "emptyDir": {}}, *_token_volumes(spec, ref)],
+        "volumes": [{"name": "scratch", "emptyDir": {}}, *controller_client_volumes(spec, ref)],
         **_scheduling(section.scheduling),
     }
     if pod_executors:

@@ -54,6 +54,10 @@ REPLICATION_PORT = 9091
 # On the AutoMQCluster: "secure" or "legacy", which defaults apply to a spec that names no
 # listener (see automq.operator.security_spec); written once by the operator, then sticky.
 SECURITY_DEFAULTS_ANNOTATION = f"{GROUP}/security-defaults"
+# On the AutoMQCluster: "http" when the cluster's nodes already called their controllers over
+# plain http before the operator made https the default (spec.security.controllerApi.tls absent
+# then means false: switching schemes under running pods would stall the roll), else "https".
+CONTROLLER_SCHEME_ANNOTATION = f"{GROUP}/controller-api-scheme"
 DEFAULT_WAL_SIZE = "10Gi"  # each broker's WAL volume when spec.broker.wal is not given
 
 # Kubernetes' own resource.Quantity grammar, without a sign: a negative size is never meant.
@@ -655,6 +659,8 @@ OPERATOR_OWNED_KEYS = {
     "listeners": "set by spec.listeners",
     "kafka.inter_broker_listener_name": "set by the operator from spec.listeners",
     "security.controller_token_file": "set by spec.security.controllerApi",
+    "security.controller_tls": "set by spec.security.controllerApi.tls",
+    "security.controller_ca_file": "set by spec.security.controllerApi.tls",
     "http_host": "set by the operator",
     "http_port": "set by the operator",
     "wal.kind": "set by spec.broker.wal.kind",
@@ -871,6 +877,8 @@ class AutoMQClusterSpec(_Model):
         security = dict(data.get("security") or {})
         api = dict(security.get("controllerApi") or {})
         api.setdefault("authentication", "none" if legacy else "token")
+        if api.get("tls") is None:
+            api["tls"] = not (legacy or (info.context or {}).get("controller_http"))
         policies = dict(security.get("networkPolicies") or {})
         if policies.get("enabled") is None:
             policies["enabled"] = not legacy
@@ -943,6 +951,14 @@ class AutoMQClusterSpec(_Model):
 
     def needs_tls(self) -> bool:
         return any(listener.tls for listener in self.listeners)
+
+    def controller_tls(self) -> bool:
+        """Whether the controller API is served over https (a certificate of the cluster CA)."""
+        return bool(self.security.controller_api.tls)
+
+    def needs_certificates(self) -> bool:
+        """Whether the cluster needs a CA and node certificates: TLS listeners or https controllers."""
+        return self.needs_tls() or self.controller_tls()
 
     def internal_listeners(self) -> list[ListenerSpec]:
         return [listener for listener in self.listeners if listener.type == "internal"]
@@ -1158,11 +1174,12 @@ def broker_principal(name: str, listener: ListenerSpec | None) -> str | None:
     return None
 
 
-def parse_spec(raw: dict[str, Any], *, legacy: bool = False) -> AutoMQClusterSpec:
+def parse_spec(raw: dict[str, Any], *, legacy: bool = False, controller_http: bool = False) -> AutoMQClusterSpec:
     """Validate an object's spec; ValueError with every problem named by path otherwise.
-    `legacy`: the cluster predates secure defaults (PLAINTEXT, no controller token)."""
+    `legacy`: the cluster predates secure defaults (PLAINTEXT, no controller token);
+    `controller_http`: it predates https controllers (CONTROLLER_SCHEME_ANNOTATION)."""
     try:
-        return AutoMQClusterSpec.model_validate(raw, context={"legacy": legacy})
+        return AutoMQClusterSpec.model_validate(raw, context={"legacy": legacy, "controller_http": controller_http})
     except ValidationError as exc:
         raise InvalidSpec(explain_validation_error(exc)) from None
 
@@ -1173,9 +1190,15 @@ def is_legacy(obj: dict[str, Any]) -> bool:
     return annotations.get(SECURITY_DEFAULTS_ANNOTATION) == "legacy"
 
 
+def is_controller_http(obj: dict[str, Any]) -> bool:
+    """Whether an AutoMQCluster object was pinned to plain-http controllers by default."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(CONTROLLER_SCHEME_ANNOTATION) == "http"
+
+
 def parse_cluster(obj: dict[str, Any]) -> AutoMQClusterSpec:
-    """The spec of a live AutoMQCluster object, with the defaults its annotation pins."""
-    return parse_spec(dict(obj.get("spec") or {}), legacy=is_legacy(obj))
+    """The spec of a live AutoMQCluster object, with the defaults its annotations pin."""
+    return parse_spec(dict(obj.get("spec") or {}), legacy=is_legacy(obj), controller_http=is_controller_http(obj))
 
 
 class InvalidSpec(ValueError):

@@ -29,6 +29,7 @@ from automq.broker.controller import wire
 from automq.broker.controller.acls import AclBinding, AclFilter
 from automq.broker.controller.protocol import (
     CLUSTER_ERRORS_BY_CODE,
+    ControllerAuthenticationError,
     ControllerUnavailableError,
     DelegationTokenInfo,
     Endpoint,
@@ -114,6 +115,7 @@ class ControllerClient:
         backoff = 0.02
         last_problem = "no attempt"
         redirects = 0
+        self.auth.check()
         while True:
             try:
                 async with self._http().post(
@@ -127,8 +129,18 @@ class ControllerClient:
                         data = await resp.json(content_type=None)
                     except ValueError:
                         data = {"error": "METADATA_ERROR", "message": f"HTTP {status}: not JSON"}
+            except aiohttp.ClientConnectorCertificateError as exc:
+                # Retrying cannot help: the CA this client trusts did not sign the controller's
+                # certificate (or the certificate does not name the host called).
+                raise ControllerAuthenticationError(
+                    f"{method}: the controller at {url} is not trusted: {exc.certificate_error}; the client "
+                    "verifies it against security.controller_ca_file (or tls.ca_file, or "
+                    "AUTOMQ_CONTROLLER_CA_FILE): give it the CA that signed the controller's certificate"
+                ) from exc
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 last_problem = f"{url}: {type(exc).__name__}: {exc}"
+                if isinstance(exc, aiohttp.ClientSSLError) or "WRONG_VERSION_NUMBER" in str(exc):
+                    last_problem += " (an https:// URL to a controller serving plain http? see security.controller_tls)"
                 self._leader = None
                 url = self._rotate()
             else:

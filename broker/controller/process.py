@@ -17,6 +17,7 @@ from aiohttp import web
 from automq.broker.config import NodeConfig
 from automq.broker.controller.controller import Controller
 from automq.broker.controller.server import build_app
+from automq.broker.controller.tls_site import TlsOnlySite
 from automq.broker.node import run_node
 from automq.broker.objectstore import open_object_store
 from automq.broker.security.controller_auth import ControllerServerAuth, server_tls
@@ -44,6 +45,7 @@ class ControllerService:
         self.auth = ControllerServerAuth.from_config(config)
         self.tls = server_tls(config.tls) if config.security.controller_tls else None
         self._tls_reload: asyncio.Task[None] | None = None
+        self._https: TlsOnlySite | None = None
 
     @staticmethod
     def _lease(config: NodeConfig):
@@ -60,15 +62,20 @@ class ControllerService:
     async def start(self) -> None:
         self._runner = web.AppRunner(build_app(self.controller, self.auth), access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(
-            self._runner,
-            self.config.http_host,
-            self.config.http_port,
-            reuse_address=True,
-            ssl_context=self.tls.context if self.tls is not None else None,
-        )
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if self.tls is not None:
+            self._https = TlsOnlySite(
+                self._runner.server,
+                self.config.http_host,
+                self.config.http_port,
+                self.tls.context,
+                self.config.tls.handshake_timeout_ms / 1000,
+            )
+            self._https.start()
+            self.port = self._https.port
+        else:
+            site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, reuse_address=True)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         host = self.config.http_host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
@@ -87,6 +94,9 @@ class ControllerService:
         if resign:
             await self.controller.resign()
         await self.controller.stop()
+        if self._https is not None:
+            await self._https.stop()
+            self._https = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

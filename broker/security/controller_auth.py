@@ -90,13 +90,41 @@ class TokenFile:
 
 @dataclass
 class ControllerClientAuth:
-    """What a ControllerClient sends: the token (if any) and the TLS context for https URLs."""
+    """What a ControllerClient sends: the token (if any) and the TLS context for https URLs.
+
+    `ca_file`: where the context's CAs came from; `check()` adds the certificates of a changed
+    file to the context (a CA rotation puts the new CA next to the old one in the bundle before
+    any controller presents a certificate it signed), so a long-running node follows it."""
 
     token: TokenFile | None = None
     ssl: ssl.SSLContext | None = None
+    ca_file: str | None = None
+    _ca_stamp: tuple[int, int] = field(init=False, default=(0, -1))
+    _ca_checked: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self._ca_stamp = _file_stamp(self.ca_file)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token.current()}"} if self.token is not None else {}
+
+    def check(self) -> None:
+        if self.ca_file is None or self.ssl is None:
+            return
+        now = time.monotonic()
+        if now - self._ca_checked < CHECK_INTERVAL_S:
+            return
+        self._ca_checked = now
+        stamp = _file_stamp(self.ca_file)
+        if stamp == self._ca_stamp:
+            return
+        try:
+            self.ssl.load_verify_locations(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:  # caught mid-write: the next check tries again
+            log.warning("controller CA file %s could not be re-read: %s", self.ca_file, exc)
+            return
+        self._ca_stamp = stamp
+        log.info("controller CA file %s re-read", self.ca_file)
 
     @classmethod
     def from_env(cls) -> ControllerClientAuth:
@@ -104,7 +132,8 @@ class ControllerClientAuth:
         ca = os.environ.get(CA_FILE_ENV)
         return cls(
             TokenFile(token_path) if token_path else None,
-            ssl.create_default_context(cafile=ca) if ca else None,
+            _ca_context(ca) if ca else None,
+            ca or None,
         )
 
     @classmethod
@@ -114,10 +143,34 @@ class ControllerClientAuth:
         security = config.security
         token = TokenFile(security.controller_token_file) if security.controller_token_file else env.token
         wants_tls = security.controller_tls or any(u.startswith("https://") for u in config.controller_urls)
-        context = env.ssl
-        if wants_tls and config.tls.ca_file:
-            context = client_context(config.tls)
-        return cls(token, context)
+        ca = security.controller_ca_file or config.tls.ca_file
+        if not (wants_tls and ca):
+            return cls(token, env.ssl, env.ca_file)
+        try:
+            context = client_context(config.tls.model_copy(update={"ca_file": ca}))
+        except (OSError, ssl.SSLError) as exc:
+            key = "security.controller_ca_file" if security.controller_ca_file else "tls.ca_file"
+            raise ConfigError(f"{key}: cannot load {ca} to verify the controller's certificate: {exc}") from exc
+        # Kafka's ssl.endpoint.identification.algorithm, as for calls to other brokers
+        context.check_hostname = config.tls.endpoint_identification_algorithm == "https"
+        return cls(token, context, ca)
+
+
+def _file_stamp(path: str | None) -> tuple[int, int]:
+    if path is None:
+        return (0, -1)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, -1)
+    return (st.st_mtime_ns, st.st_size)
+
+
+def _ca_context(ca: str) -> ssl.SSLContext:
+    try:
+        return ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{CA_FILE_ENV}: cannot load {ca}: {exc}") from exc
 
 
 @dataclass

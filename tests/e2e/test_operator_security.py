@@ -131,16 +131,32 @@ def test_secure_defaults_with_real_processes_and_client(tmp_path: Path, s3_url: 
         after.produce(topic, value=b"after-renewal")
         assert after.flush(30) == 0
 
-        # The controller API wants the cluster's token; the operator and the broker have it.
+        # The controller API is https with a certificate of the cluster CA (the broker registered
+        # over it, verifying that CA) and wants the cluster's token; the operator and the broker
+        # have both.
         url = k8s.controller_urls("demo")[0]
+        assert url.startswith("https://") and "https://demo-controller-0." in broker_yaml
+        controller_ca = _secret(k8s, "demo-controller-certs")["ca.crt"]
+        assert controller_ca == _secret(k8s, "demo-cluster-ca-cert")["ca.crt"]
+        trusting = ssl.create_default_context(cadata=controller_ca)
+        trusting.check_hostname = False  # loopback IP; the names are checked in tests/operator/test_security.py
         with pytest.raises(urllib.error.HTTPError) as denied:
-            urllib.request.urlopen(f"{url}/v1/status", timeout=5)
+            urllib.request.urlopen(f"{url}/v1/status", timeout=5, context=trusting)
         assert denied.value.code == 401
         assert json.loads(denied.value.read())  # the refusal names itself
         token = _secret(k8s, "demo-controller-token")["token"]
         request = urllib.request.Request(f"{url}/readyz")
-        assert urllib.request.urlopen(request, timeout=5).status == 200  # probes stay open
+        assert urllib.request.urlopen(request, timeout=5, context=trusting).status == 200  # probes stay open
+        authorized = urllib.request.Request(f"{url}/v1/status", headers={"Authorization": f"Bearer {token}"})
+        assert urllib.request.urlopen(authorized, timeout=5, context=trusting).status == 200
         assert token and token not in broker_yaml  # the token is a mounted file, not config
+        # Plain http gets a clear refusal, nothing in clear text; a caller trusting another CA
+        # (here: the system store) fails the handshake.
+        with pytest.raises(urllib.error.HTTPError) as plain:
+            urllib.request.urlopen(url.replace("https://", "http://") + "/readyz", timeout=5)
+        assert plain.value.code == 400 and "https only" in plain.value.read().decode()
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            urllib.request.urlopen(f"{url}/readyz", timeout=5)
 
 
 def _served_certificate(bootstrap: str, ca: Path) -> x509.Certificate:

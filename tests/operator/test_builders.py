@@ -101,7 +101,7 @@ def test_config_map_holds_a_valid_node_config_per_role() -> None:
     assert (
         broker.controller_urls
         == controller.controller_urls
-        == [f"http://demo-controller-{i}.demo-controllers.streaming.svc:9093" for i in range(3)]
+        == [f"https://demo-controller-{i}.demo-controllers.streaming.svc:9093" for i in range(3)]
     )
     assert broker.cluster_id == "streaming-demo"
     assert [(listener.name, listener.port) for listener in broker.listeners] == [
@@ -299,7 +299,7 @@ def test_pod_config_for_a_controller() -> None:
     }
     config = render_pod_config(_template("controller"), env)
     assert config.node_id == 1002 and config.rack is None
-    assert config.controller.advertised_url == "http://demo-controller-2.demo-controllers.streaming.svc:9093"
+    assert config.controller.advertised_url == "https://demo-controller-2.demo-controllers.streaming.svc:9093"
 
 
 def test_pod_config_rejects_hostile_environment() -> None:

@@ -363,6 +363,14 @@ def test_create_builds_every_object_with_owner_references(k8s: Harness) -> None:
     assert [e for e in k8s.log.snapshot() if e[0] in ("drain", "deleted")] == []
     # Secure defaults: the brokers' own SCRAM user was stored once a controller was Ready.
     assert [e for e in k8s.log.snapshot() if e[0] == "scram"] == [("scram", ["__automq-broker"])]
+    # ... and the controller API is https with a certificate of the cluster CA (the ConfigMap's
+    # https controller_urls were compared above with what the builders render).
+    assert cluster["metadata"]["annotations"]["automq.io/controller-api-scheme"] == "https"
+    assert status["controllerEndpoint"] == "https://demo-controllers.streaming.svc:9093"
+    certs = k8s.get("Secret", "demo-controller-certs")
+    assert set(certs["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert certs["data"]["ca.crt"] == k8s.get("Secret", "demo-cluster-ca-cert")["data"]["ca.crt"]
+    assert certs["metadata"]["ownerReferences"] == [ref.owner_reference()]
 
 
 def test_config_change_rolls_brokers_one_at_a_time_then_controllers(k8s: Harness) -> None:
@@ -906,6 +914,29 @@ def test_a_cluster_an_older_operator_made_keeps_plaintext_and_is_told_so(k8s: Ha
     assert "spec.listeners" in warning[0]["message"]
     assert ref.name == "old"
 
+    # One an operator with secure defaults but http controllers made keeps http controllers.
+    mid_ref = ClusterRef("mid", NS, "not-yet")
+    k8s.call(k8s.api.create(builders.config_map(parse_spec(SPEC, controller_http=True), mid_ref)))
+    mid = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "AutoMQCluster",
+        "metadata": {
+            "name": "mid",
+            "namespace": NS,
+            "uid": str(uuid.uuid4()),
+            "generation": 1,
+            "resourceVersion": "1",
+            "annotations": {"automq.io/security-defaults": "secure"},
+        },
+        "spec": SPEC,
+    }
+    mid_before = k8s.call(k8s.api.get("ConfigMap", NS, "mid-config"))["data"]
+    k8s.call(k8s.api.create(mid))
+    k8s.wait_for("mid cluster Ready", lambda: _ready(k8s, "mid"))
+    assert k8s.get("AutoMQCluster", "mid")["metadata"]["annotations"]["automq.io/controller-api-scheme"] == "http"
+    assert k8s.get("ConfigMap", "mid-config")["data"] == mid_before  # nothing rolls
+    assert k8s.get("Secret", "mid-controller-certs") is None
+
     # A new cluster next to it gets the secure defaults.
     k8s.create_cluster("fresh", SPEC)
     k8s.wait_for(
@@ -934,6 +965,9 @@ def test_cert_manager_issuer_gets_certificates_owned_by_the_cluster(k8s: Harness
     certificate = k8s.wait_for("broker Certificate", lambda: k8s.get("Certificate", "cm-broker-certs"))
     assert certificate["spec"]["secretName"] == "cm-broker-certs" and certificate["spec"]["renewBefore"] == "480h"
     assert "*.cm-brokers.streaming.svc" in certificate["spec"]["dnsNames"]
+    controller = k8s.wait_for("controller Certificate", lambda: k8s.get("Certificate", "cm-controller-certs"))
+    assert controller["spec"]["dnsNames"][0] == "*.cm-controllers.streaming.svc"
+    assert controller["spec"]["issuerRef"] == certificate["spec"]["issuerRef"]
     assert k8s.get("Issuer", "cm-cluster-ca")["spec"] == {"ca": {"secretName": "cm-cluster-ca"}}
     assert certificate["metadata"]["ownerReferences"][0]["name"] == "cm"
     assert k8s.get("Secret", "cm-cluster-ca") is None  # cert-manager makes it, not the operator

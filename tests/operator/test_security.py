@@ -97,9 +97,10 @@ def test_a_legacy_cluster_keeps_plaintext_and_its_config_is_unchanged() -> None:
     legacy = parse_spec(MINIMAL, legacy=True)
     explicit = spec_with(
         listeners=[{"name": "PLAINTEXT", "port": 9092}],
-        security={"controllerApi": {"authentication": "none"}, "networkPolicies": {"enabled": False}},
+        security={"controllerApi": {"authentication": "none", "tls": False}, "networkPolicies": {"enabled": False}},
     )
-    assert not legacy.controller_token() and not legacy.network_policies()
+    assert not legacy.controller_token() and not legacy.network_policies() and not legacy.controller_tls()
+    assert builders.controller_urls(legacy, REF) == ["http://demo-controller-0.demo-controllers.kafka.svc:9093"]
     # Same node config and pod template as an explicitly plaintext cluster: upgrading the operator
     # rolls no pod of a cluster that predates the secure defaults.
     assert builders.config_map(legacy, REF) == builders.config_map(explicit, REF)
@@ -156,6 +157,34 @@ def test_the_pin_is_decided_once_from_what_exists() -> None:
     old = {"metadata": {"name": "demo"}}
     assert asyncio.run(security.pin_security_defaults(kube, old, REF)) == (True, True)
     assert old["metadata"]["annotations"]["automq.io/security-defaults"] == "legacy"
+
+
+def test_clusters_whose_nodes_call_controllers_over_http_keep_http_by_default() -> None:
+    """An operator upgrade must not flip running nodes to https controllers: brokers would roll
+    to https URLs while the controllers (rolled last) still serve http, and the roll would stall."""
+    from automq.operator.spec import parse_cluster
+
+    kube = FakeKube()
+    kube.objects[("AutoMQCluster", "demo")] = {"metadata": {"name": "demo"}}
+    new = {"metadata": {"name": "demo"}}
+    assert asyncio.run(security.pin_controller_scheme(kube, new, REF)) is False
+    assert new["metadata"]["annotations"]["automq.io/controller-api-scheme"] == "https"
+    assert parse_cluster({**new, "spec": MINIMAL}).controller_tls()
+
+    kube = FakeKube()
+    kube.objects[("AutoMQCluster", "demo")] = {"metadata": {"name": "demo"}}
+    old_config = builders.config_map(spec_with(security={"controllerApi": {"tls": False}}), REF)
+    kube.objects[("ConfigMap", "demo-config")] = old_config
+    old = {"metadata": {"name": "demo"}}
+    assert asyncio.run(security.pin_controller_scheme(kube, old, REF)) is True
+    assert kube.objects[("AutoMQCluster", "demo")]["metadata"]["annotations"] == {
+        "automq.io/controller-api-scheme": "http"
+    }
+    assert not parse_cluster({**old, "spec": MINIMAL}).controller_tls()
+    explicit = {**old, "spec": {**MINIMAL, "security": {"controllerApi": {"tls": True}}}}
+    assert parse_cluster(explicit).controller_tls()  # opting in is the spec's to say
+    kube.objects[("ConfigMap", "demo-config")] = builders.config_map(spec_with(), REF)
+    assert asyncio.run(security.pin_controller_scheme(kube, old, REF)) is True  # sticky
 
 
 # ------------------------------------------------------------------------------ validation
@@ -441,9 +470,50 @@ def test_every_rendered_object_is_valid_kubernetes() -> None:
         "tls": "demo-broker-certs",
         "broker-credentials": "demo-broker-credentials",
         "controller-token": "demo-controller-token",
+        "controller-ca": "demo-controller-certs",
+    }
+    assert next(v for v in pod["volumes"] if v["name"] == "controller-ca")["secret"] == {
+        "secretName": "demo-controller-certs",
+        "defaultMode": 0o440,
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],  # never the controllers' key
     }
     controller = builders.pod_template(spec_with(), REF, "controller")["spec"]
-    assert [v["name"] for v in controller["volumes"] if "secret" in v] == ["controller-token"]
+    assert [v["name"] for v in controller["volumes"] if "secret" in v] == ["controller-token", "controller-tls"]
+
+
+def test_the_controller_api_is_https_by_default() -> None:
+    spec = spec_with()
+    assert spec.controller_tls() and spec.needs_certificates()
+    urls = builders.controller_urls(spec, REF)
+    assert urls == ["https://demo-controller-0.demo-controllers.kafka.svc:9093"]
+    controller = NodeConfig.model_validate(yaml.safe_load(builders.config_map(spec, REF)["data"]["controller.yaml"]))
+    assert controller.security.controller_tls and controller.tls.cert_file == "/etc/automq-controller-tls/tls.crt"
+    assert controller.tls.key_file == "/etc/automq-controller-tls/tls.key"
+    assert controller.security.controller_ca_file == "/etc/automq-controller-tls/ca.crt"
+    broker = broker_config(spec)
+    assert broker.controller_urls == urls and not broker.security.controller_tls
+    assert broker.security.controller_ca_file == "/etc/automq-controller-ca/ca.crt"
+    assert broker.tls.endpoint_identification_algorithm == "https"  # host names are checked
+    # each pod advertises its https URL (NOT_CONTROLLER answers name it)
+    pod = render_pod_config(
+        yaml.safe_load(builders.config_map(spec, REF)["data"]["controller.yaml"]),
+        {"POD_NAME": "demo-controller-1", "AUTOMQ_ROLE": "controller", "AUTOMQ_ADVERTISED_HOST": "h.svc"},
+    )
+    assert pod.controller.advertised_url == "https://h.svc:9093"
+    template = builders.pod_template(spec, REF, "controller")
+    main = template["spec"]["containers"][0]
+    assert {main[p]["httpGet"]["scheme"] for p in ("readinessProbe", "livenessProbe", "startupProbe")} == {"HTTPS"}
+    assert template["metadata"]["annotations"]["prometheus.io/scheme"] == "https"
+    assert {"name": "controller-tls", "mountPath": "/etc/automq-controller-tls", "readOnly": True} in main[
+        "volumeMounts"
+    ]
+    broker_main = builders.pod_template(spec, REF, "broker")["spec"]["containers"][0]
+    assert broker_main["readinessProbe"]["httpGet"]["scheme"] == "HTTP"  # brokers' HTTP is health/metrics only
+    # plain http only when asked for (or on a legacy cluster)
+    plain = spec_with(security={"controllerApi": {"tls": False}})
+    assert builders.controller_urls(plain, REF)[0].startswith("http://") and not plain.controller_tls()
+    plain_controller = builders.pod_template(plain, REF, "controller")["spec"]
+    assert "controller-tls" not in [v["name"] for v in plain_controller["volumes"]]
 
 
 def test_network_policies_let_in_only_what_each_port_serves() -> None:
@@ -487,8 +557,13 @@ def test_cert_manager_renders_a_ca_chain_or_uses_the_given_issuer() -> None:
         ("Certificate", "demo-cluster-ca"),
         ("Issuer", "demo-cluster-ca"),
         ("Certificate", "demo-broker-certs"),
+        ("Certificate", "demo-controller-certs"),
     ]
-    broker = own[-1]["spec"]
+    controller = own[-1]["spec"]
+    assert controller["secretName"] == "demo-controller-certs" and controller["issuerRef"]["name"] == "demo-cluster-ca"
+    assert controller["dnsNames"] == builders.controller_dns_names(REF)
+    assert "server auth" in controller["usages"]
+    broker = own[-2]["spec"]
     assert broker["secretName"] == "demo-broker-certs" and "*.demo-brokers.kafka.svc" in broker["dnsNames"]
     assert broker["renewBefore"] == "720h" and broker["issuerRef"]["name"] == "demo-cluster-ca"
     given = security.cert_manager_objects(
@@ -502,7 +577,7 @@ def test_cert_manager_renders_a_ca_chain_or_uses_the_given_issuer() -> None:
         ),
         REF,
     )
-    assert [o["kind"] for o in given] == ["Certificate"]
+    assert [o["kind"] for o in given] == ["Certificate", "Certificate"]
     assert given[0]["spec"]["issuerRef"] == {"name": "corp", "kind": "ClusterIssuer", "group": "cert-manager.io"}
     assert security.cert_manager_objects(spec_with(), REF) == []  # operator-issued by default
 
@@ -513,6 +588,11 @@ def test_spark_jobs_mount_the_controller_token() -> None:
     pod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["AUTOMQ_CONTROLLER_TOKEN_FILE"] == "/etc/automq-token/token"
+    assert env["AUTOMQ_CONTROLLER_CA_FILE"] == "/etc/automq-controller-ca/ca.crt"
+    assert builders.controller_ca_volume(REF) in pod["volumes"]
+    assert {"name": "controller-ca", "mountPath": "/etc/automq-controller-ca", "readOnly": True} in pod["containers"][
+        0
+    ]["volumeMounts"]
     assert {"name": "controller-token", "secret": {"secretName": "demo-controller-token", "defaultMode": 0o440}} in pod[
         "volumes"
     ]
@@ -527,7 +607,9 @@ def _data(kube: FakeKube, name: str) -> dict[str, bytes]:
 
 
 def test_operator_ca_issues_renews_and_rotates() -> None:
-    spec = spec_with(**MIXED)
+    # the broker certificate's life (the controllers' follows the same code, _ensure_leaf)
+    no_controller_tls = {**MIXED, "security": {**MIXED["security"], "controllerApi": {"tls": False}}}
+    spec = spec_with(**no_controller_tls)
     kube = FakeKube()
     notes = asyncio.run(security.ensure_certificates(kube, spec, REF, NOW))
     assert notes == [
@@ -555,7 +637,7 @@ def test_operator_ca_issues_renews_and_rotates() -> None:
         "broker certificate issued (it expires in 25.0 days (renewal 30 days before))"
     ]
     # A new broker Service name (scale-out of the loadbalancer listener) re-issues at once.
-    bigger = spec_with(**{**MIXED, "broker": {"replicas": 3}})
+    bigger = spec_with(**{**no_controller_tls, "broker": {"replicas": 3}})
     assert asyncio.run(security.ensure_certificates(kube, bigger, REF, later)) == [
         "broker certificate issued (its names changed)"
     ]
@@ -627,6 +709,58 @@ def test_broker_certificate_verifies_under_every_pod_and_service_name(tmp_path: 
     assert "mismatch" in (_handshake(pem, trust, "demo-broker-0.other.kafka.svc", tmp_path) or "")
     other = certificates.new_ca("other", dt.datetime.now(dt.UTC), 10).cert_pem
     assert _handshake(pem, other, "demo-bootstrap.kafka.svc", tmp_path) is not None
+
+
+def test_controller_certificate_verifies_under_its_urls_and_the_operator_trusts_only_it(tmp_path: Path) -> None:
+    spec = spec_with(controller={"replicas": 3})
+    kube = FakeKube()
+    notes = asyncio.run(security.ensure_certificates(kube, spec, REF, dt.datetime.now(dt.UTC)))
+    assert "controller certificate issued (no certificate yet)" in notes
+    controller = _data(kube, "demo-controller-certs")
+    # what brokers and jobs mount of it: the cluster CA only (not the clients CA)
+    assert controller["ca.crt"] == _data(kube, "demo-cluster-ca-cert")["ca.crt"]
+    pem = (controller["tls.crt"], controller["tls.key"])
+    hosts = [url.split("//")[1].rsplit(":", 1)[0] for url in builders.controller_urls(spec, REF)]
+    for name in (*hosts, "demo-controllers.kafka.svc", "demo-controller-2.demo-controllers.kafka.svc.cluster.local"):
+        assert _handshake(pem, controller["ca.crt"], name, tmp_path) is None, name
+    assert "mismatch" in (_handshake(pem, controller["ca.crt"], "demo-broker-0.demo-brokers.kafka.svc", tmp_path) or "")
+    # the broker certificate is not a controller certificate
+    broker = _data(kube, "demo-broker-certs")
+    assert "mismatch" in (
+        _handshake((broker["tls.crt"], broker["tls.key"]), controller["ca.crt"], hosts[0], tmp_path) or ""
+    )
+    # a second pass keeps it
+    assert not [
+        n
+        for n in asyncio.run(security.ensure_certificates(kube, spec, REF, dt.datetime.now(dt.UTC)))
+        if "controller" in n
+    ]
+    auth = asyncio.run(security.operator_controller_auth(kube, spec, REF))
+    assert auth is not None and auth.ssl is not None and auth.ssl.check_hostname
+    assert [c["subject"] for c in auth.ssl.get_ca_certs()] == [
+        ((("organizationName", "automq-cluster"),), (("commonName", "kafka-demo-cluster-ca"),))
+    ]  # exactly the cluster CA, no system store
+
+
+def test_controller_tls_alone_gets_a_ca_and_the_jobs_get_its_ca() -> None:
+    """A PLAINTEXT cluster with an https controller API: a cluster CA and the controllers'
+    certificate only; the WAL recovery Job (a controller client) carries token and CA."""
+    from automq.operator import nodeloss
+
+    spec = spec_with(listeners=[{"name": "PLAIN", "port": 9092}])
+    assert not spec.needs_tls() and spec.needs_certificates()
+    kube = FakeKube()
+    asyncio.run(security.ensure_certificates(kube, spec, REF, dt.datetime.now(dt.UTC)))
+    assert ("Secret", "demo-controller-certs") in kube.objects and ("Secret", "demo-broker-certs") not in kube.objects
+    broker = builders.pod_template(spec, REF, "broker")["spec"]
+    assert [v["name"] for v in broker["volumes"] if "secret" in v] == ["controller-token", "controller-ca"]
+    job = nodeloss.recovery_job(spec, REF, 0, "node-1", 3)
+    kubernetes_validate.validate(job, "1.31", strict=True)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["AUTOMQ_CONTROLLER_CA_FILE"] == "/etc/automq-controller-ca/ca.crt"
+    assert env["AUTOMQ_CONTROLLER_TOKEN_FILE"] == "/etc/automq-token/token"
+    assert all(a.startswith("https://") for a in container["args"] if "demo-controller-" in a)
 
 
 def test_hostile_stored_material_is_replaced_not_trusted() -> None:
@@ -759,8 +893,12 @@ def test_reconcile_removes_external_services_and_policies_no_longer_wanted() -> 
     names = {n for (k, n) in kube.objects if k == "Service"}
     assert {"demo-external-1", "demo-cloud-1", "demo-external-bootstrap"} <= names
     assert {n for (k, n) in kube.objects if k == "NetworkPolicy"} == {"demo-broker", "demo-controller"}
-    assert {n for (k, n) in kube.objects if k == "Secret"} >= {"demo-controller-token", "demo-broker-certs"}
-    assert [r for r, _ in events.seen].count("CertificateIssued") == 3
+    assert {n for (k, n) in kube.objects if k == "Secret"} >= {
+        "demo-controller-token",
+        "demo-broker-certs",
+        "demo-controller-certs",
+    }
+    assert [r for r, _ in events.seen].count("CertificateIssued") == 4  # two CAs, brokers', controllers'
 
     # Scale-in: the scaled-away broker's own Services go (a LoadBalancer costs money), the rest stay.
     _pass(kube, spec_with(**{**MIXED, "broker": {"replicas": 1}}), reconcile.services)

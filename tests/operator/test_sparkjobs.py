@@ -181,7 +181,7 @@ def test_cron_jobs_are_valid_kubernetes_objects_with_the_job_settings() -> None:
     assert job_args[:5] == [
         "compact",
         "--controller",
-        "http://demo-controller-0.demo-controllers.streaming.svc:9093",
+        "https://demo-controller-0.demo-controllers.streaming.svc:9093",
         "--object-store",
         "s3://demo-bucket?endpoint=http://seaweedfs:8333&region=us-east-1&path_style=true",
     ]

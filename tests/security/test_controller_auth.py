@@ -59,10 +59,75 @@ def test_probes_and_metrics_stay_open(secure_cluster, ca_context):
         assert status == 200, path
 
 
-def test_plain_http_to_the_tls_controller_fails(secure_cluster):
+def test_plain_http_to_the_tls_controller_fails(secure_cluster, ca_context, pki, monkeypatch):
     url = secure_cluster.controller.url.replace("https://", "http://")
-    with pytest.raises(aiohttp.ClientError):
-        _call(url, "/v1/status", method="GET")
+    # nothing is served in clear text, probes included; the answer names the setting
+    for path in ("/v1/status", "/healthz"):
+        status, body = _call(url, path, method="GET")
+        assert status == 400 and "https" in body and "security.controller_tls" in body, body
+    monkeypatch.setenv(
+        controller_auth.TOKEN_FILE_ENV, str(secure_cluster.controller.config.security.controller_token_file)
+    )
+
+    async def go():
+        async with ControllerClient([url], retry_deadline_s=30) as client:
+            # refused at once (a retry until the deadline would end in ControllerUnavailableError)
+            with pytest.raises(ControllerAuthenticationError, match="over https only"):
+                await client.broker_sessions()
+        # and the https API is still served
+        auth = ControllerClientAuth(
+            TokenFile(secure_cluster.controller.config.security.controller_token_file), ca_context
+        )
+        async with ControllerClient([secure_cluster.controller.url], auth=auth) as client:
+            assert (await client.broker_sessions())["brokers"]
+
+    asyncio.run(go())
+
+
+def test_controller_certificate_from_another_ca_is_refused_at_once(secure_cluster, pki, tmp_path):
+    token = TokenFile(secure_cluster.controller.config.security.controller_token_file)
+    rogue_ca = str(pki.directory / "rogue-ca.pem")
+
+    async def go():
+        auth = ControllerClientAuth(token, ssl.create_default_context(cafile=rogue_ca), rogue_ca)
+        async with ControllerClient([secure_cluster.controller.url], auth=auth, retry_deadline_s=30) as client:
+            with pytest.raises(ControllerAuthenticationError, match="is not trusted.*controller_ca_file"):
+                await client.broker_sessions()
+
+    asyncio.run(go())
+
+
+def test_controller_ca_file_is_followed_when_it_changes(secure_cluster, pki, tmp_path, monkeypatch):
+    """A node's config names the CA bundle; a CA added to the file later (rotation) is trusted
+    without a restart."""
+    monkeypatch.setattr(controller_auth, "CHECK_INTERVAL_S", 0.0)
+    bundle = tmp_path / "controller-ca.crt"
+    bundle.write_bytes((pki.directory / "rogue-ca.pem").read_bytes())
+    config = parse_config(
+        {
+            "node_id": 7,
+            "controller_urls": [secure_cluster.controller.url],
+            "security": {
+                "controller_ca_file": str(bundle),
+                "controller_token_file": secure_cluster.controller.config.security.controller_token_file,
+            },
+        }
+    )
+    auth = ControllerClientAuth.from_config(config)
+    assert auth.ssl is not None and auth.ssl.check_hostname and auth.ca_file == str(bundle)
+
+    async def go():
+        async with ControllerClient(config.controller_urls, auth=auth, retry_deadline_s=30) as client:
+            with pytest.raises(ControllerAuthenticationError):
+                await client.broker_sessions()
+            bundle.write_bytes(bundle.read_bytes() + pki.ca.path.read_bytes())
+            assert (await client.broker_sessions())["brokers"]
+
+    asyncio.run(go())
+    with pytest.raises(ConfigError, match="security.controller_ca_file"):
+        ControllerClientAuth.from_config(
+            config.model_copy(update={"security": config.security.model_copy(update={"controller_ca_file": "/nope"})})
+        )
 
 
 def test_client_certificate_authenticates_without_a_token(secure_cluster, pki):

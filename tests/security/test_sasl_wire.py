@@ -207,7 +207,7 @@ def test_a_rotated_certificate_is_served_to_new_connections(reauth_cluster, pki,
     old = _served_serial(port, pki)
     kept = Raw(port, ssl.create_default_context(cafile=str(pki.ca.path)))  # established before the rotation
     cert_path, key_path, cert = pki.ca.issue(tmp_path, "rotated", server=True, O="acme", CN="localhost")
-    tls = reauth_cluster.broker.server.tls
+    tls = reauth_cluster.broker.server.tls_contexts["requested"]
 
     async def check() -> bool:
         return tls.check()

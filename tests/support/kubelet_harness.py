@@ -148,6 +148,7 @@ class PodProcess:
     ports: dict[int, int]  # container port -> port on `ip`
     port_names: dict[int, str] = field(default_factory=dict)  # container port -> its name
     probe_port: int | None = None  # container port of the readiness probe
+    probe_scheme: str = "http"  # its httpGet scheme (an https probe, as the kubelet's, verifies nothing)
     claims: list[str] = field(default_factory=list)  # PersistentVolumeClaims the pod mounts
     container: str = ""
     role: str = ""
@@ -489,6 +490,7 @@ class KubeletHarness:
         probe = (main.get("readinessProbe") or {}).get("httpGet") or {}
         port = probe.get("port")
         state.probe_port = next((c for c, n in state.port_names.items() if n == port), port) if port else None
+        state.probe_scheme = str(probe.get("scheme") or "HTTP").lower()
         state.container = main["name"]
         node = await self._schedule(state)
         template["spec"]["volumes"] = [
@@ -708,7 +710,10 @@ class KubeletHarness:
                 raise RuntimeError(f"Secret {name} not found")
             directory = pod_dir / "secrets" / mount["name"]
             directory.mkdir(parents=True, exist_ok=True)
-            for key, value in (secret.get("data") or {}).items():
+            data = secret.get("data") or {}
+            if source.get("items"):  # a projection: only the keys named, under their paths
+                data = {item["path"]: data[item["key"]] for item in source["items"] if item["key"] in data}
+            for key, value in data.items():
                 target = directory / key
                 content = base64.b64decode(value)
                 if target.exists() and target.read_bytes() == content:
@@ -757,12 +762,17 @@ class KubeletHarness:
             ("tls", "key_file"),
             ("tls", "ca_file"),
             ("security", "controller_token_file"),
+            ("security", "controller_ca_file"),
             ("security", "sasl_inter_broker_jaas_config_file"),
             ("security", "sasl_oauthbearer_jwks_file"),
         )
         for section, key in mounted:
             if (raw.get(section) or {}).get(key):
                 raw[section][key] = _under_mounts(raw[section][key], mounts)
+        if any(u.startswith("https://") for u in raw["controller_urls"]):
+            # Pods are reached at loopback IPs here, which no certificate names: nodes check the
+            # controllers' CA but not the host name (tests/operator/test_security.py checks the names).
+            raw.setdefault("tls", {})["endpoint_identification_algorithm"] = ""
         store = self._object_store_for(cluster)
         if store:
             raw["object_store_url"] = store
@@ -790,7 +800,8 @@ class KubeletHarness:
         if http_port is None or not state.running():
             return False
         try:
-            async with self._http.get(f"http://{state.ip}:{http_port}/readyz") as resp:
+            url = f"{state.probe_scheme}://{state.ip}:{http_port}/readyz"
+            async with self._http.get(url, ssl=False if state.probe_scheme == "https" else None) as resp:
                 return resp.status == 200
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
@@ -960,8 +971,13 @@ class KubeletHarness:
 
     def controller_urls(self, name: str) -> list[str]:
         spec_replicas = (self.get("StatefulSet", f"{name}-controller") or {}).get("spec", {}).get("replicas", 0)
+        urls = (
+            yaml.safe_load((self.get("ConfigMap", f"{name}-config") or {}).get("data", {}).get("broker.yaml") or "{}")
+            or {}
+        ).get("controller_urls") or ["http://"]
+        scheme = urls[0].split("://", 1)[0]
         return [
-            self.map_url(f"http://{name}-controller-{i}.{name}-controllers.{self.namespace}.svc:9093")
+            self.map_url(f"{scheme}://{name}-controller-{i}.{name}-controllers.{self.namespace}.svc:9093")
             for i in range(spec_replicas)
         ]
 
@@ -1146,16 +1162,26 @@ def s3_cluster_spec(s3_url: str, brokers: int = 1, **extra: Any) -> dict[str, An
         "objectStore": {"bucket": parts.netloc, "endpoint": query["endpoint"], "pathStyle": True},
         "deletionPolicy": "Delete",
         "listeners": [{"name": "PLAINTEXT", "port": 9092}],
-        "security": {"controllerApi": {"authentication": "none"}},
+        # plain http controllers: these tests are about other things (tests/e2e/test_operator_security.py
+        # runs the secure defaults, https controllers included)
+        "security": {"controllerApi": {"authentication": "none", "tls": False}},
         **extra,
     }
+
+
+def _at_pod_ips(auth: Any) -> Any:
+    """The operator's controller credentials for URLs mapped to loopback IPs: the controllers'
+    CA is still checked, their host name cannot be (no certificate names a loopback IP)."""
+    if auth is not None and auth.ssl is not None:
+        auth.ssl.check_hostname = False
+    return auth
 
 
 def default_context(harness: KubeletHarness) -> OperatorContext:
     """Fast passes, real controller calls through the harness's address map."""
     return OperatorContext(
         controller_api_factory=lambda urls, auth=None: ControllerClientApi(
-            [harness.map_url(u) for u in urls], auth=auth
+            [harness.map_url(u) for u in urls], auth=_at_pod_ips(auth)
         ),
         settings=ReconcileSettings(
             poll_interval_s=0.2, pod_ready_timeout_s=WAIT_S, drain_timeout_s=30, scale_in_wait_s=2

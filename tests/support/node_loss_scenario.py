@@ -33,7 +33,7 @@ def cluster_spec(wal: dict[str, Any], grace_s: int, brokers: int = 2) -> dict[st
         # Plain clients and controller calls: the security defaults are tested elsewhere
         # (tests/e2e/test_operator_security.py).
         "listeners": [{"name": "PLAINTEXT", "port": 9092}],
-        "security": {"controllerApi": {"authentication": "none"}},
+        "security": {"controllerApi": {"authentication": "none", "tls": False}},
     }
 
 

@@ -19,7 +19,6 @@ from automq.spark.reader import ROW_SCHEMA, ObjectSlice
 from automq.spark.source import (
     DEFAULT_MAX_BYTES_PER_PARTITION,
     SliceGroup,
-    group_slices,
     plan_slices,
     read_group,
     with_lookahead,
@@ -37,12 +36,27 @@ def _read_ipc(groups: Iterator[SliceGroup]) -> Iterator[bytes]:
         yield sink.getvalue().to_pybytes()
 
 
-def task_bytes(slices: list[ObjectSlice], parallelism: int, max_bytes: int) -> int:
-    """How much one read task takes: at most `max_bytes`, and little enough that every core
-    gets a task (`max_bytes` alone packed a 32 MiB range into one task, read on one core while
-    the other idled: profiled), but not below MIN_TASK_BYTES (a task costs more than it reads)."""
-    total = sum(sl.object_size for sl in slices)
-    return max(MIN_TASK_BYTES, min(max_bytes, -(-total // max(1, parallelism))))
+def task_groups(slices: list[ObjectSlice], parallelism: int, max_bytes: int) -> list[list[ObjectSlice]]:
+    """The slices cut into consecutive read tasks of about equal size: at most `max_bytes`
+    each, not below MIN_TASK_BYTES (a task costs more than it reads), and as many tasks as a
+    multiple of `parallelism`, so every core gets a task and no core gets an extra wave at
+    the end (profiled: `max_bytes` alone packed a 32 MiB range into one task read on one core
+    while the other idled, and 4 tasks of a 128 MiB range left one core with two)."""
+    sizes = [sl.object_size for sl in slices]
+    total = sum(sizes)
+    if not slices or total <= 0:
+        return [list(slices)] if slices else []
+    cores = max(1, parallelism)
+    n = -(-total // max_bytes)
+    n = -(-n // cores) * cores  # whole waves
+    n = max(1, min(n, total // MIN_TASK_BYTES, len(slices)))
+    groups: list[list[ObjectSlice]] = [[] for _ in range(n)]
+    seen = 0
+    for sl, size in zip(slices, sizes, strict=True):
+        # by where the slice's middle falls: consecutive, about total / n bytes each
+        groups[min(n - 1, (2 * seen + size) * n // (2 * total))].append(sl)
+        seen += size
+    return [g for g in groups if g]
 
 
 def read_range(
@@ -61,7 +75,7 @@ def read_range(
     slices = plan_slices(view, [topic], {topic: start}, {topic: end})
     if not slices:
         return ROW_SCHEMA.empty_table()
-    groups = group_slices(slices, task_bytes(slices, spark.sparkContext.defaultParallelism, max_bytes))
+    groups = task_groups(slices, spark.sparkContext.defaultParallelism, max_bytes)
     tasks = [
         SliceGroup(location.object_store_url, tuple(g), ahead, report_open)
         for g, ahead in zip(groups, with_lookahead(groups, slices), strict=True)

@@ -37,14 +37,13 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 
-from automq.spark.bulkread import task_bytes
+from automq.spark.bulkread import task_groups
 from automq.spark.cluster import ClusterLocation, ClusterView
 from automq.spark.convert import DLQ_SCHEMA, ConversionError, TableSettings, convert
 from automq.spark.reader import OPEN_TRANSACTION, ROW_SCHEMA
 from automq.spark.source import (
     DEFAULT_MAX_BYTES_PER_PARTITION,
     SliceGroup,
-    group_slices,
     plan_slices,
     read_group,
     with_lookahead,
@@ -183,7 +182,7 @@ def write_range(
     slices = plan_slices(view, [topic], {topic: start}, {topic: end})
     if not slices:
         return WriteResult([], DLQ_SCHEMA.empty_table(), dict(end))
-    groups = group_slices(slices, task_bytes(slices, spark.sparkContext.defaultParallelism, max_bytes))
+    groups = task_groups(slices, spark.sparkContext.defaultParallelism, max_bytes)
     tasks = [
         WriteTask(
             SliceGroup(location.object_store_url, tuple(g), ahead, True), table.metadata, table.io.properties, settings

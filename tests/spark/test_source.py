@@ -101,12 +101,15 @@ def test_bad_options_name_the_option(spark, spark_cluster):
 
 
 def test_bulk_reads_give_every_core_a_task_but_not_tiny_ones():
-    from automq.spark.bulkread import MIN_TASK_BYTES, task_bytes
+    from automq.spark.bulkread import MIN_TASK_BYTES, task_groups
     from automq.spark.reader import ObjectSlice
-    from automq.spark.source import group_slices
 
     slices = [ObjectSlice(i, 1 << 20, 7, i * 100, (i + 1) * 100) for i in range(32)]  # 32 MiB in 1 MiB objects
-    groups = group_slices(slices, task_bytes(slices, 2, 64 << 20))
-    assert len(groups) == 2 and [sl for g in groups for sl in g] == slices  # was 1 task with max_bytes alone
-    assert len(group_slices(slices, task_bytes(slices, 64, 64 << 20))) == 32 // (MIN_TASK_BYTES >> 20)
-    assert task_bytes(slices * 10, 2, 64 << 20) == 64 << 20
+    groups = task_groups(slices, 2, 64 << 20)
+    assert [len(g) for g in groups] == [16, 16] and [sl for g in groups for sl in g] == slices
+    assert len(task_groups(slices, 64, 64 << 20)) == 32 // (MIN_TASK_BYTES >> 20)
+    # 320 MiB: 5 tasks of 64 MiB would leave one core a second wave; 6 even ones do not
+    many = [ObjectSlice(i, 1 << 20, 7, i * 100, (i + 1) * 100) for i in range(320)]
+    groups = task_groups(many, 2, 64 << 20)
+    assert len(groups) == 6 and {len(g) for g in groups} <= {53, 54} and [sl for g in groups for sl in g] == many
+    assert task_groups([], 2, 64 << 20) == []

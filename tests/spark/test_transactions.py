@@ -58,7 +58,7 @@ def test_read_committed_rows_and_ingest_up_to_the_open_transaction(
 ):
     # every object slice its own executor task: the task holding the open transaction cuts its
     # own rows, the driver drops (and deletes) the files of the tasks after it
-    monkeypatch.setattr(lakewrite, "task_bytes", lambda slices, parallelism, max_bytes: 1)
+    monkeypatch.setattr(lakewrite, "task_groups", lambda slices, parallelism, max_bytes: [[sl] for sl in slices])
     bootstrap = spark_cluster.bootstrap
     topic = sh.topic_name("txn")
     sh.create_topic(bootstrap, topic)

@@ -11,15 +11,41 @@ the next check tries again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import ssl
+from asyncio import sslproto
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from automq.broker.config import ConfigError, TlsConfig
 
 log = logging.getLogger(__name__)
+
+
+def _send_handshake_alerts() -> None:
+    """asyncio drops a connection whose TLS handshake failed without sending the alert OpenSSL
+    queued for the peer, so a client refused for its certificate (TLS 1.3: after its own side
+    of the handshake is done) sees only "connection reset" instead of "certificate required" or
+    "unknown ca". Flushing that alert first is what a Java broker's clients get."""
+    protocol = getattr(sslproto, "SSLProtocol", None)
+    complete = getattr(protocol, "_on_handshake_complete", None)
+    if complete is None or getattr(complete, "_sends_alert", False):
+        return  # another Python's internals: keep its behaviour
+
+    def on_handshake_complete(self: Any, handshake_exc: BaseException | None) -> None:
+        if handshake_exc is not None:
+            with contextlib.suppress(Exception):
+                self._process_outgoing()
+        complete(self, handshake_exc)
+
+    on_handshake_complete._sends_alert = True  # type: ignore[attr-defined]
+    protocol._on_handshake_complete = on_handshake_complete  # type: ignore[union-attr]
+
+
+_send_handshake_alerts()
 
 _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 _CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}

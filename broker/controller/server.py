@@ -566,9 +566,11 @@ def _error(exc: MetadataError, status: int, leader_url: str | None = None) -> we
 def _auth_middleware(auth: ControllerServerAuth):
     @web.middleware
     async def check(request: web.Request, handler):
-        transport = request.transport
-        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
-        peer_certificate = ssl_object.getpeercert() if ssl_object is not None else None
+        peer_certificate = None
+        if auth.accept_client_certificates:
+            transport = request.transport
+            ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+            peer_certificate = ssl_object.getpeercert() if ssl_object is not None else None
         refusal = auth.refusal(request.path, request.headers.get("Authorization"), peer_certificate)
         if refusal is None:
             return await handler(request)

@@ -10,6 +10,7 @@ import pytest
 
 from automq.operator import builders
 from automq.operator.observability import DASHBOARD, build_dashboard
+from automq.operator.spec import parse_spec
 
 NAME, NS = "automq-operator", "automq-system"
 
@@ -58,6 +59,20 @@ def test_pod_monitors_select_the_operator_and_every_cluster_pod(render):
     assert clusters["spec"]["podMetricsEndpoints"][0]["port"] == "http" and clusters["spec"]["namespaceSelector"] == {
         "any": True
     }
+    # https controllers are scraped over https: the scheme comes from the annotation the operator
+    # sets on exactly those pods (brokers and http controllers have none: http)
+    [relabel] = clusters["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert relabel["targetLabel"] == "__scheme__"
+    assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_annotation_prometheus_io_scheme"]
+    https_spec = parse_spec({"objectStore": {"bucket": "demo-bucket"}})
+    annotations = {
+        role: builders.pod_template(https_spec, ref, role)["metadata"]["annotations"]
+        for role in ("broker", "controller")
+    }
+    assert (
+        annotations["controller"]["prometheus.io/scheme"] == "https"
+        and "prometheus.io/scheme" not in annotations["broker"]
+    )
     # the operator monitor scrapes the Deployment's named metrics port
     [deployment] = [d for d in _docs(render, values) if d["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]

@@ -68,6 +68,7 @@ class TableResult:
     compacted_files: int = 0  # small data files rewritten by --compact-files-below
     removed_files: int = 0  # files no snapshot needs any more, deleted (lakefiles.py)
     message: str = ""
+    task_cpu_seconds: float = 0.0  # CPU the executor tasks spent reading, converting, writing
 
 
 def table_name(topic: str, settings: TableSettings) -> str:
@@ -179,7 +180,7 @@ def ingest_topic(
             return result
         if lakewrite.on_executors(settings):
             try:
-                records, dead, offsets = _write_and_commit(
+                records, dead, offsets, cpu = _write_and_commit(
                     spark,
                     location,
                     view,
@@ -197,6 +198,7 @@ def ingest_topic(
                 log.info("%s: lost a concurrent commit (%s); re-planning", name, exc)
                 continue
             result.status, result.records, result.dead_letters, result.offsets = "committed", records, dead, offsets
+            result.task_cpu_seconds = cpu
             return result
         t0 = time.perf_counter()
         rows = _read(spark, location, topic.name, start, end)
@@ -247,9 +249,9 @@ def _write_and_commit(
     start: dict[int, int],
     end: dict[int, int],
     before_commit: Callable[[str, Table], None] | None,
-) -> tuple[int, int, dict[int, int]]:
+) -> tuple[int, int, dict[int, int], float]:
     """The executors convert and write the data files (lakewrite.py); here: one commit of
-    them with the offsets. Returns (records, dead letters, offsets)."""
+    them with the offsets. Returns (records, dead letters, offsets, the tasks' CPU seconds)."""
     t0 = time.perf_counter()
     # the schema is known before reading (raw, string), so the table exists before the
     # executors write into its location with its field ids
@@ -275,7 +277,7 @@ def _write_and_commit(
         raise
     log.info(
         "%s: %d records in %d files: read, convert and write on executors %.2fs (in %d tasks: read %.2fs, "
-        "convert %.2fs, write %.2fs), commit %.2fs",
+        "convert %.2fs, write %.2fs; CPU %.2fs), commit %.2fs",
         name,
         written.records,
         len(written.files),
@@ -284,9 +286,10 @@ def _write_and_commit(
         written.task_seconds["read"],
         written.task_seconds["convert"],
         written.task_seconds["write"],
+        written.task_seconds["cpu"],
         time.perf_counter() - t1,
     )
-    return written.records, dead, offsets
+    return written.records, dead, offsets, written.task_seconds["cpu"]
 
 
 def _commit_files(

@@ -83,7 +83,7 @@ class TaskOutput:
     dead: bytes = b""  # DLQ_SCHEMA rows as an Arrow IPC stream (empty: none)
     open_transactions: dict[int, int] = field(default_factory=dict)  # partition -> first open offset
     error: str = ""  # a ConversionError's message (errors.tolerance=none)
-    seconds: dict[str, float] = field(default_factory=dict)  # read, convert, write: for the job's log
+    seconds: dict[str, float] = field(default_factory=dict)  # read, convert, write (wall), cpu: for the log
 
 
 @dataclass(slots=True)
@@ -94,7 +94,9 @@ class WriteResult:
     dead: pa.Table  # DLQ_SCHEMA
     end: dict[int, int]  # the planned ends, lowered to open transactions
     tasks: int = 0
-    task_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("read", "convert", "write"), 0.0))
+    task_seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("read", "convert", "write", "cpu"), 0.0)
+    )
 
     @property
     def records(self) -> int:
@@ -129,7 +131,7 @@ def align(rows: pa.Table, schema: pa.Schema) -> pa.Table:
 def run_task(task: WriteTask) -> TaskOutput:
     """On an executor: read, convert, write one file set per Kafka partition."""
     g = task.group
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     batches = list(read_group(g.object_store_url, g.slices, g.lookahead, g.report_open))
     rows = pa.Table.from_batches(batches, ROW_SCHEMA) if batches else ROW_SCHEMA.empty_table()
     rows, open_transactions = cut_at_open_transactions(rows)
@@ -160,6 +162,7 @@ def run_task(task: WriteTask) -> TaskOutput:
         for data_file in _dataframe_to_data_files(task.metadata, align(mine, schema), io, write_uuid, counter):
             out.files.append(WrittenFile(data_file, p, bounds["min"], bounds["max"]))
     out.seconds["write"] = time.perf_counter() - t2
+    out.seconds["cpu"] = time.process_time() - cpu0
     return out
 
 

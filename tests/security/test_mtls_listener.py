@@ -16,7 +16,7 @@ import ssl
 import uuid
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 from conftest import USERS, ThreadedCluster, secure_configs
 
@@ -78,8 +78,6 @@ def test_confluent_client_without_a_trusted_certificate_is_refused(mtls_cluster,
     # certificate, so librdkafka reads the broker's alert at its first request; it names why
     alert = "certificate required" if which == "none" else "unknown ca"
     assert any(alert in e.str() for e in errors), [e.str() for e in errors]
-    with pytest.raises(KafkaException):
-        AdminClient(conf).list_topics(timeout=2)  # no metadata served: bounded wait, nothing timed
 
 
 def test_confluent_client_with_the_clusters_certificate_and_sasl_ssl_next_to_it(mtls_cluster, pki) -> None:
@@ -120,7 +118,7 @@ def test_kafka_python_client_certificates_on_the_strict_listener(mtls_cluster, p
         caplog.clear()
         with caplog.at_level(logging.ERROR, logger="kafka"), pytest.raises(PyKafkaError, match="bootstrap"):
             # kafka-python retries a refused bootstrap until this deadline; each try is dropped at once
-            KafkaAdminClient(**conf, ssl_context=context(cert, key), bootstrap_timeout_ms=2000)
+            KafkaAdminClient(**conf, ssl_context=context(cert, key), bootstrap_timeout_ms=1000)
         alert = "CERTIFICATE_REQUIRED" if cert is None else "UNKNOWN_CA"
         assert f"ALERT_{alert}" in caplog.text, caplog.text  # the broker's alert reached the client
     # the broker stayed up and still serves a trusted client on the same listener

@@ -95,7 +95,10 @@ async def _controller(http: aiohttp.ClientSession, url: str, timeout_s: float) -
             ready = resp.status == 200
             reason = "" if ready else (await resp.text()).strip()
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        return ControllerStatus(url, reachable=False, error=f"{type(exc).__name__}: {exc}".rstrip(": "))
+        error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            error += " (the controller's CA: AUTOMQ_CONTROLLER_CA_FILE)"
+        return ControllerStatus(url, reachable=False, error=error)
     return ControllerStatus(url, reachable=True, role=body.get("role"), ready=ready, ready_reason=reason)
 
 

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 TLS_HANDSHAKE_RECORD = 0x16
 PEEK_TIMEOUT_S = 10.0  # a connection that sends nothing this long is closed
+DRAIN_TIMEOUT_S, DRAIN_MAX_BYTES = 1.0, 65536  # what is read of a refused plain-HTTP request
 
 
 def plain_http_refusal() -> bytes:
@@ -97,9 +98,20 @@ class TlsOnlySite:
                 return
             if first:
                 await loop.sock_sendall(conn, plain_http_refusal())
+                conn.shutdown(socket.SHUT_WR)
+                # Read what the client sent before closing: a socket closed with unread bytes
+                # sends a reset, which can destroy the answer before the client reads it.
+                await asyncio.wait_for(self._drain(conn), DRAIN_TIMEOUT_S)
         except (TimeoutError, OSError, ssl.SSLError) as exc:
             log.debug("controller https listener: connection dropped: %s", exc)
         conn.close()
+
+    @staticmethod
+    async def _drain(conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        left = DRAIN_MAX_BYTES
+        while left > 0 and (chunk := await loop.sock_recv(conn, min(left, 16384))):
+            left -= len(chunk)
 
     @staticmethod
     async def _peek(conn: socket.socket) -> bytes:

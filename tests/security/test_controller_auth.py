@@ -180,3 +180,29 @@ def test_server_auth_is_off_unless_configured(tmp_path):
     assert auth.refusal("/healthz", None, None) is None
     assert auth.refusal("/v1/heartbeat", None, None) is not None
     assert auth.refusal("/v1/heartbeat", "Bearer x", None) is None
+
+
+def test_hostile_bytes_on_the_https_port_leave_the_controller_serving(secure_cluster, ca_context):
+    import contextlib
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(secure_cluster.controller.url)
+    address = (url.hostname, url.port)
+
+    def exchange(payload: bytes) -> bytes:
+        with socket.create_connection(address, timeout=10) as sock:
+            if payload:
+                sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+            chunks = []
+            while chunk := sock.recv(4096):
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+    assert exchange(b"\x00\x01\x02garbage").startswith(b"HTTP/1.1 400 ")  # not TLS: one clear answer
+    assert exchange(b"") == b""  # connect and leave
+    with contextlib.suppress(ConnectionResetError):  # a broken ClientHello: an alert, a close
+        assert not exchange(b"\x16\x03\x01\x00\x05hello").startswith(b"HTTP")
+    status, _ = _call(secure_cluster.controller.url, "/readyz", method="GET", context=ca_context)
+    assert status == 200

@@ -73,9 +73,7 @@ class ConsumerGroups:
     def _upgrade(self, group: Group, now_ms: int, fx: Effects) -> bool:
         raise NotImplementedError  # migration.py
 
-    def _maybe_downgrade(
-        self, group: Group, had_consumer_members: bool, epoch_before: int, now_ms: int, fx: Effects
-    ) -> bool:
+    def _maybe_downgrade(self, group: Group, generation: int | None, now_ms: int, fx: Effects) -> bool:
         raise NotImplementedError  # migration.py
 
     def consumer_heartbeat(self, now_ms: int, req: HeartbeatRequest) -> tuple[HeartbeatResult, Effects]:
@@ -112,7 +110,9 @@ class ConsumerGroups:
         self.consumer_rebalances += data.group_epoch - epoch_before
         if result.error == ErrorCode.fenced_member_epoch:
             self.consumer_fencings[FENCED_EPOCH] += 1
-        if (changed or upgraded) and not self._maybe_downgrade(group, had_consumer_members, epoch_before, now_ms, fx):
+        if (changed or upgraded) and not self._maybe_downgrade(
+            group, epoch_before if had_consumer_members else None, now_ms, fx
+        ):
             self._consumer_changed(group, now_ms, fx)
         return result, fx
 
@@ -160,7 +160,7 @@ class ConsumerGroups:
                 self.consumer_rebalances += data.group_epoch - epoch_before
                 for reason in gone.values():
                     self.consumer_fencings[reason] += 1
-                if not self._maybe_downgrade(group, had_consumer_members, epoch_before, now_ms, fx):
+                if not self._maybe_downgrade(group, epoch_before if had_consumer_members else None, now_ms, fx):
                     self._consumer_changed(group, now_ms, fx)
 
     def consumer_check_member(

@@ -13,7 +13,8 @@
   such a group whatever the policy, as in Kafka.
 - Downgrade: when the last consumer-protocol member leaves or is fenced and classic members
   remain, the group turns classic again at generation = group epoch with the target
-  assignment, then rebalances (its members rejoin on REBALANCE_IN_PROGRESS).
+  assignment, then rebalances (its members rejoin on REBALANCE_IN_PROGRESS); if some classic
+  member is still behind that epoch, only once the last of them has synced (`_maybe_downgrade`).
 
 Conversions are written like any change (the group's record in `__consumer_offsets`: a
 consumer-group record for an upgrade, a tombstone of it and a classic group record for a
@@ -140,24 +141,27 @@ class GroupMigration(ConsumerGroups):
 
     # ----- downgrade: consumer -> classic
 
-    def _maybe_downgrade(
-        self, group: Group, had_consumer_members: bool, epoch_before: int, now_ms: int, fx: Effects
-    ) -> bool:
-        """After members left or were fenced: turn the group classic if the last
-        consumer-protocol member is gone and classic members remain (policy allowing).
-        `epoch_before`: the group epoch before the departure, the generation the classic group
-        takes (as in Kafka, where the departure that converts does not bump the epoch): the
-        classic members' generation then still matches it, so they rejoin on
-        REBALANCE_IN_PROGRESS with their offsets committed, not on ILLEGAL_GENERATION having
-        lost their partitions uncommitted."""
+    def _maybe_downgrade(self, group: Group, generation: int | None, now_ms: int, fx: Effects) -> bool:
+        """Turn the group classic at `generation` if only classic members remain and every one
+        of them is at that epoch (policy allowing). Called with the group epoch from before
+        a consumer-protocol member's departure (as in Kafka, the departure that converts does
+        not bump the epoch), and with the current group epoch after a classic member synced.
+
+        A classic member's generation must match the classic group's, else its heartbeats and
+        commits get ILLEGAL_GENERATION and it drops its partitions without committing (records
+        are consumed twice). Kafka converts regardless; here a group whose classic members are
+        still catching up (e.g. a cooperative member between its revocation and its rejoin)
+        stays a consumer group serving them until the last one has synced at the group epoch."""
         data = group.consumer
-        if data is None or not had_consumer_members or not data.members:
+        if data is None or generation is None or not data.members:
             return False
         if any(m.classic is None for m in data.members.values()):
             return False
         if not self.downgrade_enabled:
             log.info("consumer group %r not downgraded: online downgrade is disabled", group.group_id)
             return False
+        if any(m.member_epoch != generation for m in data.members.values()):
+            return False  # they rejoin (REBALANCE_IN_PROGRESS) and the last sync converts
         view = self.topic_view()
         names = {meta.topic_id: name for name, meta in view.items()}
         classic = Group(group.group_id, group.partition, offsets=group.offsets)
@@ -193,7 +197,7 @@ class GroupMigration(ConsumerGroups):
         group.leader_id = classic.leader_id
         group.protocol_type = PROTOCOL_TYPE
         group.protocol_name = protocol
-        group.generation_id = epoch_before
+        group.generation_id = generation
         group.pending_members = {}
         group.pending_sync = set()
         topics: set[str] = set()
@@ -205,7 +209,7 @@ class GroupMigration(ConsumerGroups):
         fx.writes.append(group.record())
         # the classic members learn the new generation by rejoining
         self._prepare_rebalance(group, now_ms, fx)
-        log.info("consumer group %r downgraded to a classic group at generation %d", group.group_id, epoch_before)
+        log.info("consumer group %r downgraded to a classic group at generation %d", group.group_id, generation)
         return True
 
     # ----- classic requests to a KIP-848 group
@@ -366,6 +370,7 @@ class GroupMigration(ConsumerGroups):
         by_name = {names[t]: sorted(ps) for t, ps in member.assigned.items() if t in names and ps}
         assignment = cp.encode_assignment(cp.subscription_version(member.classic.protocols[0][1]), by_name)
         fx.reply(token, SyncResult(ErrorCode.none, PROTOCOL_TYPE, name, assignment))
+        self._maybe_downgrade(group, data.group_epoch, now_ms, fx)
 
     def classic_heartbeat_consumer(
         self, group: Group, now_ms: int, member_id: str, instance_id: str | None, generation_id: int

@@ -163,27 +163,58 @@ def test_a_consumer_protocol_member_upgrades_a_classic_group_and_partitions_move
     assert not m2.groups["g"].members
 
 
+def catch_up(c: Cluster, *members: str) -> None:
+    """Classic members of a consumer group rejoin and sync (as told by REBALANCE_IN_PROGRESS)."""
+    for member in members:
+        c.join("r" + member, member)
+        c.sync("s" + member, member, c.replies["r" + member].generation_id)
+
+
 def test_the_last_consumer_protocol_member_leaving_downgrades_the_group() -> None:
     c = Cluster()
     a, b = c.classic_group()
     joined = c.consumer_join("k1")
+    catch_up(c, a, b)
     epoch = c.m.groups["g"].consumer.group_epoch  # type: ignore[union-attr]
+    assert {m.member_epoch for m in c.m.groups["g"].consumer.members.values()} == {epoch}  # type: ignore[union-attr]
     left = c.hb("k1", -1)
-    assert left.error == ErrorCode.none
+    assert left.error == ErrorCode.none and joined.error == ErrorCode.none
     g = c.m.groups["g"]
     assert g.consumer is None and set(g.members) == {a, b}
-    # a classic group again, rebalancing, at the generation of the consumer group's epoch
+    # a classic group again, at the generation its members know, rebalancing
     assert g.state is GroupState.PREPARING_REBALANCE
     assert g.generation_id == epoch and g.protocol_name == "range"
-    # members with the old generation are told to rejoin, and rejoin as a classic group
-    assert c.m.heartbeat(c.now, "g", a, None, g.generation_id) == ErrorCode.rebalance_in_progress
+    # its members are told to rejoin (not ILLEGAL_GENERATION: their commits still count)
+    assert c.m.heartbeat(c.now, "g", a, None, epoch) == ErrorCode.rebalance_in_progress
+    assert c.m.consumer_check_member("g", a, epoch) is None  # classic rules now
     c.join("ra", a)
     c.join("rb", b)
     assert c.replies["ra"].generation_id == epoch + 1 and c.replies["ra"].error == ErrorCode.none
     assert {c.replies["ra"].leader_id} == {c.replies["rb"].leader_id}
     m2 = c.reloaded()
     assert m2.groups["g"].consumer is None and set(m2.groups["g"].members) == {a, b}
-    assert joined.error == ErrorCode.none
+
+
+def test_a_downgrade_waits_for_classic_members_behind_the_group_epoch() -> None:
+    """Kafka converts at once and a member behind the epoch gets ILLEGAL_GENERATION (losing
+    its partitions uncommitted); here the group stays a consumer group until they caught up."""
+    c = Cluster()
+    a, b = c.classic_group()
+    gen = c.m.groups["g"].generation_id
+    c.consumer_join("k1")
+    c.hb("k1", -1)  # before a and b rejoined: they are still at the classic generation
+    g = c.m.groups["g"]
+    assert g.consumer is not None and set(g.consumer.members) == {a, b}
+    assert c.m.heartbeat(c.now, "g", a, None, gen) == ErrorCode.rebalance_in_progress
+    catch_up(c, a)
+    assert c.m.groups["g"].consumer is not None
+    catch_up(c, b)  # the last one synced at the group epoch: now the group turns classic
+    g = c.m.groups["g"]
+    assert g.consumer is None and set(g.members) == {a, b}
+    assert g.state is GroupState.PREPARING_REBALANCE
+    assert c.m.heartbeat(c.now, "g", a, None, g.generation_id) == ErrorCode.rebalance_in_progress
+    assert c.m.heartbeat(c.now, "g", b, None, g.generation_id) == ErrorCode.rebalance_in_progress
+    assert c.reloaded().groups["g"].consumer is None
 
 
 def test_policies_refuse_what_they_do_not_allow() -> None:

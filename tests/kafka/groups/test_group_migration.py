@@ -288,3 +288,35 @@ def test_a_cooperative_member_revokes_before_its_epoch_moves() -> None:
     c.join("ra2", a, sub=subscription(1, tuple(sorted(kept))))
     assert c.replies["ra2"].generation_id == c.m.groups["g"].consumer.group_epoch  # type: ignore[union-attr]
     assert k.error == ErrorCode.none and b
+
+
+def test_static_members_keep_their_partitions_across_the_protocols() -> None:
+    c = Cluster()
+    a, b = c.classic_group()
+    # a KIP-848 static member joins, then leaves with epoch -2 (it means to come back)
+    k = c.hb("k1", 0, {}, rebalance_timeout_ms=30_000, subscribed_topic_names=(TOPIC,), instance_id="i1")
+    assert k.error == ErrorCode.none
+    catch_up(c, a, b)
+    k = c.hb("k1", k.member_epoch, instance_id="i1")
+    k = c.hb("k1", k.member_epoch, owned=k.assignment, instance_id="i1")
+    parts = flatten(c.m.groups["g"].consumer.members["k1"].assigned)  # type: ignore[union-attr]
+    assert parts
+    assert c.hb("k1", -2, instance_id="i1").error == ErrorCode.none
+    # it comes back as a classic consumer with the same instance id: it takes k1's place and
+    # partitions (no rebalance for the others), and the group, now all classic, turns classic
+    c.join("rs", "", instance="i1")
+    r = c.replies["rs"]
+    assert r.error == ErrorCode.none and r.member_id != "k1"
+    data = c.m.groups["g"].consumer
+    assert data is not None and "k1" not in data.members
+    assert flatten(data.members[r.member_id].assigned) == parts
+    c.sync("ss", r.member_id, r.generation_id)
+    assert {(TOPIC, p) for _, p in parts} == set(cp.parse_assignment(c.replies["ss"].assignment))
+    g = c.m.groups["g"]
+    assert g.consumer is None and set(g.members) == {a, b, r.member_id}
+    assert g.static_members == {"i1": r.member_id}
+    # a classic static member restarting (unknown member id) replaces itself; a stale id is fenced
+    c.join("rs2", "", instance="i1")  # (waits in the classic group's rebalance)
+    assert g.static_members["i1"] != r.member_id
+    c.join("old", r.member_id, instance="i1")
+    assert c.replies["old"].error == ErrorCode.fenced_instance_id

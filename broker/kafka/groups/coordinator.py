@@ -160,6 +160,15 @@ class _GroupMetrics:
         for reason, n in manager.consumer_fencings.items():
             fencings.add_metric([reason], n)
         yield fencings
+        migrations = CounterMetricFamily(
+            "kafka_coordinator_group_migrations",
+            "Non-empty groups converted online between the classic and the KIP-848 protocol "
+            "(group.consumer.migration.policy), by direction (upgrade: to KIP-848, downgrade: to classic)",
+            labels=["direction"],
+        )
+        for direction, n in manager.migrations.items():
+            migrations.add_metric([direction], n)
+        yield migrations
         yield CounterMetricFamily(
             "kafka_coordinator_share_group_rebalances",
             "KIP-932 share group epoch bumps (membership, subscriptions or partitions changed)",

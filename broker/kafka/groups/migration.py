@@ -66,6 +66,12 @@ POLICIES = ("bidirectional", "upgrade", "downgrade", "disabled")
 class GroupMigration(ConsumerGroups):
     """Conversions and classic requests to KIP-848 groups over `self.groups`."""
 
+    # for metrics, since this manager started: groups converted online, by direction
+    migrations: dict[str, int]
+
+    def _init_migration(self) -> None:
+        self.migrations = {"upgrade": 0, "downgrade": 0}
+
     def _prepare_rebalance(self, group: Group, now_ms: int, fx: Effects) -> None:
         raise NotImplementedError
 
@@ -115,6 +121,7 @@ class GroupMigration(ConsumerGroups):
         group.consumer = data
         group.protocol_type = PROTOCOL_TYPE
         group.transition(GroupState.STABLE, now_ms)
+        self.migrations["upgrade"] += 1
         log.info("classic group %r upgraded to a consumer group at epoch %d", group.group_id, data.group_epoch)
         return True
 
@@ -209,6 +216,7 @@ class GroupMigration(ConsumerGroups):
         fx.writes.append(group.record())
         # the classic members learn the new generation by rejoining
         self._prepare_rebalance(group, now_ms, fx)
+        self.migrations["downgrade"] += 1
         log.info("consumer group %r downgraded to a classic group at generation %d", group.group_id, generation)
         return True
 

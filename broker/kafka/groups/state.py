@@ -76,6 +76,7 @@ class GroupManager(GroupMigration, ShareGroups, OffsetBook):
         self.num_partitions = num_partitions
         self.groups: dict[str, Group] = {}
         self._init_consumer_groups()
+        self._init_migration()
         self._init_share_groups()
 
     # ----- placement

@@ -314,6 +314,12 @@ async def test_rolling_upgrade_and_downgrade_consume_every_record_once(real_clus
     await wait_for(lambda: group().consumer is None and covering([c3, c4]) and all_seen(), state=state)
     assert {m.client_id for m in group().members.values()} == {"c3", "c4"}
 
+    # the coordinator that converted back counts it (the upgrade happened on the other broker)
+    from prometheus_client import generate_latest
+
+    text = generate_latest(real_cluster.brokers[coordinator()].broker.registry).decode()
+    assert 'kafka_coordinator_group_migrations_total{direction="downgrade"} 1.0' in text
+
     seen = sorted(i for t in everyone for i in t.seen)
     assert seen == list(range(produced)), "every record exactly once across both switches"
     assert [t.error for t in everyone] == [None] * len(everyone)

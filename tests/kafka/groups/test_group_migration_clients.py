@@ -7,6 +7,7 @@ a KIP-848 consumer cannot join the non-empty classic group (GROUP_ID_NOT_FOUND).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from typing import Any
@@ -346,3 +347,74 @@ async def test_with_migration_disabled_a_kip848_member_cannot_join_a_classic_gro
     group = b1.broker.groups.manager.groups[GROUP]
     assert group.consumer is None and len(group.members) == 1
     assert k1.assigned == frozenset() and k1.seen == []
+
+
+async def test_an_aiokafka_classic_member_joins_a_kip848_group_and_stays_through_the_downgrade(
+    real_cluster, threads
+) -> None:
+    """aiokafka (classic protocol) joining a group run by a KIP-848 member: it becomes a
+    classic member of the consumer group, shares the partitions, and when the KIP-848 member
+    leaves the group turns classic with aiokafka holding everything; every record once."""
+    from aiokafka import AIOKafkaConsumer
+
+    b1 = await real_cluster.start_broker(1, offsets_topic_num_partitions=1, **FAST)
+    await b1.broker.ensure_topic(TOPIC, partitions=PARTITIONS)
+    bootstrap = b1.bootstrap
+    await asyncio.to_thread(produce, bootstrap, 0, 40)
+    k1 = Modern(bootstrap, "k1")
+    threads.append(k1)
+    k1.start()
+    await wait_for(lambda: len(k1.seen) == 40)
+
+    class Aio:
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+            self.assigned: frozenset[int] = frozenset()
+
+    aio = Aio()
+    consumer = AIOKafkaConsumer(
+        TOPIC,
+        bootstrap_servers=bootstrap,
+        group_id=GROUP,
+        client_id="aio",
+        auto_offset_reset="earliest",
+        session_timeout_ms=6_000,
+        heartbeat_interval_ms=300,
+        auto_commit_interval_ms=300,
+    )
+    await consumer.start()
+
+    async def consume() -> None:
+        while True:
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                aio.seen.extend(int(r.value) for r in records)
+            aio.assigned = frozenset(tp.partition for tp in consumer.assignment())
+
+    task = asyncio.get_running_loop().create_task(consume())
+    try:
+        group = b1.broker.groups.manager.groups[GROUP]
+        await asyncio.to_thread(produce, bootstrap, 40, 40)
+        await wait_for(lambda: covering([k1, aio]) and len(aio.seen) + len(k1.seen) >= 80, state=lambda: group)
+        assert group.consumer is not None
+        assert {m.client_id: m.classic is not None for m in group.consumer.members.values()} == {
+            "k1": False,
+            "aio": True,
+        }
+        k1.stop_flag.set()
+        await asyncio.to_thread(k1.join, 30)
+        await asyncio.to_thread(produce, bootstrap, 80, 40)
+        await wait_for(
+            lambda: (
+                group.consumer is None
+                and aio.assigned == set(range(PARTITIONS))
+                and len(aio.seen) + len(k1.seen) >= 120
+            ),
+            state=lambda: (aio.assigned, len(aio.seen), group),
+        )
+        assert [m.client_id for m in group.members.values()] == ["aio"]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await consumer.stop()
+    assert sorted(aio.seen + k1.seen) == list(range(120))

@@ -380,3 +380,87 @@ async def test_init_producer_id_every_version(node) -> None:
             producer_epoch=-1,
         )
         assert empty.error_code == ErrorCode.invalid_request
+
+
+async def test_classic_apis_every_version_against_a_kip848_group(node) -> None:
+    """Online migration: classic members of a KIP-848 group (JoinGroup, SyncGroup, Heartbeat,
+    LeaveGroup) in every version get answers that encode; the broker assigns (no leader)."""
+    group = "mixed"
+    first = await call(
+        node,
+        68,
+        0,
+        group_id=group,
+        member_id="",
+        member_epoch=0,
+        instance_id=None,
+        rack_id=None,
+        rebalance_timeout=td(10_000),
+        subscribed_topic_names=("t",),
+        server_assignor=None,
+        topic_partitions=(),
+    )
+    assert first.error_code == ErrorCode.none and first.member_epoch == 1
+    data = node.broker.groups.manager.groups[group].consumer
+    for v in versions(JOIN):
+        r = await call(node, JOIN, v, **join_fields(v, group))
+        if v >= 4:
+            assert r.error_code == ErrorCode.member_id_required and r.member_id
+            r = await call(node, JOIN, v, **join_fields(v, group, r.member_id))
+        assert r.error_code == ErrorCode.none, v
+        assert (r.leader, tuple(r.members), r.protocol_name) == ("", (), "range")
+        assert data.members[r.member_id].classic is not None
+        assert r.generation_id == data.members[r.member_id].member_epoch
+        member, generation = r.member_id, r.generation_id
+        for sv in versions(SYNC):
+            s = await call(
+                node,
+                SYNC,
+                sv,
+                group_id=group,
+                generation_id=generation,
+                member_id=member,
+                group_instance_id=None,
+                protocol_type="consumer",
+                protocol_name="range",
+                assignments=(),
+            )
+            # the consumer-protocol member still owns the partition: nothing yet, and told to rejoin later
+            assert s.error_code in (ErrorCode.none, ErrorCode.rebalance_in_progress), (v, sv)
+        for hv in versions(HEARTBEAT):
+            h = await call(
+                node, HEARTBEAT, hv, group_id=group, generation_id=generation, member_id=member, group_instance_id=None
+            )
+            assert h.error_code in (ErrorCode.none, ErrorCode.rebalance_in_progress)
+            stale = await call(
+                node,
+                HEARTBEAT,
+                hv,
+                group_id=group,
+                generation_id=generation + 9,
+                member_id=member,
+                group_instance_id=None,
+            )
+            assert stale.error_code == ErrorCode.illegal_generation
+        lv = max(versions(LEAVE))
+        req = codec.request_class(LEAVE, lv)
+        left = await call(
+            node,
+            LEAVE,
+            lv,
+            group_id=group,
+            member_id=member,
+            members=(nest(req, "MemberIdentity", member_id=member, group_instance_id=None, reason="bye"),),
+        )
+        assert left.error_code == ErrorCode.none and [m.error_code for m in left.members] == [ErrorCode.none]
+    for lv in versions(LEAVE):
+        r = await call(node, JOIN, 5, **join_fields(5, group))
+        r = await call(node, JOIN, 5, **join_fields(5, group, r.member_id))
+        req = codec.request_class(LEAVE, lv)
+        fields: dict = dict(group_id=group, member_id=r.member_id)
+        if lv >= 3:
+            fields["members"] = (
+                nest(req, "MemberIdentity", member_id=r.member_id, group_instance_id=None, reason=None),
+            )
+        assert (await call(node, LEAVE, lv, **fields)).error_code == ErrorCode.none
+    assert [m.classic for m in data.members.values()] == [None]  # the KIP-848 member alone again

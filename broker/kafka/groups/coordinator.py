@@ -739,8 +739,14 @@ class GroupCoordinator:
 
     def heartbeat(self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int) -> ErrorCode:
         # No timer wake-up: a heartbeat only moves a deadline later, and waking the timer
-        # (a scan of every group) on each heartbeat would cost O(members) per heartbeat.
-        return self.manager.heartbeat(now_ms(), group_id, member_id, group_instance_id, generation_id)
+        # (a scan of every group) on each heartbeat would cost O(members) per heartbeat. The
+        # exception: a classic member of a KIP-848 group told to rejoin gets a new, earlier
+        # deadline (its rebalance timeout), once per rebalance.
+        error = self.manager.heartbeat(now_ms(), group_id, member_id, group_instance_id, generation_id)
+        if self.manager.deadline_added:
+            self.manager.deadline_added = False
+            self._wakeup.set()
+        return error
 
     async def leave(self, group_id: str, members: list[tuple[str, str | None]]) -> tuple[ErrorCode, list[ErrorCode]]:
         top, errors, fx = self.manager.leave(now_ms(), group_id, members)

@@ -69,8 +69,12 @@ class GroupMigration(ConsumerGroups):
     # for metrics, since this manager started: groups converted online, by direction
     migrations: dict[str, int]
 
+    # set when a classic heartbeat gave its member a deadline: the coordinator wakes its timer
+    deadline_added: bool
+
     def _init_migration(self) -> None:
         self.migrations = {"upgrade": 0, "downgrade": 0}
+        self.deadline_added = False
 
     def _prepare_rebalance(self, group: Group, now_ms: int, fx: Effects) -> None:
         raise NotImplementedError
@@ -400,6 +404,7 @@ class GroupMigration(ConsumerGroups):
         ):
             if member.classic_deadline_ms is None:
                 member.classic_deadline_ms = now_ms + member.rebalance_timeout_ms
+                self.deadline_added = True
             return ErrorCode.rebalance_in_progress
         return ErrorCode.none
 

@@ -320,3 +320,28 @@ def test_static_members_keep_their_partitions_across_the_protocols() -> None:
     assert g.static_members["i1"] != r.member_id
     c.join("old", r.member_id, instance="i1")
     assert c.replies["old"].error == ErrorCode.fenced_instance_id
+
+
+def test_a_classic_member_that_never_rejoins_is_removed_after_its_rebalance_timeout() -> None:
+    c = Cluster()
+    a, b = c.classic_group()
+    gen = c.m.groups["g"].generation_id
+    c.consumer_join("k1")
+    assert c.m.heartbeat(c.now, "g", a, None, gen) == ErrorCode.rebalance_in_progress
+    assert c.m.deadline_added  # the coordinator wakes its timer for the new deadline
+    catch_up(c, b)
+    # a keeps heartbeating (its session lives) but never rejoins: gone after its rebalance timeout
+    data = c.m.groups["g"].consumer
+    assert data is not None
+    b_gen = data.members[b].member_epoch
+    answers = []
+    for _ in range(6):
+        c.now += 4_000
+        answers.append(c.m.heartbeat(c.now, "g", a, None, gen))
+        c.m.heartbeat(c.now, "g", b, None, b_gen)
+        c.hb("k1", data.members["k1"].member_epoch)
+        c._fx(c.m.tick(c.now))
+    # told to rejoin until its rebalance timeout (20 s) ran out, then unknown
+    assert answers[:4] == [ErrorCode.rebalance_in_progress] * 4 and answers[-1] == ErrorCode.unknown_member_id
+    assert a not in data.members and b in data.members
+    assert c.m.consumer_fencings["rebalance_timeout"] == 1

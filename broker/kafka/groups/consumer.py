@@ -354,7 +354,9 @@ class ConsumerGroupRules:
             previous_id = data.static_members.get(req.instance_id)
             if previous_id is not None and previous_id != member_id:
                 previous = data.members.get(previous_id)
-                if previous is not None and previous.member_epoch != STATIC_LEAVE_EPOCH:
+                # Kafka: a consumer-protocol instance must have left with epoch -2 to be replaced;
+                # a classic one (online migration) is replaced at once, as classic static members are
+                if previous is not None and previous.member_epoch != STATIC_LEAVE_EPOCH and previous.classic is None:
                     return error(
                         ErrorCode.unreleased_instance_id,
                         f"Static member {previous_id} with instance id {req.instance_id} is still in the group.",
@@ -364,7 +366,11 @@ class ConsumerGroupRules:
                     del data.members[previous_id]
                     member = previous
                     member.member_id = member_id
-                    member.member_epoch = previous.previous_member_epoch
+                    if member.classic is not None:
+                        member.classic = None  # the instance now speaks the consumer protocol
+                        member.classic_deadline_ms = None
+                    else:
+                        member.member_epoch = previous.previous_member_epoch
                     member.previous_member_epoch = -1
                     member.sent = None
                     member.last_heartbeat_ms = now_ms

@@ -81,10 +81,10 @@ class Cluster:
         )
         self._fx(fx)
 
-    def classic_group(self, members: int = 2) -> list[str]:
+    def classic_group(self, members: int = 2, static: bool = False) -> list[str]:
         """A stable classic group whose members share the topic's 4 partitions."""
         for i in range(members):
-            self.join(f"j{i}")
+            self.join(f"j{i}", instance=f"i{i}" if static else None)
         while "j0" not in self.replies:  # the initial delay runs out: one rebalance with every member
             self.now += 200
             self._fx(self.m.tick(self.now))
@@ -345,3 +345,22 @@ def test_a_classic_member_that_never_rejoins_is_removed_after_its_rebalance_time
     assert answers[:4] == [ErrorCode.rebalance_in_progress] * 4 and answers[-1] == ErrorCode.unknown_member_id
     assert a not in data.members and b in data.members
     assert c.m.consumer_fencings["rebalance_timeout"] == 1
+
+
+def test_a_static_classic_member_restarting_with_the_consumer_protocol_takes_its_place() -> None:
+    """A rolling upgrade of static members: the pod keeps its group.instance.id and comes back
+    speaking the consumer protocol; Kafka replaces the classic member at once (no epoch -2)."""
+    c = Cluster()
+    a, b = c.classic_group(static=True)
+    before = c.m.groups["g"].members[a].assignment
+    r = c.hb("k-a", 0, {}, rebalance_timeout_ms=30_000, subscribed_topic_names=(TOPIC,), instance_id="i0")
+    assert r.error == ErrorCode.none
+    data = c.m.groups["g"].consumer
+    assert data is not None and set(data.members) == {"k-a", b}
+    assert data.members["k-a"].classic is None and data.static_members == {"i0": "k-a", "i1": b}
+    assert {(TOPIC, p) for _, p in flatten(r.assignment or {})} == set(cp.parse_assignment(before))
+    # the other static member still speaks classic; a second consumer-protocol instance with the
+    # same id as a live consumer-protocol member is refused, as in Kafka
+    assert data.members[b].classic is not None
+    dup = c.hb("k-a2", 0, {}, rebalance_timeout_ms=30_000, subscribed_topic_names=(TOPIC,), instance_id="i0")
+    assert dup.error == ErrorCode.unreleased_instance_id

@@ -85,9 +85,10 @@ class CooperativeClassic(threading.Thread):
     """librdkafka's classic consumer with the cooperative-sticky assignor: its subscription
     (v3) names the partitions it owns, so it gives up only what it must, incrementally."""
 
-    def __init__(self, bootstrap: str, name: str) -> None:
+    def __init__(self, bootstrap: str, name: str, instance: str | None = None) -> None:
         super().__init__(daemon=True, name=name)
         self.bootstrap = bootstrap
+        self.instance = instance  # group.instance.id: a static member
         self.seen: list[int] = []
         self.assigned: frozenset[int] = frozenset()
         self.stop_flag = threading.Event()
@@ -105,6 +106,7 @@ class CooperativeClassic(threading.Thread):
                     "group.protocol": "classic",
                     "partition.assignment.strategy": "cooperative-sticky",
                     "client.id": self.name,
+                    **({"group.instance.id": self.instance} if self.instance else {}),
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
                     "session.timeout.ms": 6_000,
@@ -155,9 +157,10 @@ def consume_committed(c: Any, msg: Any, seen: list[int], errors: list[str]) -> N
 class Modern(threading.Thread):
     """librdkafka's KIP-848 consumer committing every record it sees."""
 
-    def __init__(self, bootstrap: str, name: str) -> None:
+    def __init__(self, bootstrap: str, name: str, instance: str | None = None) -> None:
         super().__init__(daemon=True, name=name)
         self.bootstrap = bootstrap
+        self.instance = instance  # group.instance.id: a static member
         self.seen: list[int] = []
         self.assigned: frozenset[int] = frozenset()
         self.stop_flag = threading.Event()
@@ -174,6 +177,7 @@ class Modern(threading.Thread):
                     "group.id": GROUP,
                     "group.protocol": "consumer",
                     "client.id": self.name,
+                    **({"group.instance.id": self.instance} if self.instance else {}),
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
                     "topic.metadata.refresh.interval.ms": 1_000,
@@ -418,3 +422,46 @@ async def test_an_aiokafka_classic_member_joins_a_kip848_group_and_stays_through
             await task
         await consumer.stop()
     assert sorted(aio.seen + k1.seen) == list(range(120))
+
+
+@pytest.mark.slow
+async def test_static_members_upgrade_in_place_keeping_their_instance_ids(real_cluster, threads) -> None:
+    """A rolling restart of static members (group.instance.id kept): each classic instance
+    stops without leaving and comes back speaking the consumer protocol; it takes over its
+    own partitions at once (Kafka needs no epoch -2 from a classic instance)."""
+    b1 = await real_cluster.start_broker(1, offsets_topic_num_partitions=1, **FAST)
+    await b1.broker.ensure_topic(TOPIC, partitions=PARTITIONS)
+    bootstrap = b1.bootstrap
+    everyone: list[Any] = []
+    await asyncio.to_thread(produce, bootstrap, 0, 40)
+
+    def start(t: Any) -> Any:
+        threads.append(t)
+        everyone.append(t)
+        t.start()
+        return t
+
+    def group() -> Any:
+        return b1.broker.groups.manager.groups.get(GROUP)
+
+    def state() -> Any:
+        return ([(t.name, sorted(t.assigned), len(t.seen), t.error, t.errors[-2:]) for t in everyone], group())
+
+    p1 = start(CooperativeClassic(bootstrap, "p1-classic", instance="p1"))
+    p2 = start(CooperativeClassic(bootstrap, "p2-classic", instance="p2"))
+    await wait_for(lambda: covering([p1, p2]) and len(p1.seen) + len(p2.seen) == 40, state=state)
+    produced = 40
+    for old in (p1, p2):
+        kept = old.assigned
+        old.stop_flag.set()  # a static member closes without LeaveGroup
+        await asyncio.to_thread(old.join, 30)
+        new = start(Modern(bootstrap, old.name.replace("classic", "kip848"), instance=old.instance))
+        await asyncio.to_thread(produce, bootstrap, produced, 40)
+        produced += 40
+        await wait_for(lambda new=new, kept=kept: kept <= new.assigned, state=state)
+    await wait_for(lambda: sum(len(t.seen) for t in everyone) >= produced and covering(everyone[2:]), state=state)
+    data = group().consumer
+    assert data is not None and sorted(data.static_members) == ["p1", "p2"]
+    assert all(m.classic is None for m in data.members.values())
+    assert sorted(i for t in everyone for i in t.seen) == list(range(produced))
+    assert [t.error for t in everyone] == [None] * 4

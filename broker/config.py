@@ -289,6 +289,18 @@ class KafkaConfig(_Section):
     group_share_max_heartbeat_interval_ms: DurationMs = Field(
         15_000, gt=0, description="share groups: a group's share.heartbeat.interval.ms at most"
     )
+    group_share_min_delivery_count_limit: int = Field(
+        2, ge=2, le=5, description="share groups: a group's share.delivery.count.limit at least (KIP-1240)"
+    )
+    group_share_max_delivery_count_limit: int = Field(
+        10, ge=5, le=25, description="share groups: a group's share.delivery.count.limit at most (KIP-1240)"
+    )
+    group_share_min_partition_max_record_locks: int = Field(
+        100, ge=100, le=2_000, description="share groups: a group's share.partition.max.record.locks at least"
+    )
+    group_share_max_partition_max_record_locks: int = Field(
+        4_000, ge=2_000, le=10_000, description="share groups: a group's share.partition.max.record.locks at most"
+    )
     offsets_retention_ms: int = 7 * 24 * 3_600_000
     transactional_id_expiration_ms: DurationMs = Field(7 * 24 * 3_600_000, gt=0)
     producer_id_expiration_ms: DurationMs = Field(24 * 3_600_000, gt=0)
@@ -321,7 +333,13 @@ class KafkaConfig(_Section):
         # Kafka refuses to start when a bound pair is inverted or the broker's own value lies
         # outside bounds the operator set; the bounds' defaults (Kafka's) do not constrain the
         # broker value, so fast test clusters with short locks and sessions keep working
-        for what in ("record_lock_duration_ms", "session_timeout_ms", "heartbeat_interval_ms"):
+        for what in (
+            "record_lock_duration_ms",
+            "session_timeout_ms",
+            "heartbeat_interval_ms",
+            "delivery_count_limit",
+            "partition_max_record_locks",
+        ):
             lo_field, hi_field = f"group_share_min_{what}", f"group_share_max_{what}"
             lo, hi, value = getattr(self, lo_field), getattr(self, hi_field), getattr(self, f"group_share_{what}")
             if lo > hi:

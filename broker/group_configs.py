@@ -199,7 +199,13 @@ def _check_consistency(configs: Mapping[str, str], node: NodeConfig | None) -> N
 
     if node is not None:
         # Kafka: a group's share.* value must lie within the broker's group.share.min/max.* bounds
-        for name in ("share.record.lock.duration.ms", "share.session.timeout.ms", "share.heartbeat.interval.ms"):
+        for name in (
+            "share.record.lock.duration.ms",
+            "share.session.timeout.ms",
+            "share.heartbeat.interval.ms",
+            "share.delivery.count.limit",  # KIP-1240
+            "share.partition.max.record.locks",
+        ):
             text = configs.get(name)
             if not text:
                 continue

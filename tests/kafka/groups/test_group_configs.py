@@ -136,6 +136,15 @@ def test_share_values_must_lie_within_the_brokers_min_max_bounds() -> None:
         gc.replace_all({}, [("share.record.lock.duration.ms", "60001")], node)
     with pytest.raises(TopicConfigError, match="greater than or equal to group.share.min.session.timeout.ms"):
         gc.apply_incremental({}, [("share.session.timeout.ms", SET, "30000")], node)
+    # KIP-1240's bounds of the delivery count limit and of the record locks per partition
+    assert gc.apply_incremental({}, [("share.delivery.count.limit", SET, "10")], node)
+    with pytest.raises(TopicConfigError, match="less than or equal to group.share.max.partition.max.record.locks"):
+        gc.apply_incremental({}, [("share.partition.max.record.locks", SET, "5000")], node)
+    tight = parse_config(
+        {"node_id": 1, "object_store_url": "file:///tmp/x", "kafka": {"group_share_max_delivery_count_limit": 6}}
+    )
+    with pytest.raises(TopicConfigError, match="less than or equal to group.share.max.delivery.count.limit"):
+        gc.apply_incremental({}, [("share.delivery.count.limit", SET, "7")], tight)
     wide = parse_config(
         {
             "node_id": 1,
@@ -153,6 +162,8 @@ def test_share_values_must_lie_within_the_brokers_min_max_bounds() -> None:
         {"group_share_max_session_timeout_ms": 50_000, "group_share_session_timeout_ms": 55_000},
         {"group_share_min_heartbeat_interval_ms": 9_000, "group_share_max_heartbeat_interval_ms": 8_000},
         {"group_share_min_record_lock_duration_ms": 500},  # Kafka's range: 1000-30000
+        {"group_share_max_delivery_count_limit": 6, "group_share_delivery_count_limit": 8},
+        {"group_share_min_partition_max_record_locks": 3_000, "group_share_partition_max_record_locks": 2_000},
     ):
         with pytest.raises(ConfigError, match="group.share"):
             parse_config({"node_id": 1, "object_store_url": "file:///tmp/x", "kafka": bad})

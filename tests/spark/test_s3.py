@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -42,10 +43,25 @@ def test_ingest_and_compact_on_seaweedfs(s3_url, sh, tmp_path):
             o.object_id for p in ClusterView.load(location, [topic]).topic(topic).partitions for o in p.objects
         }
 
+        # the table's data files go to the bucket too: the executors write them there
         catalog = f"sqlite:///{tmp_path}/lake/catalog.db"
-        line = _run("ingest", "--data-dir", str(cluster.data_dir), "--catalog", catalog)
+        bucket, query = s3_url.removeprefix("s3://").split("?", 1)
+        endpoint = parse_qs(query)["endpoint"][0]
+        warehouse, props = f"s3://{bucket}/lake", {"s3.endpoint": endpoint, "s3.region": "us-east-1"}
+        line = _run(
+            "ingest",
+            "--data-dir",
+            str(cluster.data_dir),
+            "--catalog",
+            catalog,
+            "--warehouse",
+            warehouse,
+            *[a for k, v in props.items() for a in ("--catalog-property", f"{k}={v}")],
+        )
         assert (line["topic"], line["status"], line["records"]) == (topic, "committed", n)
-        rows = open_catalog(catalog).load_table(line["table"]).scan().to_arrow()
+        table = open_catalog(catalog, warehouse, props).load_table(line["table"])
+        assert all(t.file.file_path.startswith(f"{warehouse}/") for t in table.scan().plan_files())
+        rows = table.scan().to_arrow()
         got = sorted(
             zip(rows["partition"].to_pylist(), rows["offset"].to_pylist(), rows["value"].to_pylist(), strict=True)
         )

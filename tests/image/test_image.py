@@ -468,7 +468,9 @@ def test_spark_image_runs_a_local_job(podman: Podman, spark_image: str, tmp_path
         "import automq.spark\n"
         "spark = SparkSession.builder.appName('image-test').getOrCreate()\n"
         "rows = spark.range(1000).selectExpr('sum(id) AS total').collect()\n"
-        "print('RESULT', rows[0]['total'], spark.sparkContext.master)\n"
+        "conf = spark.sparkContext.getConf()\n"
+        "print('RESULT', rows[0]['total'], spark.sparkContext.master, conf.get('spark.submit.deployMode'),"
+        " conf.get('spark.driver.bindAddress'))\n"
         "spark.stop()\n"
     )
     job.chmod(0o644)
@@ -491,4 +493,5 @@ def test_spark_image_runs_a_local_job(podman: Podman, spark_image: str, tmp_path
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "RESULT 499500 local[1]" in result.stdout
+    # the entrypoint's driver mode: spark-submit in client mode, bound to the pod's IP
+    assert "RESULT 499500 local[1] client 127.0.0.1" in result.stdout

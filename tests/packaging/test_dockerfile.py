@@ -463,32 +463,6 @@ def test_executor_starts_the_kubernetes_backend_with_spark_java_opts_in_numeric_
     assert result.returncode != 0
 
 
-@pytest.mark.slow
-@needs_java
-def test_driver_runs_a_pyspark_job_in_client_mode(tmp_path):
-    job = tmp_path / "job.py"
-    job.write_text(
-        "from pyspark.sql import SparkSession\n"
-        "spark = SparkSession.builder.appName('entrypoint-test').getOrCreate()\n"
-        "conf = spark.sparkContext.getConf()\n"
-        "total = spark.range(10).count()\n"
-        "print('RESULT', conf.get('spark.submit.deployMode'), conf.get('spark.driver.bindAddress'), total)\n"
-        "spark.stop()\n"
-    )
-    result = run_entrypoint(
-        "driver",
-        "--master",
-        "local[1]",
-        "--conf",
-        "spark.ui.enabled=false",
-        str(job),
-        env={"POD_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "RESULT client 127.0.0.1 10" in result.stdout
-
-
 def test_exposed_ports_are_the_operator_defaults(dockerfile):
     from automq.operator.spec import BROKER_HTTP_PORT, CONTROLLER_PORT, KAFKA_PORT
 

@@ -94,7 +94,10 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(seaweedfs):
+    """Starts after SeaweedFS exported its credentials: Spark's Python workers inherit the
+    JVM's environment as it was at launch, so S3 jobs can run in this session too (instead of
+    each starting a JVM of its own as a process)."""
     from automq.spark.session import spark_session
 
     session = spark_session("local[2]", app_name="automq-tests", shuffle_partitions=2)

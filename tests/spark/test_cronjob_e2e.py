@@ -80,7 +80,7 @@ def test_spark_cron_jobs_run_their_container_command_against_the_cluster(k8s: Ku
     lake = tmp_path / "lake"
     spec = s3_cluster_spec(
         k8s.s3_url,  # type: ignore[attr-defined]
-        config={"storage.upload_interval_ms": "300", "storage.upload_block_bytes": "64KiB"},
+        config={"storage.upload_interval_ms": "100", "storage.upload_block_bytes": "64KiB"},
         compaction={"enabled": True, "minAge": "0s", "cores": 1, "driverMemory": "512m", "keys": {"enabled": False}},
         lakeIngestion={
             "enabled": True,
@@ -100,12 +100,12 @@ def test_spark_cron_jobs_run_their_container_command_against_the_cluster(k8s: Ku
     create_topic(bootstrap, "events", 1)
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
     n = 0
-    for r in range(24):  # one small upload each: the broker uploads every 300 ms
+    for r in range(24):  # one small upload each: the broker uploads every 100 ms
         for i in range(40):
             producer.produce("events", key=f"k{i}".encode(), value=bytes([r]) * 500, headers=[("r", str(r).encode())])
             n += 1
         producer.flush(30)
-        time.sleep(0.5)
+        time.sleep(0.2)
     location = ClusterLocation(
         object_store_url=k8s.s3_url,  # type: ignore[attr-defined]
         controller_urls=tuple(k8s.controller_urls("demo")),

@@ -7,9 +7,6 @@ killed and rebuilds producer state from the compacted log, the same producers ca
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 import time
 import uuid
 
@@ -17,6 +14,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from automq.broker import local
+from automq.spark.cluster import ClusterLocation
+from automq.spark.keycompact import compact_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.s3]
 
@@ -113,21 +112,17 @@ def _until(read, expected: list[Row], timeout: float = 60) -> list[Row]:
         time.sleep(0.3)
 
 
-def _compact_keys(data_dir) -> dict:
-    """`automq spark compact --keys` as a process, as the CronJob runs it (S3 credentials from
-    the environment; the shared in-process Spark session may predate them)."""
-    cmd = [sys.executable, "-m", "automq.broker.cli", "spark", "compact", "--keys", "--min-age", "0"]
-    out = subprocess.run(
-        [*cmd, "--data-dir", str(data_dir), "--master", "local[1]"], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    return [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")][-1]
+def _compact_keys(spark, data_dir) -> dict:
+    """Key compaction in the shared Spark session (its Python workers have the S3 credentials
+    from the environment, as a CronJob pod does); the counters `automq spark compact --keys` prints."""
+    report = compact_keys(spark, ClusterLocation.resolve(data_dir=data_dir), min_age_ms=0)
+    return {"committed": report.committed, "errors": report.errors, **report.key_stats}
 
 
-def test_transactional_topic_compacts_like_kafkas_cleaner(s3_url, sh, tmp_path):
+def test_transactional_topic_compacts_like_kafkas_cleaner(spark, s3_url, sh, tmp_path):
     cluster = sh.start_cluster(tmp_path / "cluster", object_store_url=s3_url)
     try:
-        _scenario(cluster, sh)
+        _scenario(spark, cluster, sh)
     finally:
         sh.stop_cluster(cluster)
 
@@ -142,7 +137,7 @@ def _send(p: Producer, topic: str, kvs: list[tuple[str, str]]) -> None:
     assert not errors, errors
 
 
-def _scenario(cluster, sh) -> None:
+def _scenario(spark, cluster, sh) -> None:
     bootstrap = cluster.bootstrap
     topic = sh.topic_name("ctxn")
     sh.create_topic(bootstrap, topic, configs={"cleanup.policy": "compact", "delete.retention.ms": "0"})
@@ -181,7 +176,7 @@ def _scenario(cluster, sh) -> None:
     assert [v for _o, _k, v in rc_before].count(b"aborted") == 0 and all(o < cut for o, _k, _v in rc_before)
     assert [v for _o, _k, v in ru_before].count(b"aborted") == 2
 
-    stats = _compact_keys(cluster.data_dir)
+    stats = _compact_keys(spark, cluster.data_dir)
     assert stats["committed"] >= 1 and not stats["errors"], stats  # the internal topics are compacted too
     assert stats["aborted_batches_removed"] == 1 and stats["markers_stamped"] >= 1 and stats["empty_batches"] >= 1, (
         stats
@@ -196,7 +191,7 @@ def _scenario(cluster, sh) -> None:
     assert asyncio.run(_aiokafka(bootstrap, topic, len(rc_expected))) == rc_expected
 
     # the second run removes the commit marker whose transaction has no data left (horizon passed)
-    stats = _compact_keys(cluster.data_dir)
+    stats = _compact_keys(spark, cluster.data_dir)
     assert stats["committed"] >= 1 and stats["markers_removed"] >= 1, stats
     assert _until(lambda: _read(bootstrap, topic, "read_uncommitted"), ru_expected) == ru_expected
     assert _read(bootstrap, topic, "read_committed") == rc_expected

@@ -289,6 +289,9 @@ class KafkaConfig(_Section):
     group_share_max_heartbeat_interval_ms: DurationMs = Field(
         15_000, gt=0, description="share groups: a group's share.heartbeat.interval.ms at most"
     )
+    group_share_max_share_sessions: int = Field(
+        2_000, ge=1, description="share groups: share sessions (one per member and broker) this broker keeps at most"
+    )
     group_share_min_delivery_count_limit: int = Field(
         2, ge=2, le=5, description="share groups: a group's share.delivery.count.limit at least (KIP-1240)"
     )

@@ -89,7 +89,7 @@ class Broker:
         self.fetch_sessions = FetchSessionCache(config.kafka.fetch_session_cache_slots, self.metrics)
         # KIP-932: share-partitions led here (their durable state lives in the object store)
         self.share_partitions = SharePartitionManager(self)
-        self.share_sessions = ShareSessionCache()
+        self.share_sessions = ShareSessionCache(config.kafka.group_share_max_share_sessions)
         self._creating: dict[str, asyncio.Task[TopicInfo | None]] = {}
         self._scram: dict[tuple[str, str], ScramCredential] = {}  # from the metadata image
         self.tokens = DelegationTokens(config.security)  # delegation tokens of the metadata image

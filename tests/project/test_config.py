@@ -84,6 +84,7 @@ _REAL_KAFKA_BROKER_KEYS = frozenset(
         "group.share.max.session.timeout.ms",
         "group.share.min.heartbeat.interval.ms",
         "group.share.max.heartbeat.interval.ms",
+        "group.share.max.share.sessions",
         "group.share.min.delivery.count.limit",
         "group.share.max.delivery.count.limit",
         "group.share.min.partition.max.record.locks",

@@ -5,7 +5,7 @@ opens a session (a full ShareFetch; acknowledgements are not allowed then), each
 ShareFetch or ShareAcknowledge carries the next epoch (1, 2, ...; wrapping to 1), and -1
 closes it, releasing what the member still holds on this broker. A wrong epoch is
 INVALID_SHARE_SESSION_EPOCH, an unknown session SHARE_SESSION_NOT_FOUND, a full cache
-SHARE_SESSION_LIMIT_REACHED (Kafka's group.share.max.share.sessions, 2000) unless the least
+SHARE_SESSION_LIMIT_REACHED (`group.share.max.share.sessions`, 2000 as in Kafka) unless the least
 recently used session has been idle for EVICT_AFTER_S (then it is evicted and its member's
 records released, as when it closes).
 """

@@ -589,3 +589,12 @@ async def test_a_topic_recreated_under_its_name_is_not_fetched_for_the_old_ones_
     assert [p for t in resp.responses for p in t.partitions] == []  # gone from the session
     # a client that adds the new id gets the new topic's records, first delivery
     assert _acquired(await _fetch(node, "m", 3, {0: []}, topic_id=new_id)) == {0: [(0, 2, 1)]}
+
+
+async def test_the_share_session_cache_takes_group_share_max_share_sessions(cluster) -> None:
+    """Kafka's group.share.max.share.sessions bounds the share sessions a broker keeps."""
+    node = await cluster.start_node(1, group_share_max_share_sessions=1)
+    await node.broker.ensure_topic("q", partitions=1)
+    assert node.broker.share_sessions.max_sessions == 1
+    assert (await _fetch(node, "m1", 0, {0: []})).error_code == ErrorCode.none
+    assert (await _fetch(node, "m2", 0, {0: []})).error_code == ErrorCode.share_session_limit_reached

@@ -461,7 +461,7 @@ class GroupCoordinator:
         if fx.writes or fx.replies:
             self.apply_soon(fx)
 
-    async def _finish_apply(self, fx: Effects, pending: _PendingWrite) -> None:
+    async def _finish_apply(self, fx: Effects, pending: _PendingWrite) -> bool:
         ok = await self._finish_write(pending)
         replies = fx.replies
         if not ok:
@@ -476,6 +476,7 @@ class GroupCoordinator:
             ]
         self._deliver(replies)
         self._wakeup.set()
+        return ok
 
     @staticmethod
     def _deliver(replies: list[tuple[Any, Any]]) -> None:
@@ -650,10 +651,10 @@ class GroupCoordinator:
     async def consumer_heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
         """KIP-848: answer once the group's changed state (if any) is durable."""
         result, fx = self.manager.consumer_heartbeat(now_ms(), request)
-        if fx.writes:
-            if not await self.write(fx.writes):
-                return HeartbeatResult(ErrorCode.not_coordinator, "the group's state could not be written")
-            self._wakeup.set()  # new deadlines (sessions, revocations)
+        # an upgrade (online migration) also answers JoinGroup/SyncGroup requests waiting in the
+        # classic group's rebalance (REBALANCE_IN_PROGRESS), once the change is durable
+        if (fx.writes or fx.replies) and not await self._finish_apply(fx, self._begin_write(fx.writes)):
+            return HeartbeatResult(ErrorCode.not_coordinator, "the group's state could not be written")
         return result
 
     async def share_heartbeat(self, request: ShareHeartbeatRequest) -> ShareHeartbeatResult:

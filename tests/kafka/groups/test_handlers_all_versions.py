@@ -464,3 +464,52 @@ async def test_classic_apis_every_version_against_a_kip848_group(node) -> None:
             )
         assert (await call(node, LEAVE, lv, **fields)).error_code == ErrorCode.none
     assert [m.classic for m in data.members.values()] == [None]  # the KIP-848 member alone again
+
+
+async def test_an_upgrade_answers_classic_joins_waiting_in_a_rebalance(node) -> None:
+    """A KIP-848 member joining a classic group in the middle of a rebalance: the JoinGroup
+    still waiting there is answered REBALANCE_IN_PROGRESS (the client rejoins the consumer
+    group), not left hanging."""
+    import asyncio
+
+    group = "upgrade-mid-rebalance"
+    a = await call(node, JOIN, 5, **join_fields(5, group))
+    a = await call(node, JOIN, 5, **join_fields(5, group, a.member_id))
+    assignment = b"\x00\x00\x00\x00\x00\x01\x00\x01t\x00\x00\x00\x01\x00\x00\x00\x00\xff\xff\xff\xff"  # t-0
+    synced = await call(
+        node,
+        SYNC,
+        3,
+        group_id=group,
+        generation_id=a.generation_id,
+        member_id=a.member_id,
+        group_instance_id=None,
+        assignments=(
+            nest(
+                codec.request_class(SYNC, 3), "SyncGroupRequestAssignment", member_id=a.member_id, assignment=assignment
+            ),
+        ),
+    )
+    assert synced.error_code == ErrorCode.none
+    first = await call(node, JOIN, 5, **join_fields(5, group))
+    waiting = asyncio.get_running_loop().create_task(call(node, JOIN, 5, **join_fields(5, group, first.member_id)))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # the first member has not rejoined yet
+    hb = await call(
+        node,
+        68,
+        0,
+        group_id=group,
+        member_id="",
+        member_epoch=0,
+        instance_id=None,
+        rack_id=None,
+        rebalance_timeout=td(10_000),
+        subscribed_topic_names=("t",),
+        server_assignor=None,
+        topic_partitions=(),
+    )
+    assert hb.error_code == ErrorCode.none
+    answered = await asyncio.wait_for(waiting, 5)
+    assert answered.error_code == ErrorCode.rebalance_in_progress
+    assert node.broker.groups.manager.groups[group].consumer is not None

@@ -189,17 +189,22 @@ def _runs(
 ) -> list[list[Source]]:
     """Runs of contiguous candidate sources (candidate: its metadata is given), each at most
     target_bytes; a run is worth it with 2+ sources, or one old stream-set object to split.
-    `budget` counts down the source objects this job may still take."""
+    `budget` counts down the source objects this job may still take: a run is cut where the
+    budget ends (its first sources are still contiguous), never skipped for being longer, or a
+    backlog of more small objects than one job's budget would never be compacted at all."""
     out: list[list[Source]] = []
     run: list[tuple[Source, ObjectMetadata]] = []
 
     def close() -> None:
+        take = run[: budget[0]]
         lone_old_set = (
-            len(run) == 1 and run[0][0].stream_set and now_ms - run[0][1].committed_at_ms >= settings.force_split_age_ms
+            len(take) == 1
+            and take[0][0].stream_set
+            and now_ms - take[0][1].committed_at_ms >= settings.force_split_age_ms
         )
-        if (len(run) >= 2 or lone_old_set) and budget[0] >= len(run):
-            out.append([src for src, _ in run])
-            budget[0] -= len(run)
+        if len(take) >= 2 or lone_old_set:
+            out.append([src for src, _ in take])
+            budget[0] -= len(take)
         run.clear()
 
     for src, meta in sources:
@@ -208,7 +213,9 @@ def _runs(
             close()
             if meta is None:
                 continue
-        if run and sum(s.stream_bytes for s, _ in run) + src.stream_bytes > settings.target_bytes:
+        if run and (
+            sum(s.stream_bytes for s, _ in run) + src.stream_bytes > settings.target_bytes or len(run) >= budget[0]
+        ):
             close()
         run.append((src, meta))
     close()

@@ -187,6 +187,12 @@ class ConsumerGroupData:
     target: dict[str, Partitions] = field(default_factory=dict)  # member id -> target assignment
     # the subscribed topics' (name, id, partitions) the target was computed from
     topics_signature: tuple[tuple[str, str, int], ...] = ()
+    # Subscription regexes the group has resolved. As in Kafka, a regex new to the group is
+    # resolved after the heartbeat that brought it (Kafka: asynchronously), so that heartbeat's
+    # assignment holds only the literal topics and the regex's topics come at the next
+    # heartbeat of any member, with a group epoch bump (librdkafka's 0045 test expects exactly
+    # that sequence). A regex no member uses any more is forgotten.
+    resolved_regexes: set[str] = field(default_factory=set)
     # the last record written for (or read into) this state: a heartbeat serializes the group
     # once and compares, instead of serializing before and after
     persisted: bytes | None = field(default=None, compare=False, repr=False)
@@ -204,8 +210,22 @@ class ConsumerGroupData:
     def subscribed_topics(self, topics: TopicView) -> set[str]:
         names: set[str] = set()
         for m in self.members.values():
-            names |= member_topics(m, topics)
+            names |= member_topics(m, topics, self.resolved_regexes)
         return names
+
+    def member_regexes(self) -> set[str]:
+        return {m.subscribed_topic_regex for m in self.members.values() if m.subscribed_topic_regex}
+
+    def pending_regexes(self) -> set[str]:
+        return self.member_regexes() - self.resolved_regexes
+
+    def resolve_regexes(self, pending: set[str]) -> bool:
+        """Resolve `pending` (the regexes earlier heartbeats brought) and forget unused ones;
+        True when a regex became resolved (the group epoch must be bumped)."""
+        used = self.member_regexes()
+        new = (pending & used) - self.resolved_regexes
+        self.resolved_regexes = (self.resolved_regexes | new) & used
+        return bool(new)
 
     def record(self) -> bytes:
         """The record to write for this state; remembered as the persisted one."""
@@ -221,6 +241,7 @@ class ConsumerGroupData:
                 "members": [m.to_json() for m in self.members.values()],
                 "target": {mid: _parts_json(parts) for mid, parts in self.target.items()},
                 "signature": [list(s) for s in self.topics_signature],
+                "regexes": sorted(self.resolved_regexes),
             },
             separators=(",", ":"),
             sort_keys=True,  # equal states give equal bytes (the steady-heartbeat comparison)
@@ -239,6 +260,9 @@ class ConsumerGroupData:
                 data.static_members[member.instance_id] = member.member_id
         data.target = {mid: _parts_from_json(p) for mid, p in doc.get("target", {}).items()}
         data.topics_signature = tuple((str(n), str(i), int(c)) for n, i, c in doc.get("signature", ()))
+        # records written before regexes were tracked: their members' regexes were resolved
+        regexes = doc.get("regexes")
+        data.resolved_regexes = set(regexes) if regexes is not None else data.member_regexes()
         data.persisted = data.to_json()
         return data
 
@@ -262,9 +286,12 @@ def nest(pairs: Iterable[tuple[uuid.UUID, int]]) -> Partitions:
     return out
 
 
-def member_topics(member: ConsumerMember, topics: TopicView) -> set[str]:
+def member_topics(member: ConsumerMember, topics: TopicView, resolved_regexes: set[str] | None = None) -> set[str]:
+    """The topics a member subscribes to; its regex counts only once the group resolved it
+    (`resolved_regexes`; None: resolve it now)."""
     names = {n for n in member.subscribed_topic_names if n in topics}
-    if member.subscribed_topic_regex:
+    regex = member.subscribed_topic_regex
+    if regex and (resolved_regexes is None or regex in resolved_regexes):
         try:
             pattern = re.compile(member.subscribed_topic_regex)
         except re.error:
@@ -442,8 +469,10 @@ class ConsumerGroupRules:
             if member_id not in data.members:
                 return error(ErrorCode.unknown_member_id, f"Member {req.member_id} is not in the group."), False
             self.remove(data, member_id)
+            data.resolve_regexes(data.pending_regexes())
             self.refresh(data, topics, bump=True)
             return HeartbeatResult(ErrorCode.none, member_id=req.member_id, member_epoch=LEAVE_EPOCH), True
+        pending = data.pending_regexes()  # brought by earlier heartbeats: resolved by this one
         bump = False
         if req.member_epoch == JOIN_EPOCH:
             epoch_before = data.members[req.member_id].member_epoch if req.member_id in data.members else None
@@ -476,6 +505,7 @@ class ConsumerGroupRules:
             before = (data.group_epoch, data.assignment_epoch, id(data.target), member.to_json())
             member.last_heartbeat_ms = now_ms
             bump = self._update(data, member, req)
+        bump = data.resolve_regexes(pending) or bump
         self.refresh(data, topics, bump=bump)
         self.reconcile(data, member, req.owned, now_ms)
         result = HeartbeatResult(
@@ -527,7 +557,8 @@ class ConsumerGroupRules:
         if data.assignment_epoch >= data.group_epoch and set(data.target) == set(data.members):
             return
         subscriptions = {
-            mid: frozenset(topics[n].topic_id for n in member_topics(m, topics)) for mid, m in data.members.items()
+            mid: frozenset(topics[n].topic_id for n in member_topics(m, topics, data.resolved_regexes))
+            for mid, m in data.members.items()
         }
         counts = {topics[n].topic_id: topics[n].partitions for n in names}
         data.target = assignors.assign(self.assignor_of(data), subscriptions, counts, data.target)

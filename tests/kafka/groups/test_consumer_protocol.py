@@ -163,10 +163,36 @@ def test_join_validation_answers_kafkas_errors() -> None:
 def test_regex_subscription_follows_new_topics() -> None:
     c = Cluster()
     r = c.hb("a", 0, {}, rebalance_timeout_ms=1_000, subscribed_topic_regex="or.*")
+    assert owned(r) == set()  # a regex new to the group is resolved after this heartbeat
+    r = c.hb("a", r.member_epoch, {})
     assert owned(r) == {(T1, p) for p in range(6)}
     c.topics = {**c.topics, "orders-eu": TopicMeta(uuid.UUID(int=3), 1)}
     r = c.hb("a", r.member_epoch)
     assert (uuid.UUID(int=3), 0) in owned(r)
+
+
+def test_literal_topics_come_first_and_a_regex_new_to_the_group_at_the_next_heartbeat() -> None:
+    """Kafka resolves a new regex asynchronously: librdkafka's 0045 test waits for the literal
+    topic's assignment, then the regex's. A regex the group already resolved (another member
+    uses it) counts at once; one no member uses any more is forgotten, so subscribing to it
+    again is new again."""
+    c = Cluster()
+    r = c.hb("a", 0, {}, rebalance_timeout_ms=1_000, subscribed_topic_names=["audit"], subscribed_topic_regex="or.*")
+    assert owned(r) == {(T2, 0), (T2, 1)}
+    epoch = r.member_epoch
+    r = c.hb("a", epoch, {T2: {0, 1}})
+    assert r.member_epoch == epoch + 1  # the resolution bumped the group epoch
+    assert owned(r) == {(T2, 0), (T2, 1)} | {(T1, p) for p in range(6)}
+
+    b = c.hb("b", 0, {}, rebalance_timeout_ms=1_000, subscribed_topic_regex="or.*")
+    assert c.m.groups["g"].consumer.resolved_regexes == {"or.*"}  # resolved already: b shares at once
+    assert b.error == ErrorCode.none
+
+    for member in ("a", "b"):
+        c.hb(member, -1)  # leave
+    assert c.m.groups["g"].consumer.resolved_regexes == set()
+    r = c.hb("c", 0, {}, rebalance_timeout_ms=1_000, subscribed_topic_regex="or.*")
+    assert owned(r) == set()
 
 
 def test_partition_count_change_bumps_the_epoch() -> None:

@@ -77,9 +77,17 @@ class LoadScraper:
         async with self._http().get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"{url} answered HTTP {resp.status}")
-            body = await resp.content.read(MAX_METRICS_BYTES + 1)
-            if len(body) > MAX_METRICS_BYTES:
-                raise RuntimeError(f"{url} returned more than {MAX_METRICS_BYTES} bytes")
+            # StreamReader.read(n) answers with what has arrived (up to n bytes), not the whole
+            # page: read to the end, bounded. (A page past one chunk was cut mid-line and
+            # refused as "not Prometheus text format", leaving the balancer without load data.)
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in resp.content.iter_any():
+                size += len(chunk)
+                if size > MAX_METRICS_BYTES:
+                    raise RuntimeError(f"{url} returned more than {MAX_METRICS_BYTES} bytes")
+                chunks.append(chunk)
+            body = b"".join(chunks)
         at = self._clock()
         return parse_metrics(body.decode("utf-8", errors="replace"), at)
 

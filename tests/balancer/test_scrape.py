@@ -82,3 +82,42 @@ async def test_unreachable_and_unknown_url_are_named():
     async with LoadScraper(timeout_s=2) as scraper:
         failed = await scraper.scrape(cluster)
     assert "127.0.0.1:9" in failed[1] and "no metrics URL" in failed[2]
+
+
+async def test_a_page_arriving_in_many_pieces_is_read_whole():
+    """A broker with many partitions writes a page of hundreds of KiB; it reaches the scraper
+    in pieces. Reading only what had arrived cut it mid-line ("not Prometheus text format")."""
+    import asyncio
+
+    registry = CollectorRegistry()
+    m = KafkaMetrics(registry)
+    for p in range(400):
+        m.partition_opened("t", p)
+        m.record_produce("t", p, 1000, 10)
+    page = generate_latest(registry)
+    assert len(page) > 64 << 10
+
+    async def handler(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await resp.prepare(request)
+        for start in range(0, len(page), 4096):
+            await resp.write(page[start : start + 4096])
+            await asyncio.sleep(0.001)  # each piece is its own arrival at the client
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/metrics"
+    try:
+        cluster = ClusterMetadata({1: BrokerMeta(1, None, "active", url)}, {("t", p): 1 for p in range(400)})
+        async with LoadScraper(window_s=30, clock=FakeClock()) as scraper:
+            assert await scraper.scrape(cluster) == {}
+            sample = scraper.history[1][-1]
+            assert len(sample.partitions) == 400
+    finally:
+        await runner.cleanup()

@@ -293,7 +293,7 @@ def member_topics(member: ConsumerMember, topics: TopicView, resolved_regexes: s
     regex = member.subscribed_topic_regex
     if regex and (resolved_regexes is None or regex in resolved_regexes):
         try:
-            pattern = re.compile(member.subscribed_topic_regex)
+            pattern = re.compile(regex)
         except re.error:
             return names
         names |= {n for n in topics if not n.startswith("__") and pattern.fullmatch(n)}

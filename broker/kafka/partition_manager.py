@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from typing import Protocol
 
 from automq.broker.config import NodeConfig
@@ -86,8 +87,10 @@ class PartitionManager:
     def topic(self, name: str) -> TopicInfo | None:
         return self._topics.get(name)
 
-    def topic_by_id(self, topic_id: str) -> TopicInfo | None:
-        return self._topics_by_id.get(topic_id)
+    def topic_by_id(self, topic_id: str | uuid.UUID | None) -> TopicInfo | None:
+        """The topic with this id, as a request names it (a UUID; None when a request left it
+        out): None when this broker's image does not know it."""
+        return None if topic_id is None else self._topics_by_id.get(str(topic_id))
 
     def get(self, topic: str, partition: int) -> Partition:
         p = self._partitions.get((topic, partition))

@@ -460,7 +460,7 @@ async def delete_topics(request: Any, ctx: RequestContext) -> Any:
         info = None
         try:
             if topic_id is not None:
-                info = broker.partitions.topic_by_id(str(topic_id))
+                info = broker.partitions.topic_by_id(topic_id)
                 if info is None:
                     image = await _fresh_image(ctx)
                     info = next((t for t in (image.topics if image else ()) if t.topic_id == str(topic_id)), None)

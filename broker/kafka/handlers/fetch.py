@@ -63,7 +63,7 @@ class _Read:
 def _resolve_topic(broker, ctx_version: int, topic) -> tuple[str | None, uuid.UUID | None]:
     if ctx_version >= 13:
         topic_id = topic.topic_id
-        info = broker.partitions.topic_by_id(str(topic_id)) if topic_id is not None else None
+        info = broker.partitions.topic_by_id(topic_id)
         return (info.name if info is not None else None), topic_id
     name = topic.topic
     info = broker.partitions.topic(name)
@@ -182,7 +182,7 @@ async def fetch(request, ctx: RequestContext):
                     session.partitions[key] = sp
             for forgotten in getattr(request, "forgotten_topics_data", ()):
                 if version >= 13:
-                    info = broker.partitions.topic_by_id(str(forgotten.topic_id))
+                    info = broker.partitions.topic_by_id(forgotten.topic_id)
                     fname = info.name if info is not None else None
                 else:
                     fname = forgotten.topic

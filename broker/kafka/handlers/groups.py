@@ -286,7 +286,7 @@ def _topic_name_of(ctx: RequestContext, topic: Any) -> str | None:
     if ctx.api_version < FIRST_OFFSETS_TOPIC_ID:
         name: str = topic.name
         return name
-    info = ctx.broker.partitions.topic_by_id(str(topic.topic_id)) if topic.topic_id is not None else None
+    info = ctx.broker.partitions.topic_by_id(topic.topic_id)
     return info.name if info is not None else None
 
 

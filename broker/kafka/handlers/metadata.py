@@ -100,7 +100,7 @@ async def metadata(request, ctx: RequestContext):
             name = getattr(wanted, "name", None)
             wanted_id = getattr(wanted, "topic_id", None)
             if name is None and wanted_id is not None and wanted_id.int != 0:
-                info = broker.partitions.topic_by_id(str(wanted_id))
+                info = broker.partitions.topic_by_id(wanted_id)
                 if info is None:
                     topics.append(_error_topic(cls, None, ErrorCode.unknown_topic_id, wanted_id))
                     continue

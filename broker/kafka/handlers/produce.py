@@ -111,7 +111,7 @@ async def produce(request, ctx: RequestContext):
             # KIP-516: an id this broker's image does not know (the zero id included) is answered
             # UNKNOWN_TOPIC_ID, as Kafka 4.1 does; it has no name to authorize or append to
             key = topic_data.topic_id
-            info = partitions.topic_by_id(str(key)) if key is not None else None
+            info = partitions.topic_by_id(key)
             if info is None:
                 for pdata in topic_data.partition_data:
                     outcome.append((key, "", pdata.index, (ErrorCode.unknown_topic_id, None), 0))

@@ -79,7 +79,7 @@ def _manager(ctx: RequestContext) -> SharePartitionManager:
 
 def _resolve(ctx: RequestContext, topic_id: uuid.UUID | None) -> tuple[str | None, ErrorCode, int]:
     """(topic name, error, partition count) of a requested topic id."""
-    info = ctx.broker.partitions.topic_by_id(str(topic_id)) if topic_id is not None else None
+    info = ctx.broker.partitions.topic_by_id(topic_id)
     if info is None:
         return None, ErrorCode.unknown_topic_id, 0
     if ctx.broker.authorizer is not None and not authz.allowed(ctx, authz.Op.READ, authz.TOPIC, info.name):
@@ -458,7 +458,7 @@ async def share_fetch(request, ctx: RequestContext):
                 if share is not None:
                     to_persist.append((part, share))
     for forgotten in request.forgotten_topics_data:
-        info = ctx.broker.partitions.topic_by_id(str(forgotten.topic_id))
+        info = ctx.broker.partitions.topic_by_id(forgotten.topic_id)
         if info is not None:
             for index in forgotten.partitions:
                 session.partitions.pop((info.name, index), None)

@@ -77,6 +77,10 @@ class TopicMeta:
 TopicView = Mapping[str, TopicMeta]
 
 
+def names_by_id(view: TopicView) -> dict[uuid.UUID, str]:
+    return {meta.topic_id: name for name, meta in view.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class ClassicProtocol:
     """What a member speaking the classic protocol inside a KIP-848 group (online migration)

@@ -43,6 +43,7 @@ from automq.broker.kafka.groups.consumer import (
     HeartbeatResult,
     TopicMeta,
     TopicView,
+    names_by_id,
 )
 from automq.broker.kafka.groups.model import (
     OFFSET_METADATA_MAX_BYTES,
@@ -690,7 +691,7 @@ class GroupCoordinator:
         try:
             for _ in range(3):  # partitions that entered the target while this ran come next
                 pending = sorted(self.manager.share_uninitialized(group_id), key=lambda tp: (str(tp[0]), tp[1]))
-                names = {meta.topic_id: name for name, meta in self.topic_view().items()}
+                names = names_by_id(self.topic_view())
                 pending = [(t, p) for t, p in pending if t in names]
                 if not pending or self._closing:
                     return

@@ -42,6 +42,7 @@ from automq.broker.kafka.groups.consumer import (
     Partitions,
     TopicView,
     flatten,
+    names_by_id,
     nest,
 )
 from automq.broker.kafka.groups.consumer_groups import ConsumerGroups
@@ -174,7 +175,7 @@ class GroupMigration(ConsumerGroups):
         if any(m.member_epoch != generation for m in data.members.values()):
             return False  # they rejoin (REBALANCE_IN_PROGRESS) and the last sync converts
         view = self.topic_view()
-        names = {meta.topic_id: name for name, meta in view.items()}
+        names = names_by_id(view)
         classic = Group(group.group_id, group.partition, offsets=group.offsets)
         for m in data.members.values():
             assert m.classic is not None
@@ -378,7 +379,7 @@ class GroupMigration(ConsumerGroups):
             return
         member.classic_deadline_ms = None
         member.last_heartbeat_ms = now_ms
-        names = {meta.topic_id: n for n, meta in self.topic_view().items()}
+        names = names_by_id(self.topic_view())
         by_name = {names[t]: sorted(ps) for t, ps in member.assigned.items() if t in names and ps}
         assignment = cp.encode_assignment(cp.subscription_version(member.classic.protocols[0][1]), by_name)
         fx.reply(token, SyncResult(ErrorCode.none, PROTOCOL_TYPE, name, assignment))

@@ -14,7 +14,7 @@ from kio.schema.errors import ErrorCode
 from automq.broker.kafka import authorizer as authz
 from automq.broker.kafka.codec import ZERO_THROTTLE, build, nested
 from automq.broker.kafka.context import RequestContext
-from automq.broker.kafka.groups.consumer import HeartbeatRequest, Partitions, TopicView
+from automq.broker.kafka.groups.consumer import HeartbeatRequest, Partitions, names_by_id
 from automq.broker.kafka.groups.consumer_groups import ConsumerGroupSummary
 from automq.broker.kafka.groups.coordinator import GroupCoordinator
 from automq.broker.kafka.handlers.groups import (
@@ -97,10 +97,6 @@ async def consumer_group_heartbeat(request: Any, ctx: RequestContext) -> Any:
     if result.error == ErrorCode.none and result.assignment is not None:
         assignment = heartbeat_assignment(cls, result.assignment)
     return respond(result.error, result.message, result.member_id, result.member_epoch, assignment)
-
-
-def names_by_id(view: TopicView) -> dict[uuid.UUID, str]:
-    return {meta.topic_id: name for name, meta in view.items()}
 
 
 def heartbeat_assignment(cls: Any, parts: Partitions) -> Any:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from automq.broker.config import ConfigError, NodeConfig, TlsConfig
-from automq.broker.security.tls import ReloadingContext, client_context
+from automq.broker.security.tls import ReloadingContext, client_context, file_stamp
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class ControllerClientAuth:
     _ca_checked: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
-        self._ca_stamp = _file_stamp(self.ca_file)
+        self._ca_stamp = file_stamp(self.ca_file)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token.current()}"} if self.token is not None else {}
@@ -115,7 +115,7 @@ class ControllerClientAuth:
         if now - self._ca_checked < CHECK_INTERVAL_S:
             return
         self._ca_checked = now
-        stamp = _file_stamp(self.ca_file)
+        stamp = file_stamp(self.ca_file)
         if stamp == self._ca_stamp:
             return
         try:
@@ -154,16 +154,6 @@ class ControllerClientAuth:
         # Kafka's ssl.endpoint.identification.algorithm, as for calls to other brokers
         context.check_hostname = config.tls.endpoint_identification_algorithm == "https"
         return cls(token, context, ca)
-
-
-def _file_stamp(path: str | None) -> tuple[int, int]:
-    if path is None:
-        return (0, -1)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return (0, -1)
-    return (st.st_mtime_ns, st.st_size)
 
 
 def _ca_context(ca: str) -> ssl.SSLContext:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,16 +30,9 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from automq.broker.config import ConfigError, SecurityConfig
 from automq.broker.security.scram import SaslAuthenticationError
+from automq.broker.security.tls import file_stamp
 
 log = logging.getLogger(__name__)
-
-
-def _file_stamp(path: str) -> tuple[int, int]:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return (0, -1)
-    return (st.st_mtime_ns, st.st_size)
 
 
 _HASHES: dict[str, type[hashes.SHA256 | hashes.SHA384 | hashes.SHA512]] = {
@@ -126,7 +118,7 @@ class TokenValidator:
 
     def __post_init__(self) -> None:
         if self.config.sasl_oauthbearer_jwks_file:
-            self._stamp = _file_stamp(self.config.sasl_oauthbearer_jwks_file)
+            self._stamp = file_stamp(self.config.sasl_oauthbearer_jwks_file)
             self.keys = load_jwks(self.config.sasl_oauthbearer_jwks_file)
 
     def _refresh(self) -> None:
@@ -135,7 +127,7 @@ class TokenValidator:
         path = self.config.sasl_oauthbearer_jwks_file
         if not path:
             return
-        stamp = _file_stamp(path)
+        stamp = file_stamp(path)
         if stamp == self._stamp:
             return
         self._stamp = stamp

@@ -51,15 +51,20 @@ _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_
 _CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
 
+def file_stamp(path: str | None) -> tuple[int, int]:
+    """(modification time, size) of a file a node re-reads when it changes; (0, -1) for a
+    missing file (or none)."""
+    if path is None:
+        return (0, -1)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, -1)
+    return (st.st_mtime_ns, st.st_size)
+
+
 def _stamp(paths: list[str]) -> tuple[tuple[int, int], ...]:
-    out = []
-    for p in paths:
-        try:
-            st = os.stat(p)
-            out.append((st.st_mtime_ns, st.st_size))
-        except OSError:
-            out.append((0, -1))
-    return tuple(out)
+    return tuple(file_stamp(p) for p in paths)
 
 
 def _read_password(path: str | None) -> str | None:

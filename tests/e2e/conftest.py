@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,8 +165,13 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
-def running_cluster(data_dir: Path, brokers: int = 2, object_store_url: str | None = None) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(data_dir, brokers, local.free_port_block(brokers), object_store_url).start()
+def running_cluster(
+    data_dir: Path, brokers: int = 2, object_store_url: str | None = None, sets: Iterable[str] = ()
+) -> Iterator[LocalCluster]:
+    """A started LocalCluster, stopped on exit; `sets` are --set items added to the defaults."""
+    cluster = LocalCluster(data_dir, brokers, local.free_port_block(brokers), object_store_url)
+    cluster.sets += sets
+    cluster.start()
     try:
         yield cluster
     finally:

@@ -5,72 +5,21 @@ what a new member resumes from."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
+
+from rdkafka_member import RdkafkaMember, produce_numbered, wait_for
 
 TOPIC = "rk-events"
 PARTITIONS = 4
 
 
 def produce(bootstrap: str, start: int, count: int) -> None:
-    from confluent_kafka import Producer
-
-    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2})
-    for i in range(start, start + count):
-        p.produce(TOPIC, value=str(i).encode(), partition=i % PARTITIONS)
-    assert p.flush(30) == 0
+    produce_numbered(bootstrap, TOPIC, PARTITIONS, start, count)
 
 
-class Member(threading.Thread):
+class Member(RdkafkaMember):
     def __init__(self, bootstrap: str, name: str) -> None:
-        super().__init__(daemon=True, name=name)
-        self.bootstrap = bootstrap
-        self.seen: list[int] = []
-        self.assigned: frozenset[int] = frozenset()
-        self.stop_flag = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        from confluent_kafka import Consumer
-
-        try:
-            c = Consumer(
-                {
-                    "bootstrap.servers": self.bootstrap,
-                    "group.id": "rk-grp",
-                    "client.id": self.name,
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                    "session.timeout.ms": 6_000,
-                    "heartbeat.interval.ms": 500,
-                    "topic.metadata.refresh.interval.ms": 1_000,
-                }
-            )
-
-            def on_assign(consumer, partitions):
-                self.assigned = frozenset(p.partition for p in partitions)
-
-            def on_revoke(consumer, partitions):
-                self.assigned = frozenset()
-
-            c.subscribe([TOPIC], on_assign=on_assign, on_revoke=on_revoke)
-            while not self.stop_flag.is_set():
-                msg = c.poll(0.1)
-                if msg is None or msg.error():
-                    continue
-                self.seen.append(int(msg.value()))
-                c.commit(message=msg, asynchronous=False)
-            c.close()
-        except BaseException as exc:
-            self.error = exc
-
-
-async def wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.1)
+        settings = {"session.timeout.ms": 6_000, "heartbeat.interval.ms": 500}
+        super().__init__(bootstrap, name, group="rk-grp", topic=TOPIC, settings=settings)
 
 
 def committed(bootstrap: str) -> dict[int, int]:
@@ -115,44 +64,14 @@ async def test_librdkafka_members_rebalance_and_commit(real_cluster) -> None:
     assert await asyncio.to_thread(committed, bootstrap) == dict.fromkeys(range(PARTITIONS), 50)
 
 
-class StaticMember(Member):
-    def __init__(self, bootstrap: str, name: str, instance_id: str | None) -> None:
-        super().__init__(bootstrap, name)
-        self.instance_id = instance_id
-        self.revocations = 0
+class StaticMember(RdkafkaMember):
+    """Polls without committing; `instance` None makes it a dynamic member."""
 
-    def run(self) -> None:
-        from confluent_kafka import Consumer
-
-        try:
-            conf = {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": "st-grp",
-                "client.id": self.name,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "session.timeout.ms": 10_000,
-                "heartbeat.interval.ms": 500,
-            }
-            if self.instance_id is not None:
-                conf["group.instance.id"] = self.instance_id
-            c = Consumer(conf)
-
-            def on_assign(consumer, partitions):
-                self.assigned = frozenset(p.partition for p in partitions)
-
-            def on_revoke(consumer, partitions):
-                self.revocations += 1
-                self.assigned = frozenset()
-
-            c.subscribe([TOPIC], on_assign=on_assign, on_revoke=on_revoke)
-            while not self.stop_flag.is_set():
-                msg = c.poll(0.1)
-                if msg is not None and not msg.error():
-                    self.seen.append(int(msg.value()))
-            c.close()  # a static member does not leave the group on close (KIP-345)
-        except BaseException as exc:
-            self.error = exc
+    def __init__(self, bootstrap: str, name: str, instance: str | None) -> None:
+        settings = {"session.timeout.ms": 10_000, "heartbeat.interval.ms": 500}
+        super().__init__(
+            bootstrap, name, group="st-grp", topic=TOPIC, settings=settings, instance=instance, commit=False
+        )
 
 
 async def test_static_member_restart_does_not_rebalance(real_cluster) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from typing import Any
 
 import pytest
+from rdkafka_member import RdkafkaMember, produce_numbered, wait_for
 
 TOPIC = "mig"
 PARTITIONS = 4
@@ -25,12 +25,7 @@ FAST = {
 
 
 def produce(bootstrap: str, start: int, count: int) -> None:
-    from confluent_kafka import Producer
-
-    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2})
-    for i in range(start, start + count):
-        p.produce(TOPIC, value=str(i).encode(), partition=i % PARTITIONS)
-    assert p.flush(30) == 0
+    produce_numbered(bootstrap, TOPIC, PARTITIONS, start, count)
 
 
 class EagerClassic(threading.Thread):
@@ -81,136 +76,35 @@ class EagerClassic(threading.Thread):
             self.error = exc
 
 
-class CooperativeClassic(threading.Thread):
+class CooperativeClassic(RdkafkaMember):
     """librdkafka's classic consumer with the cooperative-sticky assignor: its subscription
-    (v3) names the partitions it owns, so it gives up only what it must, incrementally."""
+    (v3) names the partitions it owns, so it gives up only what it must, incrementally. A
+    commit refused in a rebalance is Kafka's answer too: the record is read again."""
 
     def __init__(self, bootstrap: str, name: str, instance: str | None = None) -> None:
-        super().__init__(daemon=True, name=name)
-        self.bootstrap = bootstrap
-        self.instance = instance  # group.instance.id: a static member
-        self.seen: list[int] = []
-        self.assigned: frozenset[int] = frozenset()
-        self.stop_flag = threading.Event()
-        self.error: BaseException | None = None
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        from confluent_kafka import Consumer
-
-        try:
-            c = Consumer(
-                {
-                    "bootstrap.servers": self.bootstrap,
-                    "group.id": GROUP,
-                    "group.protocol": "classic",
-                    "partition.assignment.strategy": "cooperative-sticky",
-                    "client.id": self.name,
-                    **({"group.instance.id": self.instance} if self.instance else {}),
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                    "session.timeout.ms": 6_000,
-                    "heartbeat.interval.ms": 300,
-                    "topic.metadata.refresh.interval.ms": 1_000,
-                }
-            )
-
-            def on_assign(consumer: Any, partitions: Any) -> None:
-                self.assigned = self.assigned | {p.partition for p in partitions}
-
-            def on_revoke(consumer: Any, partitions: Any) -> None:
-                self.assigned = self.assigned - {p.partition for p in partitions}
-
-            c.subscribe([TOPIC], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
-            while not self.stop_flag.is_set():
-                msg = c.poll(0.1)
-                if msg is None:
-                    continue
-                if msg.error():
-                    self.errors.append(str(msg.error()))
-                    continue
-                consume_committed(c, msg, self.seen, self.errors)
-            c.close()
-        except BaseException as exc:
-            self.error = exc
+        settings = {
+            "group.protocol": "classic",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": 6_000,
+            "heartbeat.interval.ms": 300,
+        }
+        super().__init__(
+            bootstrap,
+            name,
+            group=GROUP,
+            topic=TOPIC,
+            settings=settings,
+            instance=instance,
+            tolerate_refused_commits=True,
+        )
 
 
-def consume_committed(c: Any, msg: Any, seen: list[int], errors: list[str]) -> None:
-    """Count a record once its offset is committed. A commit refused in a rebalance (a
-    classic member's generation just moved on) is Kafka's answer too: the record is read
-    again, here if the member still owns its partition, else by the partition's next owner
-    from the committed offset."""
-    from confluent_kafka import KafkaException, TopicPartition
-
-    try:
-        c.commit(message=msg, asynchronous=False)
-    except KafkaException as exc:
-        errors.append(f"commit: {exc}")
-        try:
-            c.seek(TopicPartition(msg.topic(), msg.partition(), msg.offset()))
-        except KafkaException:
-            pass  # no longer ours
-        return
-    seen.append(int(msg.value()))
-
-
-class Modern(threading.Thread):
+class Modern(RdkafkaMember):
     """librdkafka's KIP-848 consumer committing every record it sees."""
 
     def __init__(self, bootstrap: str, name: str, instance: str | None = None) -> None:
-        super().__init__(daemon=True, name=name)
-        self.bootstrap = bootstrap
-        self.instance = instance  # group.instance.id: a static member
-        self.seen: list[int] = []
-        self.assigned: frozenset[int] = frozenset()
-        self.stop_flag = threading.Event()
-        self.error: BaseException | None = None
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        from confluent_kafka import Consumer
-
-        try:
-            c = Consumer(
-                {
-                    "bootstrap.servers": self.bootstrap,
-                    "group.id": GROUP,
-                    "group.protocol": "consumer",
-                    "client.id": self.name,
-                    **({"group.instance.id": self.instance} if self.instance else {}),
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                    "topic.metadata.refresh.interval.ms": 1_000,
-                }
-            )
-
-            def on_assign(consumer: Any, partitions: Any) -> None:
-                self.assigned = self.assigned | {p.partition for p in partitions}
-
-            def on_revoke(consumer: Any, partitions: Any) -> None:
-                self.assigned = self.assigned - {p.partition for p in partitions}
-
-            c.subscribe([TOPIC], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
-            while not self.stop_flag.is_set():
-                msg = c.poll(0.1)
-                if msg is None:
-                    continue
-                if msg.error():
-                    self.errors.append(str(msg.error()))
-                    continue
-                self.seen.append(int(msg.value()))
-                c.commit(message=msg, asynchronous=False)
-            c.close()
-        except BaseException as exc:
-            self.error = exc
-
-
-async def wait_for(condition: Any, timeout: float = 90.0, state: Any = lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in time: {state()}")
-        await asyncio.sleep(0.1)
+        settings = {"group.protocol": "consumer"}
+        super().__init__(bootstrap, name, group=GROUP, topic=TOPIC, settings=settings, instance=instance)
 
 
 def covering(members: list[Any]) -> bool:

@@ -6,10 +6,9 @@ by type, and a coordinator move (its broker stops) keeps the group going."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 import pytest
+from rdkafka_member import RdkafkaMember, produce_numbered, wait_for
 
 TOPIC = "k848"
 PARTITIONS = 6
@@ -18,69 +17,14 @@ FAST = {"group_consumer_heartbeat_interval_ms": 300, "group_consumer_session_tim
 
 
 def produce(bootstrap: str, start: int, count: int) -> None:
-    from confluent_kafka import Producer
-
-    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2})
-    for i in range(start, start + count):
-        p.produce(TOPIC, value=str(i).encode(), partition=i % PARTITIONS)
-    assert p.flush(30) == 0
+    produce_numbered(bootstrap, TOPIC, PARTITIONS, start, count)
 
 
-class Member(threading.Thread):
+class Member(RdkafkaMember):
     """A group.protocol=consumer member committing every record it sees."""
 
     def __init__(self, bootstrap: str, name: str) -> None:
-        super().__init__(daemon=True, name=name)
-        self.bootstrap = bootstrap
-        self.seen: list[int] = []
-        self.assigned: frozenset[int] = frozenset()
-        self.stop_flag = threading.Event()
-        self.error: BaseException | None = None
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        from confluent_kafka import Consumer
-
-        try:
-            c = Consumer(
-                {
-                    "bootstrap.servers": self.bootstrap,
-                    "group.id": GROUP,
-                    "group.protocol": "consumer",
-                    "client.id": self.name,
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                    "topic.metadata.refresh.interval.ms": 1_000,
-                }
-            )
-
-            def on_assign(consumer, partitions):
-                self.assigned = self.assigned | {p.partition for p in partitions}
-
-            def on_revoke(consumer, partitions):
-                self.assigned = self.assigned - {p.partition for p in partitions}
-
-            c.subscribe([TOPIC], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
-            while not self.stop_flag.is_set():
-                msg = c.poll(0.1)
-                if msg is None:
-                    continue
-                if msg.error():
-                    self.errors.append(str(msg.error()))
-                    continue
-                self.seen.append(int(msg.value()))
-                c.commit(message=msg, asynchronous=False)
-            c.close()
-        except BaseException as exc:
-            self.error = exc
-
-
-async def wait_for(condition, timeout: float = 90.0, state=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in time: {state()}")
-        await asyncio.sleep(0.1)
+        super().__init__(bootstrap, name, group=GROUP, topic=TOPIC, settings={"group.protocol": "consumer"})
 
 
 def settled(members: list[Member]) -> bool:

@@ -14,43 +14,10 @@ import asyncio
 import shutil
 import subprocess
 import time
-import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-
-
-def _read_all(bootstrap: str, topic: str, partitions: int, level: str, timeout: float = 30.0) -> list[bytes]:
-    """Every record a fresh consumer of `level` reads up to the end of each partition."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": level,
-        }
-    )
-    consumer.subscribe([topic])
-    out: list[bytes] = []
-    eof: set[int] = set()
-    deadline = time.monotonic() + timeout
-    try:
-        while len(eof) < partitions and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition())
-                continue
-            eof.discard(msg.partition())
-            out.append(msg.value())
-    finally:
-        consumer.close()
-    assert len(eof) == partitions, f"did not reach the end of every partition of {topic} within {timeout}s"
-    return out
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from read_to_end import read_to_end
 
 
 def _three_transactions(send, begin, commit, abort, flush=lambda: None) -> None:
@@ -88,8 +55,8 @@ def test_confluent_commit_and_abort_across_partitions(cluster, e2e):
         lambda: producer.abort_transaction(60),
         producer.flush,
     )
-    assert _txns_seen(_read_all(cluster.bootstrap, topic, 4, "read_committed")) == {"0": 10, "2": 10}
-    assert _txns_seen(_read_all(cluster.bootstrap, topic, 4, "read_uncommitted")) == {"0": 10, "1": 10, "2": 10}
+    assert _txns_seen(read_to_end(cluster.bootstrap, topic, 4, "read_committed")) == {"0": 10, "2": 10}
+    assert _txns_seen(read_to_end(cluster.bootstrap, topic, 4, "read_uncommitted")) == {"0": 10, "1": 10, "2": 10}
 
 
 def test_open_transaction_holds_back_read_committed_and_list_offsets(cluster, e2e):
@@ -115,10 +82,10 @@ def test_open_transaction_holds_back_read_committed_and_list_offsets(cluster, e2
 
     assert high("read_uncommitted") == 3
     assert high("read_committed") == 1  # ListOffsets LATEST = the last stable offset
-    assert _read_all(cluster.bootstrap, topic, 1, "read_committed") == [b"before"]
+    assert read_to_end(cluster.bootstrap, topic, 1, "read_committed") == [b"before"]
     txn.commit_transaction(60)
     assert high("read_committed") == 4  # the marker is an offset too
-    assert _read_all(cluster.bootstrap, topic, 1, "read_committed") == [b"before", b"in-txn", b"after"]
+    assert read_to_end(cluster.bootstrap, topic, 1, "read_committed") == [b"before", b"in-txn", b"after"]
 
 
 @pytest.mark.parametrize("group_protocol", ["classic", "consumer"])  # consumer: KIP-848 member epochs
@@ -169,9 +136,9 @@ def test_confluent_consume_transform_produce_exactly_once(cluster, e2e, group_pr
         consumer.close()
     assert processed == 200 and aborted == 2
     assert sum(tp.offset for tp in committed) == 200  # the group's offsets came with the transactions
-    out = _read_all(cluster.bootstrap, dst, 2, "read_committed")
+    out = read_to_end(cluster.bootstrap, dst, 2, "read_committed")
     assert sorted(out) == sorted(b"out-" + str(i).encode() for i in range(200))  # each exactly once
-    assert len(_read_all(cluster.bootstrap, dst, 2, "read_uncommitted")) > 200  # the aborted output is there
+    assert len(read_to_end(cluster.bootstrap, dst, 2, "read_uncommitted")) > 200  # the aborted output is there
 
 
 def test_second_instance_fences_the_first_and_aborts_its_transaction(cluster, e2e):
@@ -194,7 +161,7 @@ def test_second_instance_fences_the_first_and_aborts_its_transaction(cluster, e2
         zombie.commit_transaction(30)
     err = info.value.args[0]
     assert err.fatal() or err.txn_requires_abort(), err
-    assert _read_all(cluster.bootstrap, topic, 2, "read_committed") == [b"successor"]
+    assert read_to_end(cluster.bootstrap, topic, 2, "read_committed") == [b"successor"]
 
 
 def test_transaction_left_open_is_aborted_after_its_timeout(cluster, e2e):
@@ -213,7 +180,7 @@ def test_transaction_left_open_is_aborted_after_its_timeout(cluster, e2e):
     deadline = time.monotonic() + 60
     seen: list[bytes] = []
     while time.monotonic() < deadline and seen != [b"plain"]:
-        seen = _read_all(cluster.bootstrap, topic, 1, "read_committed")
+        seen = read_to_end(cluster.bootstrap, topic, 1, "read_committed")
         time.sleep(0.5)
     assert seen == [b"plain"]
     with pytest.raises(KafkaException):

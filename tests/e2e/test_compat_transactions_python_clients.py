@@ -15,45 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError
-
-
-def _read_committed(
-    bootstrap: str, topic: str, partitions: int, timeout: float = 30.0, level: str = "read_committed"
-) -> list[bytes]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": level,
-        }
-    )
-    consumer.subscribe([topic])
-    out: list[bytes] = []
-    eof: set[int] = set()
-    deadline = time.monotonic() + timeout
-    try:
-        while len(eof) < partitions and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition())
-                continue
-            eof.discard(msg.partition())
-            out.append(msg.value())
-    finally:
-        consumer.close()
-    assert len(eof) == partitions, f"{level} did not reach the end of {topic} within {timeout}s"
-    return out
-
+from read_to_end import read_to_end
 
 CTP_INPUTS = 200
 
@@ -63,7 +27,7 @@ def _wait_read_committed(bootstrap: str, topic: str, expected: list[bytes], time
     deadline = time.monotonic() + timeout
     seen: list[bytes] = []
     while time.monotonic() < deadline:
-        seen = _read_committed(bootstrap, topic, 1)
+        seen = read_to_end(bootstrap, topic, 1)
         if seen == expected:
             return
         time.sleep(0.5)
@@ -111,7 +75,7 @@ def test_kafka_python_second_instance_fences_the_first(cluster, e2e):
         zombie.close(timeout=10)
         if successor is not None:
             successor.close(timeout=10)
-    assert _read_committed(cluster.bootstrap, topic, 2) == [b"successor"]
+    assert read_to_end(cluster.bootstrap, topic, 2) == [b"successor"]
 
 
 def test_kafka_python_transaction_left_open_is_aborted_after_its_timeout(cluster, e2e):
@@ -197,9 +161,9 @@ def _ctp_topics(cluster, e2e, prefix: str) -> tuple[str, str]:
 def _assert_ctp(cluster, dst: str, processed: int, aborted: int, committed: list[int]) -> None:
     assert processed == CTP_INPUTS and aborted == 2
     assert sum(committed) == CTP_INPUTS  # the group's offsets came with the transactions
-    out = _read_committed(cluster.bootstrap, dst, 2)
+    out = read_to_end(cluster.bootstrap, dst, 2)
     assert sorted(out) == sorted(b"out-" + str(i).encode() for i in range(CTP_INPUTS))  # each exactly once
-    assert len(_read_committed(cluster.bootstrap, dst, 2, level="read_uncommitted")) > CTP_INPUTS  # aborted output
+    assert len(read_to_end(cluster.bootstrap, dst, 2, level="read_uncommitted")) > CTP_INPUTS  # aborted output
 
 
 # ---------------------------------------------------------------- aiokafka
@@ -232,7 +196,7 @@ def test_aiokafka_second_instance_fences_the_first(cluster, e2e):
             await zombie.stop()
 
     asyncio.run(asyncio.wait_for(run(), 120))
-    assert _read_committed(cluster.bootstrap, topic, 2) == [b"successor"]
+    assert read_to_end(cluster.bootstrap, topic, 2) == [b"successor"]
 
 
 def test_aiokafka_transaction_left_open_is_aborted_after_its_timeout(cluster, e2e):

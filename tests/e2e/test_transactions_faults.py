@@ -10,7 +10,8 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from read_to_end import read_to_end
 
 from automq.broker.kafka.groups.state import partition_for
 
@@ -74,37 +75,6 @@ def _settled(bootstrap: str, topic: str, partitions: int, timeout: float = 120.0
     finally:
         for c in readers.values():
             c.close()
-
-
-def _read_committed(bootstrap: str, topic: str, partitions: int, timeout: float = 120.0) -> list[bytes]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"r-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-        }
-    )
-    consumer.subscribe([topic])
-    out: list[bytes] = []
-    eof: set[int] = set()
-    deadline = time.monotonic() + timeout
-    try:
-        while len(eof) < partitions and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition())
-                continue
-            eof.discard(msg.partition())
-            out.append(msg.value())
-    finally:
-        consumer.close()
-    assert len(eof) == partitions, "read_committed did not reach the end (a stuck last stable offset?)"
-    return out
 
 
 class ConfluentTxn:
@@ -231,7 +201,7 @@ def _kill_mid_transaction(cluster, e2e, choose_victim, client: str = "confluent"
         print(f"{client}: victim broker-{victim} (coordinator {coordinator}): the transaction {outcome}")
         cluster.wait_restarted(f"broker-{victim}", pid)
         _settled(cluster.bootstrap, topic, 4)
-        seen = _read_committed(cluster.bootstrap, topic, 4)
+        seen = read_to_end(cluster.bootstrap, topic, 4, timeout=120)
         inside = sorted(v for v in seen if v.startswith(b"txn-"))
         if outcome == "committed":
             assert inside == sorted(f"txn-{i}".encode() for i in range(40))
@@ -243,7 +213,7 @@ def _kill_mid_transaction(cluster, e2e, choose_victim, client: str = "confluent"
         producer.send(topic, 1, b"after")
         producer.commit()
         _settled(cluster.bootstrap, topic, 4)
-        assert b"after" in _read_committed(cluster.bootstrap, topic, 4)
+        assert b"after" in read_to_end(cluster.bootstrap, topic, 4, timeout=120)
     finally:
         producer.close()
 

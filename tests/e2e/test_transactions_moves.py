@@ -13,7 +13,8 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
+from read_to_end import read_to_end
 
 from automq.broker.kafka.groups.state import partition_for
 
@@ -73,38 +74,6 @@ def _offsets(bootstrap: str, topic: str, partition: int) -> tuple[int, int]:
     return out[0], out[1]
 
 
-def _read_committed_confluent(bootstrap: str, topic: str, partitions: int, timeout: float = 60.0) -> list[bytes]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"r-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-        }
-    )
-    consumer.subscribe([topic])
-    out: list[bytes] = []
-    eof: set[int] = set()
-    deadline = time.monotonic() + timeout
-    try:
-        while len(eof) < partitions and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition())
-                continue
-            eof.discard(msg.partition())
-            out.append(msg.value())
-    finally:
-        consumer.close()
-    assert len(eof) == partitions, "read_committed did not reach the end (a stuck last stable offset?)"
-    return out
-
-
 def _read_committed_kafka_python(bootstrap: str, topic: str) -> list[bytes]:
     from kafka import KafkaConsumer
 
@@ -144,7 +113,7 @@ def test_data_partition_moved_mid_transaction(moves_cluster, e2e):
     # the new leader knows the open transaction: the last stable offset stays at its start
     lso, hw = _offsets(c.bootstrap, topic, 0)
     assert (lso, hw) == (first_in_txn, first_in_txn + 5)
-    assert _read_committed_confluent(c.bootstrap, topic, 2) == [b"before"]
+    assert read_to_end(c.bootstrap, topic, 2, timeout=60) == [b"before"]
     for i in range(10, 20):
         producer.produce(topic, value=f"c-{i}".encode(), partition=i % 2)
     producer.commit_transaction(60)
@@ -177,7 +146,7 @@ def test_data_partition_moved_mid_transaction(moves_cluster, e2e):
     assert lso == hw
 
     committed = sorted(f"c-{i}".encode() for i in range(30))
-    for seen in (_read_committed_confluent(c.bootstrap, topic, 2), _read_committed_kafka_python(c.bootstrap, topic)):
+    for seen in (read_to_end(c.bootstrap, topic, 2, timeout=60), _read_committed_kafka_python(c.bootstrap, topic)):
         assert sorted(v for v in seen if v != b"before") == committed
         assert b"before" in seen
 
@@ -230,7 +199,7 @@ def test_coordinator_partition_moved_mid_transaction(moves_cluster, e2e):
     for p in (0, 1):
         lso, hw = _offsets(c.bootstrap, topic, p)
         assert lso == hw
-    for seen in (_read_committed_confluent(c.bootstrap, topic, 2), _read_committed_kafka_python(c.bootstrap, topic)):
+    for seen in (read_to_end(c.bootstrap, topic, 2, timeout=60), _read_committed_kafka_python(c.bootstrap, topic)):
         assert sorted(seen) == sorted(
             [f"one-{i}".encode() for i in range(20)] + [f"two-{i}".encode() for i in range(10)] + [b"three"]
         )
@@ -253,7 +222,7 @@ def test_aborted_data_stays_hidden_after_its_partition_moves(moves_cluster, e2e)
     producer.produce(topic, value=b"kept")
     producer.commit_transaction(60)
     _move(c.bootstrap, topic, 0, _other(_leader(c.bootstrap, topic, 0)))
-    assert _read_committed_confluent(c.bootstrap, topic, 1) == [b"kept"]
+    assert read_to_end(c.bootstrap, topic, 1, timeout=60) == [b"kept"]
     assert _read_committed_kafka_python(c.bootstrap, topic) == [b"kept"]
     consumer = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "u", "isolation.level": "read_uncommitted"})
     try:

@@ -194,6 +194,12 @@ class SecurityConfig(_Section):
         "brokers, the operator and CLIs read the same file. Unset: no token required",
     )
     controller_tls: bool = False  # serve the controller API over https with the `tls` section; clients verify it
+    controller_plain_http: bool = Field(
+        False,
+        description="With `security.controller_tls`: also serve plain http on the same port (the first byte "
+        "tells a TLS handshake from an HTTP request). Only for the middle of a rolling switch between http "
+        "and https, which the operator drives; otherwise a plain-http request gets one 400",
+    )
     controller_ca_file: str | None = Field(
         None,
         description="PEM CA bundle an https controller's certificate is verified against by this node's "
@@ -420,6 +426,11 @@ class NodeConfig(_Section):
         tls_users = [f"listeners[{lst.name}]" for lst in self.listeners if lst.security_protocol.endswith("SSL")]
         if self.security.controller_tls:
             tls_users.append("security.controller_tls")
+        elif self.security.controller_plain_http:
+            raise ValueError(
+                "security.controller_plain_http only applies with security.controller_tls "
+                "(without it the controller API is plain http anyway)"
+            )
         if tls_users and not (self.tls.cert_file and self.tls.key_file):
             raise ValueError(f"tls.cert_file and tls.key_file are required by {', '.join(tls_users)}")
         if self.tls.client_auth != "none" and tls_users and not self.tls.ca_file:

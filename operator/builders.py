@@ -251,7 +251,16 @@ def external_listeners_env(spec: AutoMQClusterSpec) -> str:
 
 
 def controller_scheme(spec: AutoMQClusterSpec) -> str:
-    return "https" if spec.controller_tls() else "http"
+    """The scheme clients call the controllers with (mid-switch, automq.operator.controller_scheme
+    decides which; the controllers then serve both)."""
+    return "https" if spec.controller_client_tls() else "http"
+
+
+def controller_api_summary(spec: AutoMQClusterSpec) -> str:
+    """status.controllerApi: what the controllers serve and their clients use now."""
+    if spec.controller_plain_http():
+        return f"switching: controllers serve http and https, clients use {controller_scheme(spec)}"
+    return controller_scheme(spec)
 
 
 def controller_client_env(spec: AutoMQClusterSpec) -> list[dict[str, Any]]:
@@ -283,9 +292,9 @@ def controller_client_volumes(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[
     return volumes
 
 
-def controller_urls(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[str]:
+def controller_urls(spec: AutoMQClusterSpec, ref: ClusterRef, scheme: str | None = None) -> list[str]:
     service = headless_service_name(ref, "controller")
-    scheme = controller_scheme(spec)
+    scheme = scheme or controller_scheme(spec)
     return [
         f"{scheme}://{pod_name(ref, 'controller', i)}.{service}.{ref.namespace}.svc:{CONTROLLER_PORT}"
         for i in range(spec.controller.replicas)
@@ -352,18 +361,24 @@ def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeCon
         "cluster_id": spec.cluster_id or f"{ref.namespace}-{ref.name}",
         "data_dir": DATA_DIR,
         "object_store_url": spec.object_store.url(),
-        "controller_urls": controller_urls(spec, ref),
+        # Controllers do not call each other through these: they follow what they serve, so that
+        # a switch of their clients' scheme does not restart them too.
+        "controller_urls": controller_urls(
+            spec, ref, ("https" if spec.controller_tls() else "http") if role == "controller" else None
+        ),
         "http_host": "0.0.0.0",
         "http_port": CONTROLLER_PORT if role == "controller" else BROKER_HTTP_PORT,
     }
     if spec.controller_token():
         raw["security"] = {"controller_token_file": f"{TOKEN_DIR}/token"}
-    if spec.controller_tls():
+    if spec.controller_tls() if role == "controller" else spec.controller_client_tls():
         # Every node verifies the controllers' certificate (a controller also calls the others).
         ca_dir = CONTROLLER_TLS_DIR if role == "controller" else CONTROLLER_CA_DIR
         raw.setdefault("security", {})["controller_ca_file"] = f"{ca_dir}/ca.crt"
         if role == "controller":
             raw["security"]["controller_tls"] = True
+            if spec.controller_plain_http():
+                raw["security"]["controller_plain_http"] = True
             raw["tls"] = {"cert_file": f"{CONTROLLER_TLS_DIR}/tls.crt", "key_file": f"{CONTROLLER_TLS_DIR}/tls.key"}
     if role == "broker":
         listeners = broker_listeners(spec)
@@ -725,7 +740,7 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
     if spec.controller_tls() and role == "controller":
         secret_volumes.append(_secret_volume("controller-tls", controller_certs_secret_name(ref)))
         volume_mounts.append({"name": "controller-tls", "mountPath": CONTROLLER_TLS_DIR, "readOnly": True})
-    elif spec.controller_tls():
+    elif role == "broker" and spec.controller_client_tls():
         secret_volumes.append(controller_ca_volume(ref))
         volume_mounts.append({"name": "controller-ca", "mountPath": CONTROLLER_CA_DIR, "readOnly": True})
     # https controllers answer nothing in clear text; the kubelet's HTTPS probes do not verify

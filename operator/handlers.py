@@ -38,7 +38,7 @@ from typing import Any
 
 import kopf
 
-from automq.operator import elastic, security, users
+from automq.operator import controller_scheme, elastic, security, users
 from automq.operator.builders import ClusterRef
 from automq.operator.controller_api import ControllerApiFactory, connect
 from automq.operator.kube import KubeApi, KubeError
@@ -168,6 +168,7 @@ async def _pass(
             reported["invalid"] = str(exc)
         return None
     reported.pop("invalid", None)
+    await controller_scheme.load_state(api, live, spec, ref)  # mid-switch, what the pods run now
     cluster = Cluster(
         api=api,
         ref=ref,
@@ -180,7 +181,8 @@ async def _pass(
         settings=ctx.settings,
         may_act=ctx.is_leader,
     )
-    return await reconcile(cluster, (STEPS if full else STATUS_STEPS) + (("nodeLoss", _node_loss_notes(live)),))
+    steps = (("controllerApiScheme", controller_scheme.step), *STEPS) if full else STATUS_STEPS
+    return await reconcile(cluster, (*steps, ("nodeLoss", _node_loss_notes(live))))
 
 
 def _node_loss_notes(live: dict[str, Any]) -> Any:

@@ -738,6 +738,7 @@ async def update_status(c: Cluster) -> None:
         brokers=c.status.get("brokers", RoleStatus()),
         bootstrap=builders.bootstrap_address(c.spec, c.ref),
         controller_endpoint=builders.controller_service_url(c.spec, c.ref),
+        controller_api=builders.controller_api_summary(c.spec),
         listeners=[ListenerStatus.model_validate(e) for e in builders.listener_status(c.spec, c.ref)],
         broker_selector=builders.broker_selector(c.ref),
         drained_brokers=sorted(c.drained),

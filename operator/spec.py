@@ -21,6 +21,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     WithJsonSchema,
@@ -58,6 +59,11 @@ SECURITY_DEFAULTS_ANNOTATION = f"{GROUP}/security-defaults"
 # plain http before the operator made https the default (spec.security.controllerApi.tls absent
 # then means false: switching schemes under running pods would stall the roll), else "https".
 CONTROLLER_SCHEME_ANNOTATION = f"{GROUP}/controller-api-scheme"
+# On the AutoMQCluster: what its pods run now, "<serve>/<client>" (automq.operator.controller_scheme):
+# controllers serve http, https or both; clients call them with http or https. Written by the
+# operator before it renders a step of a switch between http and https, so a restart resumes it.
+CONTROLLER_API_STATE_ANNOTATION = f"{GROUP}/controller-api-state"
+CONTROLLER_API_STATES = ("http/http", "https/https", "both/http", "both/https")
 DEFAULT_WAL_SIZE = "10Gi"  # each broker's WAL volume when spec.broker.wal is not given
 
 # Kubernetes' own resource.Quantity grammar, without a sign: a negative size is never meant.
@@ -952,9 +958,33 @@ class AutoMQClusterSpec(_Model):
     def needs_tls(self) -> bool:
         return any(listener.tls for listener in self.listeners)
 
-    def controller_tls(self) -> bool:
-        """Whether the controller API is served over https (a certificate of the cluster CA)."""
+    # What the pods run now while a switch between http and https rolls (serve, client); None:
+    # what the spec asks for. Set from CONTROLLER_API_STATE_ANNOTATION (parse_cluster, the reconciler).
+    _controller_api_state: tuple[str, str] | None = PrivateAttr(None)
+
+    def set_controller_api_state(self, serve: str, client: str) -> None:
+        self._controller_api_state = (serve, client)
+
+    def controller_tls_target(self) -> bool:
+        """Whether the spec asks for an https controller API (where a switch ends)."""
         return bool(self.security.controller_api.tls)
+
+    def controller_tls(self) -> bool:
+        """Whether the controllers serve https now (a certificate of the cluster CA), alone or,
+        mid-switch, together with plain http."""
+        if self._controller_api_state is None:
+            return self.controller_tls_target()
+        return self._controller_api_state[0] != "http"
+
+    def controller_plain_http(self) -> bool:
+        """Whether https controllers also serve plain http (the middle of a switch)."""
+        return self._controller_api_state is not None and self._controller_api_state[0] == "both"
+
+    def controller_client_tls(self) -> bool:
+        """Whether brokers, the operator and Jobs call the controllers with https now."""
+        if self._controller_api_state is None:
+            return self.controller_tls_target()
+        return self._controller_api_state[1] == "https"
 
     def needs_certificates(self) -> bool:
         """Whether the cluster needs a CA and node certificates: TLS listeners or https controllers."""
@@ -1093,6 +1123,11 @@ class AutoMQClusterStatus(_Model):
     brokers: RoleStatus = Field(default_factory=RoleStatus, description="Broker replicas.")
     bootstrap: str | None = Field(None, description="Kafka bootstrap address inside the cluster (host:port).")
     controller_endpoint: str | None = Field(None, description="Controller API base URL inside the cluster.")
+    controller_api: str | None = Field(
+        None,
+        description="What the controllers serve and their clients use now (differs from spec.security.controllerApi.tls "
+        "while a switch between http and https rolls; the automq.io/controller-api-state annotation records it).",
+    )
     listeners: list[ListenerStatus] = Field(
         default_factory=list, description="How clients reach each listener (what a client config needs)."
     )
@@ -1198,7 +1233,12 @@ def is_controller_http(obj: dict[str, Any]) -> bool:
 
 def parse_cluster(obj: dict[str, Any]) -> AutoMQClusterSpec:
     """The spec of a live AutoMQCluster object, with the defaults its annotations pin."""
-    return parse_spec(dict(obj.get("spec") or {}), legacy=is_legacy(obj), controller_http=is_controller_http(obj))
+    spec = parse_spec(dict(obj.get("spec") or {}), legacy=is_legacy(obj), controller_http=is_controller_http(obj))
+    state = ((obj.get("metadata") or {}).get("annotations") or {}).get(CONTROLLER_API_STATE_ANNOTATION)
+    if state in CONTROLLER_API_STATES:
+        serve, client = state.split("/")
+        spec.set_controller_api_state(serve, client)
+    return spec
 
 
 class InvalidSpec(ValueError):

@@ -63,6 +63,17 @@ def _stream_object(o: StreamObject) -> dict[str, Any]:
     }
 
 
+def same_scheme(leader_url: str, called_url: str) -> str:
+    """The leader's address with the scheme this client already speaks.
+
+    A controller advertises the scheme it prefers; while a cluster switches between http and
+    https its controllers serve both on one port and their clients are restarted one by one, so
+    a client keeps the scheme it was configured with instead of the one advertised."""
+    mine, _, _ = called_url.partition("://")
+    theirs, sep, rest = leader_url.partition("://")
+    return f"{mine}://{rest}" if sep and mine in ("http", "https") and theirs != mine else leader_url
+
+
 class ControllerClient:
     def __init__(
         self,
@@ -152,9 +163,11 @@ class ControllerClient:
                     self._leader = None
                     leader = data.get("leader_url")
                     last_problem = f"{url}: {data.get('message')}"
-                    if leader and leader.rstrip("/") != url and redirects < 3:
+                    if leader:
+                        leader = same_scheme(leader.rstrip("/"), url)
+                    if leader and leader != url and redirects < 3:
                         redirects += 1
-                        url = leader.rstrip("/")
+                        url = leader
                         continue
                     url = self._rotate()
                 elif status >= 500 and code in (None, "METADATA_ERROR"):

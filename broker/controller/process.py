@@ -69,6 +69,7 @@ class ControllerService:
                 self.config.http_port,
                 self.tls.context,
                 self.config.tls.handshake_timeout_ms / 1000,
+                plain_http=self.config.security.controller_plain_http,
             )
             self._https.start()
             self.port = self._https.port

@@ -1,4 +1,5 @@
-"""The controller's https listener, which answers a plain-HTTP request with a clear error.
+"""The controller's https listener, which answers a plain-HTTP request with a clear error
+(or, while a cluster switches schemes, serves it).
 
 aiohttp's own TLS site hands every connection to the TLS handshake, so a caller still using
 `http://` (a node config from before TLS was turned on, a curl without the scheme) sees only
@@ -7,6 +8,13 @@ with the handshake record type 0x16 and goes on to the TLS handshake and the API
 gets one `400` naming the setting (`CONTROLLER_AUTHENTICATION_FAILED`, which `ControllerClient`
 raises at once instead of retrying until its deadline) and is closed. Nothing of the API,
 probes included, is served in clear text on this port.
+
+Unless `plain_http` (`security.controller_plain_http`): then a connection that does not start
+with a TLS record goes to the same API unencrypted. That is the transition phase of a rolling
+switch between http and https (automq.operator.controller_scheme): the controllers accept both
+on their one port while their clients are restarted with the other scheme, so no client ever
+speaks a scheme its controller does not serve. The first byte decides: an HTTP request starts
+with a method name (ASCII letters), never with 0x16.
 """
 
 from __future__ import annotations
@@ -46,9 +54,17 @@ class TlsOnlySite:
     """Accepts on (host, port), sends TLS connections to `protocol_factory` (aiohttp's server)."""
 
     def __init__(
-        self, protocol_factory: Any, host: str, port: int, context: ssl.SSLContext, handshake_timeout_s: float
+        self,
+        protocol_factory: Any,
+        host: str,
+        port: int,
+        context: ssl.SSLContext,
+        handshake_timeout_s: float,
+        *,
+        plain_http: bool = False,
     ) -> None:
         self._factory = protocol_factory
+        self.plain_http = plain_http
         self._context = context
         self._handshake_timeout_s = handshake_timeout_s
         self._sock = socket.create_server((host, port), backlog=1024, reuse_port=False)
@@ -95,6 +111,9 @@ class TlsOnlySite:
                 await loop.connect_accepted_socket(
                     self._factory, conn, ssl=self._context, ssl_handshake_timeout=self._handshake_timeout_s
                 )
+                return
+            if first and self.plain_http:
+                await loop.connect_accepted_socket(self._factory, conn)
                 return
             if first:
                 await loop.sock_sendall(conn, plain_http_refusal())

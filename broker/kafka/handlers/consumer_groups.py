@@ -43,13 +43,12 @@ def _owned(topic_partitions: Any) -> Partitions | None:
     return out
 
 
-@handles(CONSUMER_GROUP_HEARTBEAT)
-async def consumer_group_heartbeat(request: Any, ctx: RequestContext) -> Any:
-    cls = ctx.response_class
-    coordinator = _coordinator(ctx)
-    interval = datetime.timedelta(
-        milliseconds=int(coordinator.group_config(request.group_id)["consumer.heartbeat.interval.ms"])
-    )
+HeartbeatResponder = Callable[[ErrorCode, str | None, str | None, int, Any], Any]
+
+
+def heartbeat_responder(cls: Any, interval: datetime.timedelta) -> HeartbeatResponder:
+    """respond(error, message, member_id, epoch, assignment) -> a Consumer/ShareGroupHeartbeat
+    response; the heartbeat interval is sent only with success (Kafka sends 0 with an error)."""
 
     def respond(error: ErrorCode, message: str | None, member_id: str | None, epoch: int, assignment: Any) -> Any:
         return build(
@@ -63,17 +62,40 @@ async def consumer_group_heartbeat(request: Any, ctx: RequestContext) -> Any:
             assignment=assignment,
         )
 
+    return respond
+
+
+def heartbeat_refusal(ctx: RequestContext, request: Any) -> tuple[ErrorCode, str | None] | None:
+    """Why a Consumer/ShareGroupHeartbeat is refused before its group is touched: the group's
+    error (not coordinator, loading, ...), or, as in Kafka, a subscription naming a topic the
+    principal may not DESCRIBE (TOPIC_AUTHORIZATION_FAILED listing them); None if neither."""
     error = _group_error(ctx, request.group_id)
     if error is not None:
-        return respond(error, None, None, -1, None)
+        return error, None
     if ctx.broker.authorizer is not None and request.subscribed_topic_names:
-        # Kafka: subscribing needs DESCRIBE on every named topic
         hidden = sorted(
             t for t in request.subscribed_topic_names if not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TOPIC, t)
         )
         if hidden:
-            message = "The client is not authorized to describe topics: " + ", ".join(hidden)
-            return respond(ErrorCode.topic_authorization_failed, message, None, -1, None)
+            return (
+                ErrorCode.topic_authorization_failed,
+                "The client is not authorized to describe topics: " + ", ".join(hidden),
+            )
+    return None
+
+
+@handles(CONSUMER_GROUP_HEARTBEAT)
+async def consumer_group_heartbeat(request: Any, ctx: RequestContext) -> Any:
+    cls = ctx.response_class
+    coordinator = _coordinator(ctx)
+    interval = datetime.timedelta(
+        milliseconds=int(coordinator.group_config(request.group_id)["consumer.heartbeat.interval.ms"])
+    )
+
+    respond = heartbeat_responder(cls, interval)
+    refused = heartbeat_refusal(ctx, request)
+    if refused is not None:
+        return respond(*refused, None, -1, None)
     result = await coordinator.consumer_heartbeat(
         HeartbeatRequest(
             group_id=request.group_id,

@@ -10,8 +10,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from automq.broker.kafka import authorizer as authz
-from automq.broker.kafka.codec import ZERO_THROTTLE, build, nested
+from automq.broker.kafka.codec import build, nested
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.groups.share import ShareHeartbeatRequest
 from automq.broker.kafka.groups.share_groups import ShareGroupSummary
@@ -21,11 +20,12 @@ from automq.broker.kafka.handlers.consumer_groups import (
     describe_groups,
     described_group,
     heartbeat_assignment,
+    heartbeat_refusal,
+    heartbeat_responder,
 )
 from automq.broker.kafka.handlers.groups import (
     _client_host,
     _coordinator,
-    _group_error,
 )
 from automq.broker.kafka.handlers.registry import handles
 
@@ -39,29 +39,10 @@ async def share_group_heartbeat(request: Any, ctx: RequestContext) -> Any:
     coordinator = _coordinator(ctx)
     interval = datetime.timedelta(milliseconds=share_settings(ctx.broker, request.group_id).heartbeat_interval_ms)
 
-    def respond(error: ErrorCode, message: str | None, member_id: str | None, epoch: int, assignment: Any) -> Any:
-        return build(
-            cls,
-            throttle_time=ZERO_THROTTLE,
-            error_code=error,
-            error_message=message,
-            member_id=member_id,
-            member_epoch=epoch,
-            heartbeat_interval=interval if error == ErrorCode.none else datetime.timedelta(0),
-            assignment=assignment,
-        )
-
-    error = _group_error(ctx, request.group_id)
-    if error is not None:
-        return respond(error, None, None, -1, None)
-    if ctx.broker.authorizer is not None and request.subscribed_topic_names:
-        # Kafka: subscribing needs DESCRIBE on every named topic
-        hidden = sorted(
-            t for t in request.subscribed_topic_names if not authz.allowed(ctx, authz.Op.DESCRIBE, authz.TOPIC, t)
-        )
-        if hidden:
-            message = "The client is not authorized to describe topics: " + ", ".join(hidden)
-            return respond(ErrorCode.topic_authorization_failed, message, None, -1, None)
+    respond = heartbeat_responder(cls, interval)
+    refused = heartbeat_refusal(ctx, request)
+    if refused is not None:
+        return respond(*refused, None, -1, None)
     result = await coordinator.share_heartbeat(
         ShareHeartbeatRequest(
             group_id=request.group_id,

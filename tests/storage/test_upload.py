@@ -100,6 +100,36 @@ async def test_big_streams_get_their_own_stream_object(setup):
     assert r.source != "log_cache" and [bytes(x.payload) for x in r.batches] == [b"B" * 5000] * 20
 
 
+async def test_objects_laid_out_in_slices_while_appends_continue(setup, monkeypatch):
+    # The uploader gives the event loop back every few batches while it lays out a block;
+    # appends that run meanwhile go to the next block and the object still holds exactly
+    # the sealed block's batches, in order.
+    from automq.broker.storage.upload import uploader
+
+    monkeypatch.setattr(uploader, "BATCHES_PER_SLICE", 7)
+    engine, _meta = setup
+    sids = [await engine.create_stream(), await engine.create_stream()]
+    streams = [await engine.open_stream(sid, 0) for sid in sids]
+    for i in range(40):
+        for n, s in enumerate(streams):
+            await s.append(bytes([n]) * (200 + i), 1)
+    flushing = asyncio.ensure_future(engine.uploader.flush())
+    for i in range(40, 60):
+        for n, s in enumerate(streams):
+            await s.append(bytes([n]) * (200 + i), 1)
+    await flushing
+    await engine.uploader.flush()
+    for n, (sid, s) in enumerate(zip(sids, streams, strict=True)):
+        engine.log_cache.drop_stream(sid)
+        got, offset = [], 0
+        while offset < 60:
+            r = await s.fetch(offset, 60, 1 << 20)
+            assert r.source != "log_cache" and r.batches
+            got += [bytes(x.payload) for x in r.batches]
+            offset = r.batches[-1].base_offset + r.batches[-1].record_count
+        assert got == [bytes([n]) * (200 + i) for i in range(60)]
+
+
 async def test_object_store_outage_holds_data_in_the_wal_until_it_returns(tmp_path, file_url):
     from automq.broker.objectstore import ObjectStoreUnavailable
 

@@ -36,7 +36,7 @@ from automq.broker.config import NodeConfig, check_broker_config
 from automq.broker.controller.protocol import METRICS_LISTENER, Endpoint
 from automq.broker.kafka.broker import Broker, advertised_endpoints
 from automq.broker.kafka.server import KafkaServer
-from automq.broker.node import run_node
+from automq.broker.node import freeze_startup_heap, run_node
 from automq.broker.storage.metadata import NodeFencedError
 
 if TYPE_CHECKING:
@@ -335,6 +335,7 @@ async def serve(config: NodeConfig) -> int:
         failed.cancel()
         await service.stop()
         return 1
+    log.debug("%d start-up objects frozen out of garbage collection", freeze_startup_heap())
     await asyncio.wait({stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
     for task in (stopping, failed):
         task.cancel()

@@ -1,6 +1,6 @@
 """Spark jobs benchmark: prints numbers next to a baseline measured in the same run.
 
-    python benchmarks/spark_bench.py [--mib 32] [--master local[2]] [--dir /tmp/spark-bench]
+    python benchmarks/spark_bench.py [--mib 32] [--master local[2]] [--dir /tmp/spark-bench] [--values json]
 
 Starts a real controller and broker (uploads every 0.5 s / 256 KiB, so the topic lands in
 many small stream-set objects), produces --mib MiB with confluent-kafka (1 KiB values,
@@ -16,6 +16,12 @@ lz4), waits until it is all in objects, then measures:
 3. compaction (`automq spark compact`, min age 0) -> MiB/s written, objects before/after;
 4. cold-read GETs per MiB and single-process read MiB/s before vs after compaction.
 
+`--values json`: ~1 KiB JSON objects (varied, 8 fields) into a JSON table
+(`automq.table.topic.convert.value.type=json`); the warm ingestion runs then go into a new
+table (tasks infer, the driver creates the table, the tasks run again), into a table that
+already has the columns (one pass, the steady state) and through the driver path JSON tables
+took before (rows collected and written on the driver), each next to a baseline run.
+
 MiB are of record payload (key + value) as produced. No assertions: it prints.
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import tempfile
@@ -34,6 +41,7 @@ from rich.console import Console
 
 from automq.broker import local
 from automq.broker.objectstore import open_object_store
+from automq.spark import iceberg, lakewrite
 from automq.spark.bulkread import read_range
 from automq.spark.cluster import ClusterLocation, ClusterView
 from automq.spark.compact import CompactionSettings, compact
@@ -66,20 +74,41 @@ def start_cluster(data_dir: Path, port: int | None = None) -> tuple[list, str]:
     return nodes, f"127.0.0.1:{port}"
 
 
-def produce(bootstrap: str, topic: str, mib: int) -> int:
+def json_value(i: int, text: str) -> bytes:
+    """A ~1 KiB JSON object (VALUE bytes) with fields of several types, varied per record."""
+    doc = {
+        "id": i,
+        "user": f"user-{i * 7919 % 100_003}",
+        "score": i % 977 / 7,
+        "ok": i % 3 == 0,
+        "tags": [f"t{i % 11}", f"t{i % 13}"],
+        "geo": {"lat": i % 180 - 90.5, "lon": i % 360 - 180.25},
+        "n": i * 31 % 1_000_003,
+        "text": "",
+    }
+    pad = VALUE - len(json.dumps(doc))
+    start = i * 37 % (len(text) - pad)
+    doc["text"] = text[start : start + pad]
+    return json.dumps(doc).encode()
+
+
+def produce(bootstrap: str, topic: str, mib: int, values_kind: str = "raw") -> int:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(60)
+    configs = {"automq.table.topic.convert.value.type": "json"} if values_kind == "json" else {}
+    admin.create_topics([NewTopic(topic, 2, 1, config=configs)])[topic].result(60)
     time.sleep(2)
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20, "compression.type": "lz4"})
     n = mib * MiB // (VALUE + 8)
     values = [os.urandom(VALUE) for _ in range(64)]  # incompressible: lz4 must not shrink the test
+    text = os.urandom(64 << 10).hex()
     for i in range(n):
+        value = json_value(i, text) if values_kind == "json" else values[i % 64]
         while True:
             try:
-                producer.produce(topic, key=f"{i:08d}".encode(), value=values[i % 64])
+                producer.produce(topic, key=f"{i:08d}".encode(), value=value)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -130,6 +159,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--repeat", type=int, default=3, help="warm ingestion runs, each next to a baseline run")
     ap.add_argument("--port", type=int, default=None, help="first port of the local cluster (default: a free one)")
+    ap.add_argument("--values", choices=("raw", "json"), default="raw", help="record values and the table's conversion")
     args = ap.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="spark-bench-"))
     data_dir = root / "cluster"
@@ -138,7 +168,7 @@ def main() -> None:
         location = ClusterLocation.resolve(data_dir=data_dir)
         topic = "bench"
         t0 = time.perf_counter()
-        n = produce(bootstrap, topic, args.mib)
+        n = produce(bootstrap, topic, args.mib, args.values)
         wait_uploaded(location, topic, n)
         payload_mib = n * (VALUE + 8) / MiB
         print(f"produced {n} records, {payload_mib:.1f} MiB payload in {time.perf_counter() - t0:.1f}s (incl. upload)")
@@ -183,33 +213,54 @@ def main() -> None:
         # The first run pays the Python workers' imports of the write path (as every run of a
         # CronJob does); then warm runs into fresh catalogs, each next to a baseline run, since
         # other engineers' jobs on the shared cores move single numbers by 2-3x.
-        def ingest_once(lake: str) -> tuple[float, TableResult]:
+        def ingest_once(lake: str, like: str | None = None, driver: bool = False) -> tuple[float, TableResult]:
+            """`like`: first create the table with the columns of that lake's table (no rows)."""
             catalog = open_catalog(f"sqlite:///{root}/{lake}/catalog.db")
-            started = time.perf_counter()
-            [result] = ingest(spark, location, catalog, [topic], enabled_topics=False)
-            return time.perf_counter() - started, result
+            if like is not None:
+                primed = open_catalog(f"sqlite:///{root}/{like}/catalog.db").load_table(f"kafka.{topic}")
+                iceberg.create_table(catalog, f"kafka.{topic}", primed.schema().as_arrow(), topic)
+            on_executors = lakewrite.on_executors
+            if driver:  # the path JSON tables took before: rows to the driver, converted and written there
+                lakewrite.on_executors = lambda settings: False  # type: ignore[assignment]
+            try:
+                started = time.perf_counter()
+                [result] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+                return time.perf_counter() - started, result
+            finally:
+                lakewrite.on_executors = on_executors  # type: ignore[assignment]
 
         secs, result = ingest_once("lake")
         print(
             f"[spark {args.master}] ingest into Iceberg (cold; sqlite catalog, local warehouse): {result.records} "
             f"records in {secs:.2f}s = {payload_mib / secs:.1f} MiB/s ({base_secs / secs:.2f}x baseline)"
         )
-        pairs = []
+        variants: dict[str, dict] = {"": {}}
+        if args.values == "json":
+            variants = {
+                " new table": {},
+                " table with the columns": {"like": "lake"},
+                " driver path (before)": {"driver": True},
+            }
+        pairs: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
         for i in range(args.repeat):
-            cpu = time.process_time()
-            base_i, *_ = single_process_read(location, topic)
-            cpu = time.process_time() - cpu
-            secs, result = ingest_once(f"lake-warm-{i}")
-            pairs.append((base_i, secs))
+            for label, kwargs in variants.items():
+                cpu = time.process_time()
+                base_i, *_ = single_process_read(location, topic)
+                cpu = time.process_time() - cpu
+                secs, result = ingest_once(f"lake-warm-{i}-{len(pairs[label])}{label.replace(' ', '-')}", **kwargs)
+                pairs[label].append((base_i, secs))
+                print(
+                    f"[spark {args.master}] ingest (warm){label} {i + 1}/{args.repeat}: {result.records} records in "
+                    f"{secs:.2f}s = {payload_mib / secs:.1f} MiB/s, {result.records / secs:,.0f} records/s; baseline "
+                    f"next to it {base_i:.2f}s: {base_i / secs:.2f}x; CPU: executor tasks {result.task_cpu_seconds:.2f}s, "
+                    f"baseline {cpu:.2f}s"
+                )
+        for label, runs in pairs.items():
+            ratios = sorted(b / s for b, s in runs)
             print(
-                f"[spark {args.master}] ingest (warm) {i + 1}/{args.repeat}: {result.records} records in {secs:.2f}s "
-                f"= {payload_mib / secs:.1f} MiB/s, {result.records / secs:,.0f} records/s; baseline next to it "
-                f"{base_i:.2f}s: {base_i / secs:.2f}x; CPU: executor tasks {result.task_cpu_seconds:.2f}s, baseline {cpu:.2f}s"
+                f"[spark {args.master}] ingest (warm){label} vs baseline, median of {len(ratios)}: "
+                f"{ratios[len(ratios) // 2]:.2f}x (range {ratios[0]:.2f}-{ratios[-1]:.2f}x)"
             )
-        ratios = sorted(b / s for b, s in pairs)
-        print(
-            f"[spark {args.master}] ingest (warm) vs baseline, median of {len(ratios)}: {ratios[len(ratios) // 2]:.2f}x"
-        )
 
         report = compact(spark, location, CompactionSettings(min_age_ms=0, target_bytes=256 << 20))
         print(

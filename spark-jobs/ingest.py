@@ -8,16 +8,21 @@ One round per table:
 1. load the table; its current snapshot's `automq.offsets` says where it stands;
 2. plan from the controller: each partition from that offset (or its log start) up to the
    committed end offset of its stream;
-3. raw and string values (lakewrite.py): Spark tasks read their planned object slices
-   straight from the object store, convert them and write the table's Parquet data files
-   themselves, returning only the files' metadata; JSON values (schema inferred from the
-   whole run, upsert across it): the tasks hand the rows to the driver as Arrow
-   (bulkread.py), which converts them (convert.py) and writes the files;
+3. Spark tasks read their planned object slices straight from the object store, convert
+   them and write the table's Parquet data files themselves, returning only the files'
+   metadata (lakewrite.py). JSON tables: each task infers the schema of its own records; the
+   tasks that met columns the table lacks report them instead of writing, the driver widens
+   the table once (creating it on the first run) and those tasks run again (lakeschema.py).
+   Upserts (flatten_debezium with id.columns: the latest image of an id across the whole run
+   wins, and the table's older rows of those ids are deleted) stay on the driver: the tasks
+   hand the rows to the driver as Arrow (bulkread.py), which converts them (convert.py) and
+   writes the files;
 4. commit ONE Iceberg transaction with those files, whose snapshot summary holds the
    new next offsets. The commit carries the requirement that the table's main branch is
    still the snapshot of step 1, so of two racing runs one loses; the loser re-plans from
    the winner's offsets (nothing is written twice, nothing skipped); on the executor path
-   it first deletes the files its tasks wrote.
+   it first deletes the files its tasks wrote. A schema widening is its own metadata commit
+   (no snapshot): a run that finds another run's commit after it re-plans as well.
 
 A run killed after writing data files but before the commit leaves only unreferenced files:
 the table still says the old offsets and the rerun writes that range again, once; the
@@ -43,7 +48,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import And, EqualTo, In, Or
 from pyiceberg.table import Table
 
-from automq.spark import iceberg, lakefiles, lakewrite
+from automq.spark import iceberg, lakefiles, lakeschema, lakewrite
 from automq.spark.bulkread import read_range
 from automq.spark.cluster import ClusterLocation, ClusterView, TopicView
 from automq.spark.convert import DLQ_SCHEMA, META_PREFIX, Converted, TableSettings, convert
@@ -210,9 +215,7 @@ def ingest_topic(
         t2 = time.perf_counter()
         try:
             dead = _commit_dead_letters(catalog, name, topic.name, converted.dead, offsets)
-            table = table or iceberg.create_table(
-                catalog, name, _initial_schema(converted), topic.name, settings.partition_by
-            )
+            table = table or _create_table(catalog, name, _initial_schema(converted), topic.name, settings)
             _commit(table, converted, settings, offsets, name, before_commit)
         except CommitFailedException as exc:
             log.info("%s: lost a concurrent commit (%s); re-planning", name, exc)
@@ -253,18 +256,39 @@ def _write_and_commit(
     """The executors convert and write the data files (lakewrite.py); here: one commit of
     them with the offsets. Returns (records, dead letters, offsets, the tasks' CPU seconds)."""
     t0 = time.perf_counter()
-    # the schema is known before reading (raw, string), so the table exists before the
-    # executors write into its location with its field ids
-    schema = _initial_schema(convert(ROW_SCHEMA.empty_table(), settings))
-    created = table is None
-    table = table or iceberg.create_table(catalog, name, schema, topic, settings.partition_by)
+    planned = _snapshot_id(table)
+    created = False
+    initial = _initial_schema(convert(ROW_SCHEMA.empty_table(), settings))  # JSON: the metadata columns
+
+    def widen(schemas: list[pa.Schema]) -> Table:
+        """JSON: the table made to hold what the tasks met (created by the first run)."""
+        nonlocal table, created
+        if table is None:
+            table = _create_table(catalog, name, lakeschema.unify(schemas), topic, settings)
+            created = True
+        else:
+            lakeschema.evolve(table, schemas)
+            if _snapshot_id(table) != planned:  # the widening read the newest metadata: re-plan
+                raise CommitFailedException(f"{name}: another run committed while this one widened the schema")
+        return table
+
     try:
-        if any(f.name not in table.schema().column_names for f in schema):
-            with table.update_schema() as update:  # a table an older version made
-                update.union_by_name(schema)
-        written = lakewrite.write_range(spark, location, topic, start, end, table, settings, view=view)
+        if settings.convert != "json":
+            # the schema is known before reading (raw, string), so the table exists before the
+            # executors write into its location with its field ids
+            if table is None:
+                table = _create_table(catalog, name, initial, topic, settings)
+                created = True
+            elif any(f.name not in table.schema().column_names for f in initial):
+                with table.update_schema() as update:  # a table an older version made
+                    update.union_by_name(initial)
+        written = lakewrite.write_range(spark, location, topic, start, end, table, settings, view=view, widen=widen)
+        table = written.table or table
+        if table is None:  # JSON, and no task had a good record: the offsets still advance
+            table = _create_table(catalog, name, initial, topic, settings)
+            created = True
     except Exception:
-        if created and table.refresh().current_snapshot() is None:
+        if created and table is not None and table.refresh().current_snapshot() is None:
             catalog.drop_table(name)  # nothing half-made: the run created it and wrote nothing
         raise
     offsets = {**committed, **{p: max(start[p], written.end[p]) for p in end}}
@@ -276,13 +300,14 @@ def _write_and_commit(
         lakewrite.delete_files(table, written.files)  # no snapshot will ever reference them
         raise
     log.info(
-        "%s: %d records in %d files: read, convert and write on executors %.2fs (in %d tasks: read %.2fs, "
-        "convert %.2fs, write %.2fs; CPU %.2fs), commit %.2fs",
+        "%s: %d records in %d files: read, convert and write on executors %.2fs (in %d tasks, %d run again "
+        "after widening the schema: read %.2fs, convert %.2fs, write %.2fs; CPU %.2fs), commit %.2fs",
         name,
         written.records,
         len(written.files),
         t1 - t0,
         written.tasks,
+        written.rerun_tasks,
         written.task_seconds["read"],
         written.task_seconds["convert"],
         written.task_seconds["write"],
@@ -290,6 +315,20 @@ def _write_and_commit(
         time.perf_counter() - t1,
     )
     return written.records, dead, offsets, written.task_seconds["cpu"]
+
+
+def _snapshot_id(table: Table | None) -> int | None:
+    snapshot = table.current_snapshot() if table is not None else None
+    return snapshot.snapshot_id if snapshot is not None else None
+
+
+def _create_table(catalog: Catalog, name: str, schema: pa.Schema, topic: str, settings: TableSettings) -> Table:
+    """The topic's table, created by this run: one a concurrent run created AND committed to
+    meanwhile would make this run commit a range twice, so that one means re-planning."""
+    table = iceberg.create_table(catalog, name, schema, topic, settings.partition_by)
+    if table.current_snapshot() is not None:
+        raise CommitFailedException(f"{name}: created and committed to by another run meanwhile")
+    return table
 
 
 def _commit_files(

@@ -9,9 +9,11 @@ Why: a profile of the earlier path (driver collects every decoded row as Arrow, 
 alone) put most of an ingestion run in shipping the rows from the Python workers through the
 JVM to the driver, and left the write on one core (docs/benchmarks.md).
 
-Used for value conversions whose table schema is known before reading (`raw`, `string`).
-JSON tables infer and evolve their schema from the values of the whole run and upsert across
-it (the latest image of an id within a run wins): those stay on the driver path.
+Every value conversion takes this path except upserts (`flatten_debezium` with
+`id.columns`: the latest image of an id across the whole run wins and older rows of the
+table are deleted, which the driver does). JSON tables infer their schema per task
+(lakeschema.py): a task whose columns the table already has writes at once; the others
+report their schema, the driver widens the table once and those tasks run again.
 
 Every file holds rows of ONE Kafka partition, so the driver can still cut each partition at
 its last stable offset after the fact: a task that meets a transaction with no marker up to
@@ -27,6 +29,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -37,9 +40,10 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 
+from automq.spark import lakeschema
 from automq.spark.bulkread import task_groups
 from automq.spark.cluster import ClusterLocation, ClusterView
-from automq.spark.convert import DLQ_SCHEMA, ConversionError, TableSettings, convert
+from automq.spark.convert import DLQ_SCHEMA, META_PREFIX, ConversionError, TableSettings, convert
 from automq.spark.reader import OPEN_TRANSACTION, ROW_SCHEMA
 from automq.spark.source import (
     DEFAULT_MAX_BYTES_PER_PARTITION,
@@ -51,12 +55,10 @@ from automq.spark.source import (
 
 log = logging.getLogger(__name__)
 
-EXECUTOR_CONVERSIONS = ("raw", "string")
-
 
 def on_executors(settings: TableSettings) -> bool:
-    """Whether a topic's rows are converted and written by the executors."""
-    return settings.convert in EXECUTOR_CONVERSIONS and not settings.id_columns
+    """Whether a topic's rows are converted and written by the executors: all but upserts."""
+    return not settings.id_columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +74,7 @@ class WriteTask:
     """What one Spark task does: read a slice group, convert it, write it into the table."""
 
     group: SliceGroup
-    metadata: TableMetadata
+    metadata: TableMetadata | None  # None: a JSON table not created yet (the task only infers)
     io_properties: dict[str, str]
     settings: TableSettings
 
@@ -83,6 +85,7 @@ class TaskOutput:
     dead: bytes = b""  # DLQ_SCHEMA rows as an Arrow IPC stream (empty: none)
     open_transactions: dict[int, int] = field(default_factory=dict)  # partition -> first open offset
     error: str = ""  # a ConversionError's message (errors.tolerance=none)
+    schema: bytes = b""  # JSON: the rows' Arrow schema, when the table must widen first (nothing written)
     seconds: dict[str, float] = field(default_factory=dict)  # read, convert, write (wall), cpu: for the log
 
 
@@ -93,7 +96,9 @@ class WriteResult:
     files: list[WrittenFile]
     dead: pa.Table  # DLQ_SCHEMA
     end: dict[int, int]  # the planned ends, lowered to open transactions
+    table: Table | None = None  # the table written into (JSON: maybe created or widened on the way)
     tasks: int = 0
+    rerun_tasks: int = 0  # JSON: tasks that met new columns and ran again after the widening
     task_seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(("read", "convert", "write", "cpu"), 0.0)
     )
@@ -107,6 +112,8 @@ def cut_at_open_transactions(rows: pa.Table) -> tuple[pa.Table, dict[int, int]]:
     """The rows without the open-transaction reports (reader.py) and without each reporting
     partition's rows from its first open offset on; and those offsets."""
     is_open = pc.equal(rows["timestamp_type"], OPEN_TRANSACTION)
+    if not pc.any(is_open).as_py():
+        return rows, {}  # the usual case: no copy of the rows
     opens = rows.filter(is_open)
     rows = rows.filter(pc.invert(is_open))
     first: dict[int, int] = {}
@@ -153,13 +160,24 @@ def run_task(task: WriteTask) -> TaskOutput:
     good = converted.rows
     if not good.num_rows:
         return out
-    io = load_file_io(task.io_properties, task.metadata.location)
-    schema = task.metadata.schema().as_arrow()
+    metadata = task.metadata
+    if metadata is None or (
+        task.settings.convert == "json" and lakeschema.needs_evolution(metadata.schema(), good.schema)
+    ):
+        out.schema = good.schema.serialize().to_pybytes()
+        out.seconds["cpu"] = time.process_time() - cpu0
+        return out
+    io = load_file_io(task.io_properties, metadata.location)
+    schema = metadata.schema().as_arrow()
     write_uuid, counter = uuid.uuid4(), itertools.count()
-    for p in pc.unique(good["partition"]).to_pylist():
-        mine = good.filter(pc.equal(good["partition"], p))
-        bounds = pc.min_max(mine["offset"]).as_py()
-        for data_file in _dataframe_to_data_files(task.metadata, align(mine, schema), io, write_uuid, counter):
+    # JSON tables' own fields take the plain names; their Kafka columns are prefixed
+    prefix = META_PREFIX if task.settings.convert == "json" else ""
+    partitions = pc.unique(good[f"{prefix}partition"]).to_pylist()
+    for p in partitions:
+        # a task's slices are usually of one partition: then no filtering copy of its rows
+        mine = good if len(partitions) == 1 else good.filter(pc.equal(good[f"{prefix}partition"], p))
+        bounds = pc.min_max(mine[f"{prefix}offset"]).as_py()
+        for data_file in _dataframe_to_data_files(metadata, align(mine, schema), io, write_uuid, counter):
             out.files.append(WrittenFile(data_file, p, bounds["min"], bounds["max"]))
     out.seconds["write"] = time.perf_counter() - t2
     out.seconds["cpu"] = time.process_time() - cpu0
@@ -180,28 +198,48 @@ def write_range(
     topic: str,
     start: dict[int, int],
     end: dict[int, int],
-    table: Table,
+    table: Table | None,
     settings: TableSettings,
     *,
     view: ClusterView | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES_PER_PARTITION,
+    widen: Callable[[list[pa.Schema]], Table] | None = None,
 ) -> WriteResult:
     """Executors write `topic`'s records in [start, end) into `table`'s location (read_committed,
     each partition up to its last stable offset); nothing is committed here. `view`: the
-    cluster's metadata with objects, when the caller has it already."""
+    cluster's metadata with objects, when the caller has it already. JSON tables: `table` is
+    None when it does not exist yet, and `widen(schemas)` (required then) makes the table hold
+    rows of the schemas tasks reported (creating it if need be) and returns it; the reporting
+    tasks then run again (lakeschema.py)."""
     view = view or ClusterView.load(location, [topic])
     slices = plan_slices(view, [topic], {topic: start}, {topic: end})
     if not slices:
-        return WriteResult([], DLQ_SCHEMA.empty_table(), dict(end))
-    groups = task_groups(slices, spark.sparkContext.defaultParallelism, max_bytes)
-    tasks = [
-        WriteTask(
-            SliceGroup(location.object_store_url, tuple(g), ahead, True), table.metadata, table.io.properties, settings
-        )
-        for g, ahead in zip(groups, with_lookahead(groups, slices), strict=True)
+        return WriteResult([], DLQ_SCHEMA.empty_table(), dict(end), table)
+    cut = task_groups(slices, spark.sparkContext.defaultParallelism, max_bytes)
+    groups = [
+        SliceGroup(location.object_store_url, tuple(g), ahead, True)
+        for g, ahead in zip(cut, with_lookahead(cut, slices), strict=True)
     ]
-    slots = spark_tasks(len(tasks), spark.sparkContext.defaultParallelism)
-    outputs: list[TaskOutput] = spark.sparkContext.parallelize(tasks, slots).map(run_task).collect()
+    outputs = _run(spark, groups, table, settings)
+    ran = list(outputs)  # both passes, for the task time report
+    reported = [i for i, o in enumerate(outputs) if o.schema]
+    if reported and not any(o.error for o in outputs):
+        written = [f for o in outputs for f in o.files]
+        try:
+            if widen is None:
+                raise RuntimeError(f"{topic}: tasks met columns the table lacks and nothing may widen it")
+            table = widen([pa.ipc.read_schema(pa.py_buffer(outputs[i].schema)) for i in reported])
+            log.info("%s: table widened for %d task(s); running them again", topic, len(reported))
+            again = _run(spark, [groups[i] for i in reported], table, settings)
+        except BaseException:
+            delete_files(table, written)
+            raise
+        ran += again
+        for i, o in zip(reported, again, strict=True):
+            outputs[i] = o
+        if any(o.schema for o in again):
+            delete_files(table, [f for o in outputs for f in o.files])
+            raise RuntimeError(f"{topic}: the widened table still lacks columns tasks met")
     written = [f for o in outputs for f in o.files]
     errors = [o.error for o in outputs if o.error]
     if errors:
@@ -233,15 +271,25 @@ def write_range(
     if dead.num_rows:
         below = [o < end[p] for p, o in zip(dead["partition"].to_pylist(), dead["offset"].to_pylist(), strict=True)]
         dead = dead.filter(pa.array(below, pa.bool_()))
-    result = WriteResult(keep, dead, end, len(tasks))
-    for o in outputs:
+    result = WriteResult(keep, dead, end, table, len(groups), len(reported))
+    for o in ran:
         for step, secs in o.seconds.items():
             result.task_seconds[step] += secs
     return result
 
 
-def delete_files(table: Table, files: list[WrittenFile]) -> None:
-    """Best effort: what is left behind is an orphan `lakefiles.remove_orphans` deletes later."""
+def _run(spark, groups: list[SliceGroup], table: Table | None, settings: TableSettings) -> list[TaskOutput]:
+    metadata, io = (table.metadata, table.io.properties) if table is not None else (None, {})
+    tasks = [WriteTask(g, metadata, io, settings) for g in groups]
+    slots = spark_tasks(len(tasks), spark.sparkContext.defaultParallelism)
+    return spark.sparkContext.parallelize(tasks, slots).map(run_task).collect()
+
+
+def delete_files(table: Table | None, files: list[WrittenFile]) -> None:
+    """Best effort: what is left behind is an orphan `lakefiles.remove_orphans` deletes later.
+    (No table: nothing can have been written.)"""
+    if table is None:
+        return
     for f in files:
         try:
             table.io.delete(f.data_file.file_path)

@@ -62,6 +62,7 @@ from automq.broker.kafka import codec, quotas
 from automq.broker.kafka.auth_session import ConnectionSession
 from automq.broker.kafka.context import RequestContext
 from automq.broker.kafka.handlers import registry
+from automq.broker.kafka.output import PacedOutput
 from automq.broker.security.principal import PrincipalMapper, PrincipalMappingError, subject_dn
 from automq.broker.security.scram import SaslAuthenticationError
 from automq.broker.security.tls import ReloadingContext
@@ -113,6 +114,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         "_last_activity",
         "_last_serial",
         "_memory_wait",
+        "_output",
         "_quota_gate",
         "_reading_paused",
         "_slots",
@@ -120,7 +122,6 @@ class KafkaConnection(asyncio.BufferedProtocol):
         "_throttled",
         "_timer",
         "_unmute",
-        "_writing_paused",
         "broker",
         "ip",
         "listener",
@@ -153,7 +154,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._last_activity = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._reading_paused = False
-        self._writing_paused = False
+        self._output: PacedOutput | None = None
         self._throttled = False  # muted while a client quota's throttle time runs (KIP-219)
         self._unmute: asyncio.TimerHandle | None = None
         # while muted for a quota: Produce/Fetch read before the mute wait on it (resolved at
@@ -169,6 +170,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._output = PacedOutput(self.transport, self._update_reading)  # type: ignore[arg-type]
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.ip = peer[0]
@@ -187,7 +189,6 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 self._abort("ssl_principal", str(exc))
                 return
         self._counted = True
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         self.broker.metrics.connections.inc()
         self._arm(self.server.idle_s)
 
@@ -219,11 +220,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 log.exception("a connection-close callback failed")
 
     def pause_writing(self) -> None:
-        self._writing_paused = True
+        if self._output is not None:
+            self._output.transport_full()
         self._update_reading()
 
     def resume_writing(self) -> None:
-        self._writing_paused = False
+        if self._output is not None:
+            self._output.transport_drained()
         self._update_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -569,16 +572,18 @@ class KafkaConnection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        output = self._output
+        assert output is not None
         while self._slots and self._slots[0].done:
             slot = self._slots.popleft()
             if slot.payload is not None:
-                self.broker.metrics.network_out.inc(_write_frame(transport, slot.payload))
+                self.broker.metrics.network_out.inc(output.write_frame(slot.payload))
                 self._last_activity = time.monotonic()
             if slot.close_after:
-                transport.close()
+                output.close_when_written()
                 return
         if self._closing_gracefully and not self._slots:
-            transport.close()
+            output.close_when_written()
 
     # ---------------------------------------------------------------- flow control, idle, close
 
@@ -587,7 +592,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if transport is None or transport.is_closing():
             return
         should_pause = (
-            self._writing_paused
+            (self._output is not None and self._output.pending >= WRITE_HIGH_WATER)
             or self._memory_wait
             or self._throttled
             or len(self._tasks) >= MAX_IN_FLIGHT
@@ -668,6 +673,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self.transport is not None:
             # what was answered already goes out first (e.g. ApiVersions before a bad frame)
             self._flush_done_only()
+            if self._output is not None:
+                self._output.write_all_now()
             self.transport.close()
 
     def _flush_done_only(self) -> None:
@@ -675,7 +682,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         while self._slots and self._slots[0].done and transport is not None:
             slot = self._slots.popleft()
             if slot.payload is not None:
-                self.broker.metrics.network_out.inc(_write_frame(transport, slot.payload))
+                if self._output is not None:
+                    self.broker.metrics.network_out.inc(self._output.write_frame(slot.payload))
+                else:
+                    self.broker.metrics.network_out.inc(_write_frame(transport, slot.payload))
 
     async def drain_and_close(self, timeout: float) -> None:
         """Graceful shutdown: read nothing more, answer what is in flight, then close."""
@@ -684,6 +694,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout)
         self._flush()
+        if self._output is not None:
+            self._output.write_all_now()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from automq.broker.kafka import records
 from automq.broker.objectstore import ObjectStore
+from automq.broker.objectstore.local import LocalObjectStore
 from automq.broker.storage.metadata import object_key
 from automq.broker.storage.objects.format import (
     FOOTER,
@@ -83,19 +84,28 @@ class ReadStats:
     records: int = 0
 
 
+async def _get(store: ObjectStore, key: str, start: int, end: int) -> bytes:
+    # This module runs on executor tasks and single-process readers, each with a loop of its
+    # own and one read at a time: a local store's read is cheaper on this thread than on its
+    # thread pool (LocalObjectStore.get_blocking).
+    if isinstance(store, LocalObjectStore):
+        return store.get_blocking(key, start, end)
+    return await store.get(key, start, end)
+
+
 async def read_slice_batches(store: ObjectStore, sl: ObjectSlice, stats: ReadStats | None = None):
     """Yield (base_offset, record_count, batch bytes) of the stored batches that overlap the
     slice, in offset order (whole batches: a batch may start before or end after it)."""
     stats = stats if stats is not None else ReadStats()
     tail_start = max(0, sl.object_size - TAIL_READ_BYTES)
-    tail = await store.get(sl.key, tail_start, sl.object_size)
+    tail = await _get(store, sl.key, tail_start, sl.object_size)
     stats.gets += 1
     stats.bytes += len(tail)
     index_pos, index_len, crc = parse_tail(tail[-FOOTER.size :], sl.object_size, key=sl.key)
     if index_pos >= tail_start:
         raw_index = tail[index_pos - tail_start : index_pos - tail_start + index_len]
     else:
-        raw_index = await store.get(sl.key, index_pos, index_pos + index_len)
+        raw_index = await _get(store, sl.key, index_pos, index_pos + index_len)
         stats.gets += 1
         stats.bytes += len(raw_index)
     blocks = parse_index(raw_index, crc, sl.object_size, key=sl.key).blocks(
@@ -103,7 +113,7 @@ async def read_slice_batches(store: ObjectStore, sl: ObjectSlice, stats: ReadSta
     )
     for run in _adjacent_runs(blocks):
         first, last = run[0], run[-1]
-        data = await store.get(sl.key, first.position, last.position + last.size)
+        data = await _get(store, sl.key, first.position, last.position + last.size)
         stats.gets += 1
         stats.bytes += len(data)
         view = memoryview(data)

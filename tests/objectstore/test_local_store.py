@@ -192,3 +192,16 @@ async def test_conditional_create_without_hard_link_support(file_url, monkeypatc
     assert sum(not isinstance(o, BaseException) for o in outcomes) == 1
     assert all(isinstance(o, PreconditionFailed) for o in outcomes if isinstance(o, BaseException))
     assert [info.key async for info in store.list()] == ["k", "race"]
+
+
+async def test_blocking_reads_give_what_get_gives(tmp_path):
+    store = open_object_store(f"file://{tmp_path}/store")
+    assert isinstance(store, LocalObjectStore)
+    await store.put("a/b", b"0123456789")
+    for start, end in ((0, None), (2, 5), (7, 100)):
+        assert store.get_blocking("a/b", start, end) == await store.get("a/b", start, end)
+    with pytest.raises(ObjectNotFound):
+        store.get_blocking("a/missing")
+    with pytest.raises(ObjectNotFound):
+        store.get_blocking("a/b", 10, 12)  # past the end, as get says
+    await store.close()

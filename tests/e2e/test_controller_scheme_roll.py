@@ -53,7 +53,7 @@ def _switch(k8s: KubeletHarness, load: SequencedProducer, tls: bool) -> list[tup
         ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
         return ready and status.get("controllerApi") == end.split("/")[0]
 
-    k8s.wait_for(f"controller API switched to {end}", done, timeout=400)
+    k8s.wait_for(f"controller API switched to {end}", done, timeout=250)
     return seen
 
 

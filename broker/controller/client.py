@@ -4,7 +4,8 @@ It implements `StreamManager` and `ObjectManager` (automq.broker.storage.metadat
 `ClusterClient` (automq.broker.controller.protocol) over the HTTP API of `server.py`.
 
 Following the leader: requests go to the last controller that answered as leader. A
-NOT_CONTROLLER answer names the leader (`leader_url`) and the client goes there at once;
+NOT_CONTROLLER answer names the leader (`leader_url`) and the client goes there at once, in
+the scheme it was configured with (`same_scheme`);
 without a name (an election is running) or when a controller is unreachable, it tries the
 next URL of its list, backing off, until `retry_deadline_s` passes, then raises
 ControllerUnavailableError. Every other error code becomes its exception class

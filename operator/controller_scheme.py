@@ -35,6 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import yaml
+
 from automq.operator import builders
 from automq.operator.builders import ClusterRef
 from automq.operator.reconcile import Cluster, Note, role_pods  # reconcile does not import this module
@@ -109,13 +111,18 @@ def current_state(spec: AutoMQClusterSpec) -> ApiState:
 def state_from_config_map(config_map: dict[str, Any] | None) -> ApiState | None:
     """What the nodes of a cluster that has no recorded state were rendered with."""
     data = (config_map or {}).get("data") or {}
-    broker_yaml, controller_yaml = data.get("broker.yaml"), data.get("controller.yaml")
-    if broker_yaml is None or controller_yaml is None:
+    try:
+        broker = yaml.safe_load(data["broker.yaml"]) or {}
+        controller = yaml.safe_load(data["controller.yaml"]) or {}
+    except (KeyError, yaml.YAMLError):
         return None
-    client: Scheme = "https" if "https://" in broker_yaml else "http"
-    if "controller_tls: true" not in controller_yaml:
+    # the URLs' scheme, not any "https://" in the file: an S3 endpoint is often https
+    urls = broker.get("controller_urls") or []
+    client: Scheme = "https" if any(str(u).startswith("https://") for u in urls) else "http"
+    security = controller.get("security") or {}
+    if not security.get("controller_tls"):
         return steady("http") if client == "http" else ApiState("both", client)
-    if "controller_plain_http: true" in controller_yaml:
+    if security.get("controller_plain_http"):
         return ApiState("both", client)
     return steady("https") if client == "https" else ApiState("both", client)
 

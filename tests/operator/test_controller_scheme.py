@@ -240,3 +240,23 @@ def test_a_new_cluster_starts_at_its_target() -> None:
         kube.objects[("AutoMQCluster", "demo")]["metadata"]["annotations"][CONTROLLER_API_STATE_ANNOTATION]
         == "https/https"
     )
+
+
+def test_an_https_object_store_endpoint_is_not_an_https_controller() -> None:
+    """What the nodes run is read from their controller URLs and settings, not from any
+    "https://" in the ConfigMap (S3 endpoints are usually https)."""
+    from automq.operator import security
+
+    spec = parse_spec(
+        {
+            "objectStore": {"bucket": "demo-bucket", "endpoint": "https://s3.eu-west-1.amazonaws.com"},
+            "security": {"controllerApi": {"tls": False}},
+        }
+    )
+    config_map = builders.config_map(spec, REF)
+    assert "https://s3." in config_map["data"]["broker.yaml"]
+    assert controller_scheme.state_from_config_map(config_map) == steady("http")
+    kube = FakeKube()
+    kube.objects[("ConfigMap", "demo-config")] = config_map
+    assert asyncio.run(security.pin_controller_scheme(kube, {"metadata": {"name": "demo"}}, REF)) is True
+    assert controller_scheme.state_from_config_map({"data": {"broker.yaml": ": not yaml ["}}) is None

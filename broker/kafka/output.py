@@ -65,6 +65,11 @@ class PacedOutput:
         self._full = False
         self._pump()
 
+    def discard(self) -> None:
+        """The connection is gone: drop what was never handed over (frees the buffers)."""
+        self._queue.clear()
+        self.pending = 0
+
     def write_all_now(self) -> None:
         """Hands everything queued to the transport now (aborts, shutdown)."""
         pieces = []

@@ -195,6 +195,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._head = self._frame = None
+        if self._output is not None:
+            self._output.discard()
         if self._memory_wait:
             self._memory_wait = False
             self.server.waiting.pop(self, None)

@@ -93,3 +93,15 @@ async def test_write_all_now_hands_everything_over_for_an_abort(monkeypatch):
     assert b"".join(t.writes) == frame(data) and out.pending == 0
     await turns(5)  # the scheduled turn finds nothing left
     assert b"".join(t.writes) == frame(data)
+
+
+async def test_a_lost_connection_drops_what_was_never_handed_over(monkeypatch):
+    monkeypatch.setattr(output, "STEP", 100)
+    t = FakeTransport()
+    out = PacedOutput(t, lambda: None)  # type: ignore[arg-type]
+    out.write_frame([os.urandom(1000)])
+    t.closed = True  # the peer went away
+    out.discard()
+    assert out.pending == 0
+    await turns(5)
+    assert len(t.writes) == 1  # nothing more after the loss

@@ -56,8 +56,9 @@ def test_json_tasks_infer_their_columns_widen_once_and_survive_a_crash(
         },
     )
     # run 1 creates the table: partition 0 meets `a`, partition 1 `n` as an int and as a double
-    first = [_rec(0, {"id": i, "a": f"a{i}"}) for i in range(6)] + [_rec(0, b"not json")]
-    first += [_rec(1, {"id": 100 + i, "n": i}) for i in range(3)] + [_rec(1, {"id": 103, "n": 0.5})]
+    # and `code` as a number in one partition and as text in the other (text, as one decode of both gives)
+    first = [_rec(0, {"id": i, "a": f"a{i}", "code": i}) for i in range(6)] + [_rec(0, b"not json")]
+    first += [_rec(1, {"id": 100 + i, "n": i, "code": "c"}) for i in range(3)] + [_rec(1, {"id": 103, "n": 0.5})]
     ends = sh.produce_confluent(spark_cluster.bootstrap, topic, first)
     spark_cluster.wait_uploaded(topic, ends)
     [r1] = ingest(spark, location, catalog, [topic], enabled_topics=False)
@@ -87,6 +88,7 @@ def test_json_tasks_infer_their_columns_widen_once_and_survive_a_crash(
     assert df["a"].to_list() == [f"a{i}" for i in range(6)] + ["later"] * 4 + [None] * 7
     assert df["n"].to_list() == [None] * 10 + [0.0, 1.0, 2.0, 0.5, 7.0, 7.0, 7.0]
     assert df["b"].to_list() == [None] * 14 + [True] * 3
+    assert df["code"].to_list() == [str(i) for i in range(6)] + [None] * 4 + ["c"] * 3 + [None] * 4
 
     # run 3 meets `c` and a bad record, and dies before its commit: rows and offsets stay,
     # the rerun writes every record once and the dead letter once

@@ -680,14 +680,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.transport.close()
 
     def _flush_done_only(self) -> None:
-        transport = self.transport
-        while self._slots and self._slots[0].done and transport is not None:
+        output = self._output  # set with the transport (connection_made)
+        while self._slots and self._slots[0].done and output is not None:
             slot = self._slots.popleft()
             if slot.payload is not None:
-                if self._output is not None:
-                    self.broker.metrics.network_out.inc(self._output.write_frame(slot.payload))
-                else:
-                    self.broker.metrics.network_out.inc(_write_frame(transport, slot.payload))
+                self.broker.metrics.network_out.inc(output.write_frame(slot.payload))
 
     async def drain_and_close(self, timeout: float) -> None:
         """Graceful shutdown: read nothing more, answer what is in flight, then close."""
@@ -718,18 +715,6 @@ def release_free_memory() -> bool:
         return False
     trim(0)
     return True
-
-
-def _write_frame(transport: asyncio.Transport, chunks: list) -> int:
-    """Writes one size-prefixed frame; returns the bytes handed to the transport."""
-    size = 0
-    for chunk in chunks:
-        size += len(chunk)
-    if len(chunks) == 1:
-        transport.write(_SIZE.pack(size) + chunks[0])
-    else:
-        transport.writelines([_SIZE.pack(size), *chunks])
-    return size + 4
 
 
 class KafkaServer:

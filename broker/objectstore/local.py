@@ -219,14 +219,21 @@ class LocalObjectStore(ObjectStore):
             self._semaphore = asyncio.Semaphore(self._max_concurrency)
             self._semaphore_loop = loop
         async with self._semaphore:
-            try:
+            with self._errors(op):
                 return await asyncio.to_thread(func, *args)
-            except ObjectStoreError as exc:
-                self.stats.errors[type(exc).__name__] = self.stats.errors.get(type(exc).__name__, 0) + 1
-                raise
-            except OSError as exc:
-                self.stats.errors["OSError"] = self.stats.errors.get("OSError", 0) + 1
-                raise ObjectStoreError(f"{op} failed on {self.root}: {exc}") from exc
+
+    @contextmanager
+    def _errors(self, op: str) -> Iterator[None]:
+        """Counts a failed operation in stats.errors by kind; an OSError becomes an
+        ObjectStoreError naming the store."""
+        try:
+            yield
+        except ObjectStoreError as exc:
+            self.stats.errors[type(exc).__name__] = self.stats.errors.get(type(exc).__name__, 0) + 1
+            raise
+        except OSError as exc:
+            self.stats.errors["OSError"] = self.stats.errors.get("OSError", 0) + 1
+            raise ObjectStoreError(f"{op} failed on {self.root}: {exc}") from exc
 
     def _check_root(self) -> None:
         if self._root_checked:
@@ -457,10 +464,7 @@ class LocalObjectStore(ObjectStore):
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         validate_key(key)
         validate_range(start, end)
-        data = await self._run("get", self._get_sync, key, start, end)
-        self.stats.gets += 1
-        self.stats.bytes_got += len(data)
-        return data
+        return self._got(await self._run("get", self._get_sync, key, start, end))
 
     def get_blocking(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """`get` on the caller's thread, for a caller with a thread and an event loop of its own
@@ -469,11 +473,11 @@ class LocalObjectStore(ObjectStore):
         Never from a server's event loop: it blocks it."""
         validate_key(key)
         validate_range(start, end)
-        try:
+        with self._errors("get"):
             data = self._get_sync(key, start, end)
-        except OSError as exc:
-            self.stats.errors["OSError"] = self.stats.errors.get("OSError", 0) + 1
-            raise ObjectStoreError(f"get failed on {self.root}: {exc}") from exc
+        return self._got(data)
+
+    def _got(self, data: bytes) -> bytes:
         self.stats.gets += 1
         self.stats.bytes_got += len(data)
         return data

@@ -25,6 +25,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import yaml
+
 from automq.broker.config import Listener, NodeConfig, dump_config
 from automq.operator import quantity
 from automq.operator.certificates import PRINCIPAL_MAPPING_RULES
@@ -447,6 +449,20 @@ def config_map(spec: AutoMQClusterSpec, ref: ClusterRef) -> dict[str, Any]:
         "metadata": _metadata(ref, config_map_name(ref)),
         "data": {f"{role}.yaml": dump_config(node_config(spec, ref, role)) for role in ROLES},
     }
+
+
+def rendered_client_scheme(config_map: dict[str, Any] | None) -> Literal["http", "https"] | None:
+    """The scheme the brokers of a rendered ConfigMap call their controllers with: that of its
+    broker.yaml's controller_urls, not any "https://" in the file (an S3 endpoint is often
+    https). None without a ConfigMap or a readable broker.yaml."""
+    text = ((config_map or {}).get("data") or {}).get("broker.yaml")
+    if text is None:
+        return None
+    try:
+        urls = (yaml.safe_load(text) or {}).get("controller_urls") or []
+    except yaml.YAMLError:
+        return None
+    return "https" if any(str(u).startswith("https://") for u in urls) else "http"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ import yaml
 from automq.operator import builders
 from automq.operator.builders import ClusterRef
 from automq.operator.reconcile import Cluster, Note, role_pods  # reconcile does not import this module
-from automq.operator.spec import CONTROLLER_API_STATE_ANNOTATION, AutoMQClusterSpec
+from automq.operator.spec import CONTROLLER_API_STATE_ANNOTATION, CONTROLLER_API_STATES, AutoMQClusterSpec
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +72,11 @@ def steady(scheme: Scheme) -> ApiState:
 
 def parse_state(value: str | None) -> ApiState | None:
     """The recorded state, or None when absent or not one the machine can reach."""
-    serve, _, client = (value or "").partition("/")
-    if serve not in ("http", "https", "both") or client not in ("http", "https"):
+    # not e.g. "http/https": clients in a scheme their controllers do not serve
+    if value not in CONTROLLER_API_STATES:
         return None
-    state = ApiState(serve, client)  # type: ignore[arg-type]
-    if state.serve != "both" and not state.steady:
-        return None  # e.g. "http/https": clients in a scheme their controllers do not serve
-    return state
+    serve, client = value.split("/")
+    return ApiState(serve, client)  # type: ignore[arg-type]
 
 
 def next_state(current: ApiState, target: Scheme, converged: bool) -> ApiState:
@@ -110,15 +108,13 @@ def current_state(spec: AutoMQClusterSpec) -> ApiState:
 
 def state_from_config_map(config_map: dict[str, Any] | None) -> ApiState | None:
     """What the nodes of a cluster that has no recorded state were rendered with."""
-    data = (config_map or {}).get("data") or {}
+    client = builders.rendered_client_scheme(config_map)
+    if client is None:
+        return None
     try:
-        broker = yaml.safe_load(data["broker.yaml"]) or {}
-        controller = yaml.safe_load(data["controller.yaml"]) or {}
+        controller = yaml.safe_load(((config_map or {}).get("data") or {})["controller.yaml"]) or {}
     except (KeyError, yaml.YAMLError):
         return None
-    # the URLs' scheme, not any "https://" in the file: an S3 endpoint is often https
-    urls = broker.get("controller_urls") or []
-    client: Scheme = "https" if any(str(u).startswith("https://") for u in urls) else "http"
     security = controller.get("security") or {}
     if not security.get("controller_tls"):
         return steady("http") if client == "http" else ApiState("both", client)

@@ -34,8 +34,6 @@ import ssl
 from collections.abc import Sequence
 from typing import Any
 
-import yaml
-
 from automq.broker.security.controller_auth import ControllerClientAuth, TokenFile
 from automq.broker.security.scram import make_credential, password_matches
 from automq.operator import builders, certificates
@@ -352,13 +350,7 @@ async def pin_controller_scheme(api: Any, live: dict[str, Any], ref: ClusterRef)
     if pinned in ("http", "https"):
         return pinned == "http"
     config_map = await api.get("ConfigMap", ref.namespace, builders.config_map_name(ref))
-    broker_yaml = ((config_map or {}).get("data") or {}).get("broker.yaml") or ""
-    try:
-        urls = (yaml.safe_load(broker_yaml) or {}).get("controller_urls") or []
-    except yaml.YAMLError:
-        urls = []
-    # the controller URLs' scheme, not any "https://" in the file: an S3 endpoint is often https
-    https = any(str(u).startswith("https://") for u in urls)
+    https = builders.rendered_client_scheme(config_map) == "https"
     value = "http" if config_map is not None and not https else "https"
     await api.patch(
         "AutoMQCluster", ref.namespace, ref.name, {"metadata": {"annotations": {CONTROLLER_SCHEME_ANNOTATION: value}}}

@@ -16,12 +16,8 @@ class FakeClock:
         return self.now
 
 
-async def serve(metrics: KafkaMetrics, status: list[int]):
-    async def handler(_request):
-        if status[0] != 200:
-            return web.Response(status=status[0], text="boom")
-        return web.Response(body=generate_latest(metrics.registry), content_type="text/plain")
-
+async def serve_metrics(handler):
+    """A local HTTP server answering /metrics with `handler`: (runner, the page's URL)."""
     app = web.Application()
     app.router.add_get("/metrics", handler)
     runner = web.AppRunner(app)
@@ -30,6 +26,15 @@ async def serve(metrics: KafkaMetrics, status: list[int]):
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
     return runner, f"http://127.0.0.1:{port}/metrics"
+
+
+async def serve(metrics: KafkaMetrics, status: list[int]):
+    async def handler(_request):
+        if status[0] != 200:
+            return web.Response(status=status[0], text="boom")
+        return web.Response(body=generate_latest(metrics.registry), content_type="text/plain")
+
+    return await serve_metrics(handler)
 
 
 async def test_window_rates_and_a_failed_scrape_blocks_the_model_until_the_next_success():
@@ -106,13 +111,7 @@ async def test_a_page_arriving_in_many_pieces_is_read_whole():
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_get("/metrics", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/metrics"
+    runner, url = await serve_metrics(handler)
     try:
         cluster = ClusterMetadata({1: BrokerMeta(1, None, "active", url)}, {("t", p): 1 for p in range(400)})
         async with LoadScraper(window_s=30, clock=FakeClock()) as scraper:

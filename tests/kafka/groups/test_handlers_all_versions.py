@@ -382,11 +382,9 @@ async def test_init_producer_id_every_version(node) -> None:
         assert empty.error_code == ErrorCode.invalid_request
 
 
-async def test_classic_apis_every_version_against_a_kip848_group(node) -> None:
-    """Online migration: classic members of a KIP-848 group (JoinGroup, SyncGroup, Heartbeat,
-    LeaveGroup) in every version get answers that encode; the broker assigns (no leader)."""
-    group = "mixed"
-    first = await call(
+async def kip848_join(node, group: str):
+    """A new KIP-848 member (ConsumerGroupHeartbeat v0, epoch 0) subscribing to topic "t"."""
+    return await call(
         node,
         68,
         0,
@@ -400,6 +398,13 @@ async def test_classic_apis_every_version_against_a_kip848_group(node) -> None:
         server_assignor=None,
         topic_partitions=(),
     )
+
+
+async def test_classic_apis_every_version_against_a_kip848_group(node) -> None:
+    """Online migration: classic members of a KIP-848 group (JoinGroup, SyncGroup, Heartbeat,
+    LeaveGroup) in every version get answers that encode; the broker assigns (no leader)."""
+    group = "mixed"
+    first = await kip848_join(node, group)
     assert first.error_code == ErrorCode.none and first.member_epoch == 1
     data = node.broker.groups.manager.groups[group].consumer
     for v in versions(JOIN):
@@ -495,20 +500,7 @@ async def test_an_upgrade_answers_classic_joins_waiting_in_a_rebalance(node) -> 
     waiting = asyncio.get_running_loop().create_task(call(node, JOIN, 5, **join_fields(5, group, first.member_id)))
     await asyncio.sleep(0.1)
     assert not waiting.done()  # the first member has not rejoined yet
-    hb = await call(
-        node,
-        68,
-        0,
-        group_id=group,
-        member_id="",
-        member_epoch=0,
-        instance_id=None,
-        rack_id=None,
-        rebalance_timeout=td(10_000),
-        subscribed_topic_names=("t",),
-        server_assignor=None,
-        topic_partitions=(),
-    )
+    hb = await kip848_join(node, group)
     assert hb.error_code == ErrorCode.none
     answered = await asyncio.wait_for(waiting, 5)
     assert answered.error_code == ErrorCode.rebalance_in_progress

@@ -59,13 +59,13 @@ def join_fields(version: int, group: str, member_id: str = "", instance: str | N
     )
 
 
-async def joined_member(node, group: str) -> tuple[str, int]:
+async def joined_member(node, group: str, assignment: bytes = b"x") -> tuple[str, int]:
     """A stable single-member group through JoinGroup v5 / SyncGroup v3."""
     first = await call(node, JOIN, 5, **join_fields(5, group))
     second = await call(node, JOIN, 5, **join_fields(5, group, first.member_id))
     assert second.error_code == ErrorCode.none
     assign = nest(
-        codec.request_class(SYNC, 3), "SyncGroupRequestAssignment", member_id=second.member_id, assignment=b"x"
+        codec.request_class(SYNC, 3), "SyncGroupRequestAssignment", member_id=second.member_id, assignment=assignment
     )
     synced = await call(
         node,
@@ -478,24 +478,8 @@ async def test_an_upgrade_answers_classic_joins_waiting_in_a_rebalance(node) -> 
     import asyncio
 
     group = "upgrade-mid-rebalance"
-    a = await call(node, JOIN, 5, **join_fields(5, group))
-    a = await call(node, JOIN, 5, **join_fields(5, group, a.member_id))
     assignment = b"\x00\x00\x00\x00\x00\x01\x00\x01t\x00\x00\x00\x01\x00\x00\x00\x00\xff\xff\xff\xff"  # t-0
-    synced = await call(
-        node,
-        SYNC,
-        3,
-        group_id=group,
-        generation_id=a.generation_id,
-        member_id=a.member_id,
-        group_instance_id=None,
-        assignments=(
-            nest(
-                codec.request_class(SYNC, 3), "SyncGroupRequestAssignment", member_id=a.member_id, assignment=assignment
-            ),
-        ),
-    )
-    assert synced.error_code == ErrorCode.none
+    await joined_member(node, group, assignment)
     first = await call(node, JOIN, 5, **join_fields(5, group))
     waiting = asyncio.get_running_loop().create_task(call(node, JOIN, 5, **join_fields(5, group, first.member_id)))
     await asyncio.sleep(0.1)

@@ -11,6 +11,7 @@ object-store directory per test.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -27,6 +28,22 @@ sys.path.insert(0, str(Path(__file__).parent / "support"))
 # Directories of session-scoped fixtures start with this; everything else a module's tests
 # and fixtures make under the session's base temp dir is removed when the module is done.
 SESSION_DIR_PREFIX = "session-"
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logger() -> Iterator[None]:
+    """A test that runs a CLI in-process (`configure_logging`) replaces the root logger's
+    handlers with one writing to that test's captured stderr; once pytest closes it, every
+    later log record printed "--- Logging error --- I/O operation on closed file" tracebacks
+    into the run's output. Such handlers are removed after the test (pytest's own capturing
+    handlers come and go with each test phase and are left alone), and the root level reset."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        if h not in handlers and not type(h).__module__.startswith("_pytest"):
+            root.removeHandler(h)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -22,7 +22,9 @@ def _values(tag: str, n: int = 4) -> list[bytes]:
 
 
 def _high_watermark(bootstrap: str, topic: str) -> int:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "hw"})
+    # read_uncommitted: librdkafka's default (read_committed) answers the last stable offset,
+    # which stops short of an open transaction's records
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "hw", "isolation.level": "read_uncommitted"})
     try:
         return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1]
     finally:

@@ -93,6 +93,40 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
         local.stop(cluster.nodes, Console(quiet=True), broker_grace_s=20)
 
 
+TABLE_ENABLE = "automq.table.topic.enable"
+
+
+def delete_table_topics(bootstrap: str) -> list[str]:
+    """Deletes every topic with `automq.table.topic.enable=true`; returns their names."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = [n for n in admin.list_topics(timeout=10).topics if not n.startswith("__")]
+    if not names:
+        return []
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, n) for n in names]
+    enabled = []
+    for resource, future in admin.describe_configs(resources).items():
+        entry = future.result(30).get(TABLE_ENABLE)
+        if entry is not None and entry.value == "true":
+            enabled.append(resource.name)
+    if enabled:
+        for f in admin.delete_topics(enabled, operation_timeout=30).values():
+            f.result(60)
+    return enabled
+
+
+@pytest.fixture(autouse=True)
+def _table_topics_do_not_outlive_their_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A run over the enabled topics (`ingest(...)` by default, `automq spark ingest` without
+    --only) would otherwise also ingest every table topic an earlier test of the session left
+    on the shared cluster: the tests would depend on their order."""
+    yield
+    cluster = request.node.funcargs.get("spark_cluster") if hasattr(request.node, "funcargs") else None
+    if isinstance(cluster, SparkCluster):
+        delete_table_topics(cluster.bootstrap)
+
+
 @pytest.fixture(scope="session")
 def spark(seaweedfs):
     """Starts after SeaweedFS exported its credentials: Spark's Python workers inherit the

@@ -85,6 +85,7 @@ def test_raw_tables_exactly_once_across_reruns_and_a_crash(spark, spark_cluster,
     spark_cluster.wait_uploaded(topic, total)
 
     results = {r.topic: r for r in ingest(spark, location, catalog)}
+    assert set(results) == {topic}, "earlier tests' table topics must be gone (conftest deletes them)"
     assert results[topic].status == "committed" and results[topic].records == total
     table = catalog.load_table(results[topic].table)
     expected = sh.consume_all(spark_cluster.bootstrap, topic, total)

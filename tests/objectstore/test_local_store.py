@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -204,4 +205,112 @@ async def test_blocking_reads_give_what_get_gives(tmp_path):
         store.get_blocking("a/missing")
     with pytest.raises(ObjectNotFound):
         store.get_blocking("a/b", 10, 12)  # past the end, as get says
+    await store.close()
+
+
+def _record_write_backs(monkeypatch) -> list[tuple[str, int, int, int]]:
+    """Wraps the store's write-back and fsync: (call, offset, length, bytes in the file then)."""
+    from automq.broker.objectstore import local
+
+    calls: list[tuple[str, int, int, int]] = []
+    real_write_back, real_fsync = local._write_back, os.fsync
+
+    def write_back(fd: int, offset: int, length: int) -> None:
+        calls.append(("write_back", offset, length, os.fstat(fd).st_size))
+        real_write_back(fd, offset, length)
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISREG(os.fstat(fd).st_mode):  # not the directories' fsyncs
+            calls.append(("fsync", 0, 0, os.fstat(fd).st_size))
+        real_fsync(fd)
+
+    monkeypatch.setattr(local, "_write_back", write_back)
+    monkeypatch.setattr(local.os, "fsync", fsync)
+    return calls
+
+
+async def test_objects_are_written_back_in_small_steps_before_the_sealing_fsync(tmp_path, monkeypatch):
+    """A WAL fdatasync on the same disk waits behind at most one step of an object's write-back
+    (issue 14); durability still comes from the fsync before the object is renamed into place."""
+    from automq.broker.objectstore import local
+
+    if sys.platform.startswith("linux"):
+        assert local._sync_file_range is not None  # the real syscall, not the fdatasync fallback
+    step = local._WRITEBACK_STEP
+    store = open_object_store(f"file://{tmp_path}/store")
+    calls = _record_write_backs(monkeypatch)
+    whole = os.urandom(4 * step + 123)
+    parts = [os.urandom(step + 7), os.urandom(3 * step - 5), os.urandom(10)]
+    await store.put("big", whole)
+    await store.put_multipart("multi", parts)
+    for data in (whole, b"".join(parts)):
+        ends = [i for i, call in enumerate(calls) if call[0] == "fsync"]
+        mine, calls[: ends[0] + 1] = calls[: ends[0]], []
+        assert mine, "no write-back steps before the fsync"
+        position = 0
+        for _kind, offset, length, size_then in mine:
+            assert offset == position and 0 < length <= step
+            assert size_then >= offset + length  # written before it is written back
+            position += length
+        assert position == len(data)
+    assert await store.get("big") == whole
+    assert await store.get("multi") == b"".join(parts)
+    assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith(".%tmp-")]
+    await store.close()
+
+
+async def test_a_failed_write_back_fails_the_put_and_leaves_nothing(tmp_path, monkeypatch):
+    import ctypes
+    import errno
+
+    from automq.broker.objectstore import ObjectStoreError, local
+
+    def failing(fd: int, offset: int, length: int, flags: int) -> int:
+        ctypes.set_errno(errno.EIO)
+        return -1
+
+    monkeypatch.setattr(local, "_sync_file_range", failing)
+    store = open_object_store(f"file://{tmp_path}/store")
+    with pytest.raises(ObjectStoreError, match="sync_file_range"):
+        await store.put("big", os.urandom(local._WRITEBACK_STEP + 1))
+    with pytest.raises(ObjectNotFound):
+        await store.get("big")
+    assert [p.name for p in (tmp_path / "store").iterdir() if not p.name.startswith("%lock")] == []
+    await store.close()
+
+
+async def test_write_back_falls_back_to_fdatasync_where_sync_file_range_is_refused(tmp_path, monkeypatch):
+    import ctypes
+    import errno
+
+    from automq.broker.objectstore import local
+
+    def refused(fd: int, offset: int, length: int, flags: int) -> int:
+        ctypes.set_errno(errno.ENOSYS)
+        return -1
+
+    datasyncs: list[int] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        datasyncs.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(local, "_sync_file_range", refused)
+    monkeypatch.setattr(local.os, "fdatasync", fdatasync)
+    store = open_object_store(f"file://{tmp_path}/store")
+    data = os.urandom(2 * local._WRITEBACK_STEP + 1)
+    await store.put("big", data)
+    assert len(datasyncs) == 3
+    assert await store.get("big") == data
+    await store.close()
+
+
+async def test_a_store_without_fsync_does_no_write_back(tmp_path, monkeypatch):
+    store = open_object_store(f"file://{tmp_path}/store?fsync=false")
+    calls = _record_write_backs(monkeypatch)
+    data = os.urandom(3 << 20)
+    await store.put("big", data)
+    assert calls == []
+    assert await store.get("big") == data
     await store.close()

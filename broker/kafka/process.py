@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCol
 from automq.broker.config import NodeConfig, check_broker_config
 from automq.broker.controller.protocol import METRICS_LISTENER, Endpoint
 from automq.broker.kafka.broker import Broker, advertised_endpoints
+from automq.broker.kafka.codec.preload import preload_schemas
 from automq.broker.kafka.server import KafkaServer
 from automq.broker.node import freeze_startup_heap, run_node
 from automq.broker.storage.metadata import NodeFencedError
@@ -309,6 +311,15 @@ class BrokerService:
         return web.Response(status=503, text=text)
 
 
+async def _warm_up(served: dict[int, tuple[int, int]], stop: threading.Event) -> None:
+    """Once serving: load every served schema on a worker thread (a lazy first load stalled
+    the loop), then freeze what start-up and the schemas built out of garbage collection."""
+    started = time.perf_counter()
+    loaded = await asyncio.to_thread(preload_schemas, served, stop)
+    log.debug("%d api versions' schemas loaded in %.2f s", loaded, time.perf_counter() - started)
+    log.debug("%d start-up objects frozen out of garbage collection", freeze_startup_heap())
+
+
 async def serve(config: NodeConfig) -> int:
     service = BrokerService(config)
     loop = asyncio.get_running_loop()
@@ -335,9 +346,11 @@ async def serve(config: NodeConfig) -> int:
         failed.cancel()
         await service.stop()
         return 1
-    log.debug("%d start-up objects frozen out of garbage collection", freeze_startup_heap())
+    stop_warming = threading.Event()
+    warming = asyncio.create_task(_warm_up(service.server.served, stop_warming))
     await asyncio.wait({stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
-    for task in (stopping, failed):
+    stop_warming.set()
+    for task in (stopping, failed, warming):
         task.cancel()
     await service.stop()
     return 3 if service.fatal is not None else 0

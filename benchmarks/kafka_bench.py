@@ -71,7 +71,7 @@ class Cluster:
             self.seaweed.start()
             self.seaweed.export_environment()
             object_store = self.seaweed.url_for(self.seaweed.create_bucket())
-        port = local.free_port_block(self.args.brokers)
+        port = self.args.port or local.free_port_block(self.args.brokers)
         cmd = [
             sys.executable,
             "-m",
@@ -457,6 +457,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bootstrap", help="use a running cluster instead of starting one")
     ap.add_argument("--brokers", type=int, default=2)
+    ap.add_argument(
+        "--port", type=int, default=0, help="first Kafka port of the started cluster (default: a free block)"
+    )
     ap.add_argument("--object-store", help="object store URL for the started cluster (default: embedded file://)")
     ap.add_argument("--seaweedfs", action="store_true", help="start a local SeaweedFS and use it as the object store")
     ap.add_argument("--duration", type=float, default=8.0, help="seconds of each produce run")

@@ -383,7 +383,7 @@ class StorageEngine:
             s = streams.get(r.stream_id)
             if s is not None and s.epoch == r.stream_epoch:
                 s._confirmed(r.base_offset + r.record_count)
-        self.metrics.cache_bytes.labels("log_cache").set(cache.size)
+        self.metrics.cache_bytes.labels("log_cache").set(cache.resident)
         self.metrics.wal_bytes_pending.set(self.wal.bytes_pending_trim)
         if cache.open_block.size >= self.config.storage.upload_block_bytes:
             # Seal here, not in the uploader: while it is busy with the previous block the

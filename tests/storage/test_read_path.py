@@ -98,5 +98,5 @@ async def test_block_cache_stays_within_its_bound(tmp_path, file_url):
     while pos < 300:
         batches, _ = await reader.read(sid, pos, 300, 32 << 10)
         pos = batches[-1].next_offset
-        assert cache.size <= 100 << 10 or len(cache._entries) == 1
+        assert cache.resident <= 100 << 10 or len(cache._entries) == 1
     assert cache.misses > 0

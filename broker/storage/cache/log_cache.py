@@ -6,7 +6,9 @@ it: a block holds every record between two WAL positions, so once a block is upl
 committed the WAL can be trimmed to the block's end.
 
 Eviction is FIFO and bounded by bytes, but only of blocks already uploaded: data that is not
-yet in the object store must stay readable here.
+yet in the object store must stay readable here. The bound is on what the cache keeps alive
+(`resident`: each request frame or WAL read its batches are slices of, once, at its allocated
+size, plus each batch's objects), not on payload lengths (`size`), which ran ~12 % below it.
 
 A compaction that rewrote a committed range of a stream (key compaction drops records) makes
 the cached batches of that range stale: `invalidate_below` sets the stream's floor, and reads
@@ -16,11 +18,17 @@ below it miss (the engine reads the objects); uploaded slices wholly below it ar
 from __future__ import annotations
 
 import bisect
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from automq.broker.storage.api import RecordBatchData
+from automq.broker.storage.cache.retained import VIEW_OVERHEAD, Retained
+
+# Per cached batch, besides its buffer: its RecordBatchData, its base offset's int and the
+# two list slots (bases, batches) pointing at them.
+BATCH_OVERHEAD = sys.getsizeof(RecordBatchData(1 << 40, 1, b"")) + sys.getsizeof(1 << 40) + 16
 
 
 @dataclass(slots=True)
@@ -58,7 +66,9 @@ class LogCache:
         self.max_bytes = max_bytes
         self._blocks: deque[CacheBlock] = deque()
         self._next_block_id = 0
-        self.size = 0
+        self.size = 0  # payload bytes
+        self._retained = Retained()  # the buffers the payloads are slices of
+        self._overhead = 0  # per-batch objects
         self._unuploaded = 0  # kept as a counter: checked on every append
         # Each stream's slices, oldest first, so reads never scan other streams' blocks.
         self._by_stream: dict[int, deque[StreamSlice]] = {}
@@ -95,12 +105,31 @@ class LogCache:
             self._by_stream.setdefault(stream_id, deque()).append(sl)
         sl.bases.append(base_offset)
         sl.batches.append(RecordBatchData(base_offset, record_count, payload))
+        self._retained.hold(payload)
+        self._overhead += BATCH_OVERHEAD + VIEW_OVERHEAD if isinstance(payload, memoryview) else BATCH_OVERHEAD
         n = len(payload)
         sl.size += n
         block.size += n
         block.wal_end = wal_end
         self.size += n
         self._unuploaded += n
+        if self._retained.bytes + self._overhead > self.max_bytes and self._blocks[0].uploaded:
+            self.evict()  # not only when the next upload ends: the cap holds between uploads
+
+    @property
+    def resident(self) -> int:
+        """Bytes this cache keeps alive: the buffers its batches are slices of, each counted
+        once at its allocated size, and the batches' own objects. What `max_bytes` bounds."""
+        return self._retained.bytes + self._overhead
+
+    def _release(self, batches: list[RecordBatchData]) -> None:
+        release = self._retained.release
+        views = 0
+        for b in batches:
+            release(b.payload)
+            if isinstance(b.payload, memoryview):
+                views += 1
+        self._overhead -= BATCH_OVERHEAD * len(batches) + VIEW_OVERHEAD * views
 
     def seal(self) -> CacheBlock:
         """Close the open block (it becomes an upload unit) and open a new one. Returns the
@@ -120,11 +149,13 @@ class LogCache:
         self.evict()
 
     def evict(self) -> None:
-        while self.size > self.max_bytes and self._blocks and self._blocks[0].uploaded:
+        while self.resident > self.max_bytes and self._blocks and self._blocks[0].uploaded:
             b = self._blocks.popleft()
             self.size -= b.size
             for sid, sl in b.streams.items():
+                self._release(sl.batches)
                 self._unlink(sid, sl)
+            b.streams.clear()  # a caller still holding the block (flush's list) holds no data
 
     def _unlink(self, stream_id: int, sl: StreamSlice) -> None:
         slices = self._by_stream.get(stream_id)
@@ -149,12 +180,15 @@ class LogCache:
         self.size -= sl.size
         if not block.uploaded:
             self._unuploaded -= sl.size
+        self._release(sl.batches)
         self._unlink(stream_id, sl)
 
     def keep_from(self, block: CacheBlock, stream_id: int, first_kept: int) -> None:
         """Drop a slice's batches before index `first_kept` (they are committed already)."""
         sl = block.streams[stream_id]
-        dropped = sum(len(b.payload) for b in sl.batches[:first_kept])
+        gone = sl.batches[:first_kept]
+        dropped = sum(len(b.payload) for b in gone)
+        self._release(gone)
         del sl.batches[:first_kept]
         del sl.bases[:first_kept]
         sl.size -= dropped

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -209,6 +210,8 @@ def main() -> None:
             stop(proc)
         if broker.poll() is None:
             os.kill(broker.pid, signal.SIGKILL)
+        if args.dir is None:  # a run leaves GBs of WAL and objects: never keep a temporary one
+            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

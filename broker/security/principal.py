@@ -14,8 +14,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cryptography import x509
-
 ANONYMOUS = "User:ANONYMOUS"
 
 _RULE = re.compile(r"^RULE:((?:\\/|[^/])*)/((?:\\/|[^/])*)/([LU])?$")
@@ -83,4 +81,6 @@ class PrincipalMapper:
 
 def subject_dn(der_certificate: bytes) -> str:
     """The certificate's subject in RFC 2253 form (RFC 4514 is the same format)."""
+    from cryptography import x509  # here, not at import: only mTLS listeners need it
+
     return x509.load_der_x509_certificate(der_certificate).subject.rfc4514_string()

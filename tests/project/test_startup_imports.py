@@ -27,6 +27,8 @@ def test_server_processes_import_no_test_library():
     assert not loaded & {"hypothesis", "pytest", "unittest", "_pytest"}, sorted(
         loaded & {"hypothesis", "pytest", "unittest"}
     )
+    # only OAUTHBEARER and mTLS listeners need it: imported when they verify something
+    assert "cryptography" not in loaded
 
 
 def test_hypothesis_still_works_after_the_entry_point_hid_it_from_kio():

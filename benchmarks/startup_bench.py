@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -45,6 +46,12 @@ IMPORTS = (
     "import automq.broker.kafka.process, automq.broker.config"
 )
 IMPORTS_BEFORE = "import automq.broker.cli; import automq.broker.kafka.process, automq.broker.config"
+# what the OAUTHBEARER and principal modules imported at start until they imported it lazily
+IMPORTS_WITH_CRYPTOGRAPHY = (
+    IMPORTS + "; import cryptography.x509, cryptography.exceptions, cryptography.hazmat.primitives.hashes, "
+    "cryptography.hazmat.primitives.asymmetric.ec, cryptography.hazmat.primitives.asymmetric.rsa, "
+    "cryptography.hazmat.primitives.asymmetric.padding, cryptography.hazmat.primitives.asymmetric.utils"
+)
 
 
 def metadata_request(correlation_id: int) -> bytes:
@@ -258,49 +265,57 @@ def main() -> None:
     args = ap.parse_args()
     base = Path(args.dir or tempfile.mkdtemp(prefix="startup-bench-"))
     base.mkdir(parents=True, exist_ok=True)
-    print(f"# start-up bench; load average {os.getloadavg()[0]:.1f} at start; {os.cpu_count()} CPUs")
+    try:
+        print(f"# start-up bench; load average {os.getloadavg()[0]:.1f} at start; {os.cpu_count()} CPUs")
 
-    print(
-        f"\n## broker ready (first Metadata answer listing it) on a new, empty {args.ready_wal_mib} MiB volume WAL, "
-        f"{args.rounds} rounds"
-    )
-    bare: list[tuple[float, float]] = []
-    imports: list[tuple[float, float]] = []
-    with_hypothesis: list[tuple[float, float]] = []
-    ready = broker_ready_times(
-        base,
-        args.rounds,
-        args.port_base,
-        # interleaved with the broker starts (the machine's load drifts)
-        lambda: (
-            bare.append(spawn_time("pass")),
-            imports.append(spawn_time(IMPORTS)),
-            with_hypothesis.append(spawn_time(IMPORTS_BEFORE)),
-        ),
-        args.ready_wal_mib,
-    )
-    for name, values in (
-        ("python -c pass (baseline)", bare),
-        ("the same imports with kio seeing Hypothesis (before)", with_hypothesis),
-        ("python -c <the broker's imports, as `automq broker`>", imports),
-        ("broker process ready", ready),
-    ):
-        wall = [w for w, _ in values]
-        cpu = [c for _, c in values]
         print(
-            f"{name:55s} wall median {statistics.median(wall) * 1000:6.0f} ms "
-            f"(min {min(wall) * 1000:6.0f}, max {max(wall) * 1000:6.0f}); "
-            f"CPU median {statistics.median(cpu) * 1000:6.0f} ms"
+            f"\n## broker ready (first Metadata answer listing it) on a new, empty {args.ready_wal_mib} MiB volume WAL, "
+            f"{args.rounds} rounds"
         )
+        bare: list[tuple[float, float]] = []
+        imports: list[tuple[float, float]] = []
+        with_hypothesis: list[tuple[float, float]] = []
+        with_cryptography: list[tuple[float, float]] = []
+        ready = broker_ready_times(
+            base,
+            args.rounds,
+            args.port_base,
+            # interleaved with the broker starts (the machine's load drifts)
+            lambda: (
+                bare.append(spawn_time("pass")),
+                imports.append(spawn_time(IMPORTS)),
+                with_hypothesis.append(spawn_time(IMPORTS_BEFORE)),
+                with_cryptography.append(spawn_time(IMPORTS_WITH_CRYPTOGRAPHY)),
+            ),
+            args.ready_wal_mib,
+        )
+        for name, values in (
+            ("python -c pass (baseline)", bare),
+            ("the same imports with kio seeing Hypothesis (before)", with_hypothesis),
+            ("the same imports + cryptography at start (before)", with_cryptography),
+            ("python -c <the broker's imports, as `automq broker`>", imports),
+            ("broker process ready", ready),
+        ):
+            wall = [w for w, _ in values]
+            cpu = [c for _, c in values]
+            print(
+                f"{name:55s} wall median {statistics.median(wall) * 1000:6.0f} ms "
+                f"(min {min(wall) * 1000:6.0f}, max {max(wall) * 1000:6.0f}); "
+                f"CPU median {statistics.median(cpu) * 1000:6.0f} ms"
+            )
 
-    print(f"\n## replay of a full {args.wal_mib} MiB volume WAL (64 KiB records)")
-    for _ in range(2):
-        speed, raw, count, filled = asyncio.run(replay(base, args.wal_mib))
-        print(
-            f"VolumeWal.recover(): {count} records, {filled / MiB:.0f} MiB at {speed:7.1f} MiB/s "
-            f"(sequential 1 MiB reads of the same file: {raw:7.1f} MiB/s, {speed / raw:.2f}x)"
-        )
-        (base / "replay.wal").unlink()
+        print(f"\n## replay of a full {args.wal_mib} MiB volume WAL (64 KiB records)")
+        for _ in range(2):
+            speed, raw, count, filled = asyncio.run(replay(base, args.wal_mib))
+            print(
+                f"VolumeWal.recover(): {count} records, {filled / MiB:.0f} MiB at {speed:7.1f} MiB/s "
+                f"(sequential 1 MiB reads of the same file: {raw:7.1f} MiB/s, {speed / raw:.2f}x)"
+            )
+            (base / "replay.wal").unlink()
+
+    finally:
+        if args.dir is None:  # each round left a preallocated WAL: never keep a temporary dir
+            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

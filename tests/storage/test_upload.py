@@ -212,3 +212,48 @@ async def test_parallel_object_writes_still_commit_in_block_order(setup):
     assert events.index(("start", 2)) < events.index(("end", 1))  # the second PUT did not wait
     assert engine.metrics.registry.get_sample_value("automq_storage_upload_failures_total") == 0
     store.put = real_put
+
+
+async def test_big_objects_go_to_the_store_in_pieces_joined_one_at_a_time(setup, monkeypatch):
+    # An object above MULTIPART_THRESHOLD is never joined whole (a second copy of the block
+    # in memory): the store gets pieces of about MULTIPART_PART, and the object reads back.
+    from automq.broker.storage.upload import uploader
+
+    monkeypatch.setattr(uploader, "MULTIPART_THRESHOLD", 20_000)
+    monkeypatch.setattr(uploader, "MULTIPART_PART", 8_000)
+    engine, _meta = setup
+    store = engine.uploader._store
+    pieces: list[int] = []
+    whole_puts: list[int] = []
+    real_multipart, real_put = store.put_multipart, store.put
+
+    async def put_multipart(key, parts):
+        async def seen():
+            async for p in parts:
+                pieces.append(len(p))
+                yield p
+
+        return await real_multipart(key, seen())
+
+    async def put(key, data, **kw):
+        whole_puts.append(len(data))
+        return await real_put(key, data, **kw)
+
+    monkeypatch.setattr(store, "put_multipart", put_multipart)
+    monkeypatch.setattr(store, "put", put)
+    sid = await engine.create_stream()
+    s = await engine.open_stream(sid, 0)
+    payloads = [bytes([i]) * (1000 + i) for i in range(40)]  # ~41 KB: one object
+    for p in payloads:
+        await s.append(p, 1)
+    await engine.uploader.flush()
+    assert len(pieces) >= 5 and max(pieces) < 8_000 + 2 * 1040 + 4096  # a piece: ~PART, plus a part
+    assert all(n <= 20_000 for n in whole_puts)
+    engine.log_cache.drop_stream(sid)
+    got, offset = [], 0
+    while offset < 40:
+        r = await s.fetch(offset, 40, 1 << 20)
+        assert r.source != "log_cache" and r.batches
+        got += [bytes(x.payload) for x in r.batches]
+        offset = r.batches[-1].next_offset
+    assert got == payloads

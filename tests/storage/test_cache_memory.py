@@ -101,6 +101,7 @@ def test_log_cache_stays_under_its_cap_between_uploads(traced):
         assert cache.resident <= cap or cache.unuploaded_bytes > 0.9 * cache.resident
     # what is left is the open, unuploaded block (never evicted) and nothing uploaded
     assert all(not b.uploaded for b in cache._blocks)
+    assert live() - before <= cache.resident + 64 * KiB  # nothing evicted is still alive
     assert cache.get(0, 0, 10, 1 << 20) == []
 
 

@@ -37,25 +37,61 @@ def _read_ipc(groups: Iterator[SliceGroup]) -> Iterator[bytes]:
 
 
 def task_groups(slices: list[ObjectSlice], parallelism: int, max_bytes: int) -> list[list[ObjectSlice]]:
-    """The slices cut into consecutive read tasks of about equal size: at most `max_bytes`
-    each, not below MIN_TASK_BYTES (a task costs more than it reads), and as many tasks as a
-    multiple of `parallelism`, so every core gets a task and no core gets an extra wave at
-    the end (profiled: `max_bytes` alone packed a 32 MiB range into one task read on one core
-    while the other idled, and 4 tasks of a 128 MiB range left one core with two)."""
-    sizes = [sl.object_size for sl in slices]
+    """The slices cut into read tasks of about equal size: at most `max_bytes` each, not below
+    MIN_TASK_BYTES (a task costs more than it reads), and as many tasks as a multiple of
+    `parallelism`, so every core gets a task and no core gets an extra wave at the end
+    (profiled: `max_bytes` alone packed a 32 MiB range into one task read on one core while
+    the other idled, and 4 tasks of a 128 MiB range left one core with two).
+
+    Cut by object, not by slice: a stream-set object holds slices of several partitions, and
+    all of them go to the task that reads it, so its tail (footer and index) is fetched and
+    parsed once (reader.read_slice_batches shares a task's indexes), not once per partition.
+    Objects are cut in id (upload) order; each stream's slices must stay consecutive in its
+    offset order across the tasks (transaction markers are looked for in the slices that
+    follow a task's own, and later tasks' files are dropped past a last stable offset), so a
+    plan whose objects' ids are not in offset order for every stream (compaction made
+    objects out of order) is cut slice by slice in plan order instead."""
+    if not slices:
+        return []
+    sizes: dict[int, int] = {}
+    for sl in slices:
+        sizes.setdefault(sl.object_id, sl.object_size)
+    order = sorted(sizes)
+    at = _cut([sizes[o] for o in order], parallelism, max_bytes)
+    group_of = dict(zip(order, at, strict=True))
+    last: dict[int, int] = {}
+    for sl in slices:
+        g = group_of[sl.object_id]
+        if g < last.get(sl.stream_id, 0):
+            at = _cut([sl.object_size for sl in slices], parallelism, max_bytes)
+            return _assign(slices, at)
+        last[sl.stream_id] = g
+    return _assign(slices, [group_of[sl.object_id] for sl in slices])
+
+
+def _cut(sizes: list[int], parallelism: int, max_bytes: int) -> list[int]:
+    """The task of each item: consecutive items, about sum(sizes) / n bytes each."""
     total = sum(sizes)
-    if not slices or total <= 0:
-        return [list(slices)] if slices else []
+    if total <= 0:
+        return [0] * len(sizes)
     cores = max(1, parallelism)
     n = -(-total // max_bytes)
     n = -(-n // cores) * cores  # whole waves
-    n = max(1, min(n, total // MIN_TASK_BYTES, len(slices)))
-    groups: list[list[ObjectSlice]] = [[] for _ in range(n)]
+    n = max(1, min(n, total // MIN_TASK_BYTES, len(sizes)))
+    out = []
     seen = 0
-    for sl, size in zip(slices, sizes, strict=True):
-        # by where the slice's middle falls: consecutive, about total / n bytes each
-        groups[min(n - 1, (2 * seen + size) * n // (2 * total))].append(sl)
+    for size in sizes:
+        # by where the item's middle falls
+        out.append(min(n - 1, (2 * seen + size) * n // (2 * total)))
         seen += size
+    return out
+
+
+def _assign(slices: list[ObjectSlice], at: list[int]) -> list[list[ObjectSlice]]:
+    """Groups of the slices by task number, each in plan order."""
+    groups: list[list[ObjectSlice]] = [[] for _ in range(max(at) + 1)]
+    for sl, g in zip(slices, at, strict=True):
+        groups[g].append(sl)
     return [g for g in groups if g]
 
 

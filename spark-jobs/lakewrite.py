@@ -135,6 +135,20 @@ def align(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.table(cols, schema=pa.schema([f.with_nullable(True) for f in schema]))
 
 
+def by_partition(rows: pa.Table, column: str) -> list[tuple[int, pa.Table]]:
+    """The rows of each Kafka partition. A task holds every partition of its objects
+    (bulkread.task_groups) and reads them stream by stream, so each partition's rows are
+    usually one run: zero-copy slices then, a filtering copy per partition otherwise."""
+    if not rows.num_rows:
+        return []
+    runs = pc.run_end_encode(rows[column].combine_chunks())
+    values, ends = runs.values.to_pylist(), runs.run_ends.to_pylist()
+    if len(set(values)) == len(values):
+        starts = [0, *ends[:-1]]
+        return [(p, rows.slice(lo, hi - lo)) for p, lo, hi in zip(values, starts, ends, strict=True)]
+    return [(p, rows.filter(pc.equal(rows[column], p))) for p in pc.unique(rows[column]).to_pylist()]
+
+
 def run_task(task: WriteTask) -> TaskOutput:
     """On an executor: read, convert, write one file set per Kafka partition."""
     g = task.group
@@ -172,10 +186,7 @@ def run_task(task: WriteTask) -> TaskOutput:
     write_uuid, counter = uuid.uuid4(), itertools.count()
     # JSON tables' own fields take the plain names; their Kafka columns are prefixed
     prefix = META_PREFIX if task.settings.convert == "json" else ""
-    partitions = pc.unique(good[f"{prefix}partition"]).to_pylist()
-    for p in partitions:
-        # a task's slices are usually of one partition: then no filtering copy of its rows
-        mine = good if len(partitions) == 1 else good.filter(pc.equal(good[f"{prefix}partition"], p))
+    for p, mine in by_partition(good, f"{prefix}partition"):
         bounds = pc.min_max(mine[f"{prefix}offset"]).as_py()
         for data_file in _dataframe_to_data_files(metadata, align(mine, schema), io, write_uuid, counter):
             out.files.append(WrittenFile(data_file, p, bounds["min"], bounds["max"]))

@@ -4,7 +4,8 @@ single-process baseline of the benchmark): no Spark imports here.
 
 Requests per object: one ranged GET of the tail (footer + index, usually), then one ranged
 GET per run of adjacent blocks the range needs (a stream's blocks are contiguous in an
-object, so usually exactly one).
+object, so usually exactly one). A reader that passes `indexes` fetches each object's tail
+once for all the streams (partitions) it reads out of that object.
 
 Transactions (`read_stream_arrow`): what a read_committed consumer sees. Markers (control
 batches) are never rows. A transactional batch of producer P counts only if the next marker
@@ -30,6 +31,7 @@ from automq.broker.storage.objects.format import (
     FOOTER,
     TAIL_READ_BYTES,
     IndexEntry,
+    ObjectIndex,
     iter_block_batches,
     parse_index,
     parse_tail,
@@ -93,10 +95,8 @@ async def _get(store: ObjectStore, key: str, start: int, end: int) -> bytes:
     return await store.get(key, start, end)
 
 
-async def read_slice_batches(store: ObjectStore, sl: ObjectSlice, stats: ReadStats | None = None):
-    """Yield (base_offset, record_count, batch bytes) of the stored batches that overlap the
-    slice, in offset order (whole batches: a batch may start before or end after it)."""
-    stats = stats if stats is not None else ReadStats()
+async def read_index(store: ObjectStore, sl: ObjectSlice, stats: ReadStats) -> ObjectIndex:
+    """The object's index: one ranged GET of its tail (two when the index is larger)."""
     tail_start = max(0, sl.object_size - TAIL_READ_BYTES)
     tail = await _get(store, sl.key, tail_start, sl.object_size)
     stats.gets += 1
@@ -108,9 +108,27 @@ async def read_slice_batches(store: ObjectStore, sl: ObjectSlice, stats: ReadSta
         raw_index = await _get(store, sl.key, index_pos, index_pos + index_len)
         stats.gets += 1
         stats.bytes += len(raw_index)
-    blocks = parse_index(raw_index, crc, sl.object_size, key=sl.key).blocks(
-        sl.stream_id, sl.start_offset, sl.end_offset
-    )
+    return parse_index(raw_index, crc, sl.object_size, key=sl.key)
+
+
+async def read_slice_batches(
+    store: ObjectStore,
+    sl: ObjectSlice,
+    stats: ReadStats | None = None,
+    indexes: dict[int, ObjectIndex] | None = None,
+):
+    """Yield (base_offset, record_count, batch bytes) of the stored batches that overlap the
+    slice, in offset order (whole batches: a batch may start before or end after it).
+    `indexes`: parsed indexes by object id, shared by the slices of one reader: a stream-set
+    object holds several partitions' slices, and its tail is then read and parsed once
+    (objects are immutable, so a parsed index never goes stale)."""
+    stats = stats if stats is not None else ReadStats()
+    index = indexes.get(sl.object_id) if indexes is not None else None
+    if index is None:
+        index = await read_index(store, sl, stats)
+        if indexes is not None:
+            indexes[sl.object_id] = index
+    blocks = index.blocks(sl.stream_id, sl.start_offset, sl.end_offset)
     for run in _adjacent_runs(blocks):
         first, last = run[0], run[-1]
         data = await _get(store, sl.key, first.position, last.position + last.size)
@@ -235,6 +253,7 @@ async def read_stream_arrow(
     stats: ReadStats | None = None,
     *,
     report_open: bool = False,
+    indexes: dict[int, ObjectIndex] | None = None,
 ):
     """Arrow record batches of consecutive slices of ONE stream, as read_committed shows them
     (see the module docstring); `lookahead`: the stream's slices after them, for markers."""
@@ -253,7 +272,7 @@ async def read_stream_arrow(
                 add(held, start, end)
 
     for sl in slices:
-        async for base, _count, payload in read_slice_batches(store, sl, stats):
+        async for base, _count, payload in read_slice_batches(store, sl, stats, indexes):
             header = records.parse_header(payload)
             if header.is_control:
                 marker(header, payload)
@@ -269,7 +288,7 @@ async def read_stream_arrow(
     for sl in lookahead:
         if not pending:
             break
-        batches = read_slice_batches(store, sl, stats)
+        batches = read_slice_batches(store, sl, stats, indexes)
         async for _base, _count, payload in batches:
             header = records.parse_header(payload)
             if header.is_control and header.producer_id in pending:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from automq.broker.objectstore import open_object_store
+from automq.broker.storage.objects.format import ObjectIndex
 from automq.spark.cluster import ClusterLocation, ClusterView, PartitionView
 from automq.spark.reader import ROW_DDL, ObjectSlice, read_stream_arrow
 
@@ -113,22 +114,20 @@ def group_slices(slices: list[ObjectSlice], max_bytes: int) -> list[list[ObjectS
 
 
 def with_lookahead(groups: list[list[ObjectSlice]], slices: list[ObjectSlice]) -> list[tuple]:
-    """For each group, per stream: the planned slices that follow the group's last slice of it."""
-    position = {id(sl): i for i, sl in enumerate(slices)}
+    """For each group, per stream: the planned slices of that stream that follow the group's
+    last slice of it (`slices`: the plan, each stream's slices in offset order)."""
+    by_stream: dict[int, list[ObjectSlice]] = {}
+    position: dict[int, int] = {}
+    for sl in slices:
+        mine = by_stream.setdefault(sl.stream_id, [])
+        position[id(sl)] = len(mine)
+        mine.append(sl)
     out = []
     for group in groups:
         last: dict[int, int] = {}
         for sl in group:
             last[sl.stream_id] = position[id(sl)]
-        ahead = []
-        for sid, i in last.items():
-            following = []
-            for nxt in slices[i + 1 : i + 1 + LOOKAHEAD_SLICES]:
-                if nxt.stream_id != sid:
-                    break
-                following.append(nxt)
-            ahead.append((sid, tuple(following)))
-        out.append(tuple(ahead))
+        out.append(tuple((sid, tuple(by_stream[sid][i + 1 : i + 1 + LOOKAHEAD_SLICES])) for sid, i in last.items()))
     return out
 
 
@@ -152,9 +151,12 @@ def read_group(
     loop = asyncio.new_event_loop()
     store = open_object_store(object_store_url)
     ahead = dict(lookahead)
+    indexes: dict[int, ObjectIndex] = {}  # the streams of a group share objects: one tail read each
     try:
         for run in _runs(slices):
-            gen = read_stream_arrow(store, run, ahead.get(run[0].stream_id, ()), report_open=report_open)
+            gen = read_stream_arrow(
+                store, run, ahead.get(run[0].stream_id, ()), report_open=report_open, indexes=indexes
+            )
             while True:
                 try:
                     batch = loop.run_until_complete(gen.__anext__())

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from automq.spark.reader import ObjectSlice
+
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
@@ -113,3 +115,116 @@ def test_bulk_reads_give_every_core_a_task_but_not_tiny_ones():
     groups = task_groups(many, 2, 64 << 20)
     assert len(groups) == 6 and {len(g) for g in groups} <= {53, 54} and [sl for g in groups for sl in g] == many
     assert task_groups([], 2, 64 << 20) == []
+
+
+def test_bulk_read_tasks_take_whole_objects_so_each_tail_is_read_once():
+    from automq.spark.bulkread import task_groups
+    from automq.spark.source import with_lookahead
+
+    # two partitions (streams 7 and 8) in the same 32 stream-set objects, planned stream by stream
+    plan = [ObjectSlice(i, 1 << 20, sid, i * 100, (i + 1) * 100) for sid in (7, 8) for i in range(32)]
+    groups = task_groups(plan, 2, 64 << 20)
+    assert len(groups) == 2
+    assert [sorted({sl.object_id for sl in g}) for g in groups] == [list(range(16)), list(range(16, 32))]
+    for g in groups:  # both streams in each task, each stream's slices consecutive and in order
+        assert [sl.stream_id for sl in g] == [7] * 16 + [8] * 16
+        assert g == sorted(g, key=plan.index)
+    # each task looks ahead into its streams' slices in the next task, not into the other stream
+    first, second = with_lookahead(groups, plan)
+    assert dict(first) == {7: tuple(plan[16:32]), 8: tuple(plan[48:64])}
+    assert dict(second) == {7: (), 8: ()}
+
+
+def test_bulk_read_tasks_keep_each_stream_in_offset_order_when_object_ids_are_not():
+    from automq.spark.bulkread import task_groups
+
+    # compaction wrote stream 7's first offsets into object 99, after objects 0-31 of later offsets
+    plan = [ObjectSlice(99, 16 << 20, 7, 0, 1600)]
+    plan += [ObjectSlice(i, 1 << 20, 7, 1600 + i * 100, 1700 + i * 100) for i in range(32)]
+    plan += [ObjectSlice(i, 1 << 20, 8, i * 100, (i + 1) * 100) for i in range(32)]
+    groups = task_groups(plan, 2, 64 << 20)
+    assert sorted((sl for g in groups for sl in g), key=plan.index) == plan
+    task_of = {id(sl): n for n, g in enumerate(groups) for sl in g}
+    for sid in (7, 8):
+        tasks = [task_of[id(sl)] for sl in plan if sl.stream_id == sid]
+        assert tasks == sorted(tasks), "a stream's slices must go to the tasks in offset order"
+
+
+def test_a_reader_fetches_each_objects_tail_once_for_all_its_partitions(spark_cluster, sh, monkeypatch):
+    import asyncio
+    from collections import Counter
+
+    import pyarrow as pa
+
+    from automq.broker.objectstore import open_object_store
+    from automq.broker.objectstore.local import LocalObjectStore
+    from automq.broker.storage.objects.format import TAIL_READ_BYTES
+    from automq.spark.cluster import ClusterLocation, ClusterView
+    from automq.spark.reader import ROW_SCHEMA, read_slice_arrow, read_stream_arrow
+    from automq.spark.source import plan_slices, read_group
+
+    topic = sh.topic_name("tails")
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=2)
+    for r in range(3):
+        sh.produce_confluent(
+            spark_cluster.bootstrap, topic, [(None, b"v%d-%d" % (r, i), [], i % 2) for i in range(200)]
+        )
+    spark_cluster.wait_uploaded(topic, 600)
+    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
+    slices = plan_slices(ClusterView.load(location, [topic]), [topic])
+    shared = {sl.object_id for sl in slices if sl.partition == 0} & {sl.object_id for sl in slices if sl.partition == 1}
+    assert shared, "both partitions' records should share stream-set objects"
+
+    async def per_slice() -> pa.Table:
+        store = open_object_store(location.object_store_url)
+        try:
+            return pa.Table.from_batches([b for sl in slices async for b in read_slice_arrow(store, sl)], ROW_SCHEMA)
+        finally:
+            await store.close()
+
+    expected = asyncio.run(per_slice())
+    reads: Counter = Counter()
+    real = LocalObjectStore.get_blocking
+
+    def counting(self, key, start, end):
+        reads[(key, start, end)] += 1
+        return real(self, key, start, end)
+
+    monkeypatch.setattr(LocalObjectStore, "get_blocking", counting)
+    got = pa.Table.from_batches(list(read_group(location.object_store_url, tuple(slices))), ROW_SCHEMA)
+    assert got.to_pylist() == expected.to_pylist() and got.num_rows == 600
+    tails = {sl.object_id: (sl.key, max(0, sl.object_size - TAIL_READ_BYTES), sl.object_size) for sl in slices}
+    assert {oid: reads[t] for oid, t in tails.items()} == dict.fromkeys(tails, 1)
+    # and the streaming reader (one stream at a time) shares them the same way
+    reads.clear()
+    indexes: dict = {}
+
+    async def by_stream() -> int:
+        store = open_object_store(location.object_store_url)
+        try:
+            n = 0
+            for p in (0, 1):
+                run = [sl for sl in slices if sl.partition == p]
+                n += sum([b.num_rows async for b in read_stream_arrow(store, run, indexes=indexes)])
+            return n
+        finally:
+            await store.close()
+
+    assert asyncio.run(by_stream()) == 600
+    assert set(indexes) == set(tails) and all(reads[t] == 1 for t in tails.values())
+
+
+def test_a_write_tasks_rows_split_by_partition_without_copies_when_each_is_one_run():
+    import pyarrow as pa
+
+    from automq.spark.lakewrite import by_partition
+
+    runs = pa.concat_tables(
+        [pa.table({"p": pa.array(p, pa.int32()), "o": o}) for p, o in (([0, 0], [5, 6]), ([1], [9]))]
+    )
+    split = by_partition(runs, "p")
+    assert [(p, t["o"].to_pylist()) for p, t in split] == [(0, [5, 6]), (1, [9])]
+    assert split[0][1]["o"].chunks[0].buffers()[1].address == runs["o"].chunks[0].buffers()[1].address  # a slice
+    mixed = pa.table({"p": pa.array([0, 1, 0], pa.int32()), "o": [1, 2, 3]})
+    assert [(p, t["o"].to_pylist()) for p, t in by_partition(mixed, "p")] == [(0, [1, 3]), (1, [2])]
+    assert by_partition(mixed.slice(0, 0), "p") == []

@@ -11,8 +11,9 @@ All methods are coroutines and must never block the event loop.
 from __future__ import annotations
 
 import abc
+import asyncio
 import builtins
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -145,6 +146,9 @@ class ObjectStore(abc.ABC):
     """
 
     url: str
+    # put_parts writes the parts without joining them into one buffer (no second copy of an
+    # uploaded block in memory): the uploader then hands it objects of any size that way.
+    writes_parts_unjoined = False
 
     @abc.abstractmethod
     async def put(
@@ -161,6 +165,11 @@ class ObjectStore(abc.ABC):
         self, key: str, parts: AsyncIterator[bytes | memoryview] | list[bytes | memoryview]
     ) -> PutResult:
         """Upload a large object in parts (each but the last >= 5 MiB for S3). Atomic like put."""
+
+    async def put_parts(self, key: str, parts: Sequence[bytes | memoryview]) -> PutResult:
+        """`put` of the parts' concatenation (an uploader's object: many batches). Joined off
+        the event loop here; a store that can write the parts as they are overrides it."""
+        return await self.put(key, await asyncio.to_thread(b"".join, parts))
 
     @abc.abstractmethod
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes: ...

@@ -32,15 +32,17 @@ Blocking file I/O runs in threads (`asyncio.to_thread`), at most `max_concurrenc
 from __future__ import annotations
 
 import asyncio
+import bisect
 import builtins
 import ctypes
 import errno
 import fcntl
 import hashlib
+import itertools
 import os
 import secrets
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +97,9 @@ _COPY_CHUNK = 1 << 20
 # store's threads (ioprio_set) did not help (17.2 ms): mq-deadline orders only requests waiting
 # for a device tag, and this disk's 128 tags are not used up by these writes.
 _WRITEBACK_STEP = 256 << 10
+# Joined runs of an object's parts stay under malloc's mmap threshold (broker/malloc.py), so
+# their memory is reused from the heap rather than mapped and faulted in afresh.
+_JOIN_RUN = 192 << 10
 _SYNC_FILE_RANGE_FLAGS = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER
 _sync_file_range = _load_sync_file_range()
 
@@ -110,6 +115,17 @@ def _write_back(fd: int, offset: int, length: int) -> None:
         if err not in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ESPIPE):
             raise OSError(err, f"sync_file_range: {os.strerror(err)}")
     os.fdatasync(fd)
+
+
+def _joined_runs(parts: Sequence[bytes | memoryview], ends: list[int]) -> Iterator[bytes | memoryview]:
+    """The parts as runs of consecutive small parts joined up to _JOIN_RUN bytes (a part of
+    that size or more alone, not copied). `ends`: the parts' cumulative lengths."""
+    i, done = 0, 0
+    while i < len(parts):
+        j = max(bisect.bisect_right(ends, done + _JOIN_RUN, i), i + 1)
+        yield parts[i] if j == i + 1 else b"".join(parts[i:j])
+        done = ends[j - 1]
+        i = j
 
 
 def _encode_segment(segment: str) -> str:
@@ -204,6 +220,8 @@ class _TempObject:
 
 
 class LocalObjectStore(ObjectStore):
+    writes_parts_unjoined = True
+
     def __init__(self, root: str | Path, *, max_concurrency: int = 16, fsync: bool = True) -> None:
         self.root = Path(root)
         self.url = f"file://{self.root}"
@@ -444,6 +462,30 @@ class LocalObjectStore(ObjectStore):
         if if_none_match and if_match is not None:
             raise ValueError("put: if_none_match and if_match are mutually exclusive")
         result = await self._run("put", self._put_sync, key, data, if_none_match, if_match)
+        self.stats.puts += 1
+        self.stats.bytes_put += result.size
+        return result
+
+    def _put_parts_sync(self, key: str, parts: Sequence[bytes | memoryview]) -> PutResult:
+        self._check_root()
+        directory, name = self._path(key)
+        ends = list(itertools.accumulate(len(part) for part in parts))
+        temp = self._new_temp(directory, bool(ends) and ends[-1] >= FAST_TAG_BYTES)
+        try:
+            for chunk in _joined_runs(parts, ends):
+                temp.write(chunk)
+            etag = temp.seal()
+        except BaseException:
+            temp.discard()
+            raise
+        return self._commit(key, directory, name, temp.path, etag, temp.size, False, None)
+
+    async def put_parts(self, key: str, parts: Sequence[bytes | memoryview]) -> PutResult:
+        """The parts go to the file in runs joined to under malloc's mmap threshold: joining a
+        whole 64 MiB object first cost a fresh 64 MiB buffer per upload (one page fault per
+        4 KiB and a copy, ~250 faults per MiB uploaded) and as much memory while it lived."""
+        validate_key(key)
+        result = await self._run("put", self._put_parts_sync, key, parts)
         self.stats.puts += 1
         self.stats.bytes_put += result.size
         return result

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import os
 import stat
@@ -313,4 +314,33 @@ async def test_a_store_without_fsync_does_no_write_back(tmp_path, monkeypatch):
     await store.put("big", data)
     assert calls == []
     assert await store.get("big") == data
+    await store.close()
+
+
+def test_put_parts_writes_runs_of_parts_not_one_joined_object():
+    from automq.broker.objectstore import local
+
+    run = local._JOIN_RUN
+    big = os.urandom(run + 1)
+    parts = [os.urandom(1000) for _ in range(500)] + [big] + [memoryview(os.urandom(run))] + [b"x"] * 3
+    ends = list(itertools.accumulate(len(p) for p in parts))
+    runs = list(local._joined_runs(parts, ends))
+    assert b"".join(runs) == b"".join(parts)
+    assert any(r is big for r in runs)  # a part of a run's size or more is passed on, not copied
+    assert all(len(r) <= run for r in runs if r is not big)
+    assert len(runs) < len(parts) // 50  # small parts are joined into runs
+    assert list(local._joined_runs([], [])) == []
+
+
+async def test_put_parts_of_an_uploaded_object_is_written_back_in_steps(tmp_path, monkeypatch):
+    from automq.broker.objectstore import local
+
+    store = open_object_store(f"file://{tmp_path}/store")
+    calls = _record_write_backs(monkeypatch)
+    parts = [os.urandom(1024) for _ in range(2000)]
+    await store.put_parts("objects/x", parts)
+    steps = [c for c in calls if c[0] == "write_back"]
+    assert sum(c[2] for c in steps) == len(parts) * 1024
+    assert all(c[2] <= local._WRITEBACK_STEP for c in steps) and calls[-1][0] == "fsync"
+    assert await store.get("objects/x") == b"".join(parts)
     await store.close()

@@ -134,15 +134,15 @@ async def test_object_store_outage_holds_data_in_the_wal_until_it_returns(tmp_pa
     from automq.broker.objectstore import ObjectStoreUnavailable
 
     store = open_object_store(file_url)
-    real_put = store.put
+    real_put_parts = store.put_parts
     down = True
 
-    async def put(key, data, **kw):  # the real store, with data uploads failing while "down"
+    async def put_parts(key, parts):  # the real store, with data uploads failing while "down"
         if down and key.startswith("objects/"):
             raise ObjectStoreUnavailable("injected outage", key=key)
-        return await real_put(key, data, **kw)
+        return await real_put_parts(key, parts)
 
-    store.put = put
+    store.put_parts = put_parts
     meta = InProcessMetadata(store)
     config = node_config(
         tmp_path,
@@ -173,13 +173,13 @@ async def test_parallel_object_writes_still_commit_in_block_order(setup):
     sid = await engine.create_stream()
     s = await engine.open_stream(sid, 0)
     store = engine.object_store
-    real_put = store.put
+    real_put_parts = store.put_parts
     calls, events = [], []
     second_started = asyncio.Event()
 
-    async def put(key, data, **kw):  # the first block's object is slow, the second's fast
+    async def put_parts(key, parts):  # the first block's object is slow, the second's fast
         if not key.startswith("objects/"):
-            return await real_put(key, data, **kw)
+            return await real_put_parts(key, parts)
         calls.append(key)
         n = len(calls)
         events.append(("start", n))
@@ -190,11 +190,11 @@ async def test_parallel_object_writes_still_commit_in_block_order(setup):
                 await asyncio.wait_for(second_started.wait(), timeout=30)
             except TimeoutError:
                 pass
-        result = await real_put(key, data, **kw)
+        result = await real_put_parts(key, parts)
         events.append(("end", n))
         return result
 
-    store.put = put
+    store.put_parts = put_parts
     commits = []
     real_commit = meta.commit_stream_set_object
 
@@ -211,7 +211,7 @@ async def test_parallel_object_writes_still_commit_in_block_order(setup):
     assert len(calls) == 2 and commits == [[(0, 5)], [(5, 10)]]
     assert events.index(("start", 2)) < events.index(("end", 1))  # the second PUT did not wait
     assert engine.metrics.registry.get_sample_value("automq_storage_upload_failures_total") == 0
-    store.put = real_put
+    store.put_parts = real_put_parts
 
 
 async def test_big_objects_go_to_the_store_in_pieces_joined_one_at_a_time(setup, monkeypatch):
@@ -223,6 +223,8 @@ async def test_big_objects_go_to_the_store_in_pieces_joined_one_at_a_time(setup,
     monkeypatch.setattr(uploader, "MULTIPART_PART", 8_000)
     engine, _meta = setup
     store = engine.uploader._store
+    # the path of a store that joins what it is given (S3); the file:// store takes the parts
+    monkeypatch.setattr(store, "writes_parts_unjoined", False)
     pieces: list[int] = []
     whole_puts: list[int] = []
     real_multipart, real_put = store.put_multipart, store.put
@@ -257,3 +259,37 @@ async def test_big_objects_go_to_the_store_in_pieces_joined_one_at_a_time(setup,
         got += [bytes(x.payload) for x in r.batches]
         offset = r.batches[-1].next_offset
     assert got == payloads
+
+
+async def test_the_file_store_takes_a_big_object_as_its_parts(setup, monkeypatch):
+    # file:// writes the parts in small runs itself: no 8 MiB pieces joined for it either
+    from automq.broker.storage.upload import uploader
+
+    monkeypatch.setattr(uploader, "MULTIPART_THRESHOLD", 20_000)
+    engine, _meta = setup
+    store = engine.uploader._store
+    assert store.writes_parts_unjoined
+    taken: list[int] = []
+    real_put_parts = store.put_parts
+
+    async def put_parts(key, parts):
+        if key.startswith("objects/"):
+            taken.append(sum(len(p) for p in parts))
+        return await real_put_parts(key, parts)
+
+    async def no_multipart(key, parts):
+        raise AssertionError("the file store was handed joined pieces")
+
+    monkeypatch.setattr(store, "put_parts", put_parts)
+    monkeypatch.setattr(store, "put_multipart", no_multipart)
+    sid = await engine.create_stream()
+    s = await engine.open_stream(sid, 0)
+    payloads = [bytes([i]) * (1000 + i) for i in range(40)]
+    for p in payloads:
+        await s.append(p, 1)
+    await engine.uploader.flush()
+    assert len(taken) == 1 and taken[0] > 20_000
+    assert engine.metrics.registry.get_sample_value("automq_storage_upload_failures_total") == 0
+    engine.log_cache.drop_stream(sid)
+    r = await s.fetch(0, 40, 1 << 20)
+    assert r.source != "log_cache" and [bytes(x.payload) for x in r.batches] == payloads

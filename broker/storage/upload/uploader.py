@@ -47,7 +47,7 @@ PREPARE_TTL_MS = 10 * 60_000
 # An object bigger than this is handed to the store in MULTIPART_PART pieces, each joined
 # only when the store takes it, instead of as one joined copy: a 64 MiB block's copy was the
 # largest transient in the broker's memory at load (issue 14 goal 5). The S3 store sends
-# pieces as multipart parts; the file store appends them to its temp file.
+# pieces as multipart parts; a store that writes parts unjoined (file://) takes them all.
 MULTIPART_THRESHOLD = 16 << 20
 MULTIPART_PART = 8 << 20
 PIPELINE_DEPTH = 2  # blocks whose objects are written at once (commits stay in order)
@@ -387,10 +387,10 @@ class Uploader:
         return added
 
     async def _put(self, key: str, parts: list[bytes | memoryview], size: int) -> None:
-        # Joining tens of MiB takes tens of ms: do it off the event loop so appends and
-        # fetches are not stalled behind an upload.
-        if size <= MULTIPART_THRESHOLD:
-            await self._store.put(key, await asyncio.to_thread(b"".join, parts))
+        # Joins (tens of ms for tens of MiB) happen off the event loop, so appends and fetches
+        # are not stalled behind an upload; the file:// store writes the parts in small runs.
+        if size <= MULTIPART_THRESHOLD or self._store.writes_parts_unjoined:
+            await self._store.put_parts(key, parts)
             return
         await self._store.put_multipart(key, self._pieces(parts))
 

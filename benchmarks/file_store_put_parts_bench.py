@@ -1,6 +1,7 @@
 """An uploader's object written to the file:// store: joined first (`put` of one 64 MiB
-buffer, what the uploader did) or as its parts (`put_parts`, runs joined under malloc's mmap
-threshold). Prints wall time, process CPU time and minor page faults per object for both,
+buffer, what the uploader did up to 16 MiB), in 8 MiB pieces each joined when the store takes
+it (`put_multipart`, what it did above 16 MiB), or as its parts (`put_parts`, runs joined under
+malloc's mmap threshold, what it does now). Prints wall time, process CPU time and minor page faults per object for both,
 interleaved round by round; asserts nothing.
 
     python benchmarks/file_store_put_parts_bench.py [--rounds 5] [--part-bytes 1024] [--dir /data]
@@ -15,6 +16,7 @@ import resource
 import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
 
 from automq.broker.malloc import tune_allocator
 from automq.broker.objectstore.local import LocalObjectStore
@@ -22,11 +24,19 @@ from automq.broker.objectstore.local import LocalObjectStore
 MiB = 1 << 20
 
 
+async def pieces(parts: list[bytes]) -> AsyncIterator[bytes]:
+    step = max(1, 8 * MiB // len(parts[0]))
+    for i in range(0, len(parts), step):
+        yield await asyncio.to_thread(b"".join, parts[i : i + step])
+
+
 async def one(store: LocalObjectStore, mode: str, key: str, parts: list[bytes]) -> tuple[float, float, int]:
     faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if mode == "join+put":
         await store.put(key, await asyncio.to_thread(b"".join, parts))
+    elif mode == "8mib-pieces":
+        await store.put_multipart(key, pieces(parts))
     else:
         await store.put_parts(key, parts)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
@@ -38,7 +48,7 @@ async def one(store: LocalObjectStore, mode: str, key: str, parts: list[bytes]) 
 async def run(args: argparse.Namespace, directory: str) -> None:
     store = LocalObjectStore(directory)
     parts = [os.urandom(args.part_bytes) for _ in range(args.object_mib * MiB // args.part_bytes)]
-    results: dict[str, list[tuple[float, float, int]]] = {"join+put": [], "put_parts": []}
+    results: dict[str, list[tuple[float, float, int]]] = {"join+put": [], "8mib-pieces": [], "put_parts": []}
     await one(store, "put_parts", "warm", parts)
     for r in range(args.rounds):
         for mode in results:

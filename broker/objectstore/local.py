@@ -42,7 +42,7 @@ import itertools
 import os
 import secrets
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -435,20 +435,32 @@ class LocalObjectStore(ObjectStore):
         self._fsync_dir(directory)
         return PutResult(key=key, etag=etag, size=size)
 
-    def _put_sync(
-        self, key: str, data: bytes | bytearray | memoryview, if_none_match: bool, if_match: str | None
+    def _write_object(
+        self,
+        key: str,
+        chunks: Iterable[bytes | bytearray | memoryview],
+        size: int,
+        if_none_match: bool = False,
+        if_match: str | None = None,
     ) -> PutResult:
+        """The chunks, in order, as the object `key` (`size`: their total length)."""
         self._check_root()
         directory, name = self._path(key)
-        fast = not (if_none_match or if_match is not None) and memoryview(data).nbytes >= FAST_TAG_BYTES
+        fast = not (if_none_match or if_match is not None) and size >= FAST_TAG_BYTES
         temp = self._new_temp(directory, fast)
         try:
-            temp.write(data)
+            for chunk in chunks:
+                temp.write(chunk)
             etag = temp.seal()
         except BaseException:
             temp.discard()
             raise
         return self._commit(key, directory, name, temp.path, etag, temp.size, if_none_match, if_match)
+
+    def _put_sync(
+        self, key: str, data: bytes | bytearray | memoryview, if_none_match: bool, if_match: str | None
+    ) -> PutResult:
+        return self._write_object(key, (data,), memoryview(data).nbytes, if_none_match, if_match)
 
     async def put(
         self,
@@ -467,18 +479,8 @@ class LocalObjectStore(ObjectStore):
         return result
 
     def _put_parts_sync(self, key: str, parts: Sequence[bytes | memoryview]) -> PutResult:
-        self._check_root()
-        directory, name = self._path(key)
         ends = list(itertools.accumulate(len(part) for part in parts))
-        temp = self._new_temp(directory, bool(ends) and ends[-1] >= FAST_TAG_BYTES)
-        try:
-            for chunk in _joined_runs(parts, ends):
-                temp.write(chunk)
-            etag = temp.seal()
-        except BaseException:
-            temp.discard()
-            raise
-        return self._commit(key, directory, name, temp.path, etag, temp.size, False, None)
+        return self._write_object(key, _joined_runs(parts, ends), ends[-1] if ends else 0)
 
     async def put_parts(self, key: str, parts: Sequence[bytes | memoryview]) -> PutResult:
         """The parts go to the file in runs joined to under malloc's mmap threshold: joining a

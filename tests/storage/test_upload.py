@@ -100,6 +100,19 @@ async def test_big_streams_get_their_own_stream_object(setup):
     assert r.source != "log_cache" and [bytes(x.payload) for x in r.batches] == [b"B" * 5000] * 20
 
 
+async def _from_objects(engine, sid: int, stream, end: int) -> list[bytes]:
+    """The stream's payloads [0, end), read from the objects (its log cache slices dropped)."""
+    engine.log_cache.drop_stream(sid)
+    got: list[bytes] = []
+    offset = 0
+    while offset < end:
+        r = await stream.fetch(offset, end, 1 << 20)
+        assert r.source != "log_cache" and r.batches
+        got += [bytes(x.payload) for x in r.batches]
+        offset = r.batches[-1].next_offset
+    return got
+
+
 async def test_objects_laid_out_in_slices_while_appends_continue(setup, monkeypatch):
     # The uploader gives the event loop back every few batches while it lays out a block;
     # appends that run meanwhile go to the next block and the object still holds exactly
@@ -120,14 +133,7 @@ async def test_objects_laid_out_in_slices_while_appends_continue(setup, monkeypa
     await flushing
     await engine.uploader.flush()
     for n, (sid, s) in enumerate(zip(sids, streams, strict=True)):
-        engine.log_cache.drop_stream(sid)
-        got, offset = [], 0
-        while offset < 60:
-            r = await s.fetch(offset, 60, 1 << 20)
-            assert r.source != "log_cache" and r.batches
-            got += [bytes(x.payload) for x in r.batches]
-            offset = r.batches[-1].base_offset + r.batches[-1].record_count
-        assert got == [bytes([n]) * (200 + i) for i in range(60)]
+        assert await _from_objects(engine, sid, s, 60) == [bytes([n]) * (200 + i) for i in range(60)]
 
 
 async def test_object_store_outage_holds_data_in_the_wal_until_it_returns(tmp_path, file_url):
@@ -251,14 +257,7 @@ async def test_big_objects_go_to_the_store_in_pieces_joined_one_at_a_time(setup,
     await engine.uploader.flush()
     assert len(pieces) >= 5 and max(pieces) < 8_000 + 2 * 1040 + 4096  # a piece: ~PART, plus a part
     assert all(n <= 20_000 for n in whole_puts)
-    engine.log_cache.drop_stream(sid)
-    got, offset = [], 0
-    while offset < 40:
-        r = await s.fetch(offset, 40, 1 << 20)
-        assert r.source != "log_cache" and r.batches
-        got += [bytes(x.payload) for x in r.batches]
-        offset = r.batches[-1].next_offset
-    assert got == payloads
+    assert await _from_objects(engine, sid, s, 40) == payloads
 
 
 async def test_the_file_store_takes_a_big_object_as_its_parts(setup, monkeypatch):

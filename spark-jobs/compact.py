@@ -38,15 +38,9 @@ from automq.broker.controller.client import ControllerClient
 from automq.broker.controller.protocol import ObjectConflictError
 from automq.broker.objectstore import ObjectStore, open_object_store
 from automq.broker.storage.metadata import MetadataError, ObjectMetadata, ObjectType, StreamObject, object_key
-from automq.broker.storage.objects.format import (
-    FOOTER,
-    TAIL_READ_BYTES,
-    ObjectWriter,
-    parse_index,
-    parse_tail,
-)
+from automq.broker.storage.objects.format import ObjectWriter
 from automq.spark.cluster import ClusterLocation, ClusterView
-from automq.spark.reader import ObjectSlice, read_slice_batches
+from automq.spark.reader import ObjectSlice, read_index, read_slice_batches
 
 log = logging.getLogger(__name__)
 
@@ -114,17 +108,8 @@ class CompactionReport:
 
 async def _stream_bytes(store: ObjectStore, obj: ObjectMetadata) -> dict[int, int]:
     """Bytes per stream in an object, from its index (one ranged GET)."""
-    key = object_key(obj.object_id)
-    tail_start = max(0, obj.object_size - TAIL_READ_BYTES)
-    tail = await store.get(key, tail_start, obj.object_size)
-    pos, length, crc = parse_tail(tail[-FOOTER.size :], obj.object_size, key=key)
-    raw = (
-        tail[pos - tail_start : pos - tail_start + length]
-        if pos >= tail_start
-        else await store.get(key, pos, pos + length)
-    )
     out: dict[int, int] = {}
-    for e in parse_index(raw, crc, obj.object_size, key=key).entries:
+    for e in (await read_index(store, object_key(obj.object_id), obj.object_size)).entries:
         out[e.stream_id] = out.get(e.stream_id, 0) + e.size
     return out
 

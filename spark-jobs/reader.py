@@ -95,20 +95,22 @@ async def _get(store: ObjectStore, key: str, start: int, end: int) -> bytes:
     return await store.get(key, start, end)
 
 
-async def read_index(store: ObjectStore, sl: ObjectSlice, stats: ReadStats) -> ObjectIndex:
-    """The object's index: one ranged GET of its tail (two when the index is larger)."""
-    tail_start = max(0, sl.object_size - TAIL_READ_BYTES)
-    tail = await _get(store, sl.key, tail_start, sl.object_size)
+async def read_index(store: ObjectStore, key: str, size: int, stats: ReadStats | None = None) -> ObjectIndex:
+    """The index of the object `key` of `size` bytes: one ranged GET of its tail (two when
+    the index is larger)."""
+    stats = stats if stats is not None else ReadStats()
+    tail_start = max(0, size - TAIL_READ_BYTES)
+    tail = await _get(store, key, tail_start, size)
     stats.gets += 1
     stats.bytes += len(tail)
-    index_pos, index_len, crc = parse_tail(tail[-FOOTER.size :], sl.object_size, key=sl.key)
+    index_pos, index_len, crc = parse_tail(tail[-FOOTER.size :], size, key=key)
     if index_pos >= tail_start:
         raw_index = tail[index_pos - tail_start : index_pos - tail_start + index_len]
     else:
-        raw_index = await _get(store, sl.key, index_pos, index_pos + index_len)
+        raw_index = await _get(store, key, index_pos, index_pos + index_len)
         stats.gets += 1
         stats.bytes += len(raw_index)
-    return parse_index(raw_index, crc, sl.object_size, key=sl.key)
+    return parse_index(raw_index, crc, size, key=key)
 
 
 async def read_slice_batches(
@@ -125,7 +127,7 @@ async def read_slice_batches(
     stats = stats if stats is not None else ReadStats()
     index = indexes.get(sl.object_id) if indexes is not None else None
     if index is None:
-        index = await read_index(store, sl, stats)
+        index = await read_index(store, sl.key, sl.object_size, stats)
         if indexes is not None:
             indexes[sl.object_id] = index
     blocks = index.blocks(sl.stream_id, sl.start_offset, sl.end_offset)

@@ -19,6 +19,7 @@ from automq.spark.reader import ROW_SCHEMA, ObjectSlice
 from automq.spark.source import (
     DEFAULT_MAX_BYTES_PER_PARTITION,
     SliceGroup,
+    by_object,
     plan_slices,
     read_group,
     with_lookahead,
@@ -43,30 +44,9 @@ def task_groups(slices: list[ObjectSlice], parallelism: int, max_bytes: int) -> 
     (profiled: `max_bytes` alone packed a 32 MiB range into one task read on one core while
     the other idled, and 4 tasks of a 128 MiB range left one core with two).
 
-    Cut by object, not by slice: a stream-set object holds slices of several partitions, and
-    all of them go to the task that reads it, so its tail (footer and index) is fetched and
-    parsed once (reader.read_slice_batches shares a task's indexes), not once per partition.
-    Objects are cut in id (upload) order; each stream's slices must stay consecutive in its
-    offset order across the tasks (transaction markers are looked for in the slices that
-    follow a task's own, and later tasks' files are dropped past a last stable offset), so a
-    plan whose objects' ids are not in offset order for every stream (compaction made
-    objects out of order) is cut slice by slice in plan order instead."""
-    if not slices:
-        return []
-    sizes: dict[int, int] = {}
-    for sl in slices:
-        sizes.setdefault(sl.object_id, sl.object_size)
-    order = sorted(sizes)
-    at = _cut([sizes[o] for o in order], parallelism, max_bytes)
-    group_of = dict(zip(order, at, strict=True))
-    last: dict[int, int] = {}
-    for sl in slices:
-        g = group_of[sl.object_id]
-        if g < last.get(sl.stream_id, 0):
-            at = _cut([sl.object_size for sl in slices], parallelism, max_bytes)
-            return _assign(slices, at)
-        last[sl.stream_id] = g
-    return _assign(slices, [group_of[sl.object_id] for sl in slices])
+    Cut by object (`source.by_object`): all partitions' slices of a stream-set object go to
+    the task that reads it, so its tail (footer and index) is fetched and parsed once."""
+    return by_object(slices, lambda sizes: _cut(sizes, parallelism, max_bytes))
 
 
 def _cut(sizes: list[int], parallelism: int, max_bytes: int) -> list[int]:
@@ -85,14 +65,6 @@ def _cut(sizes: list[int], parallelism: int, max_bytes: int) -> list[int]:
         out.append(min(n - 1, (2 * seen + size) * n // (2 * total)))
         seen += size
     return out
-
-
-def _assign(slices: list[ObjectSlice], at: list[int]) -> list[list[ObjectSlice]]:
-    """Groups of the slices by task number, each in plan order."""
-    groups: list[list[ObjectSlice]] = [[] for _ in range(max(at) + 1)]
-    for sl, g in zip(slices, at, strict=True):
-        groups[g].append(sl)
-    return [g for g in groups if g]
 
 
 def read_range(

@@ -310,10 +310,16 @@ async def read_stream_arrow(
         yield out
 
 
-async def read_slice_arrow(store: ObjectStore, sl: ObjectSlice, stats: ReadStats | None = None):
-    """Yield Arrow record batches (ROW_SCHEMA) of the records in the slice."""
+async def read_slice_arrow(
+    store: ObjectStore,
+    sl: ObjectSlice,
+    stats: ReadStats | None = None,
+    indexes: dict[int, ObjectIndex] | None = None,
+):
+    """Yield Arrow record batches (ROW_SCHEMA) of the records in the slice (`indexes`: parsed
+    indexes shared across slices, as in read_slice_batches)."""
     builder = ArrowBuilder(sl.topic, sl.partition)
-    async for _base, _count, payload in read_slice_batches(store, sl, stats):
+    async for _base, _count, payload in read_slice_batches(store, sl, stats, indexes):
         n = builder.add_batch(payload, sl.start_offset, sl.end_offset)
         if stats is not None:
             stats.records += n

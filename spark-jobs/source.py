@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -100,17 +100,58 @@ def plan_slices(
 
 
 def group_slices(slices: list[ObjectSlice], max_bytes: int) -> list[list[ObjectSlice]]:
-    """Consecutive slices packed into tasks of about `max_bytes` (object size is the cost
-    estimate: the index does not say how much of a stream-set object one stream holds)."""
-    groups: list[list[ObjectSlice]] = []
-    size = 0
+    """The slices packed into tasks of about `max_bytes` (object size is the cost estimate: the
+    index does not say how much of a stream-set object one stream holds), cut by object, so a
+    task fetches and parses each object's tail once for all the partitions it holds (see
+    `by_object`)."""
+    return by_object(slices, lambda sizes: _pack(sizes, max_bytes))
+
+
+def _pack(sizes: list[int], max_bytes: int) -> list[int]:
+    """The task of each item: consecutive items, a new task once `max_bytes` would be passed."""
+    out = []
+    task, size = -1, 0
+    for s in sizes:
+        if task < 0 or size + s > max_bytes:
+            task, size = task + 1, 0
+        out.append(task)
+        size += s
+    return out
+
+
+def by_object(slices: list[ObjectSlice], cut: Callable[[list[int]], list[int]]) -> list[list[ObjectSlice]]:
+    """The slices in tasks, every slice of an object in the same task: `cut` maps the objects'
+    sizes, in id (upload) order, to their task numbers (non-decreasing).
+
+    A stream-set object holds slices of several partitions; the task that reads it reads all
+    of them and fetches its tail once (`read_group` shares a task's parsed indexes), rather
+    than once per partition. Each stream's slices must stay consecutive in its offset order
+    across the tasks (transaction markers are looked for in the slices that follow a task's
+    own, and ingestion drops later tasks' files past a last stable offset), so a plan whose
+    objects' ids are not in offset order for every stream (compaction made objects out of
+    order) is cut slice by slice in plan order instead."""
+    if not slices:
+        return []
+    sizes: dict[int, int] = {}
     for sl in slices:
-        if not groups or size + sl.object_size > max_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(sl)
-        size += sl.object_size
-    return groups
+        sizes.setdefault(sl.object_id, sl.object_size)
+    order = sorted(sizes)
+    group_of = dict(zip(order, cut([sizes[o] for o in order]), strict=True))
+    last: dict[int, int] = {}
+    for sl in slices:
+        g = group_of[sl.object_id]
+        if g < last.get(sl.stream_id, 0):
+            return _assign(slices, cut([sl.object_size for sl in slices]))
+        last[sl.stream_id] = g
+    return _assign(slices, [group_of[sl.object_id] for sl in slices])
+
+
+def _assign(slices: list[ObjectSlice], at: list[int]) -> list[list[ObjectSlice]]:
+    """Groups of the slices by task number, each in plan order."""
+    groups: list[list[ObjectSlice]] = [[] for _ in range(max(at) + 1)]
+    for sl, g in zip(slices, at, strict=True):
+        groups[g].append(sl)
+    return [g for g in groups if g]
 
 
 def with_lookahead(groups: list[list[ObjectSlice]], slices: list[ObjectSlice]) -> list[tuple]:

@@ -212,6 +212,46 @@ def test_a_reader_fetches_each_objects_tail_once_for_all_its_partitions(spark_cl
 
     assert asyncio.run(by_stream()) == 600
     assert set(indexes) == set(tails) and all(reads[t] == 1 for t in tails.values())
+    # the data source's own input partitions (the driver's plan, each read as Spark reads it):
+    # cut by object, so over all of them each tail is fetched once, also when they are small
+    from automq.spark.source import AutoMQReader, SliceGroup
+
+    for max_bytes in (None, 1):
+        reads.clear()
+        options = {"topic": topic, "dataDir": str(spark_cluster.data_dir)}
+        if max_bytes is not None:
+            options["maxBytesPerPartition"] = str(max_bytes)
+        source = AutoMQReader(options)
+        parts = source.partitions()
+        assert all(isinstance(p, SliceGroup) for p in parts)
+        if max_bytes == 1:
+            assert len(parts) == len(tails)  # one per object (not per slice), with both partitions
+        rows = pa.Table.from_batches([b for part in parts for b in source.read(part)], ROW_SCHEMA)
+        assert rows.sort_by([("partition", "ascending"), ("offset", "ascending")]).to_pylist() == (
+            expected.sort_by([("partition", "ascending"), ("offset", "ascending")]).to_pylist()
+        )
+        assert {oid: reads[t] for oid, t in tails.items()} == dict.fromkeys(tails, 1)
+
+
+def test_data_source_partitions_take_whole_objects_in_offset_order():
+    from automq.spark.source import group_slices, with_lookahead
+
+    # two partitions (streams 7 and 8) in the same 8 stream-set objects of 1 MiB, stream by stream
+    plan = [ObjectSlice(i, 1 << 20, sid, i * 100, (i + 1) * 100) for sid in (7, 8) for i in range(8)]
+    groups = group_slices(plan, 3 << 20)
+    assert [sorted({sl.object_id for sl in g}) for g in groups] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    for g in groups:
+        assert [sl.stream_id for sl in g] == [7] * (len(g) // 2) + [8] * (len(g) // 2)
+        assert g == sorted(g, key=plan.index)
+    assert dict(with_lookahead(groups, plan)[0]) == {7: tuple(plan[3:8]), 8: tuple(plan[11:16])}
+    assert group_slices([], 1) == []
+    # object ids out of offset order for stream 7 (a compacted object 99 holds its first
+    # offsets): cut slice by slice in plan order, each stream's tasks still in offset order
+    plan = [ObjectSlice(99, 4 << 20, 7, 0, 400)]
+    plan += [ObjectSlice(i, 1 << 20, 7, 400 + i * 100, 500 + i * 100) for i in range(4)]
+    plan += [ObjectSlice(i, 1 << 20, 8, i * 100, (i + 1) * 100) for i in range(4)]
+    groups = group_slices(plan, 4 << 20)
+    assert [sl for g in groups for sl in g] == plan
 
 
 def test_a_write_tasks_rows_split_by_partition_without_copies_when_each_is_one_run():

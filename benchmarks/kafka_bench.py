@@ -37,7 +37,10 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+
+import yaml
 
 from automq.broker import local
 from automq.broker.config import parse_size
@@ -58,6 +61,7 @@ class Cluster:
         self.seaweed = None
         self.tmp: tempfile.TemporaryDirectory[str] | None = None
         self.bootstrap = args.bootstrap or ""
+        self.metrics_urls: list[str] = []  # brokers' /metrics (a started cluster only)
 
     def __enter__(self) -> Cluster:
         if self.bootstrap:
@@ -101,6 +105,11 @@ class Cluster:
                 break
             if time.monotonic() > deadline:
                 break
+        config_dir = Path(self.tmp.name) / "cluster" / "config"
+        for path in sorted(config_dir.glob("broker-*.yaml")):
+            http_port = (yaml.safe_load(path.read_text()) or {}).get("http_port")
+            if http_port:
+                self.metrics_urls.append(f"http://127.0.0.1:{http_port}/metrics")
         if not self.bootstrap:
             self.__exit__()
             raise SystemExit(
@@ -350,7 +359,7 @@ def throughput(bootstrap: str, seconds: float, partitions: int) -> None:
     )
 
 
-def fixed_rate(bootstrap: str, seconds: float, rate_mib: float, partitions: int) -> None:
+def fixed_rate(bootstrap: str, seconds: float, rate_mib: float, partitions: int, metrics: Sequence[str] = ()) -> None:
     topic = f"bench-fr-{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, topic, partitions)
     tail = Tail(bootstrap, topic, from_beginning=True)
@@ -359,25 +368,67 @@ def fixed_rate(bootstrap: str, seconds: float, rate_mib: float, partitions: int)
     p = LoadProducer(bootstrap, topic)
     p.run(1.0, rate_mib * MiB)
     p.reset()
+    before = produce_latency_buckets(list(metrics))
     start = time.perf_counter()
     p.run(seconds, rate_mib * MiB)
     elapsed = time.perf_counter() - start
+    after = produce_latency_buckets(list(metrics))
     tail.stop()
     print(
         f"produce at {rate_mib:g} MiB/s (acks=all, 1 KiB, 1 tailing consumer): achieved {p.acked_bytes / MiB / elapsed:.1f} MiB/s, "
         f"latency p50 {_pct(p.latencies, 50) * 1000:.2f} ms p99 {_pct(p.latencies, 99) * 1000:.2f} ms "
-        f"max {max(p.latencies, default=float('nan')) * 1000:.1f} ms; errors {p.errors}"
+        f"max {max(p.latencies, default=float('nan')) * 1000:.1f} ms; errors {p.errors}{broker_side(before, after)}"
     )
 
 
-def catch_up(bootstrap: str, total: int, rate_mib: float) -> None:
+def produce_latency_buckets(urls: list[str]) -> dict[float, float]:
+    """The brokers' Produce latency histogram (request parsed -> response queued), summed:
+    {upper bound in seconds: cumulative count}. Empty for a cluster not started here."""
+    import urllib.request
+
+    buckets: dict[float, float] = {}
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            text = answer.read().decode()
+        for line in text.splitlines():
+            if line.startswith("kafka_request_latency_seconds_bucket{") and 'api="Produce"' in line:
+                labels, value = line.rsplit(" ", 1)
+                le = labels.split('le="', 1)[1].split('"', 1)[0]
+                bound = float("inf") if le == "+Inf" else float(le)
+                buckets[bound] = buckets.get(bound, 0.0) + float(value)
+    return buckets
+
+
+def broker_side(before: dict[float, float], after: dict[float, float]) -> str:
+    """What the brokers saw of the Produce requests between two scrapes: how many took
+    over 10 ms, and the histogram bucket holding the p99 (bucket bounds, not exact)."""
+    if not after:
+        return ""
+    delta = {b: after[b] - before.get(b, 0.0) for b in sorted(after)}
+    total = delta.get(float("inf"), 0.0)
+    if total <= 0:
+        return ""
+    over_10 = total - delta.get(0.01, total)
+    lower = 0.0
+    for bound, count in delta.items():
+        if count >= 0.99 * total:
+            break
+        lower = bound
+    return (
+        f"; broker side (request parsed -> response queued): {int(total)} Produce requests, "
+        f"{over_10 / total * 100:.1f} % over 10 ms, p99 in ({lower * 1000:g}, {bound * 1000:g}] ms"
+    )
+
+
+def catch_up(
+    bootstrap: str, total: int, rate_mib: float, reader_mode: str = "thread", nice: int = 0, metrics: Sequence[str] = ()
+) -> None:
     old = f"bench-cu-{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, old, 1)
     write_rate = fill(bootstrap, old, total)
     live = f"bench-live-{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, live, 1)
     p = LoadProducer(bootstrap, live)
-    reader = Tail(bootstrap, old, from_beginning=True)
     done = threading.Event()
 
     def produce_meanwhile() -> None:
@@ -386,21 +437,62 @@ def catch_up(bootstrap: str, total: int, rate_mib: float) -> None:
 
     producing = threading.Thread(target=produce_meanwhile, daemon=True)
     producing.start()
+    before: dict[float, float] = {}
+    after: dict[float, float] = {}
+    latencies: list[float] = []
+    read, elapsed = 0, float("nan")
+    if reader_mode == "thread":
+        before = produce_latency_buckets(list(metrics))
+        start = time.perf_counter()
+        reader = Tail(bootstrap, old, from_beginning=True)
+        reader.start()
+        deadline = start + max(120.0, total / MiB)
+        while reader.bytes < total and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - start
+        read = reader.bytes
+        latencies = list(p.latencies)
+        after = produce_latency_buckets(list(metrics))
+        reader.stop()
+    else:
+        # The reader in its own process: its decoding does not hold this process's GIL, which
+        # the producer's delivery callbacks (where latency is measured) need.
+        command = [sys.executable, __file__, "--catchup-child", bootstrap, old, str(total)]
+        if nice:
+            command = ["nice", "-n", str(nice), *command]
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.startswith("started"):
+                p.reset()
+                before = produce_latency_buckets(list(metrics))
+            elif line.startswith("read "):
+                latencies = list(p.latencies)
+                after = produce_latency_buckets(list(metrics))
+                read, elapsed = int(line.split()[1]), float(line.split()[2])
+        child.wait(60)
+    done.set()
+    producing.join(60)
+    where = "in this process" if reader_mode == "thread" else f"in its own process{f', nice {nice}' if nice else ''}"
+    print(
+        f"catch-up read of {total / MiB:.0f} MiB written earlier (written at {write_rate:.1f} MiB/s), reader {where}: "
+        f"{read / MiB / elapsed:.1f} MiB/s ({read / MiB:.0f} MiB in {elapsed:.1f} s) while producing {rate_mib:g} MiB/s; "
+        f"produce latency meanwhile p50 {_pct(latencies, 50) * 1000:.2f} ms p99 {_pct(latencies, 99) * 1000:.2f} ms"
+        f"{broker_side(before, after)}"
+    )
+
+
+def catchup_child(bootstrap: str, topic: str, total: int) -> None:
+    """--catchup-reader process: read `total` bytes of `topic` from the beginning; report."""
+    reader = Tail(bootstrap, topic, from_beginning=True)
+    print("started", flush=True)
     start = time.perf_counter()
     reader.start()
     deadline = start + max(120.0, total / MiB)
     while reader.bytes < total and time.perf_counter() < deadline:
         time.sleep(0.05)
-    elapsed = time.perf_counter() - start
-    read = reader.bytes
+    print(f"read {reader.bytes} {time.perf_counter() - start}", flush=True)
     reader.stop()
-    done.set()
-    producing.join(60)
-    print(
-        f"catch-up read of {total / MiB:.0f} MiB written earlier (written at {write_rate:.1f} MiB/s): "
-        f"{read / MiB / elapsed:.1f} MiB/s ({read / MiB:.0f} MiB in {elapsed:.1f} s) while producing {rate_mib:g} MiB/s; "
-        f"produce latency meanwhile p50 {_pct(p.latencies, 50) * 1000:.2f} ms p99 {_pct(p.latencies, 99) * 1000:.2f} ms"
-    )
 
 
 def reassignment(bootstrap: str, size: int) -> None:
@@ -467,8 +559,21 @@ def main() -> int:
     ap.add_argument("--rate-mib", type=float, default=10.0, help="fixed produce rate for the latency run")
     ap.add_argument("--catchup-bytes", type=parse_size, default=256 * MiB)
     ap.add_argument("--reassign-large", type=parse_size, default=100 * MiB)
+    ap.add_argument(
+        "--catchup-reader",
+        choices=["thread", "process"],
+        default="thread",
+        help="run the catch-up consumer in this process (sharing its GIL with the producer whose latency"
+        " is measured) or in its own process",
+    )
+    ap.add_argument("--catchup-nice", type=int, default=0, help="niceness of the catch-up reader's process")
+    ap.add_argument("--catchup-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--skip", nargs="*", default=[], choices=["baseline", "throughput", "fixed", "catchup", "reassign"])
     args = ap.parse_args()
+    if args.catchup_child:
+        bootstrap, topic, total = args.catchup_child
+        catchup_child(bootstrap, topic, int(total))
+        return 0
 
     load = os.getloadavg()
     print(
@@ -490,9 +595,16 @@ def main() -> int:
         if "throughput" not in args.skip:
             throughput(cluster.bootstrap, args.duration, args.partitions)
         if "fixed" not in args.skip:
-            fixed_rate(cluster.bootstrap, args.duration, args.rate_mib, args.partitions)
+            fixed_rate(cluster.bootstrap, args.duration, args.rate_mib, args.partitions, cluster.metrics_urls)
         if "catchup" not in args.skip:
-            catch_up(cluster.bootstrap, args.catchup_bytes, args.rate_mib)
+            catch_up(
+                cluster.bootstrap,
+                args.catchup_bytes,
+                args.rate_mib,
+                args.catchup_reader,
+                args.catchup_nice,
+                cluster.metrics_urls,
+            )
         if "reassign" not in args.skip:
             reassignment(cluster.bootstrap, 10 * MiB)
             reassignment(cluster.bootstrap, args.reassign_large)

@@ -25,6 +25,7 @@ leave a header pointing at overwritten records.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import mmap
 import os
@@ -171,6 +172,12 @@ class VolumeWal(WriteAheadLog):
         self._pressure_handler = None
         self._pressure_task: asyncio.Future[object] | None = None
         self.report = RecoveryReport()
+        # A fresh file's ring is reserved at open and zeroed once the WAL serves (_zero_fill):
+        # the file offset the zeros still start at (-1: nothing to fill), and, on the WAL
+        # thread, the highest file offset records have been written up to
+        self._fill_from = -1
+        self._records_end = DATA_START
+        self._filler: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ opening / replay
 
@@ -194,13 +201,15 @@ class VolumeWal(WriteAheadLog):
                     f"WAL {self.path}: neither header slot is valid (not a WAL, or both slots damaged). To start a fresh "
                     f"WAL on it, after making sure nothing in it is needed: dd if=/dev/zero of={self.path} bs=8k count=1"
                 )
-            # A fresh WAL: preallocate by writing zeros so later fdatasyncs flush data only
-            # (no extent conversion or size change in the hot path).
+            # A fresh WAL: its blocks are reserved now (a full disk fails the start, not an
+            # append) and its zeros written once the WAL serves (_zero_fill), so later
+            # fdatasyncs flush data only (no extent conversion or size change in the hot path).
+            # Writing 256 MiB of zeros here was the largest cost of a fresh broker's start-up.
             capacity = self._requested_capacity if not is_device else size - DATA_START
             if capacity < 1 << 16:
                 raise ValueError(f"wal.capacity: {capacity} bytes is too small (minimum 64 KiB)")
             if not is_device:
-                self._preallocate(DATA_START + capacity)
+                self._reserve(DATA_START + capacity)
             header = WalHeader(capacity, 0, self.node_id, -1, 0, 0)
             self._write_slot(header)
             os.fsync(self._fd)
@@ -217,6 +226,43 @@ class VolumeWal(WriteAheadLog):
             )
         self._header = header
         self._capacity = header.capacity
+
+    def _reserve(self, size: int) -> None:
+        try:
+            os.posix_fallocate(self._fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            self._preallocate(size)  # no fallocate here: zeros now, as before
+            return
+        self._fill_from = DATA_START
+
+    async def _zero_fill(self) -> None:
+        """Writes the fresh ring's zeros a chunk per WAL-thread turn, between record groups
+        (one group waits behind at most one 1 MiB chunk); chunks records already reached are
+        skipped. Only a performance matter: replay never relies on the zeros (records carry
+        their position and generation), so a crash or an error here loses nothing."""
+        loop = asyncio.get_running_loop()
+        end = DATA_START + self._capacity
+        position = self._fill_from
+        try:
+            while position < end and not self._closed:
+                step = min(position + len(_ZEROS), end)
+                await loop.run_in_executor(self._executor, self._zero_chunk, position, step)
+                position = step
+        except Exception:
+            log.warning("WAL %s: writing the fresh ring's zeros failed; appends still work", self.path, exc_info=True)
+        finally:
+            self._fill_from = -1
+
+    def _zero_chunk(self, start: int, end: int) -> None:
+        """On the WAL thread (so no record group runs meanwhile): zeros in [start, end) past
+        what records have reached, written back before the next group's fdatasync waits on them."""
+        start = max(start, self._records_end)
+        if start >= end or self._fd < 0:
+            return
+        os.pwrite(self._fd, memoryview(_ZEROS)[: end - start], start)
+        os.fdatasync(self._fd)
 
     def _preallocate(self, size: int) -> None:
         pos = 0
@@ -366,6 +412,8 @@ class VolumeWal(WriteAheadLog):
         self._header = new
         self._trim = self._next = self._durable = new.trim
         self._writer = asyncio.create_task(self._write_loop(), name=f"wal-writer-{self.path.name}")
+        if self._fill_from >= 0:
+            self._filler = asyncio.create_task(self._zero_fill(), name=f"wal-zero-fill-{self.path.name}")
 
     @property
     def durable_position(self) -> int:
@@ -515,6 +563,8 @@ class VolumeWal(WriteAheadLog):
                 if written != want:
                     self._write_rest(chunk, written, file_pos)
                 file_pos += want
+            if file_pos > self._records_end:
+                self._records_end = file_pos
         os.fdatasync(self._fd)
 
     def _write_rest(self, chunk: list[bytes | memoryview], written: int, file_pos: int) -> None:
@@ -548,6 +598,9 @@ class VolumeWal(WriteAheadLog):
         self._closed = True
         self._wakeup.set()
         self._trimmed.set()  # a writer waiting for space stops waiting (see _write_loop)
+        if self._filler is not None:
+            await asyncio.wait([self._filler])  # stops after its current chunk (it sees _closed)
+            self._filler = None
         if self._writer is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._writer), timeout=30)

@@ -14,9 +14,8 @@ One round per table:
    tasks that met columns the table lacks report them instead of writing, the driver widens
    the table once (creating it on the first run) and those tasks run again (lakeschema.py).
    Upserts (flatten_debezium with id.columns: the latest image of an id across the whole run
-   wins, and the table's older rows of those ids are deleted) stay on the driver: the tasks
-   hand the rows to the driver as Arrow (bulkread.py), which converts them (convert.py) and
-   writes the files;
+   wins, and the table's older rows of those ids are deleted) shuffle the rows by id, and
+   tasks write the new files and rewrite the old files holding replaced ids (lakeupsert.py);
 4. commit ONE Iceberg transaction with those files, whose snapshot summary holds the
    new next offsets. The commit carries the requirement that the table's main branch is
    still the snapshot of step 1, so of two racing runs one loses; the loser re-plans from
@@ -39,16 +38,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import And, EqualTo, In, Or
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from automq.spark import iceberg, lakefiles, lakeschema, lakewrite
+from automq.spark import iceberg, lakefiles, lakeschema, lakeupsert, lakewrite
 from automq.spark.bulkread import read_range
 from automq.spark.cluster import ClusterLocation, ClusterView, TopicView
 from automq.spark.convert import DLQ_SCHEMA, META_PREFIX, Converted, TableSettings, convert
@@ -258,7 +258,8 @@ def _write_and_commit(
     t0 = time.perf_counter()
     planned = _snapshot_id(table)
     created = False
-    initial = _initial_schema(convert(ROW_SCHEMA.empty_table(), settings))  # JSON: the metadata columns
+    # JSON: the metadata columns (no rows, so no id columns to check)
+    initial = _initial_schema(convert(ROW_SCHEMA.empty_table(), replace(settings, id_columns=())))
 
     def widen(schemas: list[pa.Schema]) -> Table:
         """JSON: the table made to hold what the tasks met (created by the first run)."""
@@ -282,7 +283,8 @@ def _write_and_commit(
             elif any(f.name not in table.schema().column_names for f in initial):
                 with table.update_schema() as update:  # a table an older version made
                     update.union_by_name(initial)
-        written = lakewrite.write_range(spark, location, topic, start, end, table, settings, view=view, widen=widen)
+        write_range = lakeupsert.write_range if lakeupsert.applies(settings) else lakewrite.write_range
+        written = write_range(spark, location, topic, start, end, table, settings, view=view, widen=widen)
         table = written.table or table
         if table is None:  # JSON, and no task had a good record: the offsets still advance
             table = _create_table(catalog, name, initial, topic, settings)
@@ -295,9 +297,10 @@ def _write_and_commit(
     t1 = time.perf_counter()
     try:
         dead = _commit_dead_letters(catalog, name, topic, written.dead, offsets)
-        _commit_files(table, written.files, offsets, name, before_commit)
+        _commit_files(table, written.files + written.rewritten, offsets, name, before_commit, written.replaced)
     except CommitFailedException:
-        lakewrite.delete_files(table, written.files)  # no snapshot will ever reference them
+        # no snapshot will ever reference them
+        lakewrite.delete_files(table, written.files + written.rewritten)
         raise
     log.info(
         "%s: %d records in %d files: read, convert and write on executors %.2fs (in %d tasks, %d run again "
@@ -337,14 +340,19 @@ def _commit_files(
     offsets: dict[int, int],
     name: str,
     before_commit: Callable[[str, Table], None] | None,
+    replaced: list[DataFile] | None = None,
 ) -> None:
+    """`replaced`: data files of the table the commit takes out (upserts' copy-on-write)."""
     props = {iceberg.OFFSETS_PROPERTY: _offsets_json(offsets)}
     txn = table.transaction()
     # always a snapshot (maybe without files): the offsets must advance even when every
     # record went to the DLQ
-    with txn.update_snapshot(snapshot_properties=props).fast_append() as append:
+    update = txn.update_snapshot(snapshot_properties=props)
+    with update.overwrite() if replaced else update.fast_append() as change:
+        for old in replaced or []:
+            change.delete_data_file(old)
         for f in files:
-            append.append_data_file(f.data_file)
+            change.append_data_file(f.data_file)
     if before_commit is not None:
         before_commit(name, table)
     txn.commit_transaction()

@@ -11,7 +11,7 @@ JVM to the driver, and left the write on one core (docs/benchmarks.md).
 
 Every value conversion takes this path except upserts (`flatten_debezium` with
 `id.columns`: the latest image of an id across the whole run wins and older rows of the
-table are deleted, which the driver does). JSON tables infer their schema per task
+table are deleted), which lakeupsert.py runs on the executors with a shuffle. JSON tables infer their schema per task
 (lakeschema.py): a task whose columns the table already has writes at once; the others
 report their schema, the driver widens the table once and those tasks run again.
 
@@ -57,8 +57,9 @@ log = logging.getLogger(__name__)
 
 
 def on_executors(settings: TableSettings) -> bool:
-    """Whether a topic's rows are converted and written by the executors: all but upserts."""
-    return not settings.id_columns
+    """Whether a topic's rows are converted and written by the executors: all of them
+    (upserts through lakeupsert.py); the driver path stays for comparison (spark_bench)."""
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,10 @@ class WriteResult:
     task_seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(("read", "convert", "write", "cpu"), 0.0)
     )
+    # upserts (lakeupsert.py): copies of old data files without the replaced rows, and the
+    # old files they replace in the commit
+    rewritten: list[WrittenFile] = field(default_factory=list)
+    replaced: list[DataFile] = field(default_factory=list)
 
     @property
     def records(self) -> int:

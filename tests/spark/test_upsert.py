@@ -1,0 +1,148 @@
+"""Upsert tables (Debezium envelopes with `automq.table.topic.id.columns`) ingested by Spark
+tasks, not the driver (automq.spark.lakeupsert): across partitions and tasks the latest image
+of an id wins, the table's older rows are rewritten copy-on-write by tasks, and one overwrite
+commit carries the offsets: a crash before it and a lost race both end exactly once. Read back
+with pyiceberg, DuckDB and Polars."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pytest
+
+from automq.spark import iceberg, lakewrite
+from automq.spark import ingest as ingest_module
+from automq.spark.cluster import ClusterLocation
+from automq.spark.ingest import ingest
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+UPSERT = {
+    "automq.table.topic.enable": "true",
+    "automq.table.topic.convert.value.type": "json",
+    "automq.table.topic.transform.value.type": "flatten_debezium",
+    "automq.table.topic.id.columns": "id",
+}
+
+
+class Crash(BaseException):
+    """Stands for the process dying: nothing on the way catches it."""
+
+
+def _env(op: str, before: dict | None, after: dict | None) -> bytes:
+    return json.dumps({"payload": {"op": op, "before": before, "after": after, "ts_ms": 1}}).encode()
+
+
+def _rows(table) -> list[tuple]:
+    return sorted((r["id"], r["name"]) for r in table.scan().to_arrow().to_pylist())
+
+
+def _files(table) -> set[str]:
+    return {t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()}
+
+
+def test_upserts_run_in_tasks_and_commit_once(spark, spark_cluster, sh, tmp_path, monkeypatch):
+    catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
+    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
+    topic = sh.topic_name("upsert")
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=2, configs=UPSERT)
+    # the driver never holds rows: its read-to-Arrow path and converting non-empty rows fail
+    monkeypatch.setattr(ingest_module, "_read", lambda *a, **k: pytest.fail("the driver read the rows"))
+    real_convert = ingest_module.convert
+
+    def driver_convert(rows, settings):
+        assert rows.num_rows == 0, "the driver converted rows"
+        return real_convert(rows, settings)
+
+    monkeypatch.setattr(ingest_module, "convert", driver_convert)
+    # one map task per object slice: the ids' images are spread over many tasks
+    monkeypatch.setattr(lakewrite, "task_groups", lambda slices, parallelism, max_bytes: [[sl] for sl in slices])
+
+    # an id lives in one partition (Debezium keys by id), written in two uploads each
+    first = [(None, _env("c", None, {"id": i, "name": f"a{i}"}), [], i % 2) for i in range(40)]
+    sh.produce_confluent(spark_cluster.bootstrap, topic, first[:20])
+    spark_cluster.wait_uploaded(topic, 20)
+    sh.produce_confluent(spark_cluster.bootstrap, topic, first[20:])
+    spark_cluster.wait_uploaded(topic, 40)
+    sc = spark.sparkContext
+    sc.setJobGroup("upsert-first", "first upsert run")
+    [r1] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert r1.status == "committed" and r1.records == 40, r1
+    tracker = sc.statusTracker()
+    stages = [s for j in tracker.getJobIdsForGroup("upsert-first") for s in tracker.getJobInfo(j).stageIds]
+    tasks = sum(tracker.getStageInfo(s).numTasks for s in stages if tracker.getStageInfo(s) is not None)
+    assert len(stages) >= 3 and tasks >= 4, (stages, tasks)  # map, shuffle and reduce stages, several tasks
+    assert r1.task_cpu_seconds > 0
+    table = catalog.load_table(r1.table)
+    assert _rows(table) == [(i, f"a{i}") for i in range(40)]
+
+    # updates of an id in two uploads (the later wins), deletes, and new ids, in both partitions
+    second = [(None, _env("u", {"id": i, "name": f"a{i}"}, {"id": i, "name": f"b{i}"}), [], i % 2) for i in range(10)]
+    second += [(None, _env("d", {"id": i, "name": f"a{i}"}, None), [], i % 2) for i in (20, 21)]
+    third = [(None, _env("u", {"id": i, "name": f"b{i}"}, {"id": i, "name": f"c{i}"}), [], i % 2) for i in (3, 4)]
+    third += [(None, _env("c", None, {"id": i, "name": f"a{i}"}), [], i % 2) for i in (50, 51)]
+    third.append((None, _env("c", None, {"id": 21, "name": "again"}), [], 1))  # deleted, then created again
+    sh.produce_confluent(spark_cluster.bootstrap, topic, second)
+    spark_cluster.wait_uploaded(topic, 40 + len(second))
+    sh.produce_confluent(spark_cluster.bootstrap, topic, third)
+    total = 40 + len(second) + len(third)
+    spark_cluster.wait_uploaded(topic, total)
+    expected = {i: f"a{i}" for i in range(40)}
+    expected.update({i: f"b{i}" for i in range(10)})
+    expected.update({3: "c3", 4: "c4", 50: "a50", 51: "a51", 21: "again"})
+    del expected[20]
+    expected_rows = sorted(expected.items())
+
+    before = _files(table)
+    seen = []
+
+    def crash(name, t):
+        seen.append(name)
+        raise Crash()
+
+    with pytest.raises(Crash):
+        ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=crash)
+    table = catalog.load_table(r1.table)
+    assert seen and _rows(table) == [(i, f"a{i}") for i in range(40)]  # nothing of the crashed run
+    assert iceberg.committed_offsets(table) == r1.offsets
+
+    # the rerun races a competitor: the competitor's commit wins, the rerun re-plans to nothing
+    raced = []
+
+    def other_run_commits_first(name, t):
+        if not raced:
+            raced.append(name)
+            [inner] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+            assert inner.status == "committed", inner
+
+    [r2] = ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=other_run_commits_first)
+    assert (r2.status, r2.attempts) == ("up-to-date", 2), r2
+    table = catalog.load_table(r1.table)
+    assert _rows(table) == expected_rows
+    assert sum(iceberg.committed_offsets(table).values()) == total
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None
+    assert snapshot.summary.operation.value == "overwrite"
+    # copy-on-write: no delete files, the old files holding replaced rows are gone from the snapshot
+    assert not any(t.delete_files for t in table.scan().plan_files())
+    assert before - _files(table)
+    # the loser deleted its own files: the warehouse holds the table's files, plus only the
+    # crashed run's orphans (which remove_orphans takes)
+    warehouse = {str(p) for p in Path(tmp_path, "lake").glob("**/*.parquet")}
+    reachable = {p.removeprefix("file://") for p in iceberg_files(table) if p.endswith(".parquet")}
+    orphans = warehouse - reachable
+    [r3] = ingest(spark, location, catalog, [topic], enabled_topics=False, remove_orphans_ms=0)
+    assert orphans and r3.status == "up-to-date" and r3.removed_files >= len(orphans)
+    assert {str(p) for p in Path(tmp_path, "lake").glob("**/*.parquet")} == reachable
+    duck = duckdb.sql(f"select id, name from read_parquet({sorted(_files(table))!r}) order by id").fetchall()
+    assert duck == expected_rows
+    assert pl.scan_iceberg(table).select("id", "name").sort("id").collect().rows() == expected_rows
+
+
+def iceberg_files(table) -> set[str]:
+    from automq.spark import lakefiles
+
+    return set(lakefiles.reachable_files(table))

@@ -146,3 +146,63 @@ def iceberg_files(table) -> set[str]:
     from automq.spark import lakefiles
 
     return set(lakefiles.reachable_files(table))
+
+
+def _source_rows(values: list[bytes], offsets: list[int]):
+    import pyarrow as pa
+
+    from automq.spark.reader import ROW_SCHEMA
+
+    n = len(values)
+    return pa.table(
+        {
+            "topic": ["t"] * n,
+            "partition": pa.array([0] * n, pa.int32()),
+            "offset": pa.array(offsets, pa.int64()),
+            "timestamp": pa.array([0] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+            "timestamp_type": pa.array([0] * n, pa.int32()),
+            "key": pa.array([None] * n, pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "headers": pa.array([[]] * n, ROW_SCHEMA.field("headers").type),
+        },
+        schema=ROW_SCHEMA,
+    )
+
+
+def test_a_reduce_task_keeps_each_ids_latest_image_below_the_last_stable_offset(tmp_path):
+    """No Spark: one bucket's rows from two map tasks and one old file's ids. An image past the
+    partition's last stable offset is the next run's, so the earlier one wins this run."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from automq.spark import lakeupsert
+    from automq.spark.convert import TableSettings, convert
+
+    settings = TableSettings(convert="json", transform="flatten_debezium")
+    a = convert(
+        _source_rows([_env("c", None, {"id": 1, "name": "a"}), _env("c", None, {"id": 2, "name": "x"})], [0, 1]),
+        settings,
+    ).rows
+    b = convert(
+        _source_rows([_env("d", {"id": 2, "name": "x"}, None), _env("u", None, {"id": 1.0, "name": "late"})], [2, 5]),
+        settings,
+    ).rows
+    # the same id typed apart by two tasks' inference (1 and 1.0) lands in one bucket
+    assert lakeupsert.buckets(a, ("id",), 7)[0] == lakeupsert.buckets(b, ("id",), 7)[1]
+    catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "warehouse"))
+    table = iceberg.create_table(
+        catalog, "kafka.t", pa.unify_schemas([a.schema, b.schema], promote_options="permissive"), "t"
+    )
+    old = pa.table(
+        {
+            "id": pa.array([1.0, 99.0]),
+            "__automq_pos": pa.array([0, 1], pa.int64()),
+            "__automq_file": pa.array([7, 7], pa.int32()),
+        }
+    )
+    params = lakeupsert.ReduceParams(table.metadata, dict(table.io.properties), ("id",), {0: 3})
+    out = lakeupsert.reduce_task(params, (0, ([lakeupsert._ipc(a), lakeupsert._ipc(b)], [lakeupsert._ipc(old)])))
+    files = [o[1] for o in out if o[0] == "file"]
+    assert [o[1:] for o in out if o[0] == "drop"] == [(7, [0])]  # id 1's old row goes, 99 stays
+    rows = pa.concat_tables(pq.read_table(f.data_file.file_path.removeprefix("file://")) for f in files)
+    assert [(r["id"], r["name"]) for r in rows.to_pylist()] == [(1.0, "a")]  # id 2 deleted, "late" waits

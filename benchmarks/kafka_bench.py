@@ -470,7 +470,11 @@ def catch_up(
                 latencies = list(p.latencies)
                 after = produce_latency_buckets(list(metrics))
                 read, elapsed = int(line.split()[1]), float(line.split()[2])
-        child.wait(60)
+        try:
+            child.wait(60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
     done.set()
     producing.join(60)
     where = "in this process" if reader_mode == "thread" else f"in its own process{f', nice {nice}' if nice else ''}"

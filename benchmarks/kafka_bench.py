@@ -47,6 +47,7 @@ from automq.broker.config import parse_size
 
 MiB = 1 << 20
 RECORD = 1024
+UPLOAD_BLOCK = 64 * MiB  # storage.upload_block_bytes' default
 
 
 # --------------------------------------------------------------------------- cluster
@@ -420,12 +421,46 @@ def broker_side(before: dict[float, float], after: dict[float, float]) -> str:
     )
 
 
+def wal_bytes_pending(urls: Sequence[str]) -> float:
+    """Bytes the brokers' WALs hold that are not yet uploaded and trimmed."""
+    import urllib.request
+
+    pending = 0.0
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            for line in answer.read().decode().splitlines():
+                if line.startswith("automq_storage_wal_bytes_pending "):
+                    pending += float(line.rsplit(" ", 1)[1])
+    return pending
+
+
+def wait_for_uploads(urls: Sequence[str], below: int, timeout: float = 120.0) -> str:
+    """Waits until the WALs hold less than `below` bytes not yet uploaded; says how long."""
+    start = time.perf_counter()
+    pending = wal_bytes_pending(urls)
+    while pending >= below and time.perf_counter() - start < timeout:
+        time.sleep(0.2)
+        pending = wal_bytes_pending(urls)
+    return f", then {time.perf_counter() - start:.1f} s until {pending / MiB:.0f} MiB were left to upload"
+
+
 def catch_up(
-    bootstrap: str, total: int, rate_mib: float, reader_mode: str = "thread", nice: int = 0, metrics: Sequence[str] = ()
+    bootstrap: str,
+    total: int,
+    rate_mib: float,
+    reader_mode: str = "thread",
+    nice: int = 0,
+    metrics: Sequence[str] = (),
+    after_upload: bool = False,
 ) -> None:
     old = f"bench-cu-{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, old, 1)
     write_rate = fill(bootstrap, old, total)
+    waited = ""
+    if after_upload and metrics:
+        # the catch-up then reads uploaded objects, without the fill's own uploads still
+        # writing to the disk the WAL syncs on (a partial block waits for its age trigger)
+        waited = wait_for_uploads(metrics, UPLOAD_BLOCK)
     live = f"bench-live-{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, live, 1)
     p = LoadProducer(bootstrap, live)
@@ -479,7 +514,7 @@ def catch_up(
     producing.join(60)
     where = "in this process" if reader_mode == "thread" else f"in its own process{f', nice {nice}' if nice else ''}"
     print(
-        f"catch-up read of {total / MiB:.0f} MiB written earlier (written at {write_rate:.1f} MiB/s), reader {where}: "
+        f"catch-up read of {total / MiB:.0f} MiB written earlier (written at {write_rate:.1f} MiB/s{waited}), reader {where}: "
         f"{read / MiB / elapsed:.1f} MiB/s ({read / MiB:.0f} MiB in {elapsed:.1f} s) while producing {rate_mib:g} MiB/s; "
         f"produce latency meanwhile p50 {_pct(latencies, 50) * 1000:.2f} ms p99 {_pct(latencies, 99) * 1000:.2f} ms"
         f"{broker_side(before, after)}"
@@ -571,6 +606,12 @@ def main() -> int:
         " is measured) or in its own process",
     )
     ap.add_argument("--catchup-nice", type=int, default=0, help="niceness of the catch-up reader's process")
+    ap.add_argument(
+        "--catchup-after-upload",
+        action="store_true",
+        help="start the catch-up only once the written data is uploaded (less than one upload block left"
+        " in the WAL), so it reads objects without the fill's uploads still running",
+    )
     ap.add_argument("--catchup-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--skip", nargs="*", default=[], choices=["baseline", "throughput", "fixed", "catchup", "reassign"])
     args = ap.parse_args()
@@ -608,6 +649,7 @@ def main() -> int:
                 args.catchup_reader,
                 args.catchup_nice,
                 cluster.metrics_urls,
+                args.catchup_after_upload,
             )
         if "reassign" not in args.skip:
             reassignment(cluster.bootstrap, 10 * MiB)

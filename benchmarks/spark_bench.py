@@ -23,6 +23,10 @@ table (tasks infer, the driver creates the table, the tasks run again), into a t
 already has the columns (one pass, the steady state) and through the driver path JSON tables
 took before (rows collected and written on the driver), each next to a baseline run.
 
+`--values debezium`: Debezium envelopes upserted on an `id` (half the records update ids the
+first half created): the warm runs go through the executors (automq.spark.lakeupsert) and
+through the driver path upserts took before, each next to a baseline run.
+
 MiB are of record payload (key + value) as produced. No assertions: it prints.
 """
 
@@ -93,12 +97,26 @@ def json_value(i: int, text: str) -> bytes:
     return json.dumps(doc).encode()
 
 
+def debezium_value(i: int, n: int, text: str) -> bytes:
+    """A Debezium envelope of ~1 KiB: the first half of the records create ids 0..n/2, the
+    second half update them (so a run's latest image per id replaces an earlier one)."""
+    row = json.loads(json_value(i, text))
+    half = max(1, n // 2)
+    row["id"] = i % half
+    op = "c" if i < half else "u"
+    doc = {"payload": {"op": op, "before": None, "after": row, "ts_ms": i}}
+    return json.dumps(doc).encode()
+
+
 def produce(bootstrap: str, topic: str, mib: int, values_kind: str = "raw") -> int:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    configs = {"automq.table.topic.convert.value.type": "json"} if values_kind == "json" else {}
+    configs = {"automq.table.topic.convert.value.type": "json"} if values_kind != "raw" else {}
+    if values_kind == "debezium":
+        configs["automq.table.topic.transform.value.type"] = "flatten_debezium"
+        configs["automq.table.topic.id.columns"] = "id"
     admin.create_topics([NewTopic(topic, 2, 1, config=configs)])[topic].result(60)
     time.sleep(2)
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20, "compression.type": "lz4"})
@@ -106,7 +124,12 @@ def produce(bootstrap: str, topic: str, mib: int, values_kind: str = "raw") -> i
     values = [os.urandom(VALUE) for _ in range(64)]  # incompressible: lz4 must not shrink the test
     text = os.urandom(64 << 10).hex()
     for i in range(n):
-        value = json_value(i, text) if values_kind == "json" else values[i % 64]
+        if values_kind == "json":
+            value = json_value(i, text)
+        elif values_kind == "debezium":
+            value = debezium_value(i, n, text)
+        else:
+            value = values[i % 64]
         while True:
             try:
                 producer.produce(topic, key=f"{i:08d}".encode(), value=value)
@@ -161,7 +184,9 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--repeat", type=int, default=3, help="warm ingestion runs, each next to a baseline run")
     ap.add_argument("--port", type=int, default=None, help="first port of the local cluster (default: a free one)")
-    ap.add_argument("--values", choices=("raw", "json"), default="raw", help="record values and the table's conversion")
+    ap.add_argument(
+        "--values", choices=("raw", "json", "debezium"), default="raw", help="record values and the table's conversion"
+    )
     args = ap.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="spark-bench-"))
     data_dir = root / "cluster"
@@ -237,6 +262,8 @@ def main() -> None:
             f"records in {secs:.2f}s = {payload_mib / secs:.1f} MiB/s ({base_secs / secs:.2f}x baseline)"
         )
         variants: dict[str, dict] = {"": {}}
+        if args.values == "debezium":  # upserts: on the executors (lakeupsert) vs the driver path before
+            variants = {" upsert on executors": {}, " upsert driver path (before)": {"driver": True}}
         if args.values == "json":
             variants = {
                 " new table": {},

@@ -9,7 +9,8 @@ state (the next offset per Kafka partition) is exactly what it was. It is based 
 snapshot it read: a concurrent ingestion commit makes it lose (`CommitFailedException`, the
 table unchanged, tried again on the next run), never the ingestion's data.
 
-Tables with delete files (Debezium upsert tables) are left alone: rewriting their data files
+Tables with delete files (merge-on-read, written by another engine; this job's upserts are
+copy-on-write and have none) are left alone: rewriting their data files
 would need the deletes applied or rewritten too.
 """
 
@@ -48,7 +49,9 @@ def compact_files(table: Table, small_bytes: int) -> FileCompaction:
         return FileCompaction("nothing-to-do")
     tasks = list(table.scan(snapshot_id=snapshot.snapshot_id).plan_files())
     if any(t.delete_files for t in tasks):
-        return FileCompaction("skipped", message="the table has delete files (an upsert table)")
+        return FileCompaction(
+            "skipped", message="the table has delete files (merge-on-read, another engine wrote them)"
+        )
     by_partition: dict[tuple[int, str], list[FileScanTask]] = defaultdict(list)
     for t in tasks:
         if t.file.file_size_in_bytes < small_bytes:

@@ -292,6 +292,7 @@ def write_range(
     mapped = sc.parallelize(tasks, len(tasks)).flatMap(map_task).persist(StorageLevel.MEMORY_AND_DISK)
     written: list[WrittenFile] = []
     rewritten: list[WrittenFile] = []
+    t0 = time.perf_counter()
     try:
         sides: list[MapSide] = mapped.filter(lambda r: r[0] == "side").map(lambda r: r[1]).collect()
         result = WriteResult([], DLQ_SCHEMA.empty_table(), dict(end), table, len(tasks))
@@ -315,6 +316,7 @@ def write_range(
             ]
             result.dead = dead.filter(pa.array(below, pa.bool_()))
         schemas = [pa.ipc.read_schema(pa.py_buffer(s.schema)) for s in sides if s.schema]
+        t1 = time.perf_counter()
         if not schemas:
             return result
         if table is None or any(lakeschema.needs_evolution(table.schema(), s) for s in schemas):
@@ -328,6 +330,7 @@ def write_range(
         new_rows = mapped.filter(lambda r: r[0] == "rows").map(lambda r: (r[1], r[2]))
         params = ReduceParams(metadata, io, settings.id_columns, dict(result.end))
         reduced = new_rows.cogroup(old_ids, numPartitions=n).flatMap(lambda item: reduce_task(params, item)).collect()
+        t2 = time.perf_counter()
         drops: dict[int, list[int]] = {}
         for kind, *rest in reduced:
             if kind == "file":
@@ -344,6 +347,16 @@ def write_range(
                 result.replaced.append(old[index])
                 result.task_seconds["cpu"] += cpu
         result.rewritten = rewritten
+        log.info(
+            "%s: upsert: map %.2fs (%d tasks), shuffle and reduce %.2fs (%d old files read), rewrite %.2fs (%d files)",
+            topic,
+            t1 - t0,
+            len(tasks),
+            t2 - t1,
+            len(old),
+            time.perf_counter() - t2,
+            len(drops),
+        )
         return result
     except BaseException:
         lakewrite.delete_files(table, written + rewritten)

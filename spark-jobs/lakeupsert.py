@@ -325,7 +325,10 @@ def write_range(
         old = candidate_files(table, (s.bounds for s in sides), settings.id_columns)
         metadata, io = table.metadata, dict(table.io.properties)
         old_ids = sc.parallelize(
-            [OldIdsTask(i, f, metadata, io, settings.id_columns, n) for i, f in enumerate(old)], max(1, len(old))
+            # one Spark task per core, each reading its share of the files: a task per file
+            # paid Spark's and a Python worker's per-task cost once per file (measured)
+            [OldIdsTask(i, f, metadata, io, settings.id_columns, n) for i, f in enumerate(old)],
+            max(1, min(len(old), n)),
         ).flatMap(old_ids_task)
         new_rows = mapped.filter(lambda r: r[0] == "rows").map(lambda r: (r[1], r[2]))
         params = ReduceParams(metadata, io, settings.id_columns, dict(result.end))
@@ -342,7 +345,7 @@ def write_range(
         result.files = written
         if drops:
             rewrites = [RewriteTask(i, old[i], tuple(sorted(p)), metadata, io) for i, p in sorted(drops.items())]
-            for index, files, cpu in sc.parallelize(rewrites, len(rewrites)).map(rewrite_task).collect():
+            for index, files, cpu in sc.parallelize(rewrites, min(len(rewrites), n)).map(rewrite_task).collect():
                 rewritten += [WrittenFile(f, -1, -1, -1) for f in files]
                 result.replaced.append(old[index])
                 result.task_seconds["cpu"] += cpu

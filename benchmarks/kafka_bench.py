@@ -216,6 +216,17 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
 
 
+# the load generator's producer settings (peak_bench's lean producer uses them too)
+PRODUCER_CONFIG = {
+    "acks": "all",
+    "linger.ms": 2,
+    "batch.size": 256 * 1024,
+    "queue.buffering.max.kbytes": 32 * 1024,
+    "compression.type": "none",
+    "enable.idempotence": False,
+}
+
+
 class LoadProducer:
     """acks=all producer of 1 KiB records whose first 8 bytes carry the send time."""
 
@@ -223,17 +234,7 @@ class LoadProducer:
         from confluent_kafka import Producer
 
         self.topic = topic
-        self.producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "acks": "all",
-                "linger.ms": 2,
-                "batch.size": 256 * 1024,
-                "queue.buffering.max.kbytes": 32 * 1024,
-                "compression.type": "none",
-                "enable.idempotence": False,
-            }
-        )
+        self.producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONFIG})
         self.latencies: list[float] = []
         self.acked_bytes = 0
         self.errors = 0

@@ -67,18 +67,9 @@ def _pct(values: list[float], p: float) -> float:
 
 def produce_child(bootstrap: str, topic: str, seconds: float, sample: int) -> None:
     from confluent_kafka import Producer
+    from kafka_bench import PRODUCER_CONFIG  # the same settings as kafka_bench's generator
 
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "acks": "all",
-            "linger.ms": 2,
-            "batch.size": 256 * 1024,
-            "queue.buffering.max.kbytes": 32 * 1024,
-            "compression.type": "none",
-            "enable.idempotence": False,
-        }
-    )
+    producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONFIG})
     latencies: list[float] = []
     errors = [0]
     padding = os.urandom(RECORD - 8)

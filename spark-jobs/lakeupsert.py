@@ -43,7 +43,17 @@ from pyiceberg.table.metadata import TableMetadata
 from automq.spark import lakeschema
 from automq.spark.cluster import ClusterLocation, ClusterView
 from automq.spark.convert import DLQ_SCHEMA, META_PREFIX, ConversionError, TableSettings, convert
-from automq.spark.lakewrite import WriteResult, WrittenFile, align, by_partition, cut_at_open_transactions
+from automq.spark.lakewrite import (
+    WriteResult,
+    WrittenFile,
+    align,
+    cut_at_open_transactions,
+    dead_below,
+    from_ipc,
+    last_stable_ends,
+    to_ipc,
+    write_partitions,
+)
 from automq.spark.reader import ROW_SCHEMA
 from automq.spark.source import DEFAULT_MAX_BYTES_PER_PARTITION, SliceGroup, plan_slices, read_group, with_lookahead
 
@@ -56,17 +66,6 @@ _POS, _FILE = "__automq_pos", "__automq_file"
 def applies(settings: TableSettings) -> bool:
     """Whether a table is an upsert table: only Debezium envelopes carry deletes and updates."""
     return bool(settings.id_columns) and settings.transform == "flatten_debezium"
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _table(blob: bytes) -> pa.Table:
-    return pa.ipc.open_stream(blob).read_all()
 
 
 def buckets(rows: pa.Table, id_columns: tuple[str, ...], n: int) -> pa.Array:
@@ -124,14 +123,14 @@ def map_task(task: MapTask) -> Iterator[tuple]:
         yield ("side", side)
         return
     if converted.dead.num_rows:
-        side.dead = _ipc(converted.dead.cast(DLQ_SCHEMA))
+        side.dead = to_ipc(converted.dead.cast(DLQ_SCHEMA))
     good = converted.rows
     if good.num_rows:
         side.schema = good.schema.serialize().to_pybytes()
         lo_hi = pc.min_max(good[ids[0]]).as_py()
         side.bounds = (lo_hi["min"], lo_hi["max"])
         for b, part in _split(good, ids, task.buckets):
-            yield ("rows", b, _ipc(part))
+            yield ("rows", b, to_ipc(part))
     side.seconds["convert"] = time.perf_counter() - t0 - side.seconds["read"]
     side.seconds["cpu"] = time.process_time() - cpu0
     yield ("side", side)
@@ -165,7 +164,7 @@ def old_ids_task(task: OldIdsTask) -> Iterator[tuple[int, bytes]]:
         ids = ids.filter(pc.is_valid(ids[c]))
     if ids.num_rows:
         for b, part in _split(ids, task.id_columns, task.buckets):
-            yield b, _ipc(part)
+            yield b, to_ipc(part)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +181,7 @@ def reduce_task(params: ReduceParams, item: tuple) -> list[tuple]:
     cpu0 = time.process_time()
     _bucket, (new_blobs, old_blobs) = item
     schema = params.metadata.schema().as_arrow()
-    pieces = [align(_table(b), schema) for b in new_blobs]
+    pieces = [align(from_ipc(b), schema) for b in new_blobs]
     out: list[tuple] = []
     if not pieces:
         return out
@@ -196,15 +195,10 @@ def reduce_task(params: ReduceParams, item: tuple) -> list[tuple]:
     ids = list(params.id_columns)
     latest = df.sort(PARTITION, OFFSET).unique(subset=ids, keep="last", maintain_order=True)
     upserted = latest.filter(pl.col(OP).is_null() | (pl.col(OP) != "d")).to_arrow()
-    upserted = align(upserted, schema)
     io = load_file_io(params.io_properties, params.metadata.location)
-    write_uuid, counter = uuid.uuid4(), itertools.count()
-    for p, mine in by_partition(upserted, PARTITION):
-        bounds = pc.min_max(mine[OFFSET]).as_py()
-        for data_file in _dataframe_to_data_files(params.metadata, mine, io, write_uuid, counter):
-            out.append(("file", WrittenFile(data_file, p, bounds["min"], bounds["max"])))
+    out += [("file", f) for f in write_partitions(params.metadata, io, upserted, schema, META_PREFIX)]
     met = latest.select(ids).drop_nulls()
-    old_parts = [_table(b) for b in old_blobs]
+    old_parts = [from_ipc(b) for b in old_blobs]
     if old_parts and met.height:
         old = pl.from_arrow(pa.concat_tables(old_parts))
         assert isinstance(old, pl.DataFrame)
@@ -302,19 +296,8 @@ def write_range(
         errors = [s.error for s in sides if s.error]
         if errors:
             raise ConversionError(errors[0])
-        for s in sides:
-            for p, lso in s.open_transactions.items():
-                if lso < result.end[p]:
-                    log.info("%s-%d: a transaction is open at offset %d; ingesting up to it", topic, p, lso)
-                    result.end[p] = lso
-        dead_parts = [_table(s.dead) for s in sides if s.dead]
-        if dead_parts:
-            dead = pa.concat_tables(dead_parts)
-            below = [
-                o < result.end[p]
-                for p, o in zip(dead["partition"].to_pylist(), dead["offset"].to_pylist(), strict=True)
-            ]
-            result.dead = dead.filter(pa.array(below, pa.bool_()))
+        result.end = last_stable_ends(topic, end, (s.open_transactions for s in sides))
+        result.dead = dead_below((s.dead for s in sides), result.end)
         schemas = [pa.ipc.read_schema(pa.py_buffer(s.schema)) for s in sides if s.schema]
         t1 = time.perf_counter()
         if not schemas:

@@ -29,7 +29,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -154,6 +154,54 @@ def by_partition(rows: pa.Table, column: str) -> list[tuple[int, pa.Table]]:
     return [(p, rows.filter(pc.equal(rows[column], p))) for p in pc.unique(rows[column]).to_pylist()]
 
 
+def to_ipc(table: pa.Table) -> bytes:
+    """A table as Arrow IPC stream bytes: what tasks hand the driver (or each other)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(blob: bytes) -> pa.Table:
+    return pa.ipc.open_stream(blob).read_all()
+
+
+def write_partitions(
+    metadata: TableMetadata, io, rows: pa.Table, schema: pa.Schema, prefix: str = ""
+) -> list[WrittenFile]:
+    """On an executor: the rows as data files of the table, one file set per Kafka partition
+    (its `{prefix}partition` column), each with the partition's offset bounds."""
+    out = []
+    write_uuid, counter = uuid.uuid4(), itertools.count()
+    for p, mine in by_partition(rows, f"{prefix}partition"):
+        bounds = pc.min_max(mine[f"{prefix}offset"]).as_py()
+        for data_file in _dataframe_to_data_files(metadata, align(mine, schema), io, write_uuid, counter):
+            out.append(WrittenFile(data_file, p, bounds["min"], bounds["max"]))
+    return out
+
+
+def last_stable_ends(topic: str, end: dict[int, int], open_transactions: Iterable[dict[int, int]]) -> dict[int, int]:
+    """`end` lowered, per partition, to the first offset of a transaction the tasks found open."""
+    end = dict(end)
+    for opens in open_transactions:
+        for p, lso in opens.items():
+            if lso < end[p]:
+                log.info("%s-%d: a transaction is open at offset %d; ingesting up to it", topic, p, lso)
+                end[p] = lso
+    return end
+
+
+def dead_below(blobs: Iterable[bytes], end: dict[int, int]) -> pa.Table:
+    """The tasks' dead letters (Arrow IPC) of records below each partition's end (those past
+    it are the next run's)."""
+    parts = [from_ipc(b) for b in blobs if b]
+    dead = pa.concat_tables(parts) if parts else DLQ_SCHEMA.empty_table()
+    if dead.num_rows:
+        below = [o < end[p] for p, o in zip(dead["partition"].to_pylist(), dead["offset"].to_pylist(), strict=True)]
+        dead = dead.filter(pa.array(below, pa.bool_()))
+    return dead
+
+
 def run_task(task: WriteTask) -> TaskOutput:
     """On an executor: read, convert, write one file set per Kafka partition."""
     g = task.group
@@ -172,10 +220,7 @@ def run_task(task: WriteTask) -> TaskOutput:
     t2 = time.perf_counter()
     out.seconds["convert"] = t2 - t1
     if converted.dead.num_rows:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, DLQ_SCHEMA) as writer:
-            writer.write_table(converted.dead.cast(DLQ_SCHEMA))
-        out.dead = sink.getvalue().to_pybytes()
+        out.dead = to_ipc(converted.dead.cast(DLQ_SCHEMA))
     good = converted.rows
     if not good.num_rows:
         return out
@@ -187,14 +232,9 @@ def run_task(task: WriteTask) -> TaskOutput:
         out.seconds["cpu"] = time.process_time() - cpu0
         return out
     io = load_file_io(task.io_properties, metadata.location)
-    schema = metadata.schema().as_arrow()
-    write_uuid, counter = uuid.uuid4(), itertools.count()
     # JSON tables' own fields take the plain names; their Kafka columns are prefixed
     prefix = META_PREFIX if task.settings.convert == "json" else ""
-    for p, mine in by_partition(good, f"{prefix}partition"):
-        bounds = pc.min_max(mine[f"{prefix}offset"]).as_py()
-        for data_file in _dataframe_to_data_files(metadata, align(mine, schema), io, write_uuid, counter):
-            out.files.append(WrittenFile(data_file, p, bounds["min"], bounds["max"]))
+    out.files = write_partitions(metadata, io, good, metadata.schema().as_arrow(), prefix)
     out.seconds["write"] = time.perf_counter() - t2
     out.seconds["cpu"] = time.process_time() - cpu0
     return out
@@ -261,12 +301,7 @@ def write_range(
     if errors:
         delete_files(table, written)
         raise ConversionError(errors[0])
-    end = dict(end)
-    for o in outputs:
-        for p, lso in o.open_transactions.items():
-            if lso < end[p]:
-                log.info("%s-%d: a transaction is open at offset %d; ingesting up to it", topic, p, lso)
-                end[p] = lso
+    end = last_stable_ends(topic, end, (o.open_transactions for o in outputs))
     keep, drop = [], []
     for f in written:
         if f.first_offset >= end[f.partition]:
@@ -282,12 +317,7 @@ def write_range(
     if drop:
         log.info("%s: dropped %d data file(s) past the last stable offset: the next run writes them", topic, len(drop))
         delete_files(table, drop)
-    dead_parts = [pa.ipc.open_stream(o.dead).read_all() for o in outputs if o.dead]
-    dead = pa.concat_tables(dead_parts) if dead_parts else DLQ_SCHEMA.empty_table()
-    if dead.num_rows:
-        below = [o < end[p] for p, o in zip(dead["partition"].to_pylist(), dead["offset"].to_pylist(), strict=True)]
-        dead = dead.filter(pa.array(below, pa.bool_()))
-    result = WriteResult(keep, dead, end, table, len(groups), len(reported))
+    result = WriteResult(keep, dead_below((o.dead for o in outputs), end), end, table, len(groups), len(reported))
     for o in ran:
         for step, secs in o.seconds.items():
             result.task_seconds[step] += secs

@@ -201,7 +201,7 @@ def test_a_reduce_task_keeps_each_ids_latest_image_below_the_last_stable_offset(
         }
     )
     params = lakeupsert.ReduceParams(table.metadata, dict(table.io.properties), ("id",), {0: 3})
-    out = lakeupsert.reduce_task(params, (0, ([lakeupsert._ipc(a), lakeupsert._ipc(b)], [lakeupsert._ipc(old)])))
+    out = lakeupsert.reduce_task(params, (0, ([lakewrite.to_ipc(a), lakewrite.to_ipc(b)], [lakewrite.to_ipc(old)])))
     files = [o[1] for o in out if o[0] == "file"]
     assert [o[1:] for o in out if o[0] == "drop"] == [(7, [0])]  # id 1's old row goes, 99 stays
     rows = pa.concat_tables(pq.read_table(f.data_file.file_path.removeprefix("file://")) for f in files)

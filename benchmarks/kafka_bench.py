@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import yaml
@@ -383,21 +383,25 @@ def fixed_rate(bootstrap: str, seconds: float, rate_mib: float, partitions: int,
     )
 
 
+def _metrics_lines(urls: Sequence[str]) -> Iterator[str]:
+    """The lines of each broker's /metrics page, one page after the other."""
+    import urllib.request
+
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            yield from answer.read().decode().splitlines()
+
+
 def produce_latency_buckets(urls: list[str]) -> dict[float, float]:
     """The brokers' Produce latency histogram (request parsed -> response queued), summed:
     {upper bound in seconds: cumulative count}. Empty for a cluster not started here."""
-    import urllib.request
-
     buckets: dict[float, float] = {}
-    for url in urls:
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            text = answer.read().decode()
-        for line in text.splitlines():
-            if line.startswith("kafka_request_latency_seconds_bucket{") and 'api="Produce"' in line:
-                labels, value = line.rsplit(" ", 1)
-                le = labels.split('le="', 1)[1].split('"', 1)[0]
-                bound = float("inf") if le == "+Inf" else float(le)
-                buckets[bound] = buckets.get(bound, 0.0) + float(value)
+    for line in _metrics_lines(urls):
+        if line.startswith("kafka_request_latency_seconds_bucket{") and 'api="Produce"' in line:
+            labels, value = line.rsplit(" ", 1)
+            le = labels.split('le="', 1)[1].split('"', 1)[0]
+            bound = float("inf") if le == "+Inf" else float(le)
+            buckets[bound] = buckets.get(bound, 0.0) + float(value)
     return buckets
 
 
@@ -424,14 +428,10 @@ def broker_side(before: dict[float, float], after: dict[float, float]) -> str:
 
 def wal_bytes_pending(urls: Sequence[str]) -> float:
     """Bytes the brokers' WALs hold that are not yet uploaded and trimmed."""
-    import urllib.request
-
     pending = 0.0
-    for url in urls:
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            for line in answer.read().decode().splitlines():
-                if line.startswith("automq_storage_wal_bytes_pending "):
-                    pending += float(line.rsplit(" ", 1)[1])
+    for line in _metrics_lines(urls):
+        if line.startswith("automq_storage_wal_bytes_pending "):
+            pending += float(line.rsplit(" ", 1)[1])
     return pending
 
 

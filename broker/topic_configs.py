@@ -615,7 +615,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             _partition_by,
             "Iceberg partition spec, e.g. 'day(timestamp), bucket(id, 16)' (identity, year, month, day, hour, "
             "bucket(n), truncate(w), void).",
-            "enforced by the ingestion job when it creates the table",
+            "enforced by the ingestion job (a change evolves the table's partition spec at its next run)",
         ),
         TopicConfigKey(
             "automq.table.topic.errors.tolerance",

@@ -42,6 +42,10 @@ class TableConfigError(Exception):
     """The topic's table settings do not fit its table (e.g. a partition column it lacks)."""
 
 
+class MissingPartitionColumn(TableConfigError):
+    """`partition.by` names a column the table does not have (yet)."""
+
+
 def open_catalog(uri: str, warehouse: str | None = None, properties: dict[str, str] | None = None) -> Catalog:
     props = dict(properties or {})
     if uri.startswith(("http://", "https://")):
@@ -101,16 +105,8 @@ def create_table(
     table = catalog.create_table_if_not_exists(
         identifier, schema=schema, properties={**NO_RETRIES, TOPIC_PROPERTY: topic}
     )
-    if partition_by and table.spec().is_unpartitioned():
-        names = {f.name for f in table.schema().fields}
-        with table.update_spec() as spec:
-            for transform, column, arg in partition_by:
-                if column not in names:
-                    raise TableConfigError(
-                        f"automq.table.topic.partition.by: column {column!r} is not in table {identifier} "
-                        f"(columns: {', '.join(sorted(names))})"
-                    )
-                spec.add_field(column, _transform(transform, arg), f"{column}_{transform}")
+    if partition_by and table.spec().is_unpartitioned() and table.current_snapshot() is None:
+        evolve_partition_spec(table, identifier, partition_by)
     return catalog.load_table(identifier)
 
 
@@ -119,6 +115,75 @@ def ensure_no_retries(table: Table) -> Table:
         with table.transaction() as txn:
             txn.set_properties(NO_RETRIES)
     return table
+
+
+def evolve_partition_spec(
+    table: Table,
+    identifier: str,
+    partition_by: tuple[tuple[str, str, int | None], ...],
+) -> bool:
+    """Make the table's default partition spec what `automq.table.topic.partition.by` says:
+    fields it lists that the spec lacks are added, fields it no longer lists are removed, in
+    ONE metadata commit (`table` is refreshed to it). Data files keep the spec they were
+    written with (Iceberg readers plan each file by its own spec), so nothing is rewritten.
+    Returns whether the spec changed.
+
+    Every item is checked against the table before anything is committed: a column the table
+    lacks, or a transform its type does not take, raises TableConfigError naming the setting,
+    and the table is left as it was (MissingPartitionColumn for a column it lacks: a JSON
+    table may get that column from the very records the run is about to ingest)."""
+    setting = "automq.table.topic.partition.by"
+    schema = table.schema()
+    wanted: dict[tuple[int, str], tuple[str, str, int | None, Transform]] = {}
+    for name, column, arg in partition_by:
+        try:
+            source = schema.find_field(column)
+        except ValueError:
+            columns = ", ".join(sorted(f.name for f in schema.fields))
+            raise MissingPartitionColumn(
+                f"{setting}: column {column!r} is not in table {identifier} (columns: {columns})"
+            ) from None
+        transform = _transform(name, arg)
+        if not transform.can_transform(source.field_type):
+            raise TableConfigError(
+                f"{setting}: {name}({column}{f', {arg}' if arg else ''}) cannot partition column {column!r} "
+                f"of type {source.field_type} in table {identifier}"
+            )
+        key = (source.field_id, repr(transform))
+        if key in wanted:
+            raise TableConfigError(f"{setting}: {name}({column}) is listed twice")
+        wanted[key] = (name, column, arg, transform)
+    current = {(f.source_id, repr(f.transform)): f for f in table.spec().fields}
+    remove = [f.name for key, f in current.items() if key not in wanted]
+    add = [w for key, w in wanted.items() if key not in current]
+    if not remove and not add:
+        return False
+    taken = {f.name for spec in table.specs().values() for f in spec.fields}
+    try:
+        update = table.update_spec()
+        for field_name in remove:
+            update.remove_field(field_name)
+        for name, column, arg, transform in add:
+            update.add_field(column, transform, _field_name(table, column, name, arg, transform, taken))
+        update.commit()
+    except ValueError as exc:  # pyiceberg's own checks (two time transforms of one column, ...)
+        raise TableConfigError(f"{setting}: cannot partition table {identifier} that way: {exc}") from exc
+    return True
+
+
+def _field_name(
+    table: Table, column: str, name: str, arg: int | None, transform: Transform, taken: set[str]
+) -> str | None:
+    """A partition field's name: an earlier spec's field of the same column and transform
+    lends its name (and field id: pyiceberg reuses both when given None); a new one is
+    `column_transform`, with the argument or a counter appended if an earlier spec used that."""
+    for spec in table.specs().values():
+        for f in spec.fields:
+            if repr(f.transform) == repr(transform) and table.schema().find_column_name(f.source_id) == column:
+                return None
+    base = f"{column}_{name}"
+    candidates = [base, *([f"{base}_{arg}"] if arg else []), *(f"{base}_{i}" for i in range(2, 100))]
+    return next(c for c in candidates if c not in taken)
 
 
 def _transform(name: str, arg: int | None) -> Transform:

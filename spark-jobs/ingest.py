@@ -185,7 +185,7 @@ def ingest_topic(
             return result
         if lakewrite.on_executors(settings):
             try:
-                records, dead, offsets, cpu = _write_and_commit(
+                records, dead, offsets, cpu, note = _write_and_commit(
                     spark,
                     location,
                     view,
@@ -203,7 +203,7 @@ def ingest_topic(
                 log.info("%s: lost a concurrent commit (%s); re-planning", name, exc)
                 continue
             result.status, result.records, result.dead_letters, result.offsets = "committed", records, dead, offsets
-            result.task_cpu_seconds = cpu
+            result.task_cpu_seconds, result.message = cpu, note
             return result
         t0 = time.perf_counter()
         rows = _read(spark, location, topic.name, start, end)
@@ -252,12 +252,14 @@ def _write_and_commit(
     start: dict[int, int],
     end: dict[int, int],
     before_commit: Callable[[str, Table], None] | None,
-) -> tuple[int, int, dict[int, int], float]:
+) -> tuple[int, int, dict[int, int], float, str]:
     """The executors convert and write the data files (lakewrite.py); here: one commit of
-    them with the offsets. Returns (records, dead letters, offsets, the tasks' CPU seconds)."""
+    them with the offsets. Returns (records, dead letters, offsets, the tasks' CPU seconds,
+    a note for the report)."""
     t0 = time.perf_counter()
     planned = _snapshot_id(table)
     created = False
+    spec_pending = False  # JSON: partition.by names a column the records have yet to bring
     # JSON: the metadata columns (no rows, so no id columns to check)
     initial = _initial_schema(convert(ROW_SCHEMA.empty_table(), replace(settings, id_columns=())))
 
@@ -283,6 +285,8 @@ def _write_and_commit(
             elif any(f.name not in table.schema().column_names for f in initial):
                 with table.update_schema() as update:  # a table an older version made
                     update.union_by_name(initial)
+        if table is not None and not created:
+            spec_pending = _evolve_spec(table, name, settings, planned)
         write_range = lakeupsert.write_range if lakeupsert.applies(settings) else lakewrite.write_range
         written = write_range(spark, location, topic, start, end, table, settings, view=view, widen=widen)
         table = written.table or table
@@ -302,6 +306,7 @@ def _write_and_commit(
         # no snapshot will ever reference them
         lakewrite.delete_files(table, written.files + written.rewritten)
         raise
+    note = _evolve_spec_after_commit(table, name, settings) if spec_pending else ""
     log.info(
         "%s: %d records in %d files: read, convert and write on executors %.2fs (in %d tasks, %d run again "
         "after widening the schema: read %.2fs, convert %.2fs, write %.2fs; CPU %.2fs), commit %.2fs",
@@ -317,7 +322,42 @@ def _write_and_commit(
         written.task_seconds["cpu"],
         time.perf_counter() - t1,
     )
-    return written.records, dead, offsets, written.task_seconds["cpu"]
+    return written.records, dead, offsets, written.task_seconds["cpu"], note
+
+
+def _evolve_spec(table: Table, name: str, settings: TableSettings, planned: int | None) -> bool:
+    """The table's partition spec made what the topic's partition.by says, before any task
+    writes (every file of one commit has one spec: pyiceberg writes a commit's new files in
+    one manifest of the default spec). A metadata commit, like a schema widening: a run that
+    finds another run's snapshot after it re-plans. Returns True when a JSON table lacks a
+    partition column yet (the spec then changes after this run's commit)."""
+    try:
+        changed = iceberg.evolve_partition_spec(table, name, settings.partition_by)
+    except iceberg.MissingPartitionColumn:
+        if settings.convert != "json":
+            raise
+        return True
+    if changed:
+        log.info("%s: partition spec is now %s (automq.table.topic.partition.by)", name, table.spec())
+        if _snapshot_id(table) != planned:
+            raise CommitFailedException(f"{name}: another run committed while this one evolved the partition spec")
+    return False
+
+
+def _evolve_spec_after_commit(table: Table, name: str, settings: TableSettings) -> str:
+    """JSON: the partition column may have arrived with this run's records; the next run's
+    files then carry the new spec. Never fails the committed run: what is wrong is reported
+    (and the next run fails on it before writing)."""
+    try:
+        if iceberg.evolve_partition_spec(table, name, settings.partition_by):
+            log.info("%s: partition spec is now %s (automq.table.topic.partition.by)", name, table.spec())
+        return ""
+    except iceberg.TableConfigError as exc:
+        log.warning("%s: %s; the partition spec stays as it is", name, exc)
+        return f"{exc}; the partition spec stays as it is"
+    except CommitFailedException as exc:  # a concurrent run changed it: the next run looks again
+        log.info("%s: partition spec not changed after the commit (%s)", name, exc)
+        return ""
 
 
 def _snapshot_id(table: Table | None) -> int | None:

@@ -1,0 +1,153 @@
+"""`automq.table.topic.partition.by` changed on a topic whose table already exists: the next
+run evolves the table's partition spec (fields added and removed in one metadata commit), its
+new files carry the new spec's partition values, the old files keep theirs, and pyiceberg,
+DuckDB and Polars read every record exactly once, as a Kafka consumer reads them. A
+partition.by the table cannot take fails the run naming the setting and changes nothing."""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+import pytest
+
+from automq.spark import iceberg
+from automq.spark.cluster import ClusterLocation
+from automq.spark.ingest import ingest
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+PARTITION_BY = "automq.table.topic.partition.by"
+
+
+def _alter(bootstrap: str, topic: str, value: str | None) -> None:
+    """kafka-configs' path: IncrementalAlterConfigs, SET or DELETE of partition.by."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+    entry = ConfigEntry(PARTITION_BY, value or "", incremental_operation=op)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # held: a collected client cancels its futures
+    admin.incremental_alter_configs([resource])[resource].result(30)
+
+
+def _files(table) -> list:
+    return [t.file for t in table.scan().plan_files()]
+
+
+def test_partition_by_changes_evolve_the_spec_of_an_existing_table(spark, spark_cluster, sh, tmp_path):
+    catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
+    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
+    topic = sh.topic_name("respec")
+    configs = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "string"}
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=2, configs=configs)
+    produced = 0
+
+    def produce_and_ingest(tag: str):
+        nonlocal produced
+        recs = [(f"k{i}".encode(), f"{tag}-{i}".encode(), [], i % 2) for i in range(8)]
+        sh.produce_confluent(spark_cluster.bootstrap, topic, recs)
+        produced += len(recs)
+        spark_cluster.wait_uploaded(topic, produced)
+        [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+        return r
+
+    r = produce_and_ingest("plain")
+    assert r.status == "committed", r
+    table = catalog.load_table(r.table)
+    assert table.spec().is_unpartitioned()
+    first_files = {f.file_path for f in _files(table)}
+
+    # set: the next run's files are partitioned, the first run's stay as they were written
+    _alter(spark_cluster.bootstrap, topic, "partition, day(timestamp)")
+    r = produce_and_ingest("daily")
+    assert r.status == "committed", r
+    table = catalog.load_table(r.table)
+    daily = table.spec()
+    assert [(f.name, str(f.transform)) for f in daily.fields] == [
+        ("partition_identity", "identity"),
+        ("timestamp_day", "day"),
+    ]
+    new = [f for f in _files(table) if f.file_path not in first_files]
+    assert new and all(f.spec_id == daily.spec_id for f in new)
+    assert sorted(f.partition[0] for f in new) == [0, 1]  # one file per Kafka partition, its value
+    assert all(f.spec_id != daily.spec_id for f in _files(table) if f.file_path in first_files)
+    # the table's partition pruning works across both specs
+    assert pl.scan_iceberg(table).filter(pl.col("partition") == 1).collect().height == produced // 2
+
+    # changed: identity and day go, bucket comes
+    _alter(spark_cluster.bootstrap, topic, "bucket(offset, 3)")
+    r = produce_and_ingest("bucketed")
+    assert r.status == "committed", r
+    table = catalog.load_table(r.table)
+    bucketed = table.spec()
+    assert [str(f.transform) for f in bucketed.fields] == ["bucket[3]"]
+    assert {f.spec_id for f in _files(table)} == {0, daily.spec_id, bucketed.spec_id}
+
+    # a transform the column's type does not take: the run fails naming the setting, the table
+    # (spec, snapshot, offsets) stays as it was
+    _alter(spark_cluster.bootstrap, topic, "day(offset)")
+    snapshot = table.current_snapshot()
+    r = produce_and_ingest("refused")
+    assert r.status == "failed" and PARTITION_BY in r.message and "offset" in r.message, r
+    table = catalog.load_table(r.table)
+    assert table.spec() == bucketed and table.current_snapshot() == snapshot
+    _alter(spark_cluster.bootstrap, topic, "region")  # a column the table lacks
+    r = produce_and_ingest("refused-again")
+    assert r.status == "failed" and PARTITION_BY in r.message and "'region'" in r.message, r
+    assert catalog.load_table(r.table).spec() == bucketed
+
+    # removed: the next files are unpartitioned, and the refused runs' records come once
+    _alter(spark_cluster.bootstrap, topic, None)
+    r = produce_and_ingest("plain-again")
+    assert r.status == "committed" and r.records == 24, r
+    table = catalog.load_table(r.table)
+    assert table.spec().is_unpartitioned()
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert r.status == "up-to-date"
+
+    consumed = sorted(
+        (p, o, k, v.decode()) for p, o, _ts, k, v, _h in sh.consume_all(spark_cluster.bootstrap, topic, produced)
+    )
+    assert len(consumed) == produced == 48
+    assert iceberg.committed_offsets(table) == {0: produced // 2, 1: produced // 2}
+    cols = ["partition", "offset", "key", "value"]
+    rows = table.scan(selected_fields=tuple(cols)).to_arrow().to_pylist()
+    assert sorted(tuple(r[c] for c in cols) for r in rows) == consumed
+    assert sorted(pl.scan_iceberg(table).select(cols).collect().rows()) == consumed
+    paths = [f.file_path for f in _files(table)]
+    quoted = ", ".join(f'"{c}"' for c in cols)
+    assert sorted(duckdb.sql(f"select {quoted} from read_parquet({paths!r})").fetchall()) == consumed
+
+
+def test_a_json_field_that_arrives_with_the_run_partitions_the_next_runs_files(spark, spark_cluster, sh, tmp_path):
+    """partition.by on a JSON field the table has not got yet: the run that brings the field
+    commits with the old spec (one spec per commit) and evolves it right after."""
+    catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
+    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
+    topic = sh.topic_name("respec-json")
+    configs = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "json"}
+    sh.create_topic(spark_cluster.bootstrap, topic, configs=configs)
+    produced = 0
+
+    def produce_and_ingest(docs: list[bytes]):
+        nonlocal produced
+        sh.produce_confluent(spark_cluster.bootstrap, topic, [(None, d, [], 0) for d in docs])
+        produced += len(docs)
+        spark_cluster.wait_uploaded(topic, produced)
+        [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+        assert r.status == "committed", r
+        return catalog.load_table(r.table)
+
+    table = produce_and_ingest([b'{"a": 1}'])
+    _alter(spark_cluster.bootstrap, topic, "bucket(b, 2)")
+    table = produce_and_ingest([b'{"a": 2, "b": 5}'])
+    assert [str(f.transform) for f in table.spec().fields] == ["bucket[2]"]
+    assert {f.spec_id for f in _files(table)} == {0}  # this run's file: the spec it planned with
+    table = produce_and_ingest([b'{"a": 3, "b": 6}', b'{"a": 4, "b": 7}'])
+    assert {f.spec_id for f in _files(table)} == {0, table.spec().spec_id}
+    assert sorted(pl.scan_iceberg(table).select("a", "b").collect().rows(), key=lambda r: r[0]) == [
+        (1, None),
+        (2, 5),
+        (3, 6),
+        (4, 7),
+    ]

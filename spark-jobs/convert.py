@@ -79,13 +79,16 @@ class Converted:
     deletes: pa.Table | None = None  # flatten_debezium: id columns of deleted rows
 
 
-def convert(rows: pa.Table, settings: TableSettings) -> Converted:
-    """Rows of the data source (ROW_SCHEMA) -> rows of the topic's table."""
+def convert(rows: pa.Table, settings: TableSettings, *, merge_ids: bool = True) -> Converted:
+    """Rows of the data source (ROW_SCHEMA) -> rows of the topic's table. Upserts
+    (flatten_debezium with id.columns): `merge_ids=False` keeps every image of an id (the
+    executors' upsert picks the latest after the shuffle) and computes no deletes; records
+    whose image lacks an id are bad records either way."""
     if settings.convert == "raw":
         return Converted(rows, DLQ_SCHEMA.empty_table())
     if settings.convert == "string":
         return _to_string(rows, settings)
-    return _to_json(rows, settings)
+    return _to_json(rows, settings, merge_ids)
 
 
 def _dead(rows: pa.Table, errors: list[str]) -> pa.Table:
@@ -107,8 +110,8 @@ def _check_tolerance(dead: pa.Table, settings: TableSettings) -> None:
     if dead.num_rows and settings.errors_tolerance == "none":
         first = dead.slice(0, 1).to_pylist()[0]
         raise ConversionError(
-            f"{dead.num_rows} record(s) cannot be converted ({settings.convert}); first: partition "
-            f"{first['partition']} offset {first['offset']}: {first['error']}. Set "
+            f"{dead.num_rows} record(s) cannot be converted ({settings.convert}); first: topic {first['topic']} "
+            f"partition {first['partition']} offset {first['offset']}: {first['error']}. Set "
             "automq.table.topic.errors.tolerance=all to send them to the dead-letter table instead"
         )
 
@@ -172,8 +175,11 @@ def _decode_json(values: pa.ChunkedArray) -> pl.DataFrame:
     return decoded.struct.unnest()
 
 
-def _to_json(rows: pa.Table, settings: TableSettings) -> Converted:
+def _to_json(rows: pa.Table, settings: TableSettings, merge_ids: bool = True) -> Converted:
     dead = DLQ_SCHEMA.empty_table()
+    if settings.transform == "flatten_debezium":
+        # Debezium follows a delete with a tombstone (null value) for log compaction: no row
+        rows = rows.filter(pc.is_valid(rows["value"]))
     try:
         fields = _decode_json(rows["value"])
         good = rows
@@ -185,11 +191,9 @@ def _to_json(rows: pa.Table, settings: TableSettings) -> Converted:
         good = rows.filter(pc.invert(bad_mask))
         fields = _decode_json(good["value"]) if good.num_rows else pl.DataFrame()
     _check_tolerance(dead, settings)
-    deletes = None
+    op: list[str | None] = []
     if settings.transform == "flatten_debezium":
         fields, op = _debezium(fields)
-        if settings.id_columns:
-            deletes = _debezium_deletes(fields, op, settings)
     if settings.transform in ("flatten", "flatten_debezium"):
         fields = _flatten(fields)
     meta = pa.table(_meta(good))
@@ -200,11 +204,37 @@ def _to_json(rows: pa.Table, settings: TableSettings) -> Converted:
             if name in meta.column_names:
                 continue
             table = table.append_column(name, data[name])
+    deletes = None
     if settings.transform == "flatten_debezium":
         table = table.append_column(f"{META_PREFIX}op", pa.array(op, pa.string()))
         if settings.id_columns:
-            table = _latest_per_id(table, settings.id_columns)
+            table, no_id = _split_missing_ids(table, good, settings.id_columns)
+            if no_id.num_rows:
+                dead = pa.concat_tables([dead, no_id])
+                _check_tolerance(dead, settings)
+            if merge_ids and table.num_rows:  # (an id column no record has: no rows left)
+                deletes = table.select(list(settings.id_columns))
+                table = _latest_per_id(table, settings.id_columns)
     return Converted(table, dead, deletes)
+
+
+def _split_missing_ids(table: pa.Table, source: pa.Table, id_columns: tuple[str, ...]) -> tuple[pa.Table, pa.Table]:
+    """Upserts: rows whose image lacks an id column or has it null name no row to replace (and
+    would all collapse into one "null id"): bad records, like undecodable ones. `source` is
+    the data source's rows `table` was converted from, row for row. Returns (rows, dead)."""
+    missing = [c for c in id_columns if c not in table.column_names]
+    if missing:
+        bad = pa.array([True] * table.num_rows, pa.bool_())
+    else:
+        bad = pc.is_null(table[id_columns[0]])
+        for c in id_columns[1:]:
+            bad = pc.or_(bad, pc.is_null(table[c]))
+    if not table.num_rows or not pc.any(bad).as_py():
+        return table, DLQ_SCHEMA.empty_table()
+    what = ", ".join(repr(c) for c in id_columns)
+    n = pc.sum(bad).as_py()
+    errors = [f"automq.table.topic.id.columns: the record's image lacks id column(s) {what} or has them null"] * n
+    return table.filter(pc.invert(bad)), _dead(source.filter(bad), errors)
 
 
 def _flatten(df: pl.DataFrame) -> pl.DataFrame:
@@ -263,13 +293,6 @@ def _debezium(df: pl.DataFrame) -> tuple[pl.DataFrame, list[str | None]]:
         }
     )
     return rows, op
-
-
-def _debezium_deletes(df: pl.DataFrame, op: list[str | None], settings: TableSettings) -> pa.Table:
-    missing = [c for c in settings.id_columns if c not in df.columns]
-    if missing:
-        raise ConversionError(f"automq.table.topic.id.columns names {missing}, not in the Debezium rows")
-    return df.select(list(settings.id_columns)).to_arrow()
 
 
 def _latest_per_id(table: pa.Table, id_columns: tuple[str, ...]) -> pa.Table:

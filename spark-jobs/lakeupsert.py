@@ -28,7 +28,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import polars as pl
 import pyarrow as pa
@@ -98,7 +98,7 @@ class MapSide:
     open_transactions: dict[int, int] = field(default_factory=dict)
     error: str = ""
     schema: bytes = b""
-    bounds: tuple | None = None  # (min, max) of the first id column, for pruning old files
+    bounds: tuple | None = None  # (min, max) of each id column, for pruning old files
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -113,11 +113,9 @@ def map_task(task: MapTask) -> Iterator[tuple]:
     side.seconds["read"] = time.perf_counter() - t0
     try:
         # no latest-per-id here: an image past a last stable offset found by another task
-        # must not have replaced the one before it (the reduce tasks pick, after the cut)
-        converted = convert(rows, replace(task.settings, id_columns=()))
-        missing = [c for c in ids if c not in converted.rows.column_names]
-        if missing and converted.rows.num_rows:
-            raise ConversionError(f"automq.table.topic.id.columns names {missing}, not in the Debezium rows")
+        # must not have replaced the one before it (the reduce tasks pick, after the cut).
+        # Records whose image has no id go to the dead letters or fail, per errors.tolerance.
+        converted = convert(rows, task.settings, merge_ids=False)
     except ConversionError as exc:
         side.error = str(exc)
         yield ("side", side)
@@ -127,8 +125,7 @@ def map_task(task: MapTask) -> Iterator[tuple]:
     good = converted.rows
     if good.num_rows:
         side.schema = good.schema.serialize().to_pybytes()
-        lo_hi = pc.min_max(good[ids[0]]).as_py()
-        side.bounds = (lo_hi["min"], lo_hi["max"])
+        side.bounds = tuple((b["min"], b["max"]) for b in (pc.min_max(good[c]).as_py() for c in ids))
         for b, part in _split(good, ids, task.buckets):
             yield ("rows", b, to_ipc(part))
     side.seconds["convert"] = time.perf_counter() - t0 - side.seconds["read"]
@@ -233,21 +230,27 @@ def rewrite_task(task: RewriteTask) -> tuple[int, list[DataFile], float]:
 
 
 def candidate_files(table: Table | None, bounds: Iterable[tuple | None], id_columns: tuple[str, ...]) -> list[DataFile]:
-    """The table's current data files that may hold ids of the run (by the first id column's
-    file bounds; the rest is found by the reduce tasks)."""
+    """The table's current data files that may hold ids of the run: by every id column's file
+    bounds (Iceberg column stats), a file is a candidate only if, for each id column, its
+    [lower, upper] overlaps the run's [min, max] of that column; the reduce tasks find the
+    actual rows. `bounds`: each map task's ((min, max) per id column) or None."""
     if table is None or table.current_snapshot() is None:
         return []
-    known = [b for b in bounds if b is not None and b[0] is not None]
+    known = [b for b in bounds if b is not None]
     if not known:
         return []
+    terms = []
+    for i, column in enumerate(id_columns):
+        try:
+            lo, hi = min(b[i][0] for b in known), max(b[i][1] for b in known)
+        except TypeError:  # typed apart across tasks (1 and "a"): this column does not prune
+            log.info("%s: upsert candidates not pruned by %s (its ids are typed apart)", table.name(), column)
+            continue
+        terms += [GreaterThanOrEqual(term=column, value=lo), LessThanOrEqual(term=column, value=hi)]
     try:
-        lo, hi = min(b[0] for b in known), max(b[1] for b in known)
-        column = id_columns[0]
-        scan = table.scan(
-            row_filter=And(GreaterThanOrEqual(term=column, value=lo), LessThanOrEqual(term=column, value=hi))
-        )
+        scan = table.scan(row_filter=And(*terms) if len(terms) > 1 else AlwaysTrue())
         return [t.file for t in scan.plan_files()]
-    except Exception as exc:  # ids typed apart across tasks (1 and "a"): no pruning, still right
+    except Exception as exc:  # a bound the column's type does not take: no pruning, still right
         log.info("%s: upsert candidates not pruned by id bounds (%s)", table.name(), exc)
         return [t.file for t in table.scan().plan_files()]
 

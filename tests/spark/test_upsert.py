@@ -206,3 +206,112 @@ def test_a_reduce_task_keeps_each_ids_latest_image_below_the_last_stable_offset(
     assert [o[1:] for o in out if o[0] == "drop"] == [(7, [0])]  # id 1's old row goes, 99 stays
     rows = pa.concat_tables(pq.read_table(f.data_file.file_path.removeprefix("file://")) for f in files)
     assert [(r["id"], r["name"]) for r in rows.to_pylist()] == [(1.0, "a")]  # id 2 deleted, "late" waits
+
+
+def test_records_without_an_id_follow_errors_tolerance_and_tombstones_are_skipped():
+    """No Spark: a Debezium image lacking an id column or with a null id names no row (all of
+    them would collapse into one "null" id): a bad record, failing the run naming where it
+    is, or a dead letter with errors.tolerance=all. Null values (Debezium's tombstones after
+    a delete) are no rows and no dead letters."""
+    from automq.spark.convert import ConversionError, TableSettings, convert
+
+    values = [
+        _env("c", None, {"id": 1, "region": "eu", "name": "a"}),
+        _env("c", None, {"id": 2, "name": "no region"}),
+        _env("c", None, {"id": None, "region": "eu", "name": "null id"}),
+        None,  # tombstone
+        _env("u", None, {"id": 1, "region": "eu", "name": "b"}),
+    ]
+    rows = _source_rows(values, [10, 11, 12, 13, 14])
+    strict = TableSettings(convert="json", transform="flatten_debezium", id_columns=("id", "region"))
+    with pytest.raises(ConversionError, match=r"2 record\(s\).*topic t partition 0 offset 11.*id.columns") as err:
+        convert(rows, strict, merge_ids=False)
+    assert "errors.tolerance=all" in str(err.value)
+    from dataclasses import replace
+
+    tolerant = replace(strict, errors_tolerance="all")
+    for merge, kept in ((False, [(1, "a"), (1, "b")]), (True, [(1, "b")])):
+        out = convert(rows, tolerant, merge_ids=merge)
+        assert [(r["id"], r["name"]) for r in out.rows.to_pylist()] == kept
+        assert [(d["offset"], d["value"]) for d in out.dead.to_pylist()] == [(11, values[1]), (12, values[2])]
+        assert all("id.columns" in d["error"] for d in out.dead.to_pylist())
+    # a column no record has: every record is a dead letter
+    out = convert(rows, replace(tolerant, id_columns=("id", "tenant")))
+    assert out.rows.num_rows == 0 and out.dead.num_rows == 4
+
+
+def test_several_id_columns_replace_the_right_rows_and_prune_by_every_column(
+    spark, spark_cluster, sh, tmp_path, caplog
+):
+    """Ids of two columns (id, region): the same id in two regions are two rows. A run that
+    touches region "eu" only reads the old files whose bounds overlap the run's range of BOTH
+    columns (the "us" files share the id range, not the region). Records lacking an id fail
+    the run under errors.tolerance=none, go to <table>_dlq under all."""
+    import logging
+
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    from automq.spark import lakeupsert
+
+    catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
+    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
+    topic = sh.topic_name("upsert2")
+    sh.create_topic(spark_cluster.bootstrap, topic, configs={**UPSERT, "automq.table.topic.id.columns": "id,region"})
+    produced = 0
+
+    def produce_and_ingest(records: list[bytes | None]):
+        nonlocal produced
+        sh.produce_confluent(spark_cluster.bootstrap, topic, [(None, v, [], 0) for v in records])
+        produced += len(records)
+        spark_cluster.wait_uploaded(topic, produced)
+        [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+        return r
+
+    def image(i: int, region: str | None, name: str) -> dict:
+        return {"id": i, "name": name} | ({"region": region} if region else {})
+
+    r = produce_and_ingest([_env("c", None, image(i, "eu", f"eu{i}")) for i in range(10)])
+    assert r.status == "committed", r
+    eu_files = _files(catalog.load_table(r.table))
+    r = produce_and_ingest([_env("c", None, image(i, "us", f"us{i}")) for i in range(10)])
+    assert r.status == "committed", r
+    table = catalog.load_table(r.table)
+    us_files = _files(table) - eu_files
+    assert eu_files and us_files
+    # by every id column: the "us" files hold ids 0..9 too, but not region "eu"
+    candidates = lakeupsert.candidate_files(table, [((3, 4), ("eu", "eu"))], ("id", "region"))
+    assert {f.file_path.removeprefix("file://") for f in candidates} == eu_files
+
+    third = [
+        _env("u", image(3, "eu", "eu3"), image(3, "eu", "eu3b")),
+        _env("d", image(4, "eu", "eu4"), None),
+        None,  # the tombstone after the delete
+        _env("c", None, image(5, None, "no region")),
+    ]
+    r = produce_and_ingest(third)
+    assert r.status == "failed" and f"topic {topic} partition 0 offset {produced - 1}" in r.message, r
+    assert "id.columns" in r.message and "errors.tolerance=all" in r.message
+    assert _files(catalog.load_table(r.table)) == eu_files | us_files  # nothing committed
+
+    entry = ConfigEntry("automq.table.topic.errors.tolerance", "all", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
+    admin = AdminClient({"bootstrap.servers": spark_cluster.bootstrap})
+    admin.incremental_alter_configs([resource])[resource].result(30)
+    caplog.set_level(logging.INFO, logger="automq.spark.lakeupsert")
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert (r.status, r.records, r.dead_letters) == ("committed", 1, 1), r
+    [line] = [m for m in caplog.messages if f"{topic}: upsert:" in m]
+    assert f"({len(eu_files)} old files read)" in line, line  # not the "us" files
+    table = catalog.load_table(r.table)
+    expected = sorted(
+        [(i, "us", f"us{i}") for i in range(10)] + [(i, "eu", f"eu{i}") for i in range(10) if i not in (3, 4)]
+    )
+    expected = sorted([*expected, (3, "eu", "eu3b")])
+    assert sorted((x["id"], x["region"], x["name"]) for x in table.scan().to_arrow().to_pylist()) == expected
+    assert us_files <= _files(table) and eu_files - _files(table)  # only "eu" files were rewritten
+    assert sorted(pl.scan_iceberg(table).select("id", "region", "name").collect().rows()) == expected
+    paths = sorted(_files(table))
+    assert sorted(duckdb.sql(f"select id, region, name from read_parquet({paths!r})").fetchall()) == expected
+    [dead] = catalog.load_table(r.table + "_dlq").scan().to_arrow().to_pylist()
+    assert dead["offset"] == produced - 1 and dead["value"] == third[-1] and "id.columns" in dead["error"]
+    assert iceberg.committed_offsets(table) == {0: produced}

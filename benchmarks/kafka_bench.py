@@ -597,6 +597,12 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=8.0, help="seconds of each produce run")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--rate-mib", type=float, default=10.0, help="fixed produce rate for the latency run")
+    ap.add_argument(
+        "--linger-ms",
+        type=float,
+        default=PRODUCER_CONFIG["linger.ms"],
+        help="the load generator's linger.ms (a record waits up to this long in the client for its batch)",
+    )
     ap.add_argument("--catchup-bytes", type=parse_size, default=256 * MiB)
     ap.add_argument("--reassign-large", type=parse_size, default=100 * MiB)
     ap.add_argument(
@@ -616,6 +622,7 @@ def main() -> int:
     ap.add_argument("--catchup-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--skip", nargs="*", default=[], choices=["baseline", "throughput", "fixed", "catchup", "reassign"])
     args = ap.parse_args()
+    PRODUCER_CONFIG["linger.ms"] = args.linger_ms
     if args.catchup_child:
         bootstrap, topic, total = args.catchup_child
         catchup_child(bootstrap, topic, int(total))

@@ -126,6 +126,22 @@ async def test_etag_is_computed_when_the_xattr_is_missing(tmp_path):
     assert await store.get("k") == b"new"
 
 
+async def test_a_platform_without_xattr_calls_computes_etags(tmp_path, monkeypatch):
+    """macOS's os module has no setxattr/getxattr: the store keeps no ETag xattrs there and
+    computes the tags, conditional writes included."""
+    for name in ("setxattr", "getxattr", "removexattr", "listxattr"):
+        monkeypatch.delattr(os, name, raising=False)
+    store = LocalObjectStore.from_url(f"file://{tmp_path}/objects")
+    result = await store.put("k", b"data")
+    assert (await store.head("k")).etag == result.etag == hashlib.md5(b"data").hexdigest()
+    await store.put("k", b"new", if_match=result.etag)
+    big = os.urandom(9 << 20)  # past the size that gets a CRC-32C tag where xattrs exist
+    tagged = await store.put("big", big)
+    assert (await store.head("big")).etag == tagged.etag
+    assert await store.get("k") == b"new" and await store.get("big") == big
+    await store.close()
+
+
 async def test_multipart_objects_get_a_crc32c_tag_that_works_like_any_etag(tmp_path):
     import crc32c
 
@@ -214,7 +230,7 @@ def _record_write_backs(monkeypatch) -> list[tuple[str, int, int, int]]:
     from automq.broker.objectstore import local
 
     calls: list[tuple[str, int, int, int]] = []
-    real_write_back, real_fsync = local._write_back, os.fsync
+    real_write_back, real_fsync = local._write_back, local.diskio.fullsync
 
     def write_back(fd: int, offset: int, length: int) -> None:
         calls.append(("write_back", offset, length, os.fstat(fd).st_size))
@@ -226,7 +242,7 @@ def _record_write_backs(monkeypatch) -> list[tuple[str, int, int, int]]:
         real_fsync(fd)
 
     monkeypatch.setattr(local, "_write_back", write_back)
-    monkeypatch.setattr(local.os, "fsync", fsync)
+    monkeypatch.setattr(local.diskio, "fullsync", fsync)
     return calls
 
 
@@ -280,7 +296,10 @@ async def test_a_failed_write_back_fails_the_put_and_leaves_nothing(tmp_path, mo
     await store.close()
 
 
-async def test_write_back_falls_back_to_fdatasync_where_sync_file_range_is_refused(tmp_path, monkeypatch):
+async def test_write_back_falls_back_to_a_data_sync_every_4_mib_where_sync_file_range_is_refused(tmp_path, monkeypatch):
+    """Refused by the filesystem (or off Linux, where there is none): a data sync each time the
+    object crosses a 4 MiB boundary, not one per 256 KiB step (macOS's F_FULLFSYNC flushes the
+    drive's cache each time)."""
     import ctypes
     import errno
 
@@ -291,18 +310,19 @@ async def test_write_back_falls_back_to_fdatasync_where_sync_file_range_is_refus
         return -1
 
     datasyncs: list[int] = []
-    real = os.fdatasync
+    real = local.diskio.datasync
 
-    def fdatasync(fd: int) -> None:
-        datasyncs.append(fd)
+    def datasync(fd: int) -> None:
+        datasyncs.append(os.fstat(fd).st_size)
         real(fd)
 
     monkeypatch.setattr(local, "_sync_file_range", refused)
-    monkeypatch.setattr(local.os, "fdatasync", fdatasync)
+    monkeypatch.setattr(local.diskio, "datasync", datasync)
     store = open_object_store(f"file://{tmp_path}/store")
-    data = os.urandom(2 * local._WRITEBACK_STEP + 1)
+    data = os.urandom(9 * local._FALLBACK_STEP // 4 + 1)  # crosses 4 and 8 MiB
     await store.put("big", data)
-    assert len(datasyncs) == 3
+    assert len(datasyncs) == 2
+    assert [size // local._FALLBACK_STEP for size in datasyncs] == [1, 2]
     assert await store.get("big") == data
     await store.close()
 

@@ -7,6 +7,8 @@ import asyncio
 import errno
 import os
 
+import pytest
+
 from automq.broker.storage.wal.base import WalRecord
 from automq.broker.storage.wal.volume import DATA_START, VolumeWal
 
@@ -81,11 +83,15 @@ async def test_close_during_the_fill_stops_it_and_the_wal_reopens(tmp_path):
     await again.close()
 
 
-async def test_without_fallocate_the_zeros_are_written_at_open(tmp_path, monkeypatch):
+@pytest.mark.parametrize("platform", ["refused by the filesystem", "no posix_fallocate (macOS)"])
+async def test_without_fallocate_the_zeros_are_written_at_open(tmp_path, monkeypatch, platform):
     def refused(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
-    monkeypatch.setattr(os, "posix_fallocate", refused)
+    if platform.startswith("refused"):
+        monkeypatch.setattr(os, "posix_fallocate", refused)
+    else:
+        monkeypatch.delattr(os, "posix_fallocate")
     path = tmp_path / "wal"
     wal = VolumeWal(path, CAP, node_id=1, node_epoch=1)
     await wal.recover()

@@ -25,7 +25,6 @@ leave a header pointing at overwritten records.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import mmap
 import os
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING
 
 import crc32c
 
+from automq.broker import diskio
 from automq.broker.storage.wal.base import (
     RecoveryReport,
     WalClosedError,
@@ -212,7 +212,7 @@ class VolumeWal(WriteAheadLog):
                 self._reserve(DATA_START + capacity)
             header = WalHeader(capacity, 0, self.node_id, -1, 0, 0)
             self._write_slot(header)
-            os.fsync(self._fd)
+            diskio.fullsync(self._fd)
         elif header.capacity + DATA_START > max(size, 0) and not is_device:
             raise WalCorruptionError(
                 f"WAL {self.path}: header says capacity {header.capacity} but the file has {size} bytes"
@@ -228,11 +228,7 @@ class VolumeWal(WriteAheadLog):
         self._capacity = header.capacity
 
     def _reserve(self, size: int) -> None:
-        try:
-            os.posix_fallocate(self._fd, 0, size)
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
+        if not diskio.reserve(self._fd, size):
             self._preallocate(size)  # no fallocate here: zeros now, as before
             return
         self._fill_from = DATA_START
@@ -262,7 +258,7 @@ class VolumeWal(WriteAheadLog):
         if start >= end or self._fd < 0:
             return
         os.pwrite(self._fd, memoryview(_ZEROS)[: end - start], start)
-        os.fdatasync(self._fd)
+        diskio.datasync(self._fd)
 
     def _preallocate(self, size: int) -> None:
         pos = 0
@@ -270,7 +266,7 @@ class VolumeWal(WriteAheadLog):
             n = min(len(_ZEROS), size - pos)
             os.pwrite(self._fd, _ZEROS[:n] if n < len(_ZEROS) else _ZEROS, pos)
             pos += n
-        os.fsync(self._fd)
+        diskio.fullsync(self._fd)
 
     def _pread(self, pos: int, n: int) -> bytes:
         return os.pread(self._fd, n, pos)
@@ -406,7 +402,7 @@ class VolumeWal(WriteAheadLog):
 
         def write() -> None:
             self._write_slot(new)
-            os.fdatasync(self._fd)
+            diskio.datasync(self._fd)
 
         await loop.run_in_executor(self._executor, write)
         self._header = new
@@ -565,7 +561,7 @@ class VolumeWal(WriteAheadLog):
                 file_pos += want
             if file_pos > self._records_end:
                 self._records_end = file_pos
-        os.fdatasync(self._fd)
+        diskio.datasync(self._fd)
 
     def _write_rest(self, chunk: list[bytes | memoryview], written: int, file_pos: int) -> None:
         data = b"".join(bytes(b) for b in chunk)
@@ -585,7 +581,7 @@ class VolumeWal(WriteAheadLog):
 
             def write() -> None:
                 self._write_slot(new)
-                os.fdatasync(self._fd)
+                diskio.datasync(self._fd)
 
             await asyncio.get_running_loop().run_in_executor(self._executor, write)
             self._header = new

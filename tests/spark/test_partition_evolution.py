@@ -151,3 +151,60 @@ def test_a_json_field_that_arrives_with_the_run_partitions_the_next_runs_files(s
         (3, 6),
         (4, 7),
     ]
+
+
+def test_a_spec_changed_by_another_run_between_plan_and_commit(spark, spark_cluster, sh, tmp_path):
+    """Another run evolves the spec (and dies before its commit) while this run, planned and
+    written with the old spec, is about to commit: its files stay under their own spec in
+    the snapshot (nothing misread), and the next run writes with the new one. And a run that
+    loses its commit to a run that evolved the spec re-plans and writes nothing twice."""
+    catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
+    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
+    topic = sh.topic_name("respec-race")
+    configs = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "string"}
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=2, configs=configs)
+    produced = 0
+
+    def produce(tag: str) -> None:
+        nonlocal produced
+        recs = [(None, f"{tag}-{i}".encode(), [], i % 2) for i in range(6)]
+        sh.produce_confluent(spark_cluster.bootstrap, topic, recs)
+        produced += len(recs)
+        spark_cluster.wait_uploaded(topic, produced)
+
+    def evolve_elsewhere(name, table):
+        other = catalog.load_table(name)  # what a concurrent run with the new setting does first
+        assert iceberg.evolve_partition_spec(other, name, (("identity", "partition", None),))
+
+    produce("a")
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=evolve_elsewhere)
+    assert r.status == "committed", r
+    table = catalog.load_table(r.table)
+    assert [f.name for f in table.spec().fields] == ["partition_identity"]
+    assert {f.spec_id for f in _files(table)} == {0}
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert {m.partition_spec_id for m in snapshot.manifests(table.io)} == {0}
+
+    _alter(spark_cluster.bootstrap, topic, "partition")
+    produce("b")
+    raced = []
+
+    def other_run_commits_first(name, table):
+        if not raced:
+            raced.append(name)
+            [inner] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+            assert inner.status == "committed", inner
+
+    _alter(spark_cluster.bootstrap, topic, "partition, bucket(offset, 2)")
+    produce("c")
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=other_run_commits_first)
+    assert (r.status, r.attempts) == ("up-to-date", 2), r
+    table = catalog.load_table(r.table)
+    assert [str(f.transform) for f in table.spec().fields] == ["identity", "bucket[2]"]
+    assert {f.spec_id for f in _files(table)} == {0, table.spec().spec_id}
+    warehouse = {str(p) for p in tmp_path.glob("lake/**/*.parquet")}
+    assert warehouse == {f.file_path.removeprefix("file://") for f in _files(table)}  # the loser's files went
+    got = sorted(pl.scan_iceberg(table).select("partition", "offset", "value").collect().rows())
+    assert len(got) == produced == 18 and len(set(got)) == produced
+    assert iceberg.committed_offsets(table) == {0: produced // 2, 1: produced // 2}

@@ -1,9 +1,14 @@
 """Iceberg catalogs and tables of the lake ingestion job (pyiceberg).
 
 Catalogs by URI: `sqlite:///path/catalog.db` (the embedded default) or any SQLAlchemy URL
-(`postgresql+psycopg://...`) -> pyiceberg's SQL catalog; `http(s)://...` -> a REST catalog.
-The warehouse is a local directory or an object-store location pyiceberg can write
-(`file:///...`, `s3://bucket/prefix`).
+(`postgresql+psycopg://...`; a plain libpq `postgresql://` URL uses psycopg 3 too) ->
+pyiceberg's SQL catalog; `http(s)://...` -> a REST catalog. The warehouse is a local directory
+or an object-store location pyiceberg can write (`file:///...`, `s3://bucket/prefix`).
+
+A SQL catalog on a server (PostgreSQL) is opened with `pool_pre_ping`: a run holds its pooled
+connection idle for as long as its Spark tasks write, and servers, proxies and firewalls close
+idle connections; the commit after that must get a live one. Jobs that start at the same time
+on a fresh database all try to create the catalog's tables; the losers open the catalog again.
 
 Exactly-once bookkeeping lives in the tables themselves: every commit's snapshot summary
 carries `automq.offsets`, the next offset of each partition the table holds everything
@@ -15,6 +20,7 @@ re-plans from the winner's offsets instead.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,10 +38,14 @@ from pyiceberg.transforms import (
     VoidTransform,
     YearTransform,
 )
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 OFFSETS_PROPERTY = "automq.offsets"
 TOPIC_PROPERTY = "automq.topic"
 NO_RETRIES = {"commit.retry.num-retries": "0"}
+# SQLAlchemy's bare postgresql:// means psycopg2; the project ships psycopg 3 (the `spark` extra)
+_LIBPQ_SCHEMES = ("postgresql://", "postgres://")
+CATALOG_INIT_ATTEMPTS = 5
 
 
 class TableConfigError(Exception):
@@ -63,10 +73,30 @@ def open_catalog(uri: str, warehouse: str | None = None, properties: dict[str, s
         warehouse = Path(warehouse).resolve().as_uri()
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    else:
+        props.setdefault("pool_pre_ping", "true")
     if warehouse.startswith("file://"):
         Path(warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
-    props.update(type="sql", uri=uri, warehouse=warehouse)
-    return load_catalog("automq", **props)
+    props.update(type="sql", uri=sql_url(uri), warehouse=warehouse)
+    for attempt in range(1, CATALOG_INIT_ATTEMPTS + 1):
+        try:
+            return load_catalog("automq", **props)
+        except (IntegrityError, ProgrammingError):
+            # PostgreSQL: another job created the catalog's tables between this one's check and
+            # its CREATE TABLE (duplicate pg_type row, or "relation already exists"); they exist now
+            if attempt == CATALOG_INIT_ATTEMPTS:
+                raise
+            time.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")
+
+
+def sql_url(uri: str) -> str:
+    """The SQLAlchemy URL of a SQL catalog URI: `postgresql://` and `postgres://` (libpq's
+    forms, what a Secret usually holds) select psycopg 3; URLs naming a driver stay as given."""
+    for scheme in _LIBPQ_SCHEMES:
+        if uri.startswith(scheme):
+            return "postgresql+psycopg://" + uri[len(scheme) :]
+    return uri
 
 
 def committed_offsets(table: Table) -> dict[int, int]:
@@ -102,6 +132,10 @@ def create_table(
         catalog.create_namespace(namespace)
     except NamespaceAlreadyExistsError:
         pass
+    except IntegrityError:
+        # SQL catalog: a concurrent run inserted the namespace after this one checked for it
+        if not catalog.namespace_exists(namespace):
+            raise
     table = catalog.create_table_if_not_exists(
         identifier, schema=schema, properties={**NO_RETRIES, TOPIC_PROPERTY: topic}
     )

@@ -1,6 +1,7 @@
 """Fixtures of the Spark job tests: ONE Spark session (local[2]) and ONE small cluster
 (a controller and a broker process, started from the same configs `automq local up` writes,
-with uploads every ~0.5 s so data reaches objects quickly) for the whole run.
+with uploads every ~0.5 s so data reaches objects quickly) for the whole run, and ONE
+PostgreSQL server (`postgres`) for the tests of PostgreSQL-backed Iceberg catalogs.
 
 Tests use their own topics. Helpers to produce with real clients and to wait until the
 brokers uploaded everything live in `SparkHelpers` (test modules cannot import conftest).
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -91,6 +94,33 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
         yield cluster
     finally:
         local.stop(cluster.nodes, Console(quiet=True), broker_grace_s=20)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator:
+    """ONE real PostgreSQL server for the run (tests/support/postgres_server.py), for the
+    lake tests' SQL catalogs; each test makes its own database. Skipped where the server
+    binaries are missing (scripts/install-system-deps.sh installs them). The port: a free one,
+    or $AUTOMQ_TEST_POSTGRES_PORT."""
+    from postgres_server import PostgresServer, PostgresUnavailable, find_binaries, make_root
+
+    try:
+        find_binaries()
+        root = make_root("session-postgres-")  # not under pytest's temp root: see make_root
+    except PostgresUnavailable as exc:
+        pytest.skip(str(exc))
+    port = int(os.environ.get("AUTOMQ_TEST_POSTGRES_PORT") or local.free_port_block(1))
+    server = PostgresServer(root, port)
+    try:
+        server.start()
+    except Exception as exc:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.fail(f"could not start PostgreSQL: {exc}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 TABLE_ENABLE = "automq.table.topic.enable"

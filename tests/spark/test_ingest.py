@@ -13,6 +13,10 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pytest
+from lake_tables import Crash
+from lake_tables import data_files as _data_files
+from lake_tables import produce_mix as _produce_mix
+from lake_tables import table_rows as _table_rows
 
 from automq.spark import iceberg, lakefiles
 from automq.spark.cluster import ClusterLocation
@@ -21,10 +25,6 @@ from automq.spark.ingest import ingest
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 TABLE_ON = {"automq.table.topic.enable": "true"}
-
-
-class Crash(BaseException):
-    """Stands for the process dying: not an Exception, so nothing on the way catches it."""
 
 
 @pytest.fixture
@@ -37,45 +37,6 @@ def catalog(tmp_path):
 @pytest.fixture
 def location(spark_cluster):
     return ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
-
-
-def _table_rows(table) -> list[tuple]:
-    rows = table.scan().to_arrow().sort_by([("partition", "ascending"), ("offset", "ascending")]).to_pylist()
-    return [
-        (
-            r["partition"],
-            r["offset"],
-            int(r["timestamp"].timestamp() * 1000 + 0.5),
-            r["key"],
-            r["value"],
-            [(h["key"], h["value"]) for h in r["headers"] or []],
-        )
-        for r in rows
-    ]
-
-
-def _data_files(table) -> list[str]:
-    return [t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()]
-
-
-def _produce_mix(sh, bootstrap: str, topic: str, n: int, tag: str) -> int:
-    total = 0
-    for i, codec in enumerate(("none", "gzip", "snappy", "lz4", "zstd")):
-        recs = [
-            (
-                None if j % 9 == 0 else f"k{j}".encode(),
-                None if j % 10 == 3 else f"{tag}-{codec}-{j}".encode(),
-                [("trace", f"{j}".encode())] if j % 4 == 0 else [],
-                j % 2,
-            )
-            for j in range(n)
-        ]
-        if i % 2:
-            sh.produce_kafka_python(bootstrap, topic, recs, compression_type=None if codec == "none" else codec)
-        else:
-            sh.produce_confluent(bootstrap, topic, recs, **{"compression.type": codec})
-        total += n
-    return total
 
 
 def test_raw_tables_exactly_once_across_reruns_and_a_crash(spark, spark_cluster, sh, catalog, location):

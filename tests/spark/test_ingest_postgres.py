@@ -1,0 +1,242 @@
+"""Lake ingestion with its Iceberg catalog in a real PostgreSQL server (pyiceberg's SQL
+catalog over psycopg 3), where catalog transactions really run concurrently: the table read
+back with pyiceberg, DuckDB and Polars equals what a Kafka consumer reads; a rerun adds
+nothing; a run killed between writing its files and committing, rerun, gives every record
+once, and its commit lands though the server dropped the run's idle connections; two runs
+racing on a new table (and on a fresh catalog database) commit every record once; the URI
+can come from AUTOMQ_SPARK_CATALOG, in libpq's plain `postgresql://` form.
+
+The sqlite-catalogued versions of these are in test_ingest.py; the catalog is the only
+difference here."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import duckdb
+import polars as pl
+import pytest
+from lake_tables import Crash, data_files, produce_mix, table_rows
+from typer.testing import CliRunner
+
+from automq.broker.cli import app
+from automq.spark import iceberg
+from automq.spark.cluster import ClusterLocation
+from automq.spark.ingest import ingest
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+
+@pytest.fixture
+def database(postgres):
+    name = postgres.create_database("lake")
+    yield name
+    postgres.drop_database(name)
+
+
+@pytest.fixture
+def location(spark_cluster):
+    return ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
+
+
+def _catalog_rows(postgres, database: str) -> list[tuple]:
+    return postgres.execute(
+        "select table_namespace, table_name, metadata_location from iceberg_tables order by 2", database
+    )
+
+
+def _dispose(*catalogs) -> None:
+    for c in catalogs:
+        c.engine.dispose()  # the pooled connections, so the database can be dropped
+
+
+def test_raw_table_in_a_postgres_catalog_exactly_once(spark, spark_cluster, sh, postgres, database, location, tmp_path):
+    catalog = iceberg.open_catalog(postgres.url(database), str(tmp_path / "warehouse"))
+    topic = sh.topic_name("pg")
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=2)
+    total = produce_mix(sh, spark_cluster.bootstrap, topic, 30, "a")
+    spark_cluster.wait_uploaded(topic, total)
+
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert (r.status, r.records) == ("committed", total), r
+    table = catalog.load_table(r.table)
+    # the table lives in PostgreSQL: its row there points at the current metadata file
+    assert _catalog_rows(postgres, database) == [("kafka", r.table.split(".")[1], table.metadata_location)]
+    expected = sh.consume_all(spark_cluster.bootstrap, topic, total)
+    assert len(expected) == total
+    assert table_rows(table) == expected
+    files = data_files(table)
+    got = duckdb.sql(f'select "partition", "offset", "value" from read_parquet({files!r}) order by 1, 2').fetchall()
+    assert got == [(p, o, v) for p, o, _, _, v, _ in expected]
+    polars_rows = pl.scan_iceberg(table).select("partition", "offset").sort("partition", "offset").collect()
+    assert polars_rows.rows() == [(p, o) for p, o, *_ in expected]
+
+    # more data; a run dies after writing its files, before its commit: the table is unchanged
+    total += produce_mix(sh, spark_cluster.bootstrap, topic, 10, "b")
+    spark_cluster.wait_uploaded(topic, total)
+    metadata_before = table.metadata_location
+
+    def die(name, table):
+        raise Crash()
+
+    with pytest.raises(Crash):
+        ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=die)
+    assert catalog.load_table(r.table).metadata_location == metadata_before
+    assert table_rows(catalog.load_table(r.table)) == expected
+
+    # the rerun writes that range once, though the server drops the run's pooled connections
+    # while its tasks write (an idle timeout, a proxy, a failover): its commit opens a live one
+    terminated = []
+
+    def server_drops_idle_connections(name, table):
+        terminated.extend(
+            postgres.execute(
+                "select pg_terminate_backend(pid) from pg_stat_activity "
+                f"where datname = '{database}' and pid <> pg_backend_pid()"
+            )
+        )
+
+    [r2] = ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=server_drops_idle_connections)
+    assert terminated and all(ok for (ok,) in terminated)
+    assert (r2.status, r2.records, r2.attempts) == ("committed", total - len(expected), 1), r2
+    expected = sh.consume_all(spark_cluster.bootstrap, topic, total)
+    assert table_rows(catalog.load_table(r.table)) == expected
+
+    # a rerun adds nothing, and a new catalog (another job) sees the same table and offsets
+    [again] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert again.status == "up-to-date"
+    other = iceberg.open_catalog(postgres.url(database), str(tmp_path / "warehouse"))
+    table = other.load_table(r.table)
+    assert table_rows(table) == expected
+    assert iceberg.committed_offsets(table) == {p: max(o for q, o, *_ in expected if q == p) + 1 for p in (0, 1)}
+    assert len(table.snapshots()) == 2
+    _dispose(catalog, other)
+
+
+def test_two_runs_racing_on_a_new_table_commit_every_record_once(
+    spark, spark_cluster, sh, postgres, database, location, tmp_path
+):
+    """Two jobs start at once against a fresh catalog database and a topic with no table yet:
+    both create the catalog's tables, the namespace and the table, both write every record's
+    files, then both commit at the same moment (real concurrent PostgreSQL transactions on
+    the table's catalog row). One commit wins; the other re-plans from the winner's offsets
+    and finds nothing left, and deletes the files it wrote."""
+    topic = sh.topic_name("pgrace")
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=2)
+    ends = sh.produce_confluent(
+        spark_cluster.bootstrap, topic, [(b"k%d" % i, b"v%d" % i, [], i % 2) for i in range(200)]
+    )
+    spark_cluster.wait_uploaded(topic, ends)
+    warehouse = str(tmp_path / "warehouse")
+
+    catalogs: list = [None, None]
+    opened = threading.Barrier(2, timeout=60)
+
+    def open_at_once(i: int) -> None:
+        opened.wait()
+        catalogs[i] = iceberg.open_catalog(postgres.url(database), warehouse)
+
+    openers = [threading.Thread(target=open_at_once, args=(i,)) for i in (0, 1)]
+    for t in openers:
+        t.start()
+    for t in openers:
+        t.join(120)
+    assert all(catalogs), "opening the catalog failed (see the log)"
+
+    both_written = threading.Barrier(2, timeout=240)
+    results: list = [None, None]
+
+    def run(i: int) -> None:
+        waited = []
+
+        def commit_together(name, table):
+            if not waited:  # only the first attempt: the loser's re-plan has nothing to commit
+                waited.append(name)
+                both_written.wait()
+
+        results[i] = ingest(spark, location, catalogs[i], [topic], enabled_topics=False, before_commit=commit_together)
+
+    runs = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join(600)
+    [a], [b] = results
+    winner, loser = (a, b) if a.status == "committed" else (b, a)
+    assert (winner.status, winner.records, winner.offsets) == ("committed", 200, ends), (a, b)
+    assert (loser.status, loser.attempts) == ("up-to-date", 2), (a, b)
+
+    table = catalogs[0].load_table(winner.table)
+    assert len(table.snapshots()) == 1
+    expected = sh.consume_all(spark_cluster.bootstrap, topic, 200)
+    assert table_rows(table) == expected
+    assert iceberg.committed_offsets(table) == ends
+    assert _catalog_rows(postgres, database) == [("kafka", winner.table.split(".")[1], table.metadata_location)]
+    # the loser deleted its files: the data files on disk are exactly the table's
+    assert {str(p) for p in (tmp_path / "warehouse").glob("**/*.parquet")} == set(data_files(table))
+    _dispose(*catalogs)
+
+
+def test_catalog_uri_from_the_environment(spark, spark_cluster, sh, postgres, database, tmp_path):
+    """`automq spark ingest` as the CronJob runs it with `catalogUriSecret`: the URI (libpq's
+    plain form, as a Secret holds it) in AUTOMQ_SPARK_CATALOG; a server catalog without
+    --warehouse is refused before Spark starts."""
+    topic = sh.topic_name("pgenv")
+    sh.create_topic(spark_cluster.bootstrap, topic)
+    sh.produce_confluent(spark_cluster.bootstrap, topic, [(None, b"x%d" % i, [], 0) for i in range(25)])
+    spark_cluster.wait_uploaded(topic, 25)
+    url = postgres.url(database, driver="")
+    assert url.startswith("postgresql://")
+    args = ["spark", "ingest", "--data-dir", str(spark_cluster.data_dir), "--topic", topic, "--only"]
+
+    refused = CliRunner().invoke(app, args, env={"AUTOMQ_SPARK_CATALOG": url})
+    assert refused.exit_code == 2 and "needs --warehouse" in refused.output, refused.output
+
+    warehouse = str(tmp_path / "warehouse")
+    # in-process: the run reuses the test session's Spark instead of starting a JVM
+    result = CliRunner().invoke(app, [*args, "--warehouse", warehouse], env={"AUTOMQ_SPARK_CATALOG": url})
+    assert result.exit_code == 0, result.output
+    [line] = [json.loads(x) for x in result.output.splitlines() if x.startswith("{")]
+    assert (line["status"], line["records"], line["offsets"]) == ("committed", 25, {"0": 25})
+    catalog = iceberg.open_catalog(url, warehouse)
+    table = catalog.load_table(line["table"])
+    assert sorted(table.scan().to_arrow()["value"].to_pylist()) == sorted(b"x%d" % i for i in range(25))
+    assert [row[1] for row in _catalog_rows(postgres, database)] == [line["table"].split(".")[1]]
+    _dispose(catalog)
+
+
+def test_jobs_opening_a_fresh_catalog_and_creating_one_table_at_once(postgres, database, tmp_path):
+    """Four jobs start together on an empty database: each creates the catalog's tables, the
+    namespace and the same table, racing between pyiceberg's existence checks and its INSERTs
+    and CREATE TABLEs. Every one opens the catalog and gets the one table."""
+    import pyarrow as pa
+
+    n = 4
+    together = threading.Barrier(n, timeout=60)
+    got: list = [None] * n
+    catalogs: list = [None] * n
+
+    def job(i: int) -> None:
+        try:
+            together.wait()
+            catalogs[i] = iceberg.open_catalog(postgres.url(database), str(tmp_path / "warehouse"))
+            together.wait()
+            got[i] = iceberg.create_table(catalogs[i], "kafka.orders", pa.schema([("v", pa.string())]), "orders")
+        except Exception as exc:
+            got[i] = exc
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    errors = [g for g in got if not hasattr(g, "metadata_location")]
+    assert not errors, errors
+    [(namespace, name, location)] = _catalog_rows(postgres, database)
+    assert (namespace, name) == ("kafka", "orders")
+    assert {t.metadata_location for t in got} == {location}
+    assert postgres.execute("select namespace, property_key from iceberg_namespace_properties", database) == [
+        ("kafka", "exists")
+    ]
+    _dispose(*[c for c in catalogs if c is not None])

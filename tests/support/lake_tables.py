@@ -1,0 +1,52 @@
+"""Reading lake tables back and producing a mix of records, for the lake ingestion tests
+(tests/spark): shared by the sqlite- and the PostgreSQL-catalogued runs."""
+
+from __future__ import annotations
+
+
+class Crash(BaseException):
+    """Stands for the process dying: not an Exception, so nothing on the way catches it."""
+
+
+def table_rows(table) -> list[tuple]:
+    """(partition, offset, timestamp ms, key, value, headers) of every row of a raw table, as
+    tests/spark/conftest.py's consume_all returns what a consumer reads."""
+    rows = table.scan().to_arrow().sort_by([("partition", "ascending"), ("offset", "ascending")]).to_pylist()
+    return [
+        (
+            r["partition"],
+            r["offset"],
+            int(r["timestamp"].timestamp() * 1000 + 0.5),
+            r["key"],
+            r["value"],
+            [(h["key"], h["value"]) for h in r["headers"] or []],
+        )
+        for r in rows
+    ]
+
+
+def data_files(table) -> list[str]:
+    """Local paths of the current snapshot's data files (what DuckDB reads)."""
+    return [t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()]
+
+
+def produce_mix(sh, bootstrap: str, topic: str, n: int, tag: str) -> int:
+    """n records per codec (none, gzip, snappy, lz4, zstd) over partitions 0 and 1, by
+    confluent-kafka and kafka-python in turn, with null keys, null values and headers."""
+    total = 0
+    for i, codec in enumerate(("none", "gzip", "snappy", "lz4", "zstd")):
+        recs = [
+            (
+                None if j % 9 == 0 else f"k{j}".encode(),
+                None if j % 10 == 3 else f"{tag}-{codec}-{j}".encode(),
+                [("trace", f"{j}".encode())] if j % 4 == 0 else [],
+                j % 2,
+            )
+            for j in range(n)
+        ]
+        if i % 2:
+            sh.produce_kafka_python(bootstrap, topic, recs, compression_type=None if codec == "none" else codec)
+        else:
+            sh.produce_confluent(bootstrap, topic, recs, **{"compression.type": codec})
+        total += n
+    return total

@@ -287,6 +287,7 @@ def _write_and_commit(
                     update.union_by_name(initial)
         if table is not None and not created:
             spec_pending = _evolve_spec(table, name, settings, planned)
+        write_spec = table.metadata.default_spec_id if table is not None else None
         write_range = lakeupsert.write_range if lakeupsert.applies(settings) else lakewrite.write_range
         written = write_range(spark, location, topic, start, end, table, settings, view=view, widen=widen)
         table = written.table or table
@@ -300,6 +301,11 @@ def _write_and_commit(
     offsets = {**committed, **{p: max(start[p], written.end[p]) for p in end}}
     t1 = time.perf_counter()
     try:
+        # pyiceberg lists a commit's new files in one manifest of the table object's default
+        # spec: if a concurrent run evolved the spec while this one widened the schema (which
+        # reloaded `table`), files of two specs would be listed under one and misread
+        if write_spec is not None and table.metadata.default_spec_id != write_spec:
+            raise CommitFailedException(f"{name}: the partition spec changed while this run wrote its files")
         dead = _commit_dead_letters(catalog, name, topic, written.dead, offsets)
         _commit_files(table, written.files + written.rewritten, offsets, name, before_commit, written.replaced)
     except CommitFailedException:

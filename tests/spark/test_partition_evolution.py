@@ -263,3 +263,51 @@ def test_an_upsert_table_evolves_its_spec_and_still_replaces_the_right_rows(spar
     assert sorted(pl.scan_iceberg(table).select("id", "name").collect().rows()) == expected
     paths = [f.file_path for f in _files(table)]
     assert sorted(duckdb.sql(f"select id, name from read_parquet({paths!r})").fetchall()) == expected
+
+
+def test_a_spec_changed_while_the_run_widens_the_schema_makes_it_replan(
+    spark, spark_cluster, sh, tmp_path, monkeypatch
+):
+    """JSON: a task that met no new column wrote with the run's spec; another run evolves the
+    spec while this one widens the schema (which reloads the table's metadata): one commit
+    would list files of two specs under one, so the run deletes its files and re-plans."""
+    from automq.spark import ingest as ingest_module
+    from automq.spark import lakewrite
+
+    catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
+    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
+    topic = sh.topic_name("respec-widen")
+    configs = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "json"}
+    sh.create_topic(spark_cluster.bootstrap, topic, configs=configs)
+    sh.produce_confluent(spark_cluster.bootstrap, topic, [(None, b'{"a": 1}', [], 0)])
+    spark_cluster.wait_uploaded(topic, 1)
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert r.status == "committed", r
+    # two uploads, one task each: the first task's records fit the table, the second's do not
+    sh.produce_confluent(spark_cluster.bootstrap, topic, [(None, b'{"a": 2}', [], 0)])
+    spark_cluster.wait_uploaded(topic, 2)
+    sh.produce_confluent(spark_cluster.bootstrap, topic, [(None, b'{"a": 3, "b": "x"}', [], 0)])
+    spark_cluster.wait_uploaded(topic, 3)
+    monkeypatch.setattr(lakewrite, "task_groups", lambda slices, parallelism, max_bytes: [[sl] for sl in slices])
+    real_evolve = ingest_module.lakeschema.evolve
+    evolved = []
+
+    def evolve_while_another_run_changes_the_spec(table, schemas):
+        if not evolved:
+            evolved.append(table.name())
+            other = catalog.load_table(r.table)
+            assert iceberg.evolve_partition_spec(other, r.table, (("identity", "a", None),))
+        real_evolve(table, schemas)
+
+    monkeypatch.setattr(ingest_module.lakeschema, "evolve", evolve_while_another_run_changes_the_spec)
+    [r2] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert evolved and (r2.status, r2.attempts, r2.records) == ("committed", 2, 2), r2
+    table = catalog.load_table(r.table)
+    assert table.spec().is_unpartitioned()  # this run's setting (none) wins again on its second try
+    assert sorted(pl.scan_iceberg(table).select("a", "b").collect().rows(), key=lambda x: x[0]) == [
+        (1, None),
+        (2, None),
+        (3, "x"),
+    ]
+    on_disk = {str(p) for p in tmp_path.glob("lake/**/*.parquet")}
+    assert on_disk == {f.file_path.removeprefix("file://") for f in _files(table)}  # the first try's went

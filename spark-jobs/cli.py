@@ -82,7 +82,7 @@ def ingest_command(
     master: str | None = _MASTER,
 ) -> None:
     """Write table topics to Iceberg, exactly once (offsets live in the tables' snapshots)."""
-    from automq.spark.iceberg import open_catalog
+    from automq.spark.iceberg import CatalogError, open_catalog
     from automq.spark.ingest import ingest
     from automq.spark.session import spark_session
 
@@ -108,6 +108,9 @@ def ingest_command(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except CatalogError as exc:  # a server that is down or refuses us: not a usage error
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     spark = spark_session(master, app_name="automq-ingest")
     results = ingest(
         spark,

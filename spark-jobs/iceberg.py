@@ -9,6 +9,7 @@ A SQL catalog on a server (PostgreSQL) is opened with `pool_pre_ping`: a run hol
 connection idle for as long as its Spark tasks write, and servers, proxies and firewalls close
 idle connections; the commit after that must get a live one. Jobs that start at the same time
 on a fresh database all try to create the catalog's tables; the losers open the catalog again.
+A catalog that cannot be opened raises CatalogError, whose message masks the URI's password.
 
 Exactly-once bookkeeping lives in the tables themselves: every commit's snapshot summary
 carries `automq.offsets`, the next offset of each partition the table holds everything
@@ -38,7 +39,8 @@ from pyiceberg.transforms import (
     VoidTransform,
     YearTransform,
 )
-from sqlalchemy.exc import IntegrityError, ProgrammingError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError, SQLAlchemyError
 
 OFFSETS_PROPERTY = "automq.offsets"
 TOPIC_PROPERTY = "automq.topic"
@@ -46,6 +48,14 @@ NO_RETRIES = {"commit.retry.num-retries": "0"}
 # SQLAlchemy's bare postgresql:// means psycopg2; the project ships psycopg 3 (the `spark` extra)
 _LIBPQ_SCHEMES = ("postgresql://", "postgres://")
 CATALOG_INIT_ATTEMPTS = 5
+# libpq waits for the kernel's TCP timeout (minutes) on an unreachable host; a URL's own
+# connect_timeout wins
+CONNECT_TIMEOUT_S = 10
+
+
+class CatalogError(Exception):
+    """The catalog cannot be opened (unreachable server, refused login, ...); the message names
+    the URI with its password masked."""
 
 
 class TableConfigError(Exception):
@@ -81,22 +91,41 @@ def open_catalog(uri: str, warehouse: str | None = None, properties: dict[str, s
     for attempt in range(1, CATALOG_INIT_ATTEMPTS + 1):
         try:
             return load_catalog("automq", **props)
-        except (IntegrityError, ProgrammingError):
+        except (IntegrityError, ProgrammingError) as exc:
             # PostgreSQL: another job created the catalog's tables between this one's check and
             # its CREATE TABLE (duplicate pg_type row, or "relation already exists"); they exist now
             if attempt == CATALOG_INIT_ATTEMPTS:
-                raise
+                raise CatalogError(f"catalog {masked(uri)}: {_reason(exc)}") from exc
             time.sleep(0.05 * attempt)
+        except SQLAlchemyError as exc:
+            raise CatalogError(f"catalog {masked(uri)}: {_reason(exc)}") from exc
     raise AssertionError("unreachable")
 
 
 def sql_url(uri: str) -> str:
     """The SQLAlchemy URL of a SQL catalog URI: `postgresql://` and `postgres://` (libpq's
-    forms, what a Secret usually holds) select psycopg 3; URLs naming a driver stay as given."""
+    forms, what a Secret usually holds) select psycopg 3; URLs naming a driver stay as given.
+    psycopg URLs get a connect timeout unless they set one."""
     for scheme in _LIBPQ_SCHEMES:
         if uri.startswith(scheme):
-            return "postgresql+psycopg://" + uri[len(scheme) :]
+            uri = "postgresql+psycopg://" + uri[len(scheme) :]
+    if uri.startswith("postgresql+psycopg://") and "connect_timeout=" not in uri:
+        uri += f"{'&' if '?' in uri else '?'}connect_timeout={CONNECT_TIMEOUT_S}"
     return uri
+
+
+def masked(uri: str) -> str:
+    """The URI for messages and logs: its password replaced by ***."""
+    try:
+        return make_url(uri).render_as_string(hide_password=True)
+    except ArgumentError:  # unparsable: show none of it
+        return uri.split("://", 1)[0] + "://***"
+
+
+def _reason(exc: SQLAlchemyError) -> str:
+    """The driver's message (first line), without SQLAlchemy's statement and link."""
+    orig = getattr(exc, "orig", None)
+    return str(orig or exc).strip().splitlines()[0]
 
 
 def committed_offsets(table: Table) -> dict[int, int]:

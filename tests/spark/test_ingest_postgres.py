@@ -240,3 +240,20 @@ def test_jobs_opening_a_fresh_catalog_and_creating_one_table_at_once(postgres, d
         ("kafka", "exists")
     ]
     _dispose(*[c for c in catalogs if c is not None])
+
+
+def test_an_unreachable_catalog_fails_the_run_at_once_naming_it_without_its_password(tmp_path):
+    """No Spark, no cluster: the catalog is opened first. A server that is not there fails the
+    run with exit 1 and one line naming the URI, password masked (the CronJob's log is read by
+    people who must not learn it); libpq's URL gets a connect timeout (an unreachable host
+    would otherwise hang for the kernel's TCP timeout)."""
+    from automq.broker import local
+
+    url = f"postgresql://lake:s3cret@127.0.0.1:{local.free_port()}/lake"
+    assert iceberg.sql_url(url).endswith(f"/lake?connect_timeout={iceberg.CONNECT_TIMEOUT_S}")
+    assert iceberg.sql_url(url + "?connect_timeout=3").endswith("?connect_timeout=3")
+    args = ["spark", "ingest", "--object-store", "file:///nowhere", "--warehouse", str(tmp_path / "wh")]
+    result = CliRunner().invoke(app, args, env={"AUTOMQ_SPARK_CATALOG": url})
+    assert result.exit_code == 1, result.output
+    assert "error: catalog postgresql://lake:***@127.0.0.1" in result.output
+    assert "Connection refused" in result.output and "s3cret" not in result.output

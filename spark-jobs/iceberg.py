@@ -128,6 +128,19 @@ def _reason(exc: SQLAlchemyError) -> str:
     return str(orig or exc).strip().splitlines()[0]
 
 
+# Catalog connection settings pyiceberg copies into every table's FileIO properties (a SQL
+# catalog's `uri` holds its password); executors only read and write files
+_CATALOG_ONLY_KEYS = frozenset(
+    {"uri", "type", "warehouse", "credential", "token", "pool_pre_ping", "echo", "init_catalog_tables"}
+)
+
+
+def executor_io_properties(table: Table) -> dict[str, str]:
+    """The table's FileIO settings for Spark tasks, without the catalog's URI and credentials:
+    those would travel to every executor (pods, with Spark on Kubernetes) in each task."""
+    return {k: v for k, v in table.io.properties.items() if k not in _CATALOG_ONLY_KEYS}
+
+
 def committed_offsets(table: Table) -> dict[int, int]:
     """{partition: next offset} the table's current snapshot holds everything below."""
     snapshot = table.current_snapshot()

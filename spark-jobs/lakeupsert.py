@@ -40,7 +40,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
 
-from automq.spark import lakeschema
+from automq.spark import iceberg, lakeschema
 from automq.spark.cluster import ClusterLocation, ClusterView
 from automq.spark.convert import DLQ_SCHEMA, META_PREFIX, ConversionError, TableSettings, convert
 from automq.spark.lakewrite import (
@@ -309,7 +309,7 @@ def write_range(
             table = widen(schemas)
         result.table = table
         old = candidate_files(table, (s.bounds for s in sides), settings.id_columns)
-        metadata, io = table.metadata, dict(table.io.properties)
+        metadata, io = table.metadata, iceberg.executor_io_properties(table)
         old_ids = sc.parallelize(
             # one Spark task per core, each reading its share of the files: a task per file
             # paid Spark's and a Python worker's per-task cost once per file (measured)

@@ -40,7 +40,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 
-from automq.spark import lakeschema
+from automq.spark import iceberg, lakeschema
 from automq.spark.bulkread import task_groups
 from automq.spark.cluster import ClusterLocation, ClusterView
 from automq.spark.convert import DLQ_SCHEMA, META_PREFIX, ConversionError, TableSettings, convert
@@ -325,7 +325,7 @@ def write_range(
 
 
 def _run(spark, groups: list[SliceGroup], table: Table | None, settings: TableSettings) -> list[TaskOutput]:
-    metadata, io = (table.metadata, table.io.properties) if table is not None else (None, {})
+    metadata, io = (table.metadata, iceberg.executor_io_properties(table)) if table is not None else (None, {})
     tasks = [WriteTask(g, metadata, io, settings) for g in groups]
     slots = spark_tasks(len(tasks), spark.sparkContext.defaultParallelism)
     return spark.sparkContext.parallelize(tasks, slots).map(run_task).collect()

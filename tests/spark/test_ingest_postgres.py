@@ -52,7 +52,7 @@ def _dispose(*catalogs) -> None:
 
 
 def test_raw_table_in_a_postgres_catalog_exactly_once(spark, spark_cluster, sh, postgres, database, location, tmp_path):
-    catalog = iceberg.open_catalog(postgres.url(database), str(tmp_path / "warehouse"))
+    catalog = iceberg.open_catalog(postgres.url(database, password="db-secret"), str(tmp_path / "warehouse"))
     topic = sh.topic_name("pg")
     sh.create_topic(spark_cluster.bootstrap, topic, partitions=2)
     total = produce_mix(sh, spark_cluster.bootstrap, topic, 30, "a")
@@ -61,6 +61,10 @@ def test_raw_table_in_a_postgres_catalog_exactly_once(spark, spark_cluster, sh, 
     [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
     assert (r.status, r.records) == ("committed", total), r
     table = catalog.load_table(r.table)
+    # pyiceberg copies the catalog's URI, password included, into the table's FileIO settings;
+    # the executors' tasks get those settings without it
+    assert "db-secret" in table.io.properties["uri"]
+    assert "db-secret" not in json.dumps(iceberg.executor_io_properties(table))
     # the table lives in PostgreSQL: its row there points at the current metadata file
     assert _catalog_rows(postgres, database) == [("kafka", r.table.split(".")[1], table.metadata_location)]
     expected = sh.consume_all(spark_cluster.bootstrap, topic, total)

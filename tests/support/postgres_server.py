@@ -84,10 +84,12 @@ class PostgresServer:
         self.log = root / "postgres.log"
         self.process: subprocess.Popen | None = None
 
-    def url(self, database: str = "postgres", driver: str = "psycopg") -> str:
-        """A SQLAlchemy URL; driver "" gives the plain libpq form (postgresql://...)."""
+    def url(self, database: str = "postgres", driver: str = "psycopg", password: str = "") -> str:
+        """A SQLAlchemy URL; driver "" gives the plain libpq form (postgresql://...). A
+        password is accepted and ignored (trust authentication)."""
         scheme = f"postgresql+{driver}" if driver else "postgresql"
-        return f"{scheme}://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
+        user = f"{SUPERUSER}:{password}" if password else SUPERUSER
+        return f"{scheme}://{user}@127.0.0.1:{self.port}/{database}"
 
     def _popen_user(self) -> dict:
         if self.account is None:

@@ -2,7 +2,8 @@
 catalog over psycopg 3), where catalog transactions really run concurrently: the table read
 back with pyiceberg, DuckDB and Polars equals what a Kafka consumer reads; a rerun adds
 nothing; a run killed between writing its files and committing, rerun, gives every record
-once, and its commit lands though the server dropped the run's idle connections; two runs
+once, and its commit lands though the server dropped the run's idle connections; small-file
+compaction and snapshot expiry keep rows and offsets; two runs
 racing on a new table (and on a fresh catalog database) commit every record once; the URI
 can come from AUTOMQ_SPARK_CATALOG, in libpq's plain `postgresql://` form.
 
@@ -115,6 +116,18 @@ def test_raw_table_in_a_postgres_catalog_exactly_once(spark, spark_cluster, sh, 
     assert table_rows(table) == expected
     assert iceberg.committed_offsets(table) == {p: max(o for q, o, *_ in expected if q == p) + 1 for p in (0, 1)}
     assert len(table.snapshots()) == 2
+
+    # the table maintenance commits go through the same catalog row: small files rewritten
+    # (offsets carried forward), then every snapshot but the current one expired
+    offsets, files = iceberg.committed_offsets(table), data_files(table)
+    [m] = ingest(
+        spark, location, other, [topic], enabled_topics=False, compact_files_below=1 << 30, expire_snapshots_ms=0
+    )
+    assert (m.status, m.compacted_files, m.expired_snapshots) == ("up-to-date", len(files), 2), m
+    table = other.load_table(r.table)
+    assert table_rows(table) == expected and iceberg.committed_offsets(table) == offsets
+    assert len(table.snapshots()) == 1 and len(data_files(table)) < len(files)
+    assert _catalog_rows(postgres, database)[0][2] == table.metadata_location
     _dispose(catalog, other)
 
 

@@ -17,6 +17,7 @@ import threading
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 import pytest
 from lake_tables import Crash, data_files, produce_mix, table_rows
 from typer.testing import CliRunner
@@ -227,8 +228,6 @@ def test_jobs_opening_a_fresh_catalog_and_creating_one_table_at_once(postgres, d
     """Four jobs start together on an empty database: each creates the catalog's tables, the
     namespace and the same table, racing between pyiceberg's existence checks and its INSERTs
     and CREATE TABLEs. Every one opens the catalog and gets the one table."""
-    import pyarrow as pa
-
     n = 4
     together = threading.Barrier(n, timeout=60)
     got: list = [None] * n
@@ -274,3 +273,21 @@ def test_an_unreachable_catalog_fails_the_run_at_once_naming_it_without_its_pass
     assert result.exit_code == 1, result.output
     assert "error: catalog postgresql://lake:***@127.0.0.1" in result.output
     assert "Connection refused" in result.output and "s3cret" not in result.output
+
+
+def test_a_user_who_may_not_create_the_catalog_tables_gets_the_servers_reason(postgres, database, tmp_path):
+    """PostgreSQL 15 lets only the database owner create tables in `public`: a job whose user
+    is not the owner, on a database nobody prepared, fails at once with the server's reason."""
+    role = f"job_{database[-8:]}"
+    postgres.execute(f"create role {role} login")
+    url = postgres.url(database).replace("automq@", f"{role}@")
+    with pytest.raises(iceberg.CatalogError, match="permission denied for schema public") as failed:
+        iceberg.open_catalog(url, str(tmp_path / "warehouse"))
+    assert f"postgresql+psycopg://{role}@127.0.0.1" in str(failed.value)
+    # once the owner made the tables (the first job, or a DBA), that user can work with them
+    owner = iceberg.open_catalog(postgres.url(database), str(tmp_path / "warehouse"))
+    postgres.execute(f"grant select, insert, update, delete on all tables in schema public to {role}", database)
+    job = iceberg.open_catalog(url, str(tmp_path / "warehouse"))
+    table = iceberg.create_table(job, "kafka.t", pa.schema([("v", pa.string())]), "t")
+    assert owner.load_table("kafka.t").metadata_location == table.metadata_location
+    _dispose(owner, job)

@@ -30,6 +30,10 @@ def _alter(bootstrap: str, topic: str, value: str | None) -> None:
     admin.incremental_alter_configs([resource])[resource].result(30)
 
 
+class Crash(BaseException):
+    """Stands for the process dying: nothing on the way catches it."""
+
+
 def _files(table) -> list:
     return [t.file for t in table.scan().plan_files()]
 
@@ -42,13 +46,13 @@ def test_partition_by_changes_evolve_the_spec_of_an_existing_table(spark, spark_
     sh.create_topic(spark_cluster.bootstrap, topic, partitions=2, configs=configs)
     produced = 0
 
-    def produce_and_ingest(tag: str):
+    def produce_and_ingest(tag: str, before_commit=None):
         nonlocal produced
         recs = [(f"k{i}".encode(), f"{tag}-{i}".encode(), [], i % 2) for i in range(8)]
         sh.produce_confluent(spark_cluster.bootstrap, topic, recs)
         produced += len(recs)
         spark_cluster.wait_uploaded(topic, produced)
-        [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+        [r] = ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=before_commit)
         return r
 
     r = produce_and_ingest("plain")
@@ -59,8 +63,18 @@ def test_partition_by_changes_evolve_the_spec_of_an_existing_table(spark, spark_
 
     # set: the next run's files are partitioned, the first run's stay as they were written
     _alter(spark_cluster.bootstrap, topic, "partition, day(timestamp)")
-    r = produce_and_ingest("daily")
-    assert r.status == "committed", r
+
+    def crash(name, table):
+        raise Crash()
+
+    # the run dies after the spec's metadata commit and its files, before its data commit: the
+    # rerun resumes from the offsets the table still holds and writes with the new spec
+    with pytest.raises(Crash):
+        produce_and_ingest("daily", before_commit=crash)
+    table = catalog.load_table(r.table)
+    assert not table.spec().is_unpartitioned() and iceberg.committed_offsets(table) == {0: 4, 1: 4}
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert (r.status, r.records) == ("committed", 8), r
     table = catalog.load_table(r.table)
     daily = table.spec()
     assert [(f.name, str(f.transform)) for f in daily.fields] == [

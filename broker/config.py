@@ -61,6 +61,7 @@ def parse_duration_ms(value: Any) -> int:
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(ge=0)]
 ConnectionCount = Annotated[int, Field(ge=0)]
+Micros = Annotated[int, Field(ge=50, le=100_000)]
 # Kafka's class name is accepted too, so a server.properties value carries over
 AuthorizerName = Literal["", "standard", "org.apache.kafka.metadata.authorizer.StandardAuthorizer"]
 
@@ -408,6 +409,7 @@ class NodeConfig(_Section):
     shutdown_timeout_ms: DurationMs = 20_000  # SIGTERM: graceful stop this long at most (WAL keeps the rest)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] | None = None  # json: one object per line; unset: AUTOMQ_LOG_FORMAT, else text
+    gil_switch_interval_us: Micros = 500  # a busy thread keeps the GIL this long before a waiting one (Python: 5000)
     wal: WalConfig = WalConfig()
     storage: StorageConfig = StorageConfig()
     kafka: KafkaConfig = KafkaConfig()

@@ -136,3 +136,31 @@ def test_local_set_takes_kafka_names():
     }
     assert node_overrides(["fetch.session.cache.slots=6"]) == {"kafka": {"fetch_session_cache_slots": 6}}
     assert node_overrides(["kafka.fetch_session_cache_slots=7"]) == {"kafka": {"fetch_session_cache_slots": 7}}
+
+
+def test_nodes_run_with_a_short_gil_switch_interval(tmp_path):
+    """A node sets Python's switch interval from gil_switch_interval_us before its loop starts
+    (the WAL thread's hand-offs wait up to it for the GIL); a value outside 50-100000 us is
+    refused naming the setting."""
+    import sys
+
+    from automq.broker.node import run_node
+
+    seen: list[float] = []
+
+    async def serve(config) -> int:
+        seen.append(sys.getswitchinterval())
+        return 0
+
+    before = sys.getswitchinterval()
+    try:
+        for value, expected in ((None, 0.0005), (2000, 0.002)):
+            raw = {"node_id": 1, "data_dir": str(tmp_path), "object_store_url": f"file://{tmp_path}/objects"}
+            if value is not None:
+                raw["gil_switch_interval_us"] = value
+            run_node(parse_config(raw), serve)
+            assert seen[-1] == pytest.approx(expected)
+    finally:
+        sys.setswitchinterval(before)
+    with pytest.raises(ConfigError, match="gil_switch_interval_us"):
+        parse_config({"node_id": 1, "gil_switch_interval_us": 10})

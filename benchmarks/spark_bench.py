@@ -199,7 +199,11 @@ def main() -> None:
         wait_uploaded(location, topic, n)
         payload_mib = n * (VALUE + 8) / MiB
         print(f"produced {n} records, {payload_mib:.1f} MiB payload in {time.perf_counter() - t0:.1f}s (incl. upload)")
-        print("NOTE: shared 2-core machine, other engineers' tests running: numbers are from a busy machine")
+        load = os.getloadavg()
+        print(
+            f"machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min)"
+            " before the runs (the 1-minute figure includes the produce above)"
+        )
 
         secs, rows, stats, objects = single_process_read(location, topic)
         print(

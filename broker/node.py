@@ -89,7 +89,8 @@ def run_node(config: NodeConfig, serve: Serve, role: str | None = None) -> None:
     # busy (serving a catch-up read), each of those waits for the GIL up to the switch
     # interval, 5 ms by default. At 0.5 ms the produce p99 during a 1 GiB catch-up fell from
     # 31-41 to 23-26 ms in three alternating pairs (quiet machine, docs/benchmarks.md), with
-    # the catch-up's throughput unchanged.
+    # the catch-up's throughput unchanged; the price is ~5-10 % of peak produce throughput
+    # (more hand-offs of the GIL), which gil_switch_interval_us: 5000 takes back.
     sys.setswitchinterval(config.gil_switch_interval_us / 1_000_000)
     try:
         import uvloop

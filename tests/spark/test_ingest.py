@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pytest
-from lake_tables import Crash
+from lake_tables import Crash, assert_read_back
 from lake_tables import data_files as _data_files
 from lake_tables import produce_mix as _produce_mix
 from lake_tables import table_rows as _table_rows
@@ -51,14 +51,7 @@ def test_raw_tables_exactly_once_across_reruns_and_a_crash(spark, spark_cluster,
     table = catalog.load_table(results[topic].table)
     expected = sh.consume_all(spark_cluster.bootstrap, topic, total)
     assert len(expected) == total
-    assert _table_rows(table) == expected
-
-    # the same rows through DuckDB (the table's Parquet files) and Polars (scan_iceberg)
-    files = _data_files(table)
-    got = duckdb.sql(f'select "partition", "offset", "value" from read_parquet({files!r}) order by 1, 2').fetchall()
-    assert got == [(p, o, v) for p, o, _, _, v, _ in expected]
-    polars_rows = pl.scan_iceberg(table).select("partition", "offset").sort("partition", "offset").collect()
-    assert polars_rows.rows() == [(p, o) for p, o, *_ in expected]
+    assert_read_back(table, expected)  # pyiceberg, DuckDB (the Parquet files) and Polars (scan_iceberg)
 
     # a rerun adds nothing
     again = {r.topic: r for r in ingest(spark, location, catalog, [topic], enabled_topics=False)}

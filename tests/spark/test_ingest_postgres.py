@@ -15,11 +15,9 @@ from __future__ import annotations
 import json
 import threading
 
-import duckdb
-import polars as pl
 import pyarrow as pa
 import pytest
-from lake_tables import Crash, data_files, produce_mix, table_rows
+from lake_tables import Crash, assert_read_back, data_files, produce_mix, table_rows
 from typer.testing import CliRunner
 
 from automq.broker.cli import app
@@ -71,12 +69,7 @@ def test_raw_table_in_a_postgres_catalog_exactly_once(spark, spark_cluster, sh, 
     assert _catalog_rows(postgres, database) == [("kafka", r.table.split(".")[1], table.metadata_location)]
     expected = sh.consume_all(spark_cluster.bootstrap, topic, total)
     assert len(expected) == total
-    assert table_rows(table) == expected
-    files = data_files(table)
-    got = duckdb.sql(f'select "partition", "offset", "value" from read_parquet({files!r}) order by 1, 2').fetchall()
-    assert got == [(p, o, v) for p, o, _, _, v, _ in expected]
-    polars_rows = pl.scan_iceberg(table).select("partition", "offset").sort("partition", "offset").collect()
-    assert polars_rows.rows() == [(p, o) for p, o, *_ in expected]
+    assert_read_back(table, expected)
 
     # more data; a run dies after writing its files, before its commit: the table is unchanged
     total += produce_mix(sh, spark_cluster.bootstrap, topic, 10, "b")

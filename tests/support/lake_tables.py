@@ -30,6 +30,20 @@ def data_files(table) -> list[str]:
     return [t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()]
 
 
+def assert_read_back(table, expected: list[tuple]) -> None:
+    """The raw table's rows equal what a consumer read (`expected`, consume_all's tuples),
+    through pyiceberg, DuckDB (the current snapshot's Parquet files) and Polars (scan_iceberg)."""
+    import duckdb
+    import polars as pl
+
+    assert table_rows(table) == expected
+    files = data_files(table)
+    got = duckdb.sql(f'select "partition", "offset", "value" from read_parquet({files!r}) order by 1, 2').fetchall()
+    assert got == [(p, o, v) for p, o, _, _, v, _ in expected]
+    polars_rows = pl.scan_iceberg(table).select("partition", "offset").sort("partition", "offset").collect()
+    assert polars_rows.rows() == [(p, o) for p, o, *_ in expected]
+
+
 def produce_mix(sh, bootstrap: str, topic: str, n: int, tag: str) -> int:
     """n records per codec (none, gzip, snappy, lz4, zstd) over partitions 0 and 1, by
     confluent-kafka and kafka-python in turn, with null keys, null values and headers."""

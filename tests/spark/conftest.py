@@ -294,3 +294,21 @@ class SparkHelpers:
 @pytest.fixture(scope="session")
 def sh() -> type[SparkHelpers]:
     return SparkHelpers
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    """A test's own sqlite Iceberg catalog, warehouse under tmp_path/lake."""
+    from automq.spark import iceberg
+
+    cat = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
+    cat.warehouse_dir = tmp_path / "lake" / "warehouse"
+    return cat
+
+
+@pytest.fixture
+def location(spark_cluster):
+    """Where the session cluster's metadata and objects are, for ingest()."""
+    from automq.spark.cluster import ClusterLocation
+
+    return ClusterLocation.resolve(data_dir=spark_cluster.data_dir)

@@ -13,30 +13,17 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pytest
-from lake_tables import Crash, assert_read_back
+from lake_tables import Crash, assert_read_back, competitor_commits_first
 from lake_tables import data_files as _data_files
 from lake_tables import produce_mix as _produce_mix
 from lake_tables import table_rows as _table_rows
 
 from automq.spark import iceberg, lakefiles
-from automq.spark.cluster import ClusterLocation
 from automq.spark.ingest import ingest
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 TABLE_ON = {"automq.table.topic.enable": "true"}
-
-
-@pytest.fixture
-def catalog(tmp_path):
-    cat = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
-    cat.warehouse_dir = tmp_path / "lake" / "warehouse"
-    return cat
-
-
-@pytest.fixture
-def location(spark_cluster):
-    return ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
 
 
 def test_raw_tables_exactly_once_across_reruns_and_a_crash(spark, spark_cluster, sh, catalog, location):
@@ -98,15 +85,9 @@ def test_a_run_that_loses_a_concurrent_commit_replans(spark, spark_cluster, sh, 
     sh.create_topic(spark_cluster.bootstrap, topic, partitions=1)
     ends = sh.produce_confluent(spark_cluster.bootstrap, topic, [(b"k", str(i).encode(), [], 0) for i in range(200)])
     spark_cluster.wait_uploaded(topic, ends)
-    raced = []
-
-    def other_run_commits_first(name, table):
-        if not raced:
-            raced.append(name)
-            inner = ingest(spark, location, catalog, [topic], enabled_topics=False)  # the competitor wins
-            assert inner[0].status == "committed" and inner[0].records == 200
-
-    [result] = ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=other_run_commits_first)
+    competitor, won = competitor_commits_first(spark, location, catalog, topic)
+    [result] = ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=competitor)
+    assert won[0].records == 200  # the competitor won with everything
     assert result.status == "up-to-date" and result.attempts == 2  # lost, re-planned, nothing left
     table = catalog.load_table(result.table)
     offsets = [r["offset"] for r in table.scan().to_arrow().to_pylist()]

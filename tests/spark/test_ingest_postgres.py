@@ -22,7 +22,6 @@ from typer.testing import CliRunner
 
 from automq.broker.cli import app
 from automq.spark import iceberg
-from automq.spark.cluster import ClusterLocation
 from automq.spark.ingest import ingest
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -33,11 +32,6 @@ def database(postgres):
     name = postgres.create_database("lake")
     yield name
     postgres.drop_database(name)
-
-
-@pytest.fixture
-def location(spark_cluster):
-    return ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
 
 
 def _catalog_rows(postgres, database: str) -> list[tuple]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 import pytest
+from lake_tables import Crash, competitor_commits_first
 
 from automq.spark import iceberg
-from automq.spark.cluster import ClusterLocation
 from automq.spark.ingest import ingest
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -30,17 +30,11 @@ def _alter(bootstrap: str, topic: str, value: str | None) -> None:
     admin.incremental_alter_configs([resource])[resource].result(30)
 
 
-class Crash(BaseException):
-    """Stands for the process dying: nothing on the way catches it."""
-
-
 def _files(table) -> list:
     return [t.file for t in table.scan().plan_files()]
 
 
-def test_partition_by_changes_evolve_the_spec_of_an_existing_table(spark, spark_cluster, sh, tmp_path):
-    catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
-    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
+def test_partition_by_changes_evolve_the_spec_of_an_existing_table(spark, spark_cluster, sh, catalog, location):
     topic = sh.topic_name("respec")
     configs = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "string"}
     sh.create_topic(spark_cluster.bootstrap, topic, partitions=2, configs=configs)
@@ -139,11 +133,11 @@ def test_partition_by_changes_evolve_the_spec_of_an_existing_table(spark, spark_
     assert sorted(duckdb.sql(f"select {quoted} from read_parquet({paths!r})").fetchall()) == consumed
 
 
-def test_a_json_field_that_arrives_with_the_run_partitions_the_next_runs_files(spark, spark_cluster, sh, tmp_path):
+def test_a_json_field_that_arrives_with_the_run_partitions_the_next_runs_files(
+    spark, spark_cluster, sh, catalog, location
+):
     """partition.by on a JSON field the table has not got yet: the run that brings the field
     commits with the old spec (one spec per commit) and evolves it right after."""
-    catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
-    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
     topic = sh.topic_name("respec-json")
     configs = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "json"}
     sh.create_topic(spark_cluster.bootstrap, topic, configs=configs)
@@ -173,13 +167,11 @@ def test_a_json_field_that_arrives_with_the_run_partitions_the_next_runs_files(s
     ]
 
 
-def test_a_spec_changed_by_another_run_between_plan_and_commit(spark, spark_cluster, sh, tmp_path):
+def test_a_spec_changed_by_another_run_between_plan_and_commit(spark, spark_cluster, sh, tmp_path, catalog, location):
     """Another run evolves the spec (and dies before its commit) while this run, planned and
     written with the old spec, is about to commit: its files stay under their own spec in
     the snapshot (nothing misread), and the next run writes with the new one. And a run that
     loses its commit to a run that evolved the spec re-plans and writes nothing twice."""
-    catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
-    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
     topic = sh.topic_name("respec-race")
     configs = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "string"}
     sh.create_topic(spark_cluster.bootstrap, topic, partitions=2, configs=configs)
@@ -208,17 +200,10 @@ def test_a_spec_changed_by_another_run_between_plan_and_commit(spark, spark_clus
 
     _alter(spark_cluster.bootstrap, topic, "partition")
     produce("b")
-    raced = []
-
-    def other_run_commits_first(name, table):
-        if not raced:
-            raced.append(name)
-            [inner] = ingest(spark, location, catalog, [topic], enabled_topics=False)
-            assert inner.status == "committed", inner
-
     _alter(spark_cluster.bootstrap, topic, "partition, bucket(offset, 2)")
     produce("c")
-    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=other_run_commits_first)
+    competitor, _won = competitor_commits_first(spark, location, catalog, topic)
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=competitor)
     assert (r.status, r.attempts) == ("up-to-date", 2), r
     table = catalog.load_table(r.table)
     assert [str(f.transform) for f in table.spec().fields] == ["identity", "bucket[2]"]
@@ -230,13 +215,13 @@ def test_a_spec_changed_by_another_run_between_plan_and_commit(spark, spark_clus
     assert iceberg.committed_offsets(table) == {0: produced // 2, 1: produced // 2}
 
 
-def test_an_upsert_table_evolves_its_spec_and_still_replaces_the_right_rows(spark, spark_cluster, sh, tmp_path):
+def test_an_upsert_table_evolves_its_spec_and_still_replaces_the_right_rows(
+    spark, spark_cluster, sh, catalog, location
+):
     """Debezium upserts into a table whose spec changed: the new images and the copy-on-write
     rewrites of old files are written with the new spec, the untouched old files keep theirs."""
     import json
 
-    catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
-    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
     topic = sh.topic_name("respec-cdc")
     configs = {
         "automq.table.topic.enable": "true",
@@ -280,7 +265,7 @@ def test_an_upsert_table_evolves_its_spec_and_still_replaces_the_right_rows(spar
 
 
 def test_a_spec_changed_while_the_run_widens_the_schema_makes_it_replan(
-    spark, spark_cluster, sh, tmp_path, monkeypatch
+    spark, spark_cluster, sh, tmp_path, catalog, location, monkeypatch
 ):
     """JSON: a task that met no new column wrote with the run's spec; another run evolves the
     spec while this one widens the schema (which reloads the table's metadata): one commit
@@ -288,8 +273,6 @@ def test_a_spec_changed_while_the_run_widens_the_schema_makes_it_replan(
     from automq.spark import ingest as ingest_module
     from automq.spark import lakewrite
 
-    catalog = iceberg.open_catalog(f"sqlite:///{tmp_path}/lake/catalog.db")
-    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
     topic = sh.topic_name("respec-widen")
     configs = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "json"}
     sh.create_topic(spark_cluster.bootstrap, topic, configs=configs)

@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pytest
+from lake_tables import competitor_commits_first
 
 from automq.spark import iceberg, lakewrite
 from automq.spark import ingest as ingest_module
@@ -110,15 +111,8 @@ def test_upserts_run_in_tasks_and_commit_once(spark, spark_cluster, sh, tmp_path
     assert iceberg.committed_offsets(table) == r1.offsets
 
     # the rerun races a competitor: the competitor's commit wins, the rerun re-plans to nothing
-    raced = []
-
-    def other_run_commits_first(name, t):
-        if not raced:
-            raced.append(name)
-            [inner] = ingest(spark, location, catalog, [topic], enabled_topics=False)
-            assert inner.status == "committed", inner
-
-    [r2] = ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=other_run_commits_first)
+    competitor, _won = competitor_commits_first(spark, location, catalog, topic)
+    [r2] = ingest(spark, location, catalog, [topic], enabled_topics=False, before_commit=competitor)
     assert (r2.status, r2.attempts) == ("up-to-date", 2), r2
     table = catalog.load_table(r1.table)
     assert _rows(table) == expected_rows

@@ -8,6 +8,21 @@ class Crash(BaseException):
     """Stands for the process dying: not an Exception, so nothing on the way catches it."""
 
 
+def competitor_commits_first(spark, location, catalog, topic: str) -> tuple:
+    """A before_commit hook for ingest(): the first time it is called, another run ingests the
+    topic and must commit (it wins the race). Returns (hook, the competitor's results)."""
+    from automq.spark.ingest import ingest
+
+    won: list = []
+
+    def hook(name, table) -> None:
+        if not won:
+            won.extend(ingest(spark, location, catalog, [topic], enabled_topics=False))
+            assert [r.status for r in won] == ["committed"], won
+
+    return hook, won
+
+
 def table_rows(table) -> list[tuple]:
     """(partition, offset, timestamp ms, key, value, headers) of every row of a raw table, as
     tests/spark/conftest.py's consume_all returns what a consumer reads."""

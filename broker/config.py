@@ -228,6 +228,14 @@ class ControllerConfig(_Section):
     snapshot_interval_entries: int = Field(500, ge=1)  # write a snapshot after this many log entries
     gc_interval_ms: DurationMs = 5_000  # expire prepared ids / delete garbage objects this often
     max_batch_commands: int = Field(2_000, ge=1)  # group commit: at most this many requests per log entry
+    schema_registry_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="The Confluent-compatible schema registry is served on the controller's HTTP port "
+        "(`/subjects`, `/schemas`, `/config`, ...; docs/schema-registry.md); this port (Confluent's is 8081) "
+        "serves the same HTTP API a second time, with the same TLS and token. None: no second listener",
+    )
 
 
 ConsumerAssignor = Literal["uniform", "range"]

@@ -20,7 +20,7 @@ from automq.broker.controller.server import build_app
 from automq.broker.controller.tls_site import TlsOnlySite
 from automq.broker.node import run_node
 from automq.broker.objectstore import open_object_store
-from automq.broker.security.controller_auth import ControllerServerAuth, server_tls
+from automq.broker.security.controller_auth import ControllerClientAuth, ControllerServerAuth, server_tls
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,9 @@ class ControllerService:
         self.tls = server_tls(config.tls) if config.security.controller_tls else None
         self._tls_reload: asyncio.Task[None] | None = None
         self._https: TlsOnlySite | None = None
+        self._registry_https: TlsOnlySite | None = None
+        self.forward_auth = ControllerClientAuth.from_config(config)  # a standby forwarding registry calls
+        self.schema_registry_port: int | None = None
 
     @staticmethod
     def _lease(config: NodeConfig):
@@ -59,8 +62,18 @@ class ControllerService:
     def url(self) -> str:
         return self.controller.url
 
+    @property
+    def schema_registry_url(self) -> str:
+        """Where Confluent clients reach the schema registry (its own port if one is set)."""
+        if self.schema_registry_port is None:
+            return self.url
+        scheme, _, rest = self.url.partition("://")
+        return f"{scheme}://{rest.rsplit(':', 1)[0]}:{self.schema_registry_port}"
+
     async def start(self) -> None:
-        self._runner = web.AppRunner(build_app(self.controller, self.auth), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            build_app(self.controller, self.auth, self.forward_auth), access_log=None, handle_signals=False
+        )
         await self._runner.setup()
         if self.tls is not None:
             self._https = TlsOnlySite(
@@ -77,6 +90,22 @@ class ControllerService:
             site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, reuse_address=True)
             await site.start()
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        registry_port = self.config.controller.schema_registry_port
+        if registry_port is not None and self.tls is not None:
+            self._registry_https = TlsOnlySite(
+                self._runner.server,
+                self.config.http_host,
+                registry_port,
+                self.tls.context,
+                self.config.tls.handshake_timeout_ms / 1000,
+                plain_http=self.config.security.controller_plain_http,
+            )
+            self._registry_https.start()
+            self.schema_registry_port = self._registry_https.port
+        elif registry_port is not None:
+            registry = web.TCPSite(self._runner, self.config.http_host, registry_port, reuse_address=True)
+            await registry.start()
+            self.schema_registry_port = registry._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         host = self.config.http_host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
@@ -95,9 +124,10 @@ class ControllerService:
         if resign:
             await self.controller.resign()
         await self.controller.stop()
-        if self._https is not None:
-            await self._https.stop()
-            self._https = None
+        for site in (self._https, self._registry_https):
+            if site is not None:
+                await site.stop()
+        self._https = self._registry_https = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

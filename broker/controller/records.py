@@ -397,3 +397,37 @@ class DelegationTokenRenewed(Record):
 @dataclass(frozen=True, slots=True)
 class DelegationTokenRemoved(Record):
     token_id: str
+
+
+# --------------------------------------------------------------------------- schema registry
+
+
+@_record("schema_registered")
+@dataclass(frozen=True, slots=True)
+class SchemaRegistered(Record):
+    """A subject's new version. The schema id is global: a schema already known under any
+    subject keeps its id (the record repeats its text so a log alone rebuilds the state)."""
+
+    subject: str
+    version: int
+    schema_id: int
+    schema_type: str  # AVRO | JSON
+    schema: str
+    references: list[dict[str, Any]]  # [{"name", "subject", "version"}]
+
+
+@_record("schema_version_deleted")
+@dataclass(frozen=True, slots=True)
+class SchemaVersionDeleted(Record):
+    """Soft (the version stays readable with deleted=true) or permanent (it is gone)."""
+
+    subject: str
+    version: int
+    permanent: bool
+
+
+@_record("schema_config_set")
+@dataclass(frozen=True, slots=True)
+class SchemaConfigSet(Record):
+    subject: str | None  # None: the global level
+    compatibility: str | None  # None: removed (the subject falls back to the global level)

@@ -33,8 +33,9 @@ from automq.broker.controller.protocol import (
     InvalidRequestError,
     ScramCredentialInfo,
 )
+from automq.broker.controller.schema_registry import http as schema_registry
 from automq.broker.controller.wire import to_wire
-from automq.broker.security.controller_auth import ControllerServerAuth
+from automq.broker.security.controller_auth import ControllerClientAuth, ControllerServerAuth
 from automq.broker.storage.metadata import (
     CommitStreamSetObjectRequest,
     MetadataError,
@@ -575,14 +576,23 @@ def _auth_middleware(auth: ControllerServerAuth):
         if refusal is None:
             return await handler(request)
         log.warning("controller API: refused %s %s from %s: %s", request.method, request.path, request.remote, refusal)
+        if schema_registry.is_registry_path(request.path):
+            return schema_registry.error(401, 40101, f"Unauthorized: {refusal}")
         return _error(ControllerAuthenticationError(refusal), 401)
 
     return check
 
 
-def build_app(controller: Controller, auth: ControllerServerAuth | None = None) -> web.Application:
-    """`auth`: credentials every call but the open paths must carry (None: none, as before)."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_auth_middleware(auth)] if auth else [])
+def build_app(
+    controller: Controller,
+    auth: ControllerServerAuth | None = None,
+    forward_auth: ControllerClientAuth | None = None,
+) -> web.Application:
+    """`auth`: credentials every call but the open paths must carry (None: none, as before).
+    `forward_auth`: what a standby sends when it forwards a schema-registry call to the leader."""
+    middlewares = [_auth_middleware(auth)] if auth else []
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[*middlewares, schema_registry.confluent_errors])
+    schema_registry.add_routes(app, controller, forward_auth)
 
     async def call(request: web.Request) -> web.Response:
         name = request.match_info["method"]

@@ -30,6 +30,7 @@ from automq.broker.controller.protocol import (
     WalRecoveryJob,
 )
 from automq.broker.controller.quotas import ClientQuota, Entity
+from automq.broker.controller.schema_registry.model import RegistryState
 from automq.broker.storage.metadata import ObjectMetadata, ObjectType, StreamMetadata, StreamOffsetRange
 
 PREPARED = "prepared"
@@ -150,6 +151,7 @@ class MetadataState:
         self.scram: dict[tuple[str, str], list[Any]] = {}
         # delegation tokens: id -> [owner, requester, renewers, issue_ms, expiry_ms, max_ms]
         self.tokens: dict[str, list[Any]] = {}
+        self.schema_registry = RegistryState()  # schema_registry/model.py
 
     # ------------------------------------------------------------------ apply
 
@@ -577,6 +579,7 @@ class MetadataState:
             "group_configs": {g: dict(v) for g, v in self.group_configs.items()},
             "scram": [[u, m, *v] for (u, m), v in self.scram.items()],
             "delegation_tokens": {t: list(v) for t, v in self.tokens.items()},
+            "schema_registry": self.schema_registry.snapshot(),
         }
 
     @classmethod
@@ -633,6 +636,8 @@ class MetadataState:
             st.scram[(user, mechanism)] = values
         for token_id, values in data.get("delegation_tokens", {}).items():  # absent before delegation tokens
             st.tokens[token_id] = list(values)
+        if "schema_registry" in data:  # absent from snapshots before the schema registry
+            st.schema_registry = RegistryState.from_snapshot(data["schema_registry"])
         return st
 
     # ------------------------------------------------------------------ invariants
@@ -705,7 +710,14 @@ def _token_removed(st: MetadataState, rec: r.DelegationTokenRemoved) -> None:
     st.tokens.pop(rec.token_id, None)
 
 
+def _schema_registry(st: MetadataState, rec: r.Record) -> None:
+    st.schema_registry.apply(rec)
+
+
 _HANDLERS: dict[type[r.Record], Callable[[MetadataState, Any], None]] = {
+    r.SchemaRegistered: _schema_registry,
+    r.SchemaVersionDeleted: _schema_registry,
+    r.SchemaConfigSet: _schema_registry,
     r.DelegationTokenCreated: _token_created,
     r.DelegationTokenRenewed: _token_renewed,
     r.DelegationTokenRemoved: _token_removed,

@@ -590,6 +590,8 @@ def _print_endpoints(nodes: list[Node], console: Console, data_dir: Path) -> Non
         base = f"http://127.0.0.1:{n.http_port}"
         kafka = f"kafka 127.0.0.1:{n.kafka_port}, " if n.kafka_port else ""
         console.print(f"  {n.name}: {kafka}metrics {base}/metrics, health {base}/healthz, {base}/readyz")
+        if n.role == "controller":  # docs/schema-registry.md
+            console.print(f"  schema registry (Confluent-compatible): {base}")
     console.print(f"  logs: {data_dir / 'logs'}; `automq status --data-dir {data_dir}` shows the cluster's state")
 
 

@@ -245,6 +245,13 @@ def _column_list(value: str) -> str:
     return ",".join(cols)
 
 
+def _subject(value: str) -> str:
+    v = value.strip()
+    if len(v) > 1_000 or any(ord(c) < 32 for c in v):
+        raise ValueError("a schema registry subject: at most 1000 characters, no control characters")
+    return v
+
+
 def _namespace(value: str) -> str:
     v = value.strip()
     if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", v):
@@ -586,9 +593,19 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "automq.table.topic.convert.value.type",
             ConfigType.STRING,
             "raw",
-            _one_of("raw", "string", "json"),
-            "How record values become columns: raw bytes, a UTF-8 string, or JSON objects whose fields "
-            "become columns (schema inferred and widened when new fields appear).",
+            _one_of("raw", "string", "json", "by_schema_id", "by_latest_schema"),
+            "How record values become columns: raw bytes, a UTF-8 string, JSON objects whose fields "
+            "become columns (schema inferred and widened when new fields appear), or Avro through the schema "
+            "registry: by_schema_id (Confluent wire format, the writer schema by its id), by_latest_schema "
+            "(plain Avro bodies, the latest schema of automq.table.topic.convert.value.subject).",
+            "enforced by the ingestion job (docs/spark.md)",
+        ),
+        TopicConfigKey(
+            "automq.table.topic.convert.value.subject",
+            ConfigType.STRING,
+            "",
+            _subject,
+            "The schema registry subject of by_latest_schema values; empty: <topic>-value.",
             "enforced by the ingestion job",
         ),
         TopicConfigKey(

@@ -79,6 +79,13 @@ def ingest_command(
         help="After committing, delete files under each table's location that no snapshot references and are "
         "older than this, e.g. 72h (keep it well above the longest run: a run's files are unreferenced until it commits).",
     ),
+    schema_registry_url: str | None = typer.Option(
+        None,
+        "--schema-registry-url",
+        envvar="AUTOMQ_SCHEMA_REGISTRY_URL",
+        help="Schema registry URL(s), comma-separated, for by_schema_id / by_latest_schema topics (AutoMQ's "
+        "automq.table.topic.schema.registry.url); default: the controller, which serves one.",
+    ),
     master: str | None = _MASTER,
 ) -> None:
     """Write table topics to Iceberg, exactly once (offsets live in the tables' snapshots)."""
@@ -122,6 +129,7 @@ def ingest_command(
         expire_snapshots_ms=expire_ms,
         compact_files_below=small_bytes,
         remove_orphans_ms=orphans_ms,
+        schema_registry_url=schema_registry_url,
     )
     for r in results:
         typer.echo(

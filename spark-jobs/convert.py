@@ -1,5 +1,6 @@
 """Turning the data source's rows (Arrow) into a table topic's rows, per the topic's
-`automq.table.topic.*` configs: value conversion (raw | string | json), transforms (none |
+`automq.table.topic.*` configs: value conversion (raw | string | json | by_schema_id |
+by_latest_schema, the last two in avroconvert.py), transforms (none |
 flatten | flatten_debezium), and the split into good rows and dead letters.
 
 Whole columns at a time (pyarrow compute, polars' JSON decoder); per-record Python only for
@@ -16,8 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from automq.broker import topic_configs as tc
+from automq.spark import avroconvert
 
-META_PREFIX = "_kafka_"  # metadata columns of JSON tables (JSON fields own the plain names)
+META_PREFIX = "_kafka_"  # metadata columns of JSON and Avro tables (the values' fields own the plain names)
+# conversions whose values' fields become the table's columns (the table's schema follows them)
+FIELD_CONVERSIONS = ("json", "by_schema_id", "by_latest_schema")
+REGISTRY_CONVERSIONS = ("by_schema_id", "by_latest_schema")
 DLQ_SCHEMA = pa.schema(
     [
         pa.field("topic", pa.string()),
@@ -43,6 +48,16 @@ class TableSettings:
     id_columns: tuple[str, ...] = ()
     partition_by: tuple[tuple[str, str, int | None], ...] = ()
     errors_tolerance: str = "none"
+    value_subject: str = ""  # by_latest_schema: the registry subject ("" = <topic>-value)
+    # set by the job, not by topic configs: where the schema registry is, and for
+    # by_latest_schema the id of the subject's latest schema when the run started
+    registry_url: str = ""
+    latest_schema_id: int | None = None
+
+    @property
+    def has_fields(self) -> bool:
+        """Whether the values' fields are the table's columns (its schema evolves with them)."""
+        return self.convert in FIELD_CONVERSIONS
 
     @classmethod
     def from_topic_configs(cls, configs: dict[str, str]) -> TableSettings:
@@ -59,11 +74,12 @@ class TableSettings:
             id_columns=tuple(c for c in get("id.columns").split(",") if c),
             partition_by=tuple(tc.parse_partition_by(get("partition.by"))),
             errors_tolerance=get("errors.tolerance"),
+            value_subject=get("convert.value.subject"),
         )
-        if settings.transform != "none" and settings.convert != "json":
+        if settings.transform != "none" and not settings.has_fields:
             raise tc.TopicConfigError(
                 f"automq.table.topic.transform.value.type={settings.transform} needs "
-                "automq.table.topic.convert.value.type=json"
+                f"automq.table.topic.convert.value.type one of {', '.join(FIELD_CONVERSIONS)}"
             )
         return settings
 
@@ -88,6 +104,8 @@ def convert(rows: pa.Table, settings: TableSettings, *, merge_ids: bool = True) 
         return Converted(rows, DLQ_SCHEMA.empty_table())
     if settings.convert == "string":
         return _to_string(rows, settings)
+    if settings.convert in REGISTRY_CONVERSIONS:
+        return _to_avro(rows, settings, merge_ids)
     return _to_json(rows, settings, merge_ids)
 
 
@@ -191,15 +209,49 @@ def _to_json(rows: pa.Table, settings: TableSettings, merge_ids: bool = True) ->
         good = rows.filter(pc.invert(bad_mask))
         fields = _decode_json(good["value"]) if good.num_rows else pl.DataFrame()
     _check_tolerance(dead, settings)
-    op: list[str | None] = []
+    return _shape(good, fields, dead, settings, merge_ids)
+
+
+def _to_avro(rows: pa.Table, settings: TableSettings, merge_ids: bool = True) -> Converted:
     if settings.transform == "flatten_debezium":
-        fields, op = _debezium(fields)
-    if settings.transform in ("flatten", "flatten_debezium"):
-        fields = _flatten(fields)
+        rows = rows.filter(pc.is_valid(rows["value"]))  # tombstones, as for JSON
+    latest = settings.latest_schema_id if settings.convert == "by_latest_schema" else None
+    try:
+        decoded = avroconvert.decode(rows["value"].to_pylist(), settings.registry_url, latest)
+    except avroconvert.RegistryUnavailable as exc:
+        raise ConversionError(str(exc)) from None
+    dead = DLQ_SCHEMA.empty_table()
+    good = rows
+    if decoded.errors:
+        good_mask = pa.array(decoded.good, pa.bool_())
+        dead = _dead(rows.filter(pc.invert(good_mask)), decoded.errors)
+        good = rows.filter(good_mask)
+    _check_tolerance(dead, settings)
+    fields: pl.DataFrame | pa.Table = decoded.fields
+    if settings.transform != "none" and decoded.fields.num_columns:
+        df = pl.from_arrow(decoded.fields)
+        assert isinstance(df, pl.DataFrame)
+        fields = df
+    return _shape(good, fields, dead, settings, merge_ids)
+
+
+def _shape(
+    good: pa.Table, fields: pl.DataFrame | pa.Table, dead: pa.Table, settings: TableSettings, merge_ids: bool
+) -> Converted:
+    """The values' fields (one row per record of `good`) -> the table's rows: transforms,
+    the Kafka metadata columns, upsert ids."""
+    op: list[str | None] = []
+    if isinstance(fields, pl.DataFrame):
+        if settings.transform == "flatten_debezium":
+            fields, op = _debezium(fields)
+        if settings.transform in ("flatten", "flatten_debezium"):
+            fields = _flatten(fields)
+    elif settings.transform == "flatten_debezium":
+        op = [None] * good.num_rows
     meta = pa.table(_meta(good))
     table = meta
-    if fields.width:
-        data = fields.to_arrow()
+    data = fields.to_arrow() if isinstance(fields, pl.DataFrame) else fields
+    if data.num_columns:
         for name in data.column_names:
             if name in meta.column_names:
                 continue

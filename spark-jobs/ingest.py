@@ -36,6 +36,7 @@ Records still only in a broker's WAL are not in objects yet and wait for the nex
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -48,16 +49,17 @@ from pyiceberg.expressions import And, EqualTo, In, Or
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from automq.spark import iceberg, lakefiles, lakeschema, lakeupsert, lakewrite
+from automq.spark import avroconvert, iceberg, lakefiles, lakeschema, lakeupsert, lakewrite
 from automq.spark.bulkread import read_range
 from automq.spark.cluster import ClusterLocation, ClusterView, TopicView
-from automq.spark.convert import DLQ_SCHEMA, META_PREFIX, Converted, TableSettings, convert
+from automq.spark.convert import DLQ_SCHEMA, META_PREFIX, REGISTRY_CONVERSIONS, Converted, TableSettings, convert
 from automq.spark.lakecompact import compact_files
 from automq.spark.reader import ROW_SCHEMA
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
+REGISTRY_URL_ENV = "AUTOMQ_SCHEMA_REGISTRY_URL"
 
 
 @dataclass(slots=True)
@@ -78,6 +80,22 @@ class TableResult:
 
 def table_name(topic: str, settings: TableSettings) -> str:
     return f"{settings.namespace}.{topic.replace('.', '_').replace('-', '_')}"
+
+
+def with_registry(settings: TableSettings, topic: str, url: str) -> TableSettings:
+    """A by_schema_id / by_latest_schema topic's settings with the registry (and, for
+    by_latest_schema, the latest schema id of its subject, looked up once for the run)."""
+    if settings.convert not in REGISTRY_CONVERSIONS:
+        return settings
+    if not url:
+        raise ValueError(
+            f"{topic}: automq.table.topic.convert.value.type={settings.convert} needs a schema registry: "
+            f"--schema-registry-url or ${REGISTRY_URL_ENV} (default: the controller, which serves one)"
+        )
+    latest = None
+    if settings.convert == "by_latest_schema":
+        latest = avroconvert.latest_schema_id(url, settings.value_subject or f"{topic}-value")
+    return replace(settings, registry_url=url, latest_schema_id=latest)
 
 
 def select_topics(view: ClusterView, explicit: list[str] | None, enabled_topics: bool = True) -> list[TopicView]:
@@ -103,6 +121,7 @@ def ingest(
     compact_files_below: int | None = None,
     remove_orphans_ms: int | None = None,
     before_commit: Callable[[str, Table], None] | None = None,
+    schema_registry_url: str | None = None,
 ) -> list[TableResult]:
     """One ingestion run over the chosen topics. `before_commit(table_name, table)` runs
     after the data files are written and before the commit (tests crash there).
@@ -112,12 +131,17 @@ def ingest(
     many bytes into large ones (automq.spark.lakecompact), offsets unchanged; this comes
     before the expiry, whose snapshots then take the replaced files with them: the files no
     snapshot reaches any more are deleted. `remove_orphans_ms`: then delete files under the
-    table's location that nothing references and older than that many ms (automq.spark.lakefiles)."""
+    table's location that nothing references and older than that many ms (automq.spark.lakefiles).
+    `schema_registry_url` (comma-separated URLs; by_schema_id and by_latest_schema topics):
+    default $AUTOMQ_SCHEMA_REGISTRY_URL, else the cluster's controllers, which serve one."""
+    registry = schema_registry_url or os.environ.get(REGISTRY_URL_ENV) or ",".join(location.controller_urls)
     view = ClusterView.load(location, with_objects=False)
     results = []
     for t in select_topics(view, topics, enabled_topics):
         try:
-            result = ingest_topic(spark, location, catalog, t, force=force, before_commit=before_commit)
+            result = ingest_topic(
+                spark, location, catalog, t, force=force, before_commit=before_commit, schema_registry_url=registry
+            )
             if compact_files_below is not None and result.status != "failed":
                 table = iceberg.load_table(catalog, result.table)
                 if table is not None:
@@ -152,8 +176,9 @@ def ingest_topic(
     *,
     force: bool = False,
     before_commit: Callable[[str, Table], None] | None = None,
+    schema_registry_url: str = "",
 ) -> TableResult:
-    settings = TableSettings.from_topic_configs(topic.configs)
+    settings = with_registry(TableSettings.from_topic_configs(topic.configs), topic.name, schema_registry_url)
     name = table_name(topic.name, settings)
     result = TableResult(topic.name, name, "up-to-date")
     for attempt in range(1, MAX_ATTEMPTS + 1):
@@ -276,7 +301,7 @@ def _write_and_commit(
         return table
 
     try:
-        if settings.convert != "json":
+        if not settings.has_fields:
             # the schema is known before reading (raw, string), so the table exists before the
             # executors write into its location with its field ids
             if table is None:
@@ -340,7 +365,7 @@ def _evolve_spec(table: Table, name: str, settings: TableSettings, planned: int 
     try:
         changed = iceberg.evolve_partition_spec(table, name, settings.partition_by)
     except iceberg.MissingPartitionColumn:
-        if settings.convert != "json":
+        if not settings.has_fields:
             raise
         return True
     if changed:

@@ -225,15 +225,13 @@ def run_task(task: WriteTask) -> TaskOutput:
     if not good.num_rows:
         return out
     metadata = task.metadata
-    if metadata is None or (
-        task.settings.convert == "json" and lakeschema.needs_evolution(metadata.schema(), good.schema)
-    ):
+    if metadata is None or (task.settings.has_fields and lakeschema.needs_evolution(metadata.schema(), good.schema)):
         out.schema = good.schema.serialize().to_pybytes()
         out.seconds["cpu"] = time.process_time() - cpu0
         return out
     io = load_file_io(task.io_properties, metadata.location)
     # JSON tables' own fields take the plain names; their Kafka columns are prefixed
-    prefix = META_PREFIX if task.settings.convert == "json" else ""
+    prefix = META_PREFIX if task.settings.has_fields else ""
     out.files = write_partitions(metadata, io, good, metadata.schema().as_arrow(), prefix)
     out.seconds["write"] = time.perf_counter() - t2
     out.seconds["cpu"] = time.process_time() - cpu0

@@ -1,0 +1,328 @@
+"""Schema-registry value conversions of table topics: `by_schema_id` and `by_latest_schema`.
+
+`by_schema_id`: each value is in Confluent's wire format (byte 0 = magic 0, bytes 1-4 = the
+schema id, big-endian, then the Avro binary body), the writer schema comes from the schema
+registry by id. `by_latest_schema`: values are plain Avro bodies written with the latest
+schema of the subject `automq.table.topic.convert.value.subject` (default `<topic>-value`),
+which the driver looks up once per run.
+
+Schemas are fetched over the registry's REST API (`GET /schemas/ids/{id}`) and cached per
+process, so an executor asks once per id. The controller serves the registry (docs/
+schema-registry.md), so the default registry URL is the cluster's controller; the
+controller token (`AUTOMQ_CONTROLLER_TOKEN_FILE`) and CA (`AUTOMQ_CONTROLLER_CA_FILE`) are
+used when set. A registry that cannot be reached fails the run (the records are fine; a
+dead letter would lose them); an id the registry does not know, a bad magic byte or a body
+that does not decode is a bad record (errors.tolerance).
+
+Avro types become Arrow (then Iceberg) types: records -> structs, arrays -> lists, maps ->
+maps (string keys), `["null", T]` unions -> nullable T, enums -> strings, fixed -> fixed-size
+binary, bytes -> binary, int/long/float/double/boolean/string as themselves; logical types
+decimal -> decimal(p, s), date -> date, time-millis/micros -> time (us), timestamp-millis/
+micros -> timestamptz (us), local-timestamp-* -> timestamp (us), uuid -> string. Records of
+several schema ids in one run land in one table whose schema is the union of theirs (a field
+a version added is a new column; int -> long and float -> double are promoted). Not
+representable, so their records are bad records: unions of two or more non-null types and
+recursive records.
+
+Decoding is per record (fastavro); building the columns is one Arrow call per batch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+
+from automq.broker.security.controller_auth import ControllerClientAuth
+
+MAGIC = 0
+HEADER = 5
+TIMEOUT_S = 30.0
+
+
+class RegistryUnavailable(Exception):
+    """The schema registry could not answer (not: it said the id is unknown)."""
+
+
+class UnknownSchema(Exception):
+    """The registry does not know this schema id / subject."""
+
+
+class UnsupportedSchema(Exception):
+    """A valid Avro schema with no table representation (a message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSchema:
+    schema_id: int
+    parsed: Any  # for fastavro.schemaless_reader
+    arrow: pa.DataType | None  # None: unsupported (see `problem`)
+    problem: str = ""
+
+
+_CACHE: dict[tuple[str, int], WriterSchema] = {}
+
+
+def _request(urls: str, path: str) -> dict[str, Any]:
+    auth = ControllerClientAuth.from_env()
+    failures = []
+    for base in (u.strip() for u in urls.split(",") if u.strip()):
+        req = urllib.request.Request(base.rstrip("/") + path, headers=auth.headers())
+        context = (
+            auth.ssl if auth.ssl is not None else (ssl.create_default_context() if base.startswith("https") else None)
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=context) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                body = json.loads(exc.read())
+            except ValueError:
+                body = {}
+            if exc.code == 404 and body.get("error_code") in (40401, 40402, 40403):
+                raise UnknownSchema(body.get("message", "not found")) from None
+            failures.append(f"{base}: HTTP {exc.code} {body.get('message', '')}".strip())
+        except (OSError, ValueError) as exc:
+            failures.append(f"{base}: {exc}")
+    raise RegistryUnavailable(
+        f"schema registry unreachable ({'; '.join(failures) or 'no URL'}); set --schema-registry-url"
+    )
+
+
+def writer_schema(urls: str, schema_id: int) -> WriterSchema:
+    """The registry's schema `schema_id`, parsed and mapped (cached per process)."""
+    cached = _CACHE.get((urls, schema_id))
+    if cached is not None:
+        return cached
+    body = _request(urls, f"/schemas/ids/{schema_id}")
+    schema_type = body.get("schemaType", "AVRO")
+    if schema_type != "AVRO":
+        result = WriterSchema(schema_id, None, None, f"schema {schema_id} is {schema_type}, not AVRO")
+    else:
+        refs = [_referenced(urls, r) for r in body.get("references") or []]
+        result = build(schema_id, body["schema"], refs)
+    _CACHE[(urls, schema_id)] = result
+    return result
+
+
+def _referenced(urls: str, ref: dict[str, Any]) -> str:
+    subject = urllib.parse.quote(str(ref["subject"]), safe="")
+    return str(_request(urls, f"/subjects/{subject}/versions/{ref['version']}")["schema"])
+
+
+def latest_schema_id(urls: str, subject: str) -> int:
+    """The id of `subject`'s latest version (the driver, once per run)."""
+    quoted = urllib.parse.quote(subject, safe="")
+    try:
+        return int(_request(urls, f"/subjects/{quoted}/versions/latest")["id"])
+    except UnknownSchema:
+        raise UnknownSchema(
+            f"subject {subject!r} has no schema in the registry (automq.table.topic.convert.value.subject)"
+        ) from None
+
+
+def build(schema_id: int, text: str, references: Sequence[str] = ()) -> WriterSchema:
+    named: dict[str, Any] = {}
+    for ref in references:
+        fastavro.parse_schema(_plain_uuids(json.loads(ref)), named_schemas=named)
+    parsed = fastavro.parse_schema(_plain_uuids(json.loads(text)), named_schemas=named)
+    try:
+        arrow = to_arrow(json.loads(text), _names(references))
+    except UnsupportedSchema as exc:
+        return WriterSchema(schema_id, parsed, None, f"schema {schema_id}: {exc}")
+    return WriterSchema(schema_id, parsed, arrow)
+
+
+def _plain_uuids(doc: Any) -> Any:
+    """The schema with uuid logical types dropped: fastavro then returns the strings as they
+    are on the wire (a uuid column is a string column here)."""
+    if isinstance(doc, dict):
+        out = {k: _plain_uuids(v) for k, v in doc.items()}
+        if out.get("logicalType") == "uuid":
+            out.pop("logicalType")
+        return out
+    if isinstance(doc, list):
+        return [_plain_uuids(x) for x in doc]
+    return doc
+
+
+# --------------------------------------------------------------------------- Avro -> Arrow
+
+_PRIMITIVE = {
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "bytes": pa.binary(),
+    "string": pa.string(),
+}
+_LOGICAL = {
+    "date": pa.date32(),
+    "time-millis": pa.time64("us"),
+    "time-micros": pa.time64("us"),
+    "timestamp-millis": pa.timestamp("us", tz="UTC"),
+    "timestamp-micros": pa.timestamp("us", tz="UTC"),
+    "local-timestamp-millis": pa.timestamp("us"),
+    "local-timestamp-micros": pa.timestamp("us"),
+    "uuid": pa.string(),
+}
+
+
+def _fullname(doc: dict[str, Any], namespace: str) -> tuple[str, str]:
+    name = doc["name"]
+    if "." in name:
+        return name, name.rsplit(".", 1)[0]
+    ns = doc.get("namespace", namespace)
+    return (f"{ns}.{name}" if ns else name), ns
+
+
+def _names(references: Sequence[str]) -> dict[str, Any]:
+    """Named types of the referenced schemas (full name -> definition and namespace)."""
+    names: dict[str, Any] = {}
+    for ref in references:
+        _collect(json.loads(ref), "", names)
+    return names
+
+
+def _collect(doc: Any, namespace: str, names: dict[str, Any]) -> None:
+    if isinstance(doc, list):
+        for x in doc:
+            _collect(x, namespace, names)
+    elif isinstance(doc, dict) and doc.get("type") in ("record", "error", "enum", "fixed"):
+        full, ns = _fullname(doc, namespace)
+        names[full] = (doc, ns)
+        for f in doc.get("fields", ()):
+            _collect(f["type"], ns, names)
+    elif isinstance(doc, dict):
+        for key in ("items", "values", "type"):
+            if isinstance(doc.get(key), (dict, list)):
+                _collect(doc[key], namespace, names)
+
+
+def to_arrow(doc: Any, names: dict[str, Any], namespace: str = "", stack: tuple[str, ...] = ()) -> pa.DataType:
+    if isinstance(doc, str):
+        if doc in _PRIMITIVE:
+            return _PRIMITIVE[doc]
+        if doc == "null":
+            return pa.null()
+        full = doc if "." in doc or doc in names else (f"{namespace}.{doc}" if namespace else doc)
+        if full not in names:
+            full = doc
+        if full in stack:
+            raise UnsupportedSchema(f"recursive record {full} has no table representation")
+        if full not in names:
+            raise UnsupportedSchema(f"unknown named type {doc}")
+        definition, ns = names[full]
+        return to_arrow(definition, names, ns, stack)
+    if isinstance(doc, list):
+        branches = [b for b in doc if b != "null"]
+        if len(branches) != 1:
+            raise UnsupportedSchema(f'union {json.dumps(doc)} has no table representation (only ["null", T])')
+        return to_arrow(branches[0], names, namespace, stack)
+    kind = doc["type"]
+    logical = doc.get("logicalType")
+    if logical == "decimal" and kind in ("bytes", "fixed"):
+        precision, scale = int(doc["precision"]), int(doc.get("scale", 0))
+        if precision > 38:
+            raise UnsupportedSchema(f"decimal({precision}, {scale}): Iceberg decimals hold at most 38 digits")
+        if kind == "fixed":
+            full, _ = _fullname(doc, namespace)
+            names[full] = (doc, namespace)
+        return pa.decimal128(precision, scale)
+    if logical in _LOGICAL and kind in ("int", "long", "string"):
+        return _LOGICAL[logical]
+    if kind in _PRIMITIVE or kind == "null":
+        return to_arrow(kind, names, namespace, stack)
+    if kind == "array":
+        return pa.list_(to_arrow(doc["items"], names, namespace, stack))
+    if kind == "map":
+        return pa.map_(pa.string(), to_arrow(doc["values"], names, namespace, stack))
+    if kind in ("record", "error", "enum", "fixed"):
+        full, ns = _fullname(doc, namespace)
+        names[full] = (doc, ns)
+        if kind == "enum":
+            return pa.string()
+        if kind == "fixed":
+            return pa.binary(int(doc["size"]))
+        inner = (*stack, full)
+        return pa.struct([pa.field(f["name"], to_arrow(f["type"], names, ns, inner)) for f in doc["fields"]])
+    if isinstance(kind, (dict, list)):
+        return to_arrow(kind, names, namespace, stack)
+    raise UnsupportedSchema(f"unknown Avro type {kind!r}")
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+@dataclass(slots=True)
+class Decoded:
+    fields: pa.Table  # one row per good record, in order
+    good: list[bool]  # per input value
+    errors: list[str]  # per bad value, in order
+
+
+def decode(values: list[bytes | None], registry_url: str, latest_id: int | None) -> Decoded:
+    """Values -> a table of their fields. `latest_id`: by_latest_schema (no wire header)."""
+    records: list[dict[str, Any] | None] = []
+    types: dict[int, pa.DataType] = {}
+    good: list[bool] = []
+    errors: list[str] = []
+
+    def bad(message: str) -> None:
+        good.append(False)
+        errors.append(message)
+
+    latest = writer_schema(registry_url, latest_id) if latest_id is not None else None
+    for value in values:
+        if value is None:
+            good.append(True)
+            records.append(None)
+            continue
+        if latest is not None:
+            schema, body = latest, value
+        else:
+            if len(value) < HEADER or value[0] != MAGIC:
+                bad(f"value is not in the schema registry wire format (magic byte {value[:1].hex() or 'missing'})")
+                continue
+            schema_id = int.from_bytes(value[1:HEADER], "big")
+            try:
+                schema = writer_schema(registry_url, schema_id)
+            except UnknownSchema:
+                bad(f"schema id {schema_id} is not in the schema registry")
+                continue
+            body = value[HEADER:]
+        if schema.arrow is None:
+            bad(schema.problem)
+            continue
+        buf = io.BytesIO(body)
+        try:
+            record = fastavro.schemaless_reader(buf, schema.parsed, None)
+        except Exception as exc:  # fastavro raises many types on a truncated or foreign body
+            bad(f"value does not decode with schema {schema.schema_id}: {type(exc).__name__}: {exc}")
+            continue
+        if buf.tell() != len(body):
+            bad(f"value does not decode with schema {schema.schema_id}: {len(body) - buf.tell()} bytes left over")
+            continue
+        if not isinstance(record, dict):
+            record = {"value": record}  # a non-record schema: one column named value
+            if schema.schema_id not in types:
+                types[schema.schema_id] = pa.struct([pa.field("value", schema.arrow)])
+        elif schema.schema_id not in types:
+            types[schema.schema_id] = schema.arrow
+        good.append(True)
+        records.append(record)
+    if not types:  # no record with fields (only null values, or none good)
+        return Decoded(pa.table({}), good, errors)
+    merged = pa.unify_schemas([pa.schema(list(t)) for t in types.values()], promote_options="permissive")
+    array = pa.array(records, type=pa.struct(list(merged)))
+    return Decoded(pa.Table.from_struct_array(array), good, errors)

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -44,6 +45,12 @@ def rss_mib(pid: int) -> tuple[float, float]:
             key, kib, _ = line.split()
             values[key[:-1]] = int(kib) / 1024
     return values["VmRSS"], values["VmHWM"]
+
+
+def metric(http: str, name: str) -> float:
+    """Sum of one metric's samples (all label sets) on a node's /metrics page."""
+    text = urllib.request.urlopen(f"http://{http}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + " ", name + "{")))
 
 
 def slope(points: list[tuple[float, float]]) -> float:
@@ -85,7 +92,7 @@ class CatchUp(threading.Thread):
             self.passes += 1
 
 
-def start_processes(base: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, subprocess.Popen, str]:
+def start_processes(base: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, subprocess.Popen, str, str]:
     store = f"file://{base}/objects"
     ctl_port, kafka_port, http_port = pick_ports(args.port_base, 3)
     (base / "controller.yaml").write_text(
@@ -135,7 +142,7 @@ def start_processes(base: Path, args: argparse.Namespace) -> tuple[subprocess.Po
         env=env,
     )
     wait_http(f"http://127.0.0.1:{http_port}/readyz", broker)
-    return ctl, broker, f"127.0.0.1:{kafka_port}"
+    return ctl, broker, f"127.0.0.1:{kafka_port}", f"127.0.0.1:{http_port}"
 
 
 def main() -> None:
@@ -157,7 +164,7 @@ def main() -> None:
         f"configured: log cache {args.log_cache_mib} MiB + block cache {args.block_cache_mib} MiB; "
         f"goal: RSS <= caches + 150 MB = {budget:.0f} MiB"
     )
-    ctl, broker, bootstrap = start_processes(base, args)
+    ctl, broker, bootstrap, http = start_processes(base, args)
     stop_flag = threading.Event()
     try:
         time.sleep(1)
@@ -203,6 +210,12 @@ def main() -> None:
             f"budget (log cache + block cache + 150 MB) {budget:.0f} MiB: peak is {hwm / budget:.2f}x of it; "
             f"produced {producer.acked_bytes / MiB:.0f} MiB ({producer.errors} errors), "
             f"catch-up passes {catch_up.passes}"
+        )
+        got = metric(http, "automq_storage_object_read_bytes_total") / MiB
+        print(
+            f"object store read {got:.0f} MiB for {catch_up.bytes / MiB:.0f} MiB of catch-up values "
+            f"({got / max(catch_up.bytes / MiB, 1):.2f} MiB read per MiB consumed; above ~1.1 blocks were read "
+            "ahead and evicted before use)"
         )
     finally:
         stop_flag.set()

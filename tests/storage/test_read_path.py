@@ -3,6 +3,8 @@ read-ahead that grows while a reader keeps missing, a bounded block cache."""
 
 from __future__ import annotations
 
+import asyncio
+
 from engine_setup import node_config
 
 from automq.broker.objectstore import ObjectStore, open_object_store
@@ -100,3 +102,64 @@ async def test_block_cache_stays_within_its_bound(tmp_path, file_url):
         pos = batches[-1].next_offset
         assert cache.resident <= 100 << 10 or len(cache._entries) == 1
     assert cache.misses > 0
+
+
+class OverlappingStore(CountingStore):
+    """Every data GET (not an object's tail) takes a little while, so concurrent readers'
+    GETs overlap; records the largest number of data bytes requested at once."""
+
+    def __init__(self, inner: ObjectStore, sizes: dict[str, int]) -> None:
+        super().__init__(inner)
+        self.sizes = sizes
+        self.in_flight = 0
+        self.peak = 0
+
+    async def get(self, key, start=0, end=None):
+        if end == self.sizes.get(key):
+            return await super().get(key, start, end)
+        self.in_flight += end - start
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            await asyncio.sleep(0.005)
+            return await super().get(key, start, end)
+        finally:
+            self.in_flight -= end - start
+
+
+async def test_many_streams_catching_up_at_once_share_one_read_ahead_budget(tmp_path, file_url):
+    store = open_object_store(file_url)
+    meta = InProcessMetadata(store)
+    config = node_config(
+        tmp_path / "w",
+        file_url,
+        storage={"upload_block_bytes": 2 << 20, "object_block_bytes": 16 << 10, "stream_split_bytes": 64 << 10},
+    )  # each upload: a stream object of ~340 KiB per stream, room for long read-ahead groups
+    engine = StorageEngine(config, store, meta, meta, 1, await meta.register_node(1))
+    await engine.start()
+    sids = [await engine.create_stream() for _ in range(6)]
+    streams = [await engine.open_stream(sid, 0) for sid in sids]
+    for i in range(300):
+        for n, s in enumerate(streams):
+            await s.append(bytes([n]) * 4 + i.to_bytes(4, "big") * 1023, 1)
+    await engine.close()
+    objects = {o.key: o.object_size for sid in sids for o in await meta.get_objects(sid, 0, -1, 1000)}
+    overlapping = OverlappingStore(store, objects)
+    cache = BlockCache(512 << 10)  # read-ahead budget: a quarter, 128 KiB
+    reader = ObjectReader(overlapping, meta, cache, read_ahead_initial=64 << 10, read_ahead_max=256 << 10)
+
+    async def catch_up(n: int, sid: int) -> None:
+        pos = 0
+        while pos < 300:
+            batches, _ = await reader.read(sid, pos, 300, 16 << 10)
+            assert batches and batches[0].base_offset == pos
+            for b in batches:
+                assert bytes(b.payload) == bytes([n]) * 4 + b.base_offset.to_bytes(4, "big") * 1023
+            pos = batches[-1].next_offset
+
+    await asyncio.gather(*(catch_up(n, sid) for n, sid in enumerate(sids)))
+    # each reader's GET always includes the block it needs now (at most one 16 KiB block plus
+    # a batch that overhangs it); everything read ahead beyond that shares the 128 KiB
+    assert overlapping.peak <= (128 << 10) + 6 * (24 << 10), overlapping.peak
+    # and the streams did read ahead: fewer data GETs than blocks
+    data_gets = [g for g in overlapping.gets if g[2] != objects[g[0]]]
+    assert len(data_gets) < 6 * 300 * 4096 // (16 << 10)

@@ -9,6 +9,11 @@ the maximum), so a consumer catching up sequentially soon reads large ranges per
 While such a reader processes one answer, the block its next fetch will need is already
 being fetched (also across object boundaries).
 Concurrent readers of the same block share one GET.
+
+What is read ahead is bounded in total, not only per stream: the groups in flight together
+hold at most a quarter of the block cache (beyond the block each reader needs now), so many
+streams catching up at once get smaller groups instead of holding GETs several times the
+cache's size in memory while they land.
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ class ObjectReader:
         self._read_ahead: dict[int, _ReadAhead] = {}
         self._inflight: dict[tuple[int, int], asyncio.Future] = {}
         self._prefetching: set[asyncio.Task] = set()
+        self._ahead_budget = block_cache.max_bytes // 4
+        self._ahead_bytes = 0  # bytes of the read-ahead GETs in flight
 
     async def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> tuple[list[RecordBatchData], bool]:
         """Batches overlapping [start, end) from committed objects, contiguous from the batch
@@ -178,9 +185,10 @@ class ObjectReader:
             ra.window = min(self._max, ra.window + self._initial)
         group = [entry]
         span = entry.size
+        limit = min(ra.window, self._ahead_budget - self._ahead_bytes)
         for nxt in index.stream_blocks_after(entry):
             key = (obj.object_id, nxt.position)
-            if span + nxt.size > ra.window or self._cache.contains(*key) or key in self._inflight:
+            if span + nxt.size > limit or self._cache.contains(*key) or key in self._inflight:
                 break
             if nxt.position != group[-1].position + group[-1].size:
                 break
@@ -190,6 +198,7 @@ class ObjectReader:
         futures = {e.position: loop.create_future() for e in group}
         for pos, f in futures.items():
             self._inflight[(obj.object_id, pos)] = f
+        self._ahead_bytes += span
         task = asyncio.create_task(self._read_group(obj, group, span, futures))
         self._prefetching.add(task)
         task.add_done_callback(self._prefetching.discard)
@@ -215,6 +224,7 @@ class ObjectReader:
             if not isinstance(exc, Exception):
                 raise
         finally:
+            self._ahead_bytes -= span
             for pos in futures:
                 self._inflight.pop((obj.object_id, pos), None)
 

@@ -245,3 +245,23 @@ def test_registry_state_survives_a_snapshot() -> None:
     # the id counter and the "same schema, same id" index come back too
     assert model.register(Tx(again, 0), "c", v1) == (1, 1)
     assert model.register(Tx(again, 0), "d", model.StoredSchema("AVRO", '"string"', [])) == (3, 1)
+
+
+async def test_json_schema_serializer_round_trip(service: ControllerService) -> None:
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "Point",
+        "type": "object",
+        "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+        "required": ["x"],
+    }
+    ser = JSONSerializer(json.dumps(schema), _client(service.url))
+    ctx = SerializationContext("points", MessageField.VALUE)
+    data = await asyncio.to_thread(ser, {"x": 1.5, "y": 2}, ctx)
+    schema_id = int.from_bytes(data[1:5], "big")
+    stored = await asyncio.to_thread(_client(service.url).get_schema, schema_id)
+    assert stored.schema_type == "JSON" and json.loads(stored.schema_str) == schema
+    de = JSONDeserializer(None, schema_registry_client=_client(service.url))
+    assert await asyncio.to_thread(de, data, ctx) == {"x": 1.5, "y": 2}

@@ -234,7 +234,8 @@ class ControllerConfig(_Section):
         le=65535,
         description="The Confluent-compatible schema registry is served on the controller's HTTP port "
         "(`/subjects`, `/schemas`, `/config`, ...; docs/schema-registry.md); this port (Confluent's is 8081) "
-        "serves the same HTTP API a second time, with the same TLS and token. None: no second listener",
+        "serves the registry alone (not the controller API, so it can be open to every client), with the same "
+        "TLS and token. None: no second listener",
     )
 
 

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from automq.broker.config import NodeConfig
 from automq.broker.controller.controller import Controller
-from automq.broker.controller.server import build_app
+from automq.broker.controller.server import build_app, build_registry_app
 from automq.broker.controller.tls_site import TlsOnlySite
 from automq.broker.node import run_node
 from automq.broker.objectstore import open_object_store
@@ -47,6 +47,7 @@ class ControllerService:
         self._tls_reload: asyncio.Task[None] | None = None
         self._https: TlsOnlySite | None = None
         self._registry_https: TlsOnlySite | None = None
+        self._registry_runner: web.AppRunner | None = None
         self.forward_auth = ControllerClientAuth.from_config(config)  # a standby forwarding registry calls
         self.schema_registry_port: int | None = None
 
@@ -91,21 +92,26 @@ class ControllerService:
             await site.start()
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         registry_port = self.config.controller.schema_registry_port
-        if registry_port is not None and self.tls is not None:
-            self._registry_https = TlsOnlySite(
-                self._runner.server,
-                self.config.http_host,
-                registry_port,
-                self.tls.context,
-                self.config.tls.handshake_timeout_ms / 1000,
-                plain_http=self.config.security.controller_plain_http,
+        if registry_port is not None:
+            self._registry_runner = web.AppRunner(
+                build_registry_app(self.controller, self.auth, self.forward_auth), access_log=None, handle_signals=False
             )
-            self._registry_https.start()
-            self.schema_registry_port = self._registry_https.port
-        elif registry_port is not None:
-            registry = web.TCPSite(self._runner, self.config.http_host, registry_port, reuse_address=True)
-            await registry.start()
-            self.schema_registry_port = registry._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            await self._registry_runner.setup()
+            if self.tls is not None:
+                self._registry_https = TlsOnlySite(
+                    self._registry_runner.server,
+                    self.config.http_host,
+                    registry_port,
+                    self.tls.context,
+                    self.config.tls.handshake_timeout_ms / 1000,
+                    plain_http=self.config.security.controller_plain_http,
+                )
+                self._registry_https.start()
+                self.schema_registry_port = self._registry_https.port
+            else:
+                registry = web.TCPSite(self._registry_runner, self.config.http_host, registry_port, reuse_address=True)
+                await registry.start()
+                self.schema_registry_port = registry._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         host = self.config.http_host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
@@ -128,9 +134,10 @@ class ControllerService:
             if site is not None:
                 await site.stop()
         self._https = self._registry_https = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        for runner in (self._runner, self._registry_runner):
+            if runner is not None:
+                await runner.cleanup()
+        self._runner = self._registry_runner = None
         await self.store.close()
 
     async def _reload_tls(self) -> None:

@@ -583,6 +583,19 @@ def _auth_middleware(auth: ControllerServerAuth):
     return check
 
 
+def build_registry_app(
+    controller: Controller,
+    auth: ControllerServerAuth | None = None,
+    forward_auth: ControllerClientAuth | None = None,
+) -> web.Application:
+    """The schema registry alone (`controller.schema_registry_port`): the port can be opened
+    to every client without exposing the controller API."""
+    middlewares = [_auth_middleware(auth)] if auth else []
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[*middlewares, schema_registry.confluent_errors])
+    schema_registry.add_routes(app, controller, forward_auth)
+    return app
+
+
 def build_app(
     controller: Controller,
     auth: ControllerServerAuth | None = None,

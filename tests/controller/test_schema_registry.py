@@ -162,6 +162,12 @@ async def test_ids_survive_a_restart_and_a_standby_forwards(file_url: str, make_
             sr = _client(url)
             assert json.loads((await asyncio.to_thread(sr.get_schema, id1)).schema_str) == V1
             assert json.loads((await asyncio.to_thread(sr.get_schema, id2)).schema_str) == V2
+        # the registry's own port serves the registry alone, not the controller API
+        async with aiohttp.ClientSession() as http:
+            async with http.get(standby.schema_registry_url + "/v1/status") as resp:
+                assert resp.status == 404
+            async with http.get(standby.url + "/v1/status") as resp:
+                assert resp.status == 200
         # new ids continue after the old ones (never reused), registered through the standby
         V3 = {**V1, "name": "Other"}
         id3 = await asyncio.to_thread(_client(standby.url).register_schema, "c-value", _avro(V3))

@@ -371,6 +371,8 @@ def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeCon
         "http_host": "0.0.0.0",
         "http_port": CONTROLLER_PORT if role == "controller" else BROKER_HTTP_PORT,
     }
+    if role == "controller" and spec.controller.schema_registry_port is not None:
+        raw["controller"] = {"schema_registry_port": spec.controller.schema_registry_port}
     if spec.controller_token():
         raw["security"] = {"controller_token_file": f"{TOKEN_DIR}/token"}
     if spec.controller_tls() if role == "controller" else spec.controller_client_tls():
@@ -428,7 +430,12 @@ def node_config(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> NodeCon
     else:
         raw["listeners"] = []
         # On Kubernetes the active controller holds a Lease (CLUSTER_RULES grants exactly that).
-        raw["controller"] = {"leadership": "lease", "lease_name": lease_name(ref), "lease_namespace": ref.namespace}
+        raw["controller"] = {
+            **raw.get("controller", {}),
+            "leadership": "lease",
+            "lease_name": lease_name(ref),
+            "lease_namespace": ref.namespace,
+        }
     overrides = nest_overrides({**spec.config, **role_spec.config})
     merged = _deep_merge(raw, overrides)
     principal = broker_principal(ref.name, inter_broker_listener(spec.listeners)) if role == "broker" else None
@@ -505,6 +512,9 @@ def headless_service(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> di
         ports.append({"name": "http", "port": BROKER_HTTP_PORT, "targetPort": BROKER_HTTP_PORT, "protocol": "TCP"})
     else:
         ports = [{"name": "http", "port": CONTROLLER_PORT, "targetPort": CONTROLLER_PORT, "protocol": "TCP"}]
+        registry = spec.controller.schema_registry_port
+        if registry is not None:
+            ports.append({"name": "schema-registry", "port": registry, "targetPort": registry, "protocol": "TCP"})
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -762,6 +772,10 @@ def pod_template(spec: AutoMQClusterSpec, ref: ClusterRef, role: Role) -> dict[s
     # https controllers answer nothing in clear text; the kubelet's HTTPS probes do not verify
     probe_scheme = "HTTPS" if spec.controller_tls() and role == "controller" else "HTTP"
     ports = [{"name": "http", "containerPort": http_port, "protocol": "TCP"}]
+    if role == "controller" and spec.controller.schema_registry_port is not None:
+        ports.append(
+            {"name": "schema-registry", "containerPort": spec.controller.schema_registry_port, "protocol": "TCP"}
+        )
     if role == "broker":
         ports = [
             {"name": _port_name(listener.name), "containerPort": listener.port, "protocol": "TCP"}

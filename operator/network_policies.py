@@ -82,6 +82,12 @@ def network_policies(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str,
     controller_rules = [_rule(CONTROLLER_PORT, controller_peers)]
     if metrics_from:
         controller_rules.append(_rule(CONTROLLER_PORT, metrics_from))
+    # the registry-only port (no controller API there) is for the Kafka clients' serializers
+    registry = (
+        []
+        if spec.controller.schema_registry_port is None
+        else [_rule(spec.controller.schema_registry_port, settings.kafka_from)]
+    )
     return [
         {
             "apiVersion": "networking.k8s.io/v1",
@@ -102,7 +108,8 @@ def network_policies(spec: AutoMQClusterSpec, ref: ClusterRef) -> list[dict[str,
                 "policyTypes": ["Ingress"],
                 # With a token on the API, metrics scrapers reach only its open paths; without
                 # one the API is as open as the port, so only the cluster's own pods get in.
-                "ingress": controller_rules if spec.controller_token() else [_rule(CONTROLLER_PORT, controller_peers)],
+                "ingress": (controller_rules if spec.controller_token() else [_rule(CONTROLLER_PORT, controller_peers)])
+                + registry,
             },
         },
     ]

@@ -268,7 +268,23 @@ class ControllerSpec(_Model):
     )
     resources: Resources = Field(default_factory=Resources, description="Compute resources of each controller.")
     scheduling: Scheduling = Field(default_factory=Scheduling, description="Placement of controller pods.")
+    schema_registry_port: int | None = Field(
+        None,
+        ge=1024,
+        le=65535,
+        description="Also serve the Confluent-compatible schema registry alone on this port (8081 is Confluent's): "
+        "a container port and a port of the controllers' Service, open to security.networkPolicies.kafkaFrom "
+        "(the Kafka clients) when network policies are on. The registry is on the controller port too "
+        "(docs/schema-registry.md).",
+    )
     config: ConfigOverrides
+
+    @field_validator("schema_registry_port")
+    @classmethod
+    def _registry_port_free(cls, v: int | None) -> int | None:
+        if v == CONTROLLER_PORT:
+            raise ValueError(f"{CONTROLLER_PORT} is the controller port; the registry is already served there")
+        return v
 
 
 class BrokerSpec(_Model):

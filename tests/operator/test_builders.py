@@ -50,6 +50,7 @@ SPECS: dict[str, dict[str, Any]] = {
         "metrics": {"enabled": False},
     },
     "no-brokers": {"objectStore": {"bucket": "automq-data"}, "broker": {"replicas": 0}},
+    "schema-registry": {"objectStore": {"bucket": "automq-data"}, "controller": {"schemaRegistryPort": 8081}},
 }
 
 
@@ -341,3 +342,29 @@ def test_default_resources_fill_only_what_the_spec_leaves_out() -> None:
     }
     everything = Resources(requests={"cpu": "2", "memory": "8Gi"}, limits={"memory": "8Gi"})
     assert _resources(everything, "broker") == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
+
+
+def test_schema_registry_port() -> None:
+    """controller.schemaRegistryPort: the node config, a container port, a Service port, and a
+    NetworkPolicy rule that lets the Kafka clients (kafkaFrom) reach that port only."""
+    from automq.operator import network_policies
+
+    spec = parse_spec(SPECS["schema-registry"])
+    objects = builders.desired_objects(spec, REF)
+    controller = parse_config(yaml.safe_load(by_kind(objects, "ConfigMap")["data"]["controller.yaml"]))
+    broker = parse_config(yaml.safe_load(by_kind(objects, "ConfigMap")["data"]["broker.yaml"]))
+    assert controller.controller.schema_registry_port == 8081 and broker.controller.schema_registry_port is None
+    service = by_kind(objects, "Service", "demo-controllers")["spec"]
+    assert ("schema-registry", 8081) in [(p["name"], p["port"]) for p in service["ports"]]
+    pod = by_kind(objects, "StatefulSet", "demo-controller")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "schema-registry", "containerPort": 8081, "protocol": "TCP"} in pod["ports"]
+    assert spec.network_policies()
+    policy = next(
+        p for p in network_policies.network_policies(spec, REF) if p["metadata"]["name"].endswith("controller")
+    )
+    rules = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 8081]
+    assert len(rules) == 1 and rules[0].get("from") == spec.security.network_policies.kafka_from
+    with pytest.raises(ValueError, match="controller port"):
+        parse_spec({**SPECS["minimal"], "controller": {"schemaRegistryPort": 9093}})
+    without = builders.desired_objects(parse_spec(SPECS["minimal"]), REF)
+    assert all(p["port"] != 8081 for p in by_kind(without, "Service", "demo-controllers")["spec"]["ports"])

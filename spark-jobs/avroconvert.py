@@ -70,6 +70,8 @@ class WriterSchema:
 
 
 _CACHE: dict[tuple[str, int], WriterSchema] = {}
+# ids the registry said it does not know: records carrying random ids cost one request per id
+_UNKNOWN: set[tuple[str, int]] = set()
 
 
 def _request(urls: str, path: str) -> dict[str, Any]:
@@ -103,7 +105,13 @@ def writer_schema(urls: str, schema_id: int) -> WriterSchema:
     cached = _CACHE.get((urls, schema_id))
     if cached is not None:
         return cached
-    body = _request(urls, f"/schemas/ids/{schema_id}")
+    if (urls, schema_id) in _UNKNOWN:
+        raise UnknownSchema(f"schema {schema_id} not found")
+    try:
+        body = _request(urls, f"/schemas/ids/{schema_id}")
+    except UnknownSchema:
+        _UNKNOWN.add((urls, schema_id))
+        raise
     schema_type = body.get("schemaType", "AVRO")
     if schema_type != "AVRO":
         result = WriterSchema(schema_id, None, None, f"schema {schema_id} is {schema_type}, not AVRO")
@@ -132,13 +140,16 @@ def latest_schema_id(urls: str, subject: str) -> int:
 
 def build(schema_id: int, text: str, references: Sequence[str] = ()) -> WriterSchema:
     named: dict[str, Any] = {}
-    for ref in references:
-        fastavro.parse_schema(_plain_uuids(json.loads(ref)), named_schemas=named)
-    parsed = fastavro.parse_schema(_plain_uuids(json.loads(text)), named_schemas=named)
+    try:
+        for ref in references:
+            fastavro.parse_schema(_plain_uuids(json.loads(ref)), named_schemas=named)
+        parsed = fastavro.parse_schema(_plain_uuids(json.loads(text)), named_schemas=named)
+    except Exception as exc:  # another registry may hold what fastavro cannot parse
+        return WriterSchema(schema_id, None, None, f"schema {schema_id} does not parse: {type(exc).__name__}: {exc}")
     try:
         arrow = to_arrow(json.loads(text), _names(references))
-    except UnsupportedSchema as exc:
-        return WriterSchema(schema_id, parsed, None, f"schema {schema_id}: {exc}")
+    except (UnsupportedSchema, RecursionError) as exc:
+        return WriterSchema(schema_id, parsed, None, f"schema {schema_id}: {exc or 'nested too deeply'}")
     return WriterSchema(schema_id, parsed, arrow)
 
 

@@ -34,6 +34,7 @@ CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 MAX_BODY_BYTES = 8 << 20  # a schema document; Confluent's own default limit is lower
 PREFIXES = ("/subjects", "/schemas", "/config", "/mode", "/compatibility")
 FORWARD_TIMEOUT_S = 30.0
+FORWARDED = "X-AutoMQ-Forwarded"  # a forwarded call is never forwarded again (no loops between stale standbys)
 
 
 def is_registry_path(path: str) -> bool:
@@ -115,11 +116,11 @@ def add_routes(app: web.Application, controller: Controller, forward_auth: Contr
 
     async def forward(request: web.Request, raw: bytes) -> web.Response:
         leader = controller.leader_url
-        if not leader or leader == controller.url:
+        if not leader or leader == controller.url or FORWARDED in request.headers:
             return error(503, 50004, "No active controller to serve the schema registry right now; retry")
         if "client" not in session or session["client"].closed:
             session["client"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S))
-        headers = {"Content-Type": request.headers.get("Content-Type", CONTENT_TYPE)}
+        headers = {"Content-Type": request.headers.get("Content-Type", CONTENT_TYPE), FORWARDED: controller.url}
         if forward_auth is not None:
             headers.update(forward_auth.headers())
         elif "Authorization" in request.headers:

@@ -287,7 +287,10 @@ def register(tx: Tx, subject: str, stored: StoredSchema) -> tuple[int, int]:
                 f"schema type {stored.schema_type} after {', '.join(sorted(previous_types))} (level {level})",
             )
         if stored.schema_type == "AVRO":
-            problems = avro.check_compatibility(level, new, [reg.parsed(reg.schemas[v.schema_id]) for v in live])
+            try:
+                problems = avro.check_compatibility(level, new, [reg.parsed(reg.schemas[v.schema_id]) for v in live])
+            except RecursionError:
+                raise invalid_schema("Invalid schema: nested too deeply to check its compatibility") from None
             if problems:
                 raise RegistryError(
                     409,

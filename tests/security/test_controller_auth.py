@@ -206,3 +206,25 @@ def test_hostile_bytes_on_the_https_port_leave_the_controller_serving(secure_clu
         assert not exchange(b"\x16\x03\x01\x00\x05hello").startswith(b"HTTP")
     status, _ = _call(secure_cluster.controller.url, "/readyz", method="GET", context=ca_context)
     assert status == 200
+
+
+def test_schema_registry_over_https_with_the_token(secure_cluster, pki):
+    """The registry the controller serves honours its TLS and token (confluent-kafka's real client)."""
+    import json
+
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    url = secure_cluster.controller.url
+    conf = {"url": url, "ssl.ca.location": str(pki.ca.path), "max.retries": 0}
+    schema = Schema(json.dumps({"type": "record", "name": "S", "fields": [{"name": "a", "type": "int"}]}), "AVRO")
+    with pytest.raises(SchemaRegistryError) as refused:
+        SchemaRegistryClient(conf).register_schema("secure-value", schema)
+    assert (refused.value.http_status_code, refused.value.error_code) == (401, 40101)
+    bearer = {
+        "bearer.auth.credentials.source": "STATIC_TOKEN",
+        "bearer.auth.token": CONTROLLER_TOKEN,
+        "bearer.auth.logical.cluster": "automq",
+    }
+    schema_id = SchemaRegistryClient({**conf, **bearer}).register_schema("secure-value", schema)
+    assert SchemaRegistryClient({**conf, **bearer}).get_schema(schema_id).schema_str == schema.schema_str

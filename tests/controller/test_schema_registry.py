@@ -41,6 +41,9 @@ async def test_confluent_client_register_lookup_evolve_delete(service: Controlle
     call = asyncio.to_thread
     id1 = await call(sr.register_schema, "orders-value", _avro(V1))
     assert await call(sr.register_schema, "orders-value", _avro(V1)) == id1  # idempotent
+    # the same schema with other whitespace and attribute order: the same id, no new version
+    reordered = Schema(json.dumps(dict(reversed(list(V1.items()))), indent=2), "AVRO")
+    assert await call(_client(service.url).register_schema, "orders-value", reordered) == id1
     # the same schema under another subject: the same global id
     assert await call(_client(service.url).register_schema, "other-value", _avro(V1)) == id1
     fetched = await call(_client(service.url).get_schema, id1)

@@ -45,12 +45,14 @@ class InvalidSchema(ValueError):
 
 
 def canonical(text: str) -> str:
-    """The schema as compact JSON (key order kept): what registering the same schema twice compares."""
+    """The schema as compact JSON with sorted keys (list order, so field order, kept): what
+    registering the same schema twice compares, so whitespace and attribute order do not make
+    a second id."""
     try:
         doc = json.loads(text)
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
     except (ValueError, RecursionError) as exc:
         raise InvalidSchema(f"Invalid schema: not JSON: {exc}") from None
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
 
 def parse(text: str, references: Sequence[str] = ()) -> Any:

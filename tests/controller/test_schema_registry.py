@@ -274,3 +274,18 @@ async def test_json_schema_serializer_round_trip(service: ControllerService) -> 
     assert stored.schema_type == "JSON" and json.loads(stored.schema_str) == schema
     de = JSONDeserializer(None, schema_registry_client=_client(service.url))
     assert await asyncio.to_thread(de, data, ctx) == {"x": 1.5, "y": 2}
+
+
+async def test_losing_leadership_mid_call_answers_a_retriable_error(service: ControllerService, monkeypatch) -> None:
+    from automq.broker.storage.metadata import NotControllerError
+
+    async def deposed(fn):
+        raise NotControllerError("stepped down")
+
+    monkeypatch.setattr(service.controller, "execute", deposed)
+    async with aiohttp.ClientSession() as http:
+        body = json.dumps({"schema": json.dumps(V1)})
+        async with http.post(service.url + "/subjects/x/versions", data=body) as resp:
+            assert resp.status == 503 and (await resp.json(content_type=None))["error_code"] == 50004
+    monkeypatch.undo()
+    assert await asyncio.to_thread(_client(service.url).register_schema, "x", _avro(V1)) >= 1

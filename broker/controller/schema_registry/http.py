@@ -157,7 +157,9 @@ def add_routes(app: web.Application, controller: Controller, forward_auth: Contr
             except RegistryError as exc:
                 return error(exc.status, exc.error_code, str(exc))
             except NotControllerError:
-                return await forward(request, b"")
+                # lost leadership mid-call: whether a write became durable is unknown, and a
+                # retry is safe (registering again answers the same id); 503 is one clients retry
+                return error(503, 50004, "The controller stopped leading while serving this request; retry")
             except MetadataError as exc:
                 return error(500, 50001, f"Error in the backend metadata store: {exc}")
             except Exception as exc:

@@ -24,7 +24,11 @@ a version added is a new column; int -> long and float -> double are promoted). 
 representable, so their records are bad records: unions of two or more non-null types and
 recursive records.
 
-Decoding is per record (fastavro); building the columns is one Arrow call per batch.
+Ids whose schema is a JSON Schema (Confluent's JSON Schema serializer: the header, then JSON
+text) are decoded with `json` and typed by jsonschematypes.py; values that do not fit those
+types are bad records.
+
+Decoding is per record (fastavro, json); building the columns is one Arrow call per batch.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import fastavro
 import pyarrow as pa
 
 from automq.broker.security.controller_auth import ControllerClientAuth
+from automq.spark import jsonschematypes
 
 MAGIC = 0
 HEADER = 5
@@ -64,9 +69,10 @@ class UnsupportedSchema(Exception):
 @dataclass(frozen=True, slots=True)
 class WriterSchema:
     schema_id: int
-    parsed: Any  # for fastavro.schemaless_reader
+    parsed: Any  # for fastavro.schemaless_reader (AVRO)
     arrow: pa.DataType | None  # None: unsupported (see `problem`)
     problem: str = ""
+    kind: str = "AVRO"  # or JSON (Confluent's JSON Schema serializer: JSON text after the header)
 
 
 _CACHE: dict[tuple[str, int], WriterSchema] = {}
@@ -113,8 +119,10 @@ def writer_schema(urls: str, schema_id: int) -> WriterSchema:
         _UNKNOWN.add((urls, schema_id))
         raise
     schema_type = body.get("schemaType", "AVRO")
-    if schema_type != "AVRO":
-        result = WriterSchema(schema_id, None, None, f"schema {schema_id} is {schema_type}, not AVRO")
+    if schema_type == "JSON":
+        result = build_json(schema_id, body["schema"])
+    elif schema_type != "AVRO":
+        result = WriterSchema(schema_id, None, None, f"schema {schema_id} is {schema_type}, not AVRO or JSON")
     else:
         refs = [_referenced(urls, r) for r in body.get("references") or []]
         result = build(schema_id, body["schema"], refs)
@@ -151,6 +159,14 @@ def build(schema_id: int, text: str, references: Sequence[str] = ()) -> WriterSc
     except (UnsupportedSchema, RecursionError) as exc:
         return WriterSchema(schema_id, parsed, None, f"schema {schema_id}: {exc or 'nested too deeply'}")
     return WriterSchema(schema_id, parsed, arrow)
+
+
+def build_json(schema_id: int, text: str) -> WriterSchema:
+    try:
+        arrow = jsonschematypes.to_arrow(json.loads(text))
+    except (jsonschematypes.UnsupportedSchema, ValueError, RecursionError) as exc:
+        return WriterSchema(schema_id, None, None, f"JSON schema {schema_id}: {exc}", kind="JSON")
+    return WriterSchema(schema_id, None, arrow, kind="JSON")
 
 
 def _plain_uuids(doc: Any) -> Any:
@@ -285,55 +301,82 @@ class Decoded:
 def decode(values: list[bytes | None], registry_url: str, latest_id: int | None) -> Decoded:
     """Values -> a table of their fields. `latest_id`: by_latest_schema (no wire header)."""
     records: list[dict[str, Any] | None] = []
+    positions: list[int] = []  # the value each record came from
     types: dict[int, pa.DataType] = {}
-    good: list[bool] = []
-    errors: list[str] = []
-
-    def bad(message: str) -> None:
-        good.append(False)
-        errors.append(message)
-
+    errors: dict[int, str] = {}
     latest = writer_schema(registry_url, latest_id) if latest_id is not None else None
-    for value in values:
+    for i, value in enumerate(values):
         if value is None:
-            good.append(True)
             records.append(None)
+            positions.append(i)
             continue
         if latest is not None:
             schema, body = latest, value
         else:
             if len(value) < HEADER or value[0] != MAGIC:
-                bad(f"value is not in the schema registry wire format (magic byte {value[:1].hex() or 'missing'})")
+                errors[i] = (
+                    f"value is not in the schema registry wire format (magic byte {value[:1].hex() or 'missing'})"
+                )
                 continue
             schema_id = int.from_bytes(value[1:HEADER], "big")
             try:
                 schema = writer_schema(registry_url, schema_id)
             except UnknownSchema:
-                bad(f"schema id {schema_id} is not in the schema registry")
+                errors[i] = f"schema id {schema_id} is not in the schema registry"
                 continue
             body = value[HEADER:]
         if schema.arrow is None:
-            bad(schema.problem)
+            errors[i] = schema.problem
             continue
-        buf = io.BytesIO(body)
-        try:
-            record = fastavro.schemaless_reader(buf, schema.parsed, None)
-        except Exception as exc:  # fastavro raises many types on a truncated or foreign body
-            bad(f"value does not decode with schema {schema.schema_id}: {type(exc).__name__}: {exc}")
+        record, problem = _read(schema, body)
+        if problem:
+            errors[i] = problem
             continue
-        if buf.tell() != len(body):
-            bad(f"value does not decode with schema {schema.schema_id}: {len(body) - buf.tell()} bytes left over")
+        if not pa.types.is_struct(schema.arrow):
+            record = {"value": record}  # a schema that is not a record/object: one column named value
+            types.setdefault(schema.schema_id, pa.struct([pa.field("value", schema.arrow)]))
+        elif isinstance(record, dict):
+            types.setdefault(schema.schema_id, schema.arrow)
+        else:
+            errors[i] = f"value is JSON {type(record).__name__}, not the object schema {schema.schema_id} describes"
             continue
-        if not isinstance(record, dict):
-            record = {"value": record}  # a non-record schema: one column named value
-            if schema.schema_id not in types:
-                types[schema.schema_id] = pa.struct([pa.field("value", schema.arrow)])
-        elif schema.schema_id not in types:
-            types[schema.schema_id] = schema.arrow
-        good.append(True)
         records.append(record)
-    if not types:  # no record with fields (only null values, or none good)
-        return Decoded(pa.table({}), good, errors)
-    merged = pa.unify_schemas([pa.schema(list(t)) for t in types.values()], promote_options="permissive")
-    array = pa.array(records, type=pa.struct(list(merged)))
-    return Decoded(pa.Table.from_struct_array(array), good, errors)
+        positions.append(i)
+    fields = pa.table({})
+    if types:  # else no record with fields (only null values, or none good)
+        struct = pa.struct(
+            list(pa.unify_schemas([pa.schema(list(t)) for t in types.values()], promote_options="permissive"))
+        )
+        try:
+            array = pa.array(records, type=struct)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            # JSON values need not match their schema's types: find the ones that do not
+            keep = []
+            for record, i in zip(records, positions, strict=True):
+                try:
+                    pa.array([record], type=struct)
+                    keep.append((record, i))
+                except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError) as exc:
+                    errors[i] = f"value does not fit its schema's column types: {exc}"
+            records, positions = [r for r, _ in keep], [i for _, i in keep]
+            array = pa.array(records, type=struct)
+        fields = pa.Table.from_struct_array(array)
+    good = [i not in errors for i in range(len(values))]
+    return Decoded(fields, good, [errors[i] for i in sorted(errors)])
+
+
+def _read(schema: WriterSchema, body: bytes) -> tuple[Any, str]:
+    """(the decoded value, "") or (None, why it does not decode)."""
+    if schema.kind == "JSON":
+        try:
+            return json.loads(body), ""
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            return None, f"value is not JSON (schema {schema.schema_id}): {exc}"
+    buf = io.BytesIO(body)
+    try:
+        record = fastavro.schemaless_reader(buf, schema.parsed, None)
+    except Exception as exc:  # fastavro raises many types on a truncated or foreign body
+        return None, f"value does not decode with schema {schema.schema_id}: {type(exc).__name__}: {exc}"
+    if buf.tell() != len(body):
+        return None, f"value does not decode with schema {schema.schema_id}: {len(body) - buf.tell()} bytes left over"
+    return record, ""

@@ -21,7 +21,18 @@ V2 = {
 }
 MULTI = {"type": "record", "name": "M", "fields": [{"name": "u", "type": ["int", "string"]}]}
 LINKED = {"type": "record", "name": "L", "fields": [{"name": "next", "type": ["null", "L"]}]}
-SCHEMAS = {1: V1, 2: V2, 3: MULTI, 4: LINKED}
+POINT = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "x": {"type": ["number", "null"]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "at": {"$ref": "#/definitions/Place"},
+    },
+    "definitions": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+SCHEMAS = {1: V1, 2: V2, 3: MULTI, 4: LINKED, 5: POINT}
+JSON_IDS = {5}
 
 
 @pytest.fixture
@@ -33,7 +44,8 @@ def registry(monkeypatch) -> list[str]:
         schema_id = int(path.rsplit("/", 1)[-1])
         if schema_id not in SCHEMAS:
             raise avroconvert.UnknownSchema("not found")
-        return {"schema": json.dumps(SCHEMAS[schema_id])}
+        body = {"schema": json.dumps(SCHEMAS[schema_id])}
+        return {**body, "schemaType": "JSON"} if schema_id in JSON_IDS else body
 
     monkeypatch.setattr(avroconvert, "_request", request)
     monkeypatch.setattr(avroconvert, "_CACHE", {})
@@ -131,3 +143,32 @@ def test_logical_and_complex_types_map_to_arrow() -> None:
     )
     with pytest.raises(avroconvert.UnsupportedSchema, match="38"):
         avroconvert.to_arrow({"type": "bytes", "logicalType": "decimal", "precision": 40}, {})
+
+
+def test_json_schema_values(registry) -> None:
+    """Confluent's JSON Schema serializer: the wire header, then JSON text."""
+
+    def jwire(doc: object) -> bytes:
+        return b"\x00" + (5).to_bytes(4, "big") + json.dumps(doc).encode()
+
+    values = [
+        jwire({"id": 1, "x": 2, "tags": ["a"], "at": {"city": "c"}, "undeclared": True}),
+        jwire({"id": "one"}),  # a string for an integer
+        b"\x00\x00\x00\x00\x05{not json",
+        jwire([1, 2]),  # not an object
+        jwire({"id": 2}),
+        wire(1, {"a": 9}),  # an Avro id in the same batch
+    ]
+    out = avroconvert.decode(values, "http://r", None)
+    assert out.good == [True, False, False, False, True, True]
+    assert "column types" in out.errors[0] and "not JSON" in out.errors[1] and "not the object" in out.errors[2]
+    assert out.fields.to_pylist() == [
+        {"id": 1, "x": 2.0, "tags": ["a"], "at": {"city": "c"}, "a": None},
+        {"id": 2, "x": None, "tags": None, "at": None, "a": None},
+        {"id": None, "x": None, "tags": None, "at": None, "a": 9},
+    ]
+    from automq.spark import jsonschematypes
+
+    for unsupported in (True, {"type": "object"}, {"type": ["string", "integer"]}, {"$ref": "#"}):
+        with pytest.raises(jsonschematypes.UnsupportedSchema):
+            jsonschematypes.to_arrow(unsupported)

@@ -340,3 +340,42 @@ def test_debezium_avro_envelopes_upsert_by_id(spark, spark_cluster, sh, catalog)
     table = catalog.load_table(r1.table)
     assert [(r["id"], r["email"]) for r in table.scan().to_arrow().to_pylist()] == [(3, "c2@x")]
     assert pl.scan_iceberg(table).select("id", "email").collect().rows() == [(3, "c2@x")]
+
+
+def test_by_schema_id_json_schema_values(spark, spark_cluster, sh, catalog):
+    """Confluent's JSON Schema serializer writes the same wire header, then JSON text."""
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+
+    registry = spark_cluster.controller_url
+    location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
+    topic = sh.topic_name("jsonsr")
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "Reading",
+        "type": "object",
+        "properties": {
+            "sensor": {"type": "string"},
+            "value": {"type": "number"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["sensor"],
+    }
+    sh.create_topic(spark_cluster.bootstrap, topic, configs={"automq.table.topic.convert.value.type": "by_schema_id"})
+    sr = SchemaRegistryClient({"url": registry})
+    producer = SerializingProducer(
+        {"bootstrap.servers": spark_cluster.bootstrap, "value.serializer": JSONSerializer(json.dumps(schema), sr)}
+    )
+    docs = [{"sensor": f"s{i}", "value": i * 1.5, "tags": ["t"] * (i % 3)} for i in range(8)]
+    for doc in docs:
+        producer.produce(topic, value=doc, partition=0)
+    assert producer.flush(60) == 0
+    spark_cluster.wait_uploaded(topic, {0: len(docs)})
+    [r] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert (r.status, r.records) == ("committed", len(docs)), r
+    de = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient({"url": registry}))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    read = [de(v, ctx) for *_, v, _h in sh.consume_all(spark_cluster.bootstrap, topic, len(docs))]
+    rows = (
+        pl.scan_iceberg(catalog.load_table(r.table)).sort("_kafka_offset").select("sensor", "value", "tags").collect()
+    )
+    assert rows.to_dicts() == read

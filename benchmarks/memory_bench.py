@@ -47,10 +47,65 @@ def rss_mib(pid: int) -> tuple[float, float]:
     return values["VmRSS"], values["VmHWM"]
 
 
-def metric(http: str, name: str) -> float:
-    """Sum of one metric's samples (all label sets) on a node's /metrics page."""
+def metrics(http: str) -> dict[str, float]:
+    """A node's /metrics page: {'name{labels}': value}."""
     text = urllib.request.urlopen(f"http://{http}/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + " ", name + "{")))
+    return {k: float(v) for k, _, v in (line.rpartition(" ") for line in text.splitlines() if line[:1] != "#") if k}
+
+
+def metric(http: str, name: str) -> float:
+    """Sum of one metric's samples (all label sets)."""
+    return sum(v for k, v in metrics(http).items() if k == name or k.startswith(name + "{"))
+
+
+class Breakdown(threading.Thread):
+    """Samples, every --fine-s seconds, the broker's RSS next to what its /metrics page says
+    holds memory: the two caches (what they keep alive) and the C heap (glibc's mallinfo2:
+    in use, freed but held, mmapped big buffers). At the end: the samples with the highest RSS,
+    decomposed, and the median one, so a peak can be told apart from steady state."""
+
+    def __init__(self, pid: int, http: str, every: float, stop_flag: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.http, self.every, self.stop_flag = pid, http, every, stop_flag
+        self.rows: list[tuple[float, ...]] = []
+
+    def run(self) -> None:
+        start = time.perf_counter()
+        while not self.stop_flag.wait(self.every):
+            try:
+                m = metrics(self.http)
+                rss, _ = rss_mib(self.pid)
+            except OSError:
+                continue
+            g = lambda key: m.get(key, 0.0) / MiB  # noqa: E731
+            self.rows.append(
+                (
+                    time.perf_counter() - start,
+                    rss,
+                    g('automq_storage_cache_bytes{cache="log_cache"}'),
+                    g('automq_storage_cache_bytes{cache="block_cache"}'),
+                    g('automq_process_heap_bytes{state="in_use"}'),
+                    g('automq_process_heap_bytes{state="free"}'),
+                    g('automq_process_heap_bytes{state="mmapped"}'),
+                )
+            )
+
+    def report(self) -> None:
+        if not self.rows:
+            return
+        print(f"\nRSS breakdown, {len(self.rows)} samples every {self.every:g} s (MiB; heap = glibc's C heap):")
+        print(
+            f"{'t (s)':>6} {'RSS':>7} {'log cache':>10} {'block cache':>12} {'heap in use':>12} "
+            f"{'heap free':>10} {'mmapped':>8} {'RSS - caches':>13}"
+        )
+        by_rss = sorted(self.rows, key=lambda r: r[1])
+        median = by_rss[len(by_rss) // 2]
+        for label, row in [("median", median)] + [("", r) for r in by_rss[-5:][::-1]]:
+            t, rss, lc, bc, used, free, mm = row
+            print(
+                f"{t:6.0f} {rss:7.1f} {lc:10.1f} {bc:12.1f} {used:12.1f} {free:10.1f} {mm:8.1f} "
+                f"{rss - lc - bc:13.1f} {label}"
+            )
 
 
 def slope(points: list[tuple[float, float]]) -> float:
@@ -152,6 +207,7 @@ def main() -> None:
     ap.add_argument("--log-cache-mib", type=int, default=256)
     ap.add_argument("--block-cache-mib", type=int, default=128)
     ap.add_argument("--sample-s", type=float, default=10.0)
+    ap.add_argument("--fine-s", type=float, default=0.5, help="period of the RSS breakdown samples")
     ap.add_argument("--port-base", type=int, default=37200)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--broker-env", action="append", default=[], help="NAME=VALUE for the broker process (repeat)")
@@ -177,6 +233,8 @@ def main() -> None:
         tail.start()
         catch_up = CatchUp(bootstrap, topic, stop_flag, lambda: producer.acked_bytes)
         catch_up.start()
+        breakdown = Breakdown(broker.pid, http, args.fine_s, stop_flag)
+        breakdown.start()
         produce = threading.Thread(
             target=producer.run, args=(args.duration, args.rate_mib * MiB), daemon=True, name="producer"
         )
@@ -211,6 +269,9 @@ def main() -> None:
             f"produced {producer.acked_bytes / MiB:.0f} MiB ({producer.errors} errors), "
             f"catch-up passes {catch_up.passes}"
         )
+        stop_flag.set()
+        breakdown.join()
+        breakdown.report()
         got = metric(http, "automq_storage_object_read_bytes_total") / MiB
         print(
             f"object store read {got:.0f} MiB for {catch_up.bytes / MiB:.0f} MiB of catch-up values "

@@ -54,3 +54,55 @@ def tune_allocator() -> dict[str, int]:
         else:
             log.warning("mallopt(%d, %d) refused; keeping glibc's default for %s", param, value, env)
     return done
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def heap_stats() -> dict[str, int] | None:
+    """glibc's own account of the C heap (mallinfo2, glibc >= 2.33), in bytes: `in_use` (malloc'd
+    from the arenas' heaps), `free` (freed but still held by the heaps: resident if touched),
+    `mmapped` (big buffers, each its own mapping, returned to the system when freed). None
+    where unavailable. RSS minus these is code, stacks and what is not malloc'd."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    info = fn()
+    return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd}
+
+
+class HeapCollector:
+    """`automq_process_heap_bytes{state=in_use|free|mmapped}` on a node's /metrics page: where
+    RSS above the caches goes (issue 14 goal 5; benchmarks/memory_bench.py samples it)."""
+
+    def __init__(self, registry) -> None:
+        if heap_stats() is not None:
+            registry.register(self)
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        stats = heap_stats()
+        family = GaugeMetricFamily("automq_process_heap_bytes", "The C heap by glibc's mallinfo2", labels=["state"])
+        for state, value in (stats or {}).items():
+            family.add_metric([state], value)
+        yield family

@@ -38,6 +38,7 @@ from automq.broker.controller.protocol import METRICS_LISTENER, Endpoint
 from automq.broker.kafka.broker import Broker, advertised_endpoints
 from automq.broker.kafka.codec.preload import preload_schemas
 from automq.broker.kafka.server import KafkaServer
+from automq.broker.malloc import HeapCollector
 from automq.broker.node import freeze_startup_heap, run_node
 from automq.broker.storage.metadata import NodeFencedError
 
@@ -57,6 +58,7 @@ class BrokerService:
         self.registry = CollectorRegistry()
         # process_cpu_seconds_total & co.: the balancer and autoscaler read CPU from here
         ProcessCollector(registry=self.registry)
+        HeapCollector(self.registry)
         self.server = KafkaServer(config=config)
         self.cluster: ControllerClient | None = None
         self.object_store: ObjectStore | None = None

@@ -94,6 +94,34 @@ LARGE_FRAME_BYTES = 64 << 10  # larger frames get their own buffer, filled by th
 FRAME_CHUNK_BYTES = 64 << 10  # a large frame's buffer grows by this or by doubling, when bytes arrive
 WHOLE_FRAME_BYTES = 4 << 20  # a frame up to this size gets its full buffer once its second read arrives
 TRIM_AFTER_CLOSED = 256  # connections closed since the last malloc_trim that warrant another
+SLAB_BYTES = 1 << 20  # small Produce frames are packed into slabs of this size
+
+
+class FrameSlabs:
+    """Small Produce frames, copied out of the shared receive buffer one after another into
+    1 MiB slabs (each its own mapping: above the allocator's mmap threshold, broker/malloc.py)
+    instead of one heap `bytes` each. Their record batches stay writable views of the slab all
+    the way into the log cache (no kio copy per partition), and a slab goes back to the system
+    as one piece once the log cache has dropped every batch in it; a heap of per-request
+    buffers freed in eviction order instead kept tens of MiB freed but resident (memory_bench's
+    breakdown: 44-95 MiB "heap free" at 10 MiB/s)."""
+
+    __slots__ = ("_slab", "_used")
+
+    def __init__(self) -> None:
+        self._slab = bytearray(0)
+        self._used = 0
+
+    def copy(self, data: memoryview) -> memoryview:
+        n = len(data)
+        if self._used + n > len(self._slab):
+            self._slab = bytearray(SLAB_BYTES)
+            self._used = 0
+        start = self._used
+        self._used = start + n
+        view = memoryview(self._slab)[start : start + n]
+        view[:] = data
+        return view
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
@@ -314,7 +342,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 return
             self._head = None
             self._frame_started = 0.0
-            self._on_frame(bytes(memoryview(head)[4:]))
+            self._on_frame(self._small_frame(memoryview(head)[4:]))
             if self._closing:
                 return
         while end - position >= 4:
@@ -322,7 +350,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 return
             (size,) = _SIZE.unpack_from(data, position)
             if end - position - 4 >= size:
-                self._on_frame(bytes(data[position + 4 : position + 4 + size]))  # a copy: the buffer is shared
+                self._on_frame(self._small_frame(data[position + 4 : position + 4 + size]))  # a copy: shared buffer
                 position += 4 + size
                 if self._closing:
                     return
@@ -336,6 +364,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._head = bytearray(data[position:])
             self._frame_started = now
             self._arm_frame_deadline(now)
+
+    def _small_frame(self, data: memoryview) -> bytes | memoryview:
+        """A copy of a complete frame of at most LARGE_FRAME_BYTES: Produce into a slab,
+        anything else (and raw SASL tokens) a `bytes` of its own."""
+        if len(data) >= 2 and data[0] == 0 and data[1] == 0:  # api key 0: Produce
+            session = self.session
+            if session is None or not session.raw_tokens:
+                return self.server.slabs.copy(data)
+        return bytes(data)
 
     def _size_ok(self, size_bytes) -> bool:
         (size,) = _SIZE.unpack_from(size_bytes, 0)
@@ -367,7 +404,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     # ---------------------------------------------------------------- requests
 
-    def _on_raw_token(self, session: ConnectionSession, frame: bytes | bytearray) -> None:
+    def _on_raw_token(self, session: ConnectionSession, frame: bytes | bytearray | memoryview) -> None:
         """A raw SASL token after SaslHandshake v0: answered with a raw token, in order."""
         server = session.server
         assert server is not None
@@ -389,7 +426,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._slots.append(_Slot(-1, done=True, payload=[answer]))
         self._flush()
 
-    def _on_frame(self, frame: bytes | bytearray) -> None:
+    def _on_frame(self, frame: bytes | bytearray | memoryview) -> None:
         session = self.session
         if session is not None and session.raw_tokens and session.server is not None:
             self._on_raw_token(session, frame)
@@ -730,6 +767,7 @@ class KafkaServer:
         self.served = registry.served_ranges(self.config)
         kafka = self.config.kafka
         self.scratch = memoryview(bytearray(SCRATCH_BYTES))  # shared by every connection's reads
+        self.slabs = FrameSlabs()
         self.max_frame = kafka.socket_request_max_bytes
         self.idle_s = kafka.connections_max_idle_ms / 1000.0
         self.frame_timeout_s = kafka.request_frame_timeout_ms / 1000.0

@@ -38,7 +38,7 @@ class ProduceRequestView:
 
 
 def decode_produce_in_place(
-    buf: bytearray, position: int, flexible: bool, topic_ids: bool = False
+    buf: bytearray | memoryview, position: int, flexible: bool, topic_ids: bool = False
 ) -> ProduceRequestView:
     """Decode a Produce request body (lengths already checked by _check_lengths); `topic_ids`:
     v13+, where each topic is a 16-byte UUID instead of a name."""

@@ -17,6 +17,7 @@ from kio.schema.errors import ErrorCode
 from automq.broker.config import parse_config
 from automq.broker.kafka import codec
 from automq.broker.kafka.process import BrokerService
+from automq.broker.kafka.server import SLAB_BYTES
 
 
 def _configs(tmp_path, **kafka):
@@ -97,6 +98,10 @@ async def test_kafka_python_produces_and_consumes(cluster):
     assert (beginning, end) == (0, 500)
     metrics = cluster.registry.get_sample_value("kafka_topic_messages_in_total", {"topic": "orders"})
     assert metrics == 500
+    # the small Produce frames were packed into slabs: the log cache keeps its batches as views
+    # of a few 1 MiB slabs (given back whole once dropped), not one heap buffer per request
+    held = cluster.broker.storage.log_cache._retained._held
+    assert held and len(held) <= 2 and all(size >= SLAB_BYTES for _, size in held.values()), held
 
 
 def _raw_request(port: int, request, correlation_id: int = 1):

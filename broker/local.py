@@ -587,7 +587,7 @@ def _remember(data_dir: Path, brokers: int, port: int) -> None:
 
 def _print_endpoints(nodes: list[Node], console: Console, data_dir: Path) -> None:
     for n in nodes:
-        base = f"http://127.0.0.1:{n.http_port}"
+        base = f"{'https' if n.https else 'http'}://127.0.0.1:{n.http_port}"
         kafka = f"kafka 127.0.0.1:{n.kafka_port}, " if n.kafka_port else ""
         console.print(f"  {n.name}: {kafka}metrics {base}/metrics, health {base}/healthz, {base}/readyz")
         if n.role == "controller":  # docs/schema-registry.md

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -51,6 +52,16 @@ def test_local_up_secure(tmp_path):
         # a plaintext client on the same port learns nothing
         with pytest.raises(KafkaException):
             AdminClient({"bootstrap.servers": settings["bootstrap.servers"]}).list_topics(timeout=3)
+        # the endpoints printed for the controller (metrics, health, schema registry) say https
+        log = data / "logs" / "local-up.log"
+        for _ in range(50):
+            if "schema registry" in log.read_text():
+                break
+            time.sleep(0.2)
+        text = log.read_text()
+        assert (
+            "controller: metrics https://127.0.0.1:" in text and "registry (Confluent-compatible): https://" in text
+        ), text
         # `automq status` finds the local cluster's token and CA by itself
         status = _cli("status", "--data-dir", str(data), "--output", "json", timeout=60)
         assert '"state": "active"' in status.stdout, status.stdout + status.stderr

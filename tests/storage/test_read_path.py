@@ -45,16 +45,18 @@ class CountingStore(ObjectStore):
         await self.inner.close()
 
 
-async def fill(tmp_path, url, batches: int, size: int) -> tuple[int, InProcessMetadata, ObjectStore]:
+async def started_engine(tmp_path, url, **storage) -> tuple[StorageEngine, InProcessMetadata, ObjectStore]:
+    """A started engine writing 16 KiB object blocks, with these storage settings."""
     store = open_object_store(url)
     meta = InProcessMetadata(store)
-    config = node_config(
-        tmp_path / "w",
-        url,
-        storage={"upload_block_bytes": 256 << 10, "object_block_bytes": 16 << 10, "stream_split_bytes": 64 << 20},
-    )
+    config = node_config(tmp_path / "w", url, storage={"object_block_bytes": 16 << 10, **storage})
     engine = StorageEngine(config, store, meta, meta, 1, await meta.register_node(1))
     await engine.start()
+    return engine, meta, store
+
+
+async def fill(tmp_path, url, batches: int, size: int) -> tuple[int, InProcessMetadata, ObjectStore]:
+    engine, meta, store = await started_engine(tmp_path, url, upload_block_bytes=256 << 10, stream_split_bytes=64 << 20)
     sid = await engine.create_stream()
     other = await engine.create_stream()
     s = await engine.open_stream(sid, 0)
@@ -127,15 +129,10 @@ class OverlappingStore(CountingStore):
 
 
 async def test_many_streams_catching_up_at_once_share_one_read_ahead_budget(tmp_path, file_url):
-    store = open_object_store(file_url)
-    meta = InProcessMetadata(store)
-    config = node_config(
-        tmp_path / "w",
-        file_url,
-        storage={"upload_block_bytes": 2 << 20, "object_block_bytes": 16 << 10, "stream_split_bytes": 64 << 10},
-    )  # each upload: a stream object of ~340 KiB per stream, room for long read-ahead groups
-    engine = StorageEngine(config, store, meta, meta, 1, await meta.register_node(1))
-    await engine.start()
+    # each upload: a stream object of ~340 KiB per stream, room for long read-ahead groups
+    engine, meta, store = await started_engine(
+        tmp_path, file_url, upload_block_bytes=2 << 20, stream_split_bytes=64 << 10
+    )
     sids = [await engine.create_stream() for _ in range(6)]
     streams = [await engine.open_stream(sid, 0) for sid in sids]
     for i in range(300):

@@ -102,7 +102,11 @@ class HeapCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         stats = heap_stats()
-        family = GaugeMetricFamily("automq_process_heap_bytes", "The C heap by glibc's mallinfo2", labels=["state"])
+        family = GaugeMetricFamily(
+            "automq_process_heap_bytes",
+            "C heap bytes by glibc mallinfo2: in_use, free (freed, still held), mmapped",
+            labels=["state"],
+        )
         for state, value in (stats or {}).items():
             family.add_metric([state], value)
         yield family

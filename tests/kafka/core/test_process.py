@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -156,12 +157,27 @@ async def test_probes_metrics_and_graceful_sigterm(tmp_path, controller):
             proc.wait()
 
 
+async def _wait_fenced(controller_url: str, node_id: int, timeout: float = 60) -> None:
+    """Until the controller has fenced the node (its session timed out): resuming it any
+    earlier would test a broker that merely paused, not one that was fenced."""
+    from automq.broker.controller.client import ControllerClient
+
+    deadline = time.monotonic() + timeout
+    async with ControllerClient([controller_url]) as client:
+        while time.monotonic() < deadline:
+            image = await client.watch_metadata(-1, 0)
+            if any(b.node_id == node_id and b.state == "fenced" for b in image.brokers):
+                return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"the controller did not fence node {node_id} within {timeout:.0f}s")
+
+
 async def test_fenced_broker_exits_non_zero(tmp_path, controller):
     proc, _, http_port = _start_broker(tmp_path, controller.url)
     try:
         await _wait_ready(proc, http_port)
         os.kill(proc.pid, signal.SIGSTOP)  # no heartbeats for longer than the session timeout
-        await asyncio.sleep(4)
+        await _wait_fenced(controller.url, node_id=1)
         os.kill(proc.pid, signal.SIGCONT)
         code = await _wait_exit(proc)
         assert code != 0

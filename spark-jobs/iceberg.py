@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+from pydantic import ValidationError
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, RESTError
 from pyiceberg.table import Table
 from pyiceberg.transforms import (
     BucketTransform,
@@ -39,6 +40,7 @@ from pyiceberg.transforms import (
     VoidTransform,
     YearTransform,
 )
+from requests import RequestException
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError, SQLAlchemyError
 
@@ -72,7 +74,15 @@ def open_catalog(uri: str, warehouse: str | None = None, properties: dict[str, s
         props.update(type="rest", uri=uri)
         if warehouse:
             props["warehouse"] = warehouse
-        return load_catalog("automq", **props)
+        try:
+            # the catalog asks the server for its config (GET /v1/config) right away
+            return load_catalog("automq", **props)
+        except (RequestException, RESTError) as exc:
+            raise CatalogError(f"catalog {masked(uri)}: {_rest_reason(exc)}") from exc
+        except ValidationError as exc:  # a 200 that is not a REST catalog's config
+            raise CatalogError(
+                f"catalog {masked(uri)}: not an Iceberg REST catalog (GET /v1/config: {exc.errors()[0]['msg']})"
+            ) from exc
     if "://" not in uri:
         raise ValueError(f"catalog {uri!r}: use sqlite:///path.db, a SQLAlchemy URL, or http(s):// for REST")
     if warehouse is None:
@@ -122,6 +132,15 @@ def masked(uri: str) -> str:
         return uri.split("://", 1)[0] + "://***"
 
 
+def _rest_reason(exc: Exception) -> str:
+    """The server's error (`NotAuthorizedException: ...`) or the connection failure, one line."""
+    if isinstance(exc, RequestException):
+        cause = exc.args[0] if exc.args else exc
+        reason = getattr(cause, "reason", cause)  # urllib3's MaxRetryError wraps the socket error
+        return f"cannot reach the server: {reason}".strip().splitlines()[0]
+    return str(exc).strip().splitlines()[0]
+
+
 def _reason(exc: SQLAlchemyError) -> str:
     """The driver's message (first line), without SQLAlchemy's statement and link."""
     orig = getattr(exc, "orig", None)
@@ -129,16 +148,40 @@ def _reason(exc: SQLAlchemyError) -> str:
 
 
 # Catalog connection settings pyiceberg copies into every table's FileIO properties (a SQL
-# catalog's `uri` holds its password); executors only read and write files
+# catalog's `uri` holds its password; a REST catalog's `credential`, `token`, `header.*` and
+# `auth` hold secrets, and its `auth.manager` is the live object holding the token); executors
+# only read and write files
 _CATALOG_ONLY_KEYS = frozenset(
-    {"uri", "type", "warehouse", "credential", "token", "pool_pre_ping", "echo", "init_catalog_tables"}
+    {
+        "uri",
+        "type",
+        "warehouse",
+        "credential",
+        "token",
+        "pool_pre_ping",
+        "echo",
+        "init_catalog_tables",
+        "auth",
+        "auth.manager",
+        "oauth2-server-uri",
+        "scope",
+        "audience",
+        "resource",
+        "prefix",
+    }
 )
+_CATALOG_ONLY_PREFIXES = ("header.", "rest.")
 
 
 def executor_io_properties(table: Table) -> dict[str, str]:
     """The table's FileIO settings for Spark tasks, without the catalog's URI and credentials:
-    those would travel to every executor (pods, with Spark on Kubernetes) in each task."""
-    return {k: v for k, v in table.io.properties.items() if k not in _CATALOG_ONLY_KEYS}
+    those would travel to every executor (pods, with Spark on Kubernetes) in each task. Only
+    string settings: FileIO takes nothing else, and a REST catalog adds its auth objects."""
+    return {
+        k: v
+        for k, v in table.io.properties.items()
+        if isinstance(v, str) and k not in _CATALOG_ONLY_KEYS and not k.startswith(_CATALOG_ONLY_PREFIXES)
+    }
 
 
 def committed_offsets(table: Table) -> dict[int, int]:

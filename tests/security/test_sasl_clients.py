@@ -252,9 +252,13 @@ def test_kafka_python_over_sasl_ssl(secure_cluster, pki, scram_users, caplog):
     # kafka-python keeps retrying a failed bootstrap until its deadline; what matters is that
     # each attempt is refused with SASL_AUTHENTICATION_FAILED (error 58), which it logs
     with caplog.at_level(logging.ERROR, logger="kafka"):
-        bad = KafkaProducer(**{**conf, "sasl_plain_password": "wrong"}, api_version=(3, 0), max_block_ms=3000)
+        bad = KafkaProducer(**{**conf, "sasl_plain_password": "wrong"}, api_version=(3, 0), max_block_ms=1000)
         with pytest.raises(PyKafkaError):
             bad.send(topic, b"never").get(timeout=5)
+        # its sender keeps trying meanwhile: wait for a refused attempt rather than a longer max_block_ms
+        deadline = time.monotonic() + 30
+        while "SaslAuthenticationFailedError" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.1)
         bad.close(timeout=1)
     assert "SaslAuthenticationFailedError" in caplog.text
 

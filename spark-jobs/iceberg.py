@@ -23,10 +23,12 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from pydantic import ValidationError
-from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog import PY_CATALOG_IMPL, Catalog, load_catalog
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, RESTError
 from pyiceberg.table import Table
 from pyiceberg.transforms import (
@@ -40,7 +42,8 @@ from pyiceberg.transforms import (
     VoidTransform,
     YearTransform,
 )
-from requests import RequestException
+from requests import PreparedRequest, RequestException, Response, Session, Timeout
+from requests.adapters import HTTPAdapter
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError, SQLAlchemyError
 
@@ -53,6 +56,10 @@ CATALOG_INIT_ATTEMPTS = 5
 # libpq waits for the kernel's TCP timeout (minutes) on an unreachable host; a URL's own
 # connect_timeout wins
 CONNECT_TIMEOUT_S = 10
+REST_CONNECT_TIMEOUT = "rest.client.connection-timeout-ms"
+REST_READ_TIMEOUT = "rest.client.socket-timeout-ms"
+# a commit's answer waits for the server to write the new metadata (to S3, often)
+REST_READ_TIMEOUT_S = 120
 
 
 class CatalogError(Exception):
@@ -71,7 +78,9 @@ class MissingPartitionColumn(TableConfigError):
 def open_catalog(uri: str, warehouse: str | None = None, properties: dict[str, str] | None = None) -> Catalog:
     props = dict(properties or {})
     if uri.startswith(("http://", "https://")):
-        props.update(type="rest", uri=uri)
+        props.pop("type", None)
+        props.update(uri=uri)
+        props[PY_CATALOG_IMPL] = f"{RestCatalogWithTimeouts.__module__}.{RestCatalogWithTimeouts.__qualname__}"
         if warehouse:
             props["warehouse"] = warehouse
         try:
@@ -112,6 +121,37 @@ def open_catalog(uri: str, warehouse: str | None = None, properties: dict[str, s
     raise AssertionError("unreachable")
 
 
+class _TimeoutAdapter(HTTPAdapter):
+    """Gives every request without a timeout of its own this one (requests has none)."""
+
+    def __init__(self, timeout: tuple[float, float]) -> None:
+        super().__init__()
+        self.timeout = timeout
+
+    def send(self, request: PreparedRequest, *args: Any, **kwargs: Any) -> Response:
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = self.timeout
+        return super().send(request, *args, **kwargs)
+
+
+class RestCatalogWithTimeouts(RestCatalog):
+    """pyiceberg's REST catalog with connect and read timeouts: it sets none, so a server that
+    accepts the connection and never answers (a hung pod, a black-holing proxy) would hold the
+    run until its deadline. The settings are Iceberg Java's REST client's:
+    `rest.client.connection-timeout-ms` and `rest.client.socket-timeout-ms` (the longest wait
+    for the next byte of an answer)."""
+
+    def _create_session(self) -> Session:
+        session = super()._create_session()
+        connect_ms = int(self.properties.get(REST_CONNECT_TIMEOUT, CONNECT_TIMEOUT_S * 1000))
+        read_ms = int(self.properties.get(REST_READ_TIMEOUT, REST_READ_TIMEOUT_S * 1000))
+        adapter = _TimeoutAdapter((connect_ms / 1000, read_ms / 1000))
+        # a more specific mount (pyiceberg's SigV4 adapter, on the catalog's URI) still wins
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        return session
+
+
 def sql_url(uri: str) -> str:
     """The SQLAlchemy URL of a SQL catalog URI: `postgresql://` and `postgres://` (libpq's
     forms, what a Secret usually holds) select psycopg 3; URLs naming a driver stay as given.
@@ -137,7 +177,8 @@ def _rest_reason(exc: Exception) -> str:
     if isinstance(exc, RequestException):
         cause = exc.args[0] if exc.args else exc
         reason = getattr(cause, "reason", cause)  # urllib3's MaxRetryError wraps the socket error
-        return f"cannot reach the server: {reason}".strip().splitlines()[0]
+        verb = "no answer from the server" if isinstance(exc, Timeout) else "cannot reach the server"
+        return f"{verb}: {reason}".strip().splitlines()[0]
     return str(exc).strip().splitlines()[0]
 
 
@@ -168,6 +209,7 @@ _CATALOG_ONLY_KEYS = frozenset(
         "audience",
         "resource",
         "prefix",
+        PY_CATALOG_IMPL,
     }
 )
 _CATALOG_ONLY_PREFIXES = ("header.", "rest.")

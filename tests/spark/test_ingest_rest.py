@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import json
 import pickle
+import socket
+import threading
 
+import polars as pl
 import pytest
 from iceberg_rest import IcebergRestServer
 from lake_tables import assert_read_back, competitor_commits_first, data_files, produce_mix, table_rows
+from pyiceberg.catalog.rest import RestCatalog
 from typer.testing import CliRunner
 
 from automq.broker.cli import app
@@ -40,7 +44,7 @@ def test_raw_table_through_a_rest_catalog_exactly_once_and_conflicts_as_409(
     spark, spark_cluster, sh, location, rest_server
 ):
     catalog = iceberg.open_catalog(rest_server.uri, properties={"token": TOKEN})
-    assert type(catalog).__name__ == "RestCatalog"
+    assert isinstance(catalog, RestCatalog)
     topic = sh.topic_name("rest")
     sh.create_topic(spark_cluster.bootstrap, topic, partitions=2)
     total = produce_mix(sh, spark_cluster.bootstrap, topic, 20, "a")
@@ -119,3 +123,114 @@ def test_an_unreachable_rest_catalog_fails_the_run_naming_it_without_its_passwor
     assert result.exit_code == 1, result.output
     assert result.output.startswith(f"error: catalog {url.replace('s3cret', '***')}: cannot reach the server")
     assert "s3cret" not in result.output and "Traceback" not in result.output
+
+
+def test_a_rest_catalog_that_never_answers_fails_the_run_after_its_timeout():
+    """pyiceberg's REST client has no timeouts of its own: a server that accepts connections
+    and never answers (here: a listening socket nobody reads) would hold the run forever. The
+    job's catalog gives up after `rest.client.socket-timeout-ms` (Iceberg Java's setting)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(iceberg.CatalogError, match=f"catalog {url}: no answer from the server"):
+            iceberg.open_catalog(url, properties={iceberg.REST_READ_TIMEOUT: "300"})
+
+
+def test_json_table_widened_partitioned_and_maintained_through_a_rest_catalog(
+    spark, spark_cluster, sh, location, rest_server
+):
+    """The other kinds of commit the job sends, each applied by the server: a JSON table made
+    after inference and partitioned by one of its fields (a create, then a spec update), a
+    dead-letter table, a new field widening the schema, then small-file compaction (an
+    overwrite carrying the offsets forward) and snapshot expiry."""
+    catalog = iceberg.open_catalog(rest_server.uri, properties={"token": TOKEN})
+    topic = sh.topic_name("restjson")
+    configs = {
+        "automq.table.topic.convert.value.type": "json",
+        "automq.table.topic.errors.tolerance": "all",
+        "automq.table.topic.partition.by": "bucket(id, 2)",
+    }
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=2, configs=configs)
+
+    def rec(partition: int, doc: dict | bytes) -> tuple:
+        return (None, doc if isinstance(doc, bytes) else json.dumps(doc).encode(), [], partition)
+
+    first = [rec(i % 2, {"id": i, "a": f"a{i}"}) for i in range(10)] + [rec(0, b"not json")]
+    ends = sh.produce_confluent(spark_cluster.bootstrap, topic, first)
+    spark_cluster.wait_uploaded(topic, ends)
+    [r1] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert (r1.status, r1.records, r1.dead_letters, r1.offsets) == ("committed", 10, 1, ends), r1
+    table = catalog.load_table(r1.table)
+    assert [str(f.transform) for f in table.spec().fields] == ["bucket[2]"]
+
+    second = [rec(i % 2, {"id": 10 + i, "a": "later", "b": True}) for i in range(6)]
+    ends = sh.produce_confluent(spark_cluster.bootstrap, topic, second)
+    spark_cluster.wait_uploaded(topic, ends)
+    [r2] = ingest(spark, location, catalog, [topic], enabled_topics=False)
+    assert (r2.status, r2.records, r2.offsets) == ("committed", 6, ends), r2
+    table = catalog.load_table(r1.table)
+    assert str(table.schema().find_field("b").field_type) == "boolean"
+
+    files = data_files(table)
+    [m] = ingest(
+        spark, location, catalog, [topic], enabled_topics=False, compact_files_below=1 << 30, expire_snapshots_ms=0
+    )
+    assert (m.status, m.compacted_files) == ("up-to-date", len(files)), m
+    assert m.expired_snapshots >= 2, m
+    table = catalog.load_table(r1.table)
+    assert len(table.snapshots()) == 1 and len(data_files(table)) < len(files)
+    assert iceberg.committed_offsets(table) == ends
+    rows = sorted(table.scan().to_arrow().select(["id", "a", "b"]).to_pylist(), key=lambda r: r["id"])
+    assert rows == [{"id": i, "a": f"a{i}", "b": None} for i in range(10)] + [
+        {"id": 10 + i, "a": "later", "b": True} for i in range(6)
+    ]
+    assert pl.scan_iceberg(table).select("id").collect()["id"].sort().to_list() == list(range(16))
+    [dead] = catalog.load_table(f"{r1.table}_dlq").scan().to_arrow().to_pylist()
+    assert dead["value"] == b"not json" and dead["offset"] == 5
+    # every commit the server answered was applied: no conflicts in a run without a competitor
+    assert "conflict" not in rest_server.commits[r1.table]
+
+
+def test_two_runs_racing_on_a_new_table_through_a_rest_catalog_commit_every_record_once(
+    spark, spark_cluster, sh, location, rest_server
+):
+    """Two jobs (two RestCatalog clients) start at once on a topic with no table: both create
+    the namespace and the table (one gets the server's 409 AlreadyExists and loads the other's),
+    both write every record's files, then both commit at the same moment, concurrent requests
+    on the server. One commit wins; the other gets 409 CommitFailed, re-plans from the winner's
+    offsets, finds nothing left and deletes the files it wrote."""
+    topic = sh.topic_name("restrace")
+    sh.create_topic(spark_cluster.bootstrap, topic, partitions=2)
+    ends = sh.produce_confluent(
+        spark_cluster.bootstrap, topic, [(b"k%d" % i, b"v%d" % i, [], i % 2) for i in range(200)]
+    )
+    spark_cluster.wait_uploaded(topic, ends)
+    catalogs = [iceberg.open_catalog(rest_server.uri, properties={"token": TOKEN}) for _ in range(2)]
+    both_written = threading.Barrier(2, timeout=120)
+    results: list = [None, None]
+
+    def run(i: int) -> None:
+        waited: list = []
+
+        def commit_together(name, table):
+            if not waited:  # only the first attempt: the loser's re-plan has nothing to commit
+                waited.append(name)
+                both_written.wait()
+
+        results[i] = ingest(spark, location, catalogs[i], [topic], enabled_topics=False, before_commit=commit_together)
+
+    runs = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join(600)
+    [a], [b] = results
+    winner, loser = (a, b) if a.status == "committed" else (b, a)
+    assert (winner.status, winner.records, winner.offsets) == ("committed", 200, ends), (a, b)
+    assert (loser.status, loser.attempts) == ("up-to-date", 2), (a, b)
+    assert rest_server.commits[winner.table] == {"ok": 1, "conflict": 1}
+
+    table = catalogs[0].load_table(winner.table)
+    assert len(table.snapshots()) == 1
+    assert table_rows(table) == sh.consume_all(spark_cluster.bootstrap, topic, 200)
+    assert iceberg.committed_offsets(table) == ends
+    assert {str(p) for p in rest_server.warehouse.glob("**/*.parquet")} == set(data_files(table))

@@ -39,6 +39,7 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import CommitTableRequest, Table
 from pyiceberg.table.sorting import SortOrder
+from sqlalchemy.exc import IntegrityError
 
 NAMESPACE_SEPARATOR = "\x1f"  # the spec's default: %1F in paths
 
@@ -146,7 +147,11 @@ class IcebergRestServer:
             return 200, {"namespaces": [list(ns) for ns in self.catalog.list_namespaces(parent_ns)]}
         if method == "POST":
             namespace, props = tuple(body["namespace"]), body.get("properties") or {}
-            self.catalog.create_namespace(namespace, props)
+            try:
+                self.catalog.create_namespace(namespace, props)
+            except IntegrityError as exc:
+                # SqlCatalog checks, then inserts: a concurrent create slipped in between
+                raise NamespaceAlreadyExistsError(f"namespace {'.'.join(namespace)} already exists") from exc
             return 200, {"namespace": list(namespace), "properties": props}
         raise RestError(405, "BadRequestException", f"{method} not allowed on namespaces")
 

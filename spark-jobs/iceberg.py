@@ -23,11 +23,11 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 from pydantic import ValidationError
-from pyiceberg.catalog import PY_CATALOG_IMPL, Catalog, load_catalog
+from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, RESTError
 from pyiceberg.table import Table
@@ -42,11 +42,14 @@ from pyiceberg.transforms import (
     VoidTransform,
     YearTransform,
 )
+from pyiceberg.typedef import RecursiveDict
+from pyiceberg.utils.config import Config, merge_config
 from requests import PreparedRequest, RequestException, Response, Session, Timeout
 from requests.adapters import HTTPAdapter
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError, SQLAlchemyError
 
+CATALOG_NAME = "automq"
 OFFSETS_PROPERTY = "automq.offsets"
 TOPIC_PROPERTY = "automq.topic"
 NO_RETRIES = {"commit.retry.num-retries": "0"}
@@ -78,14 +81,17 @@ class MissingPartitionColumn(TableConfigError):
 def open_catalog(uri: str, warehouse: str | None = None, properties: dict[str, str] | None = None) -> Catalog:
     props = dict(properties or {})
     if uri.startswith(("http://", "https://")):
-        props.pop("type", None)
         props.update(uri=uri)
-        props[PY_CATALOG_IMPL] = f"{RestCatalogWithTimeouts.__module__}.{RestCatalogWithTimeouts.__qualname__}"
         if warehouse:
             props["warehouse"] = warehouse
+        # pyiceberg's own configuration of the catalog named `automq` comes first, as
+        # load_catalog would merge it: PYICEBERG_CATALOG__AUTOMQ__TOKEN (a Secret's token in
+        # the job's environment, never on its command line) or ~/.pyiceberg.yaml
+        conf = merge_config(Config().get_catalog_config(CATALOG_NAME) or {}, cast(RecursiveDict, props))
+        conf.pop("type", None)
         try:
             # the catalog asks the server for its config (GET /v1/config) right away
-            return load_catalog("automq", **props)
+            return RestCatalogWithTimeouts(CATALOG_NAME, **cast(dict[str, str], conf))
         except (RequestException, RESTError) as exc:
             raise CatalogError(f"catalog {masked(uri)}: {_rest_reason(exc)}") from exc
         except ValidationError as exc:  # a 200 that is not a REST catalog's config
@@ -109,7 +115,7 @@ def open_catalog(uri: str, warehouse: str | None = None, properties: dict[str, s
     props.update(type="sql", uri=sql_url(uri), warehouse=warehouse)
     for attempt in range(1, CATALOG_INIT_ATTEMPTS + 1):
         try:
-            return load_catalog("automq", **props)
+            return load_catalog(CATALOG_NAME, **props)
         except (IntegrityError, ProgrammingError) as exc:
             # PostgreSQL: another job created the catalog's tables between this one's check and
             # its CREATE TABLE (duplicate pg_type row, or "relation already exists"); they exist now
@@ -209,7 +215,6 @@ _CATALOG_ONLY_KEYS = frozenset(
         "audience",
         "resource",
         "prefix",
-        PY_CATALOG_IMPL,
     }
 )
 _CATALOG_ONLY_PREFIXES = ("header.", "rest.")

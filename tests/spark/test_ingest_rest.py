@@ -89,14 +89,16 @@ def test_raw_table_through_a_rest_catalog_exactly_once_and_conflicts_as_409(
 
 
 def test_ingest_command_with_a_rest_catalog_from_the_environment(spark, spark_cluster, sh, rest_server):
-    """`automq spark ingest` as the CronJob runs it: URI in AUTOMQ_SPARK_CATALOG, the token as
-    a catalog property; a wrong token fails the run before Spark starts."""
+    """`automq spark ingest` as a CronJob runs it: URI in AUTOMQ_SPARK_CATALOG, the token in
+    PYICEBERG_CATALOG__AUTOMQ__TOKEN (pyiceberg's own environment configuration, where a
+    Secret puts it: never on the command line); a wrong token (here a catalog property, which
+    wins) fails the run before Spark starts."""
     topic = sh.topic_name("restenv")
     sh.create_topic(spark_cluster.bootstrap, topic)
     sh.produce_confluent(spark_cluster.bootstrap, topic, [(None, b"x%d" % i, [], 0) for i in range(25)])
     spark_cluster.wait_uploaded(topic, 25)
     args = ["spark", "ingest", "--data-dir", str(spark_cluster.data_dir), "--topic", topic, "--only"]
-    env = {"AUTOMQ_SPARK_CATALOG": rest_server.uri}
+    env = {"AUTOMQ_SPARK_CATALOG": rest_server.uri, "PYICEBERG_CATALOG__AUTOMQ__TOKEN": TOKEN}
 
     refused = CliRunner().invoke(app, [*args, "--catalog-property", "token=not-the-token-42"], env=env)
     assert refused.exit_code == 1, refused.output
@@ -104,7 +106,7 @@ def test_ingest_command_with_a_rest_catalog_from_the_environment(spark, spark_cl
     assert "not-the-token-42" not in refused.output
 
     # in-process: the run reuses the test session's Spark instead of starting a JVM
-    result = CliRunner().invoke(app, [*args, "--catalog-property", f"token={TOKEN}"], env=env)
+    result = CliRunner().invoke(app, args, env=env)
     assert result.exit_code == 0, result.output
     [line] = [json.loads(x) for x in result.output.splitlines() if x.startswith("{")]
     assert (line["status"], line["records"], line["offsets"]) == ("committed", 25, {"0": 25})

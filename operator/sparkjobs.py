@@ -71,6 +71,8 @@ ENTRYPOINT = ["/usr/bin/tini", "--", "/usr/local/bin/spark-entrypoint.sh"]
 SPARK_JOB_FILE = "/opt/automq/spark-job.py"
 SCRATCH_DIR = "/tmp"  # Spark's local dir and HOME: the root filesystem is read-only
 CATALOG_ENV = "AUTOMQ_SPARK_CATALOG"  # read by `automq spark ingest --catalog`
+# pyiceberg's environment configuration of the job's catalog (named `automq`): a REST token
+CATALOG_TOKEN_ENV = "PYICEBERG_CATALOG__AUTOMQ__TOKEN"
 
 # Spark on Kubernetes (executors > 0): the API server as seen from a pod, the in-cluster
 # credentials, the driver's fixed ports (executors connect back to them) and where the
@@ -166,6 +168,9 @@ def _ingest_args(spec: AutoMQClusterSpec, lake: LakeIngestionSpec) -> tuple[list
         # Kept out of the pod spec (it may carry a password): the CLI reads it from the environment.
         ref = lake.catalog_uri_secret
         env.append({"name": CATALOG_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    if lake.catalog_token_secret is not None:
+        ref = lake.catalog_token_secret
+        env.append({"name": CATALOG_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     store = spec.object_store
     warehouse = lake.warehouse or f"s3://{store.bucket}/warehouse"
     args += ["--warehouse", warehouse]

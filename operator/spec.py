@@ -619,6 +619,11 @@ class LakeIngestionSpec(SparkJobSpec):
     catalog_uri_secret: SecretKeySelector | None = Field(
         None, description="A Secret key holding the catalog URI (instead of catalogUri)."
     )
+    catalog_token_secret: SecretKeySelector | None = Field(
+        None,
+        description="A Secret key holding a REST catalog's bearer token (passed to the job as "
+        "PYICEBERG_CATALOG__AUTOMQ__TOKEN, never on its command line; executors do not get it).",
+    )
     warehouse: str | None = Field(
         None,
         pattern=r"^(s3|file)://\S+$",

@@ -303,6 +303,14 @@ def test_catalog_uri_from_a_secret_stays_out_of_the_args() -> None:
     assert env[sparkjobs.CATALOG_ENV]["valueFrom"]["secretKeyRef"] == {"name": "iceberg", "key": "uri"}
 
 
+def test_rest_catalog_token_from_a_secret_stays_out_of_the_args() -> None:
+    lake = {"enabled": True, "catalogUri": "https://rest:8181", "catalogTokenSecret": {"name": "rest", "key": "token"}}
+    c = container(rendered(lakeIngestion=lake)["lakeIngestion"])
+    assert not any("token" in a for a in c["args"])
+    env = {e["name"]: e for e in c["env"]}
+    assert env[sparkjobs.CATALOG_TOKEN_ENV]["valueFrom"]["secretKeyRef"] == {"name": "rest", "key": "token"}
+
+
 def test_the_operator_may_manage_cron_jobs_and_read_their_jobs() -> None:
     verbs = {
         (resource, verb)

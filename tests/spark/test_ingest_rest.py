@@ -14,9 +14,12 @@ exchange, credential vending, S3 remote signing."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import socket
 import threading
+import time
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -143,7 +146,7 @@ def test_json_table_widened_partitioned_and_maintained_through_a_rest_catalog(
     """The other kinds of commit the job sends, each applied by the server: a JSON table made
     after inference and partitioned by one of its fields (a create, then a spec update), a
     dead-letter table, a new field widening the schema, then small-file compaction (an
-    overwrite carrying the offsets forward) and snapshot expiry."""
+    overwrite carrying the offsets forward), snapshot expiry and orphan removal."""
     catalog = iceberg.open_catalog(rest_server.uri, properties={"token": TOKEN})
     topic = sh.topic_name("restjson")
     configs = {
@@ -173,13 +176,29 @@ def test_json_table_widened_partitioned_and_maintained_through_a_rest_catalog(
     assert str(table.schema().find_field("b").field_type) == "boolean"
 
     files = data_files(table)
+    # a file nothing references, as a killed run leaves one, an hour old
+    stray = Path(table.location().removeprefix("file://")) / "data" / "stray.parquet"
+    stray.write_bytes(b"PAR1")
+    os.utime(stray, (time.time() - 3600, time.time() - 3600))
     [m] = ingest(
-        spark, location, catalog, [topic], enabled_topics=False, compact_files_below=1 << 30, expire_snapshots_ms=0
+        spark,
+        location,
+        catalog,
+        [topic],
+        enabled_topics=False,
+        compact_files_below=1 << 30,
+        expire_snapshots_ms=0,
+        remove_orphans_ms=60_000,
     )
     assert (m.status, m.compacted_files) == ("up-to-date", len(files)), m
-    assert m.expired_snapshots >= 2, m
+    assert m.expired_snapshots >= 2 and m.removed_files >= 1, m
     table = catalog.load_table(r1.table)
     assert len(table.snapshots()) == 1 and len(data_files(table)) < len(files)
+    # the replaced files went with the expired snapshots, the stray one as an orphan
+    assert not stray.exists()
+    assert {str(p) for p in Path(table.location().removeprefix("file://")).glob("**/*.parquet")} == set(
+        data_files(table)
+    )
     assert iceberg.committed_offsets(table) == ends
     rows = sorted(table.scan().to_arrow().select(["id", "a", "b"]).to_pylist(), key=lambda r: r["id"])
     assert rows == [{"id": i, "a": f"a{i}", "b": None} for i in range(10)] + [

@@ -94,7 +94,8 @@ LARGE_FRAME_BYTES = 64 << 10  # larger frames get their own buffer, filled by th
 FRAME_CHUNK_BYTES = 64 << 10  # a large frame's buffer grows by this or by doubling, when bytes arrive
 WHOLE_FRAME_BYTES = 4 << 20  # a frame up to this size gets its full buffer once its second read arrives
 TRIM_AFTER_CLOSED = 256  # connections closed since the last malloc_trim that warrant another
-SLAB_BYTES = 1 << 20  # small Produce frames are packed into slabs of this size
+SLAB_BYTES = 1 << 20  # Produce frames up to SLAB_FRAME_MAX are packed into slabs of this size
+SLAB_FRAME_MAX = 256 << 10  # larger buffers are mmapped by malloc anyway (broker/malloc.py)
 
 
 class FrameSlabs:
@@ -112,14 +113,17 @@ class FrameSlabs:
         self._slab = bytearray(0)
         self._used = 0
 
-    def copy(self, data: memoryview) -> memoryview:
-        n = len(data)
+    def reserve(self, n: int) -> memoryview:
+        """A writable region of `n` <= SLAB_FRAME_MAX bytes in the current slab (or a new one)."""
         if self._used + n > len(self._slab):
             self._slab = bytearray(SLAB_BYTES)
             self._used = 0
         start = self._used
         self._used = start + n
-        view = memoryview(self._slab)[start : start + n]
+        return memoryview(self._slab)[start : start + n]
+
+    def copy(self, data: memoryview) -> memoryview:
+        view = self.reserve(len(data))
         view[:] = data
         return view
 
@@ -170,7 +174,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.peer = "?"
         self.ip = "?"
         self._head: bytearray | None = None  # the received part of an unfinished small frame
-        self._frame: bytearray | None = None  # a large frame being filled
+        self._frame: bytearray | memoryview | None = None  # a large frame being filled
         self._frame_filled = 0
         self._frame_size = 0
         self._frame_started = 0.0  # monotonic time of the unfinished frame's first byte; 0: none
@@ -272,11 +276,16 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     # more of it came: one buffer of its full size now, rather than a doubling
                     # series whose every step zero-fills and copies (profiled: 38 % of a
                     # producing broker's loop at 1 MB requests went to that)
-                    whole = bytearray(self._frame_size)
+                    whole: bytearray | memoryview
+                    if self._frame_size <= SLAB_FRAME_MAX and self._is_produce(frame):
+                        whole = server.slabs.reserve(self._frame_size)  # below malloc's mmap threshold
+                    else:
+                        whole = bytearray(self._frame_size)
                     whole[: self._frame_filled] = frame
                     frame = self._frame = whole
                     self._account()  # counted now: the next connection's read sees it
                 else:
+                    assert isinstance(frame, bytearray)  # a slab region is whole from the start
                     step = FRAME_CHUNK_BYTES if over else max(len(frame), FRAME_CHUNK_BYTES)
                     grow = min(rest, step)
                     try:
@@ -329,7 +338,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     self._start_large(size, data[position:], b"")
                     return
                 self._frame_started = 0.0
-                self._on_frame(bytearray(data[position : position + size]))
+                whole = data[position : position + size]
+                self._on_frame(self._small_frame(whole) if self._is_produce(whole) else bytearray(whole))
                 position += size
                 if self._closing:
                     return
@@ -365,13 +375,18 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._frame_started = now
             self._arm_frame_deadline(now)
 
-    def _small_frame(self, data: memoryview) -> bytes | memoryview:
-        """A copy of a complete frame of at most LARGE_FRAME_BYTES: Produce into a slab,
-        anything else (and raw SASL tokens) a `bytes` of its own."""
-        if len(data) >= 2 and data[0] == 0 and data[1] == 0:  # api key 0: Produce
+    def _is_produce(self, frame: bytes | bytearray | memoryview) -> bool:
+        """The frame starts with api key 0 (Produce) and is not a raw SASL token."""
+        if len(frame) >= 2 and frame[0] == 0 and frame[1] == 0:
             session = self.session
-            if session is None or not session.raw_tokens:
-                return self.server.slabs.copy(data)
+            return session is None or not session.raw_tokens
+        return False
+
+    def _small_frame(self, data: memoryview) -> bytes | memoryview:
+        """A copy of a complete frame that arrived in one read of the shared buffer (at most
+        SCRATCH_BYTES): Produce into a slab, anything else a `bytes` of its own."""
+        if len(data) <= SLAB_FRAME_MAX and self._is_produce(data):
+            return self.server.slabs.copy(data)
         return bytes(data)
 
     def _size_ok(self, size_bytes) -> bool:

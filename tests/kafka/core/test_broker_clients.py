@@ -102,6 +102,19 @@ async def test_kafka_python_produces_and_consumes(cluster):
     # of a few 1 MiB slabs (given back whole once dropped), not one heap buffer per request
     held = cluster.broker.storage.log_cache._retained._held
     assert held and len(held) <= 2 and all(size >= SLAB_BYTES for _, size in held.values()), held
+    # so are frames above the 64 KiB "large frame" size that malloc would still serve from its
+    # heap (below its 256 KiB mmap threshold), received in pieces straight into the slab
+    await asyncio.to_thread(_produce_large, cluster.bootstrap, "orders", 4, 150_000)
+    assert len(held) <= 3 and all(size >= SLAB_BYTES for _, size in held.values()), held
+
+
+def _produce_large(bootstrap: str, topic: str, n: int, size: int) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=1 << 20)
+    for i in range(n):
+        producer.send(topic, value=bytes([i]) * size).get(timeout=30)
+    producer.close()
 
 
 def _raw_request(port: int, request, correlation_id: int = 1):

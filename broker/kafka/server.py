@@ -99,8 +99,8 @@ SLAB_FRAME_MAX = 256 << 10  # larger buffers are mmapped by malloc anyway (broke
 
 
 class FrameSlabs:
-    """Small Produce frames, copied out of the shared receive buffer one after another into
-    1 MiB slabs (each its own mapping: above the allocator's mmap threshold, broker/malloc.py)
+    """Produce frames of up to SLAB_FRAME_MAX, copied out of the shared receive buffer (or
+    received in pieces straight into their region) one after another in 1 MiB slabs (each its own mapping: above the allocator's mmap threshold, broker/malloc.py)
     instead of one heap `bytes` each. Their record batches stay writable views of the slab all
     the way into the log cache (no kio copy per partition), and a slab goes back to the system
     as one piece once the log cache has dropped every batch in it; a heap of per-request

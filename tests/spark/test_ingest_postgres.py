@@ -17,7 +17,7 @@ import threading
 
 import pyarrow as pa
 import pytest
-from lake_tables import Crash, assert_read_back, data_files, produce_mix, table_rows
+from lake_tables import Crash, assert_read_back, data_files, produce_mix, race_two_runs, table_rows
 from typer.testing import CliRunner
 
 from automq.broker.cli import app
@@ -149,28 +149,9 @@ def test_two_runs_racing_on_a_new_table_commit_every_record_once(
         t.join(120)
     assert all(catalogs), "opening the catalog failed (see the log)"
 
-    both_written = threading.Barrier(2, timeout=240)
-    results: list = [None, None]
-
-    def run(i: int) -> None:
-        waited = []
-
-        def commit_together(name, table):
-            if not waited:  # only the first attempt: the loser's re-plan has nothing to commit
-                waited.append(name)
-                both_written.wait()
-
-        results[i] = ingest(spark, location, catalogs[i], [topic], enabled_topics=False, before_commit=commit_together)
-
-    runs = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
-    for t in runs:
-        t.start()
-    for t in runs:
-        t.join(600)
-    [a], [b] = results
-    winner, loser = (a, b) if a.status == "committed" else (b, a)
-    assert (winner.status, winner.records, winner.offsets) == ("committed", 200, ends), (a, b)
-    assert (loser.status, loser.attempts) == ("up-to-date", 2), (a, b)
+    winner, loser = race_two_runs(spark, location, catalogs, topic, timeout=240)
+    assert (winner.status, winner.records, winner.offsets) == ("committed", 200, ends), (winner, loser)
+    assert (loser.status, loser.attempts) == ("up-to-date", 2), (winner, loser)
 
     table = catalogs[0].load_table(winner.table)
     assert len(table.snapshots()) == 1

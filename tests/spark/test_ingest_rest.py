@@ -17,14 +17,13 @@ import json
 import os
 import pickle
 import socket
-import threading
 import time
 from pathlib import Path
 
 import polars as pl
 import pytest
 from iceberg_rest import IcebergRestServer
-from lake_tables import assert_read_back, competitor_commits_first, data_files, produce_mix, table_rows
+from lake_tables import assert_read_back, competitor_commits_first, data_files, produce_mix, race_two_runs, table_rows
 from pyiceberg.catalog.rest import RestCatalog
 from typer.testing import CliRunner
 
@@ -226,28 +225,9 @@ def test_two_runs_racing_on_a_new_table_through_a_rest_catalog_commit_every_reco
     )
     spark_cluster.wait_uploaded(topic, ends)
     catalogs = [iceberg.open_catalog(rest_server.uri, properties={"token": TOKEN}) for _ in range(2)]
-    both_written = threading.Barrier(2, timeout=120)
-    results: list = [None, None]
-
-    def run(i: int) -> None:
-        waited: list = []
-
-        def commit_together(name, table):
-            if not waited:  # only the first attempt: the loser's re-plan has nothing to commit
-                waited.append(name)
-                both_written.wait()
-
-        results[i] = ingest(spark, location, catalogs[i], [topic], enabled_topics=False, before_commit=commit_together)
-
-    runs = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
-    for t in runs:
-        t.start()
-    for t in runs:
-        t.join(600)
-    [a], [b] = results
-    winner, loser = (a, b) if a.status == "committed" else (b, a)
-    assert (winner.status, winner.records, winner.offsets) == ("committed", 200, ends), (a, b)
-    assert (loser.status, loser.attempts) == ("up-to-date", 2), (a, b)
+    winner, loser = race_two_runs(spark, location, catalogs, topic, timeout=120)
+    assert (winner.status, winner.records, winner.offsets) == ("committed", 200, ends), (winner, loser)
+    assert (loser.status, loser.attempts) == ("up-to-date", 2), (winner, loser)
     assert rest_server.commits[winner.table] == {"ok": 1, "conflict": 1}
 
     table = catalogs[0].load_table(winner.table)

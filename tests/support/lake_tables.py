@@ -23,6 +23,36 @@ def competitor_commits_first(spark, location, catalog, topic: str) -> tuple:
     return hook, won
 
 
+def race_two_runs(spark, location, catalogs: list, topic: str, timeout: float = 240) -> tuple:
+    """Two ingestion runs of `topic`, one per catalog client, that both write every file and
+    then try to commit at the same moment (a barrier in before_commit, first attempt only: a
+    loser's re-plan has nothing to wait for). Returns (winner's result, loser's result)."""
+    import threading
+
+    from automq.spark.ingest import ingest
+
+    both_written = threading.Barrier(2, timeout=timeout)
+    results: list = [None, None]
+
+    def run(i: int) -> None:
+        waited: list = []
+
+        def commit_together(name, table) -> None:
+            if not waited:
+                waited.append(name)
+                both_written.wait()
+
+        results[i] = ingest(spark, location, catalogs[i], [topic], enabled_topics=False, before_commit=commit_together)
+
+    runs = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join(600)
+    [a], [b] = results
+    return (a, b) if a.status == "committed" else (b, a)
+
+
 def table_rows(table) -> list[tuple]:
     """(partition, offset, timestamp ms, key, value, headers) of every row of a raw table, as
     tests/spark/conftest.py's consume_all returns what a consumer reads."""

@@ -384,10 +384,8 @@ def test_skewed_load_is_balanced_within_two_evaluations_and_stays_so(k8s: Harnes
         k8s.call(k8s.brokers.client.reassign_partition(TOPIC, p, 0))
     k8s.brokers.set_rates({(TOPIC, p): 1.0 * MIB for p in range(6)})
     k8s.wait_for("skew visible", lambda: k8s.brokers.load().get(0) == 6 * MIB)
-    skewed_at = time.monotonic()
 
     k8s.wait_for("balanced", lambda: within(k8s.brokers.load(), [0, 1, 2], 0.10), timeout=30)
-    took = time.monotonic() - skewed_at
     assert k8s.brokers.load() == {0: 2 * MIB, 1: 2 * MIB, 2: 2 * MIB}
     event = k8s.wait_for("Rebalanced event", lambda: k8s.events("Rebalanced"))[0]
     assert f"{TOPIC}-" in event["message"] and "0 -> " in event["message"] and "MiB/s" in event["message"]
@@ -398,8 +396,8 @@ def test_skewed_load_is_balanced_within_two_evaluations_and_stays_so(k8s: Harnes
     assert balancing["lastProposal"]["moveCount"] == 4 and not balancing["lastProposal"]["dryRun"]
     assert balancing["lastProposal"]["imbalanceBefore"]["bytes_in_percent"] == pytest.approx(200.0)
     assert metric("automq_operator_partition_moves_total", result="ok") == 4
-    # Two evaluation cycles (2 s) plus the rate window's first samples; generous on a busy machine.
-    assert took < 30, took
+    # one proposal of 4 moves did it (asserted above), not a series of evaluations; no timing
+    # threshold here (the project's rule), only wait_for's bound on how long to wait
 
     # Steady load afterwards: evaluations go on, nothing moves.
     k8s.wait_for("Balanced condition", lambda: k8s.condition("Balancing").get("reason") == "Balanced")

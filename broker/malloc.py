@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import sys
@@ -30,17 +31,26 @@ _M_MMAP_THRESHOLD = -3  # mallopt parameters, from glibc's malloc.h
 _M_ARENA_MAX = -8
 
 
+@functools.cache
+def libc() -> ctypes.CDLL | None:
+    """The C library, loaded once: find_library runs ldconfig in a subprocess (~1 ms), too slow
+    for a metrics scrape on the event loop. None where it cannot be loaded."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def tune_allocator() -> dict[str, int]:
     """Apply the settings before any worker thread exists (arenas are made per thread on
     first use); returns what was set."""
     if not sys.platform.startswith("linux") or os.environ.get("AUTOMQ_MALLOC_TUNING", "1") == "0":
         return {}
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    lib = libc()
+    mallopt = getattr(lib, "mallopt", None)
+    if mallopt is None:
         return {}
-    if not hasattr(libc, "gnu_get_libc_version"):
+    if not hasattr(lib, "gnu_get_libc_version"):
         return {}  # another C library: its mallopt (if any) means something else
     done: dict[str, int] = {}
     for env, param, value in (
@@ -79,15 +89,19 @@ def heap_stats() -> dict[str, int] | None:
     from the arenas' heaps), `free` (freed but still held by the heaps: resident if touched),
     `mmapped` (big buffers, each its own mapping, returned to the system when freed). None
     where unavailable. RSS minus these is code, stacks and what is not malloc'd."""
-    if not sys.platform.startswith("linux"):
+    fn = _mallinfo2()
+    if fn is None:
         return None
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = _MallInfo2
     info = fn()
     return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd}
+
+
+@functools.cache
+def _mallinfo2():
+    fn = getattr(libc(), "mallinfo2", None) if sys.platform.startswith("linux") else None
+    if fn is not None:
+        fn.restype = _MallInfo2
+    return fn
 
 
 class HeapCollector:

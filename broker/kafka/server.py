@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
-import ctypes.util
 import functools
 import logging
 import socket
@@ -57,6 +55,7 @@ from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
+from automq.broker import malloc
 from automq.broker.config import Listener
 from automq.broker.kafka import codec, quotas
 from automq.broker.kafka.auth_session import ConnectionSession
@@ -751,18 +750,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.transport.close()
 
 
-@functools.cache
-def _libc_malloc_trim():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
-        return None
-
-
 def release_free_memory() -> bool:
     """glibc keeps freed heap for reuse; after a flood of connections that can be hundreds of
-    MiB the process never needs again. malloc_trim hands it back. False where unsupported."""
-    trim = _libc_malloc_trim()
+    MiB the process never needs again. malloc_trim hands it back. False where unsupported
+    (not glibc: musl, macOS)."""
+    trim = getattr(malloc.libc(), "malloc_trim", None)
     if trim is None:
         return False
     trim(0)

@@ -383,7 +383,7 @@ def fixed_rate(bootstrap: str, seconds: float, rate_mib: float, partitions: int,
     )
 
 
-def _metrics_lines(urls: Sequence[str]) -> Iterator[str]:
+def metrics_lines(urls: Sequence[str]) -> Iterator[str]:
     """The lines of each broker's /metrics page, one page after the other."""
     import urllib.request
 
@@ -396,7 +396,7 @@ def produce_latency_buckets(urls: list[str]) -> dict[float, float]:
     """The brokers' Produce latency histogram (request parsed -> response queued), summed:
     {upper bound in seconds: cumulative count}. Empty for a cluster not started here."""
     buckets: dict[float, float] = {}
-    for line in _metrics_lines(urls):
+    for line in metrics_lines(urls):
         if line.startswith("kafka_request_latency_seconds_bucket{") and 'api="Produce"' in line:
             labels, value = line.rsplit(" ", 1)
             le = labels.split('le="', 1)[1].split('"', 1)[0]
@@ -429,7 +429,7 @@ def broker_side(before: dict[float, float], after: dict[float, float]) -> str:
 def wal_bytes_pending(urls: Sequence[str]) -> float:
     """Bytes the brokers' WALs hold that are not yet uploaded and trimmed."""
     pending = 0.0
-    for line in _metrics_lines(urls):
+    for line in metrics_lines(urls):
         if line.startswith("automq_storage_wal_bytes_pending "):
             pending += float(line.rsplit(" ", 1)[1])
     return pending

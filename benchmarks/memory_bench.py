@@ -26,12 +26,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import yaml
-from kafka_bench import LoadProducer, Tail, create_topic
+from kafka_bench import LoadProducer, Tail, create_topic, metrics_lines
 from startup_bench import pick_ports, stop, wait_http
 
 MiB = 1 << 20
@@ -49,8 +48,8 @@ def rss_mib(pid: int) -> tuple[float, float]:
 
 def metrics(http: str) -> dict[str, float]:
     """A node's /metrics page: {'name{labels}': value}."""
-    text = urllib.request.urlopen(f"http://{http}/metrics", timeout=5).read().decode()
-    return {k: float(v) for k, _, v in (line.rpartition(" ") for line in text.splitlines() if line[:1] != "#") if k}
+    lines = metrics_lines([f"http://{http}/metrics"])
+    return {k: float(v) for k, _, v in (line.rpartition(" ") for line in lines if line[:1] != "#") if k}
 
 
 def metric(http: str, name: str) -> float:

@@ -99,8 +99,9 @@ SLAB_FRAME_MAX = 256 << 10  # larger buffers are mmapped by malloc anyway (broke
 
 class FrameSlabs:
     """Produce frames of up to SLAB_FRAME_MAX, copied out of the shared receive buffer (or
-    received in pieces straight into their region) one after another in 1 MiB slabs (each its own mapping: above the allocator's mmap threshold, broker/malloc.py)
-    instead of one heap `bytes` each. Their record batches stay writable views of the slab all
+    received in pieces straight into their region) one after another in 1 MiB slabs (each its
+    own mapping: above the allocator's mmap threshold, broker/malloc.py) instead of one heap
+    buffer each. Their record batches stay writable views of the slab all
     the way into the log cache (no kio copy per partition), and a slab goes back to the system
     as one piece once the log cache has dropped every batch in it; a heap of per-request
     buffers freed in eviction order instead kept tens of MiB freed but resident (memory_bench's
@@ -337,8 +338,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     self._start_large(size, data[position:], b"")
                     return
                 self._frame_started = 0.0
-                whole = data[position : position + size]
-                self._on_frame(self._small_frame(whole) if self._is_produce(whole) else bytearray(whole))
+                self._on_frame(self._small_frame(data[position : position + size]))
                 position += size
                 if self._closing:
                     return

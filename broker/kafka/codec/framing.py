@@ -248,7 +248,7 @@ def decode_request(frame: Buffer, served: dict[int, tuple[int, int]]) -> Decoded
 
     Raises UnknownApiKeyError, UnsupportedVersionError (ApiVersions callers answer it, others
     close), RequestDecodeError or FrameError."""
-    # a bytearray of its own (large frames) or a writable view of a slab (small Produce frames)
+    # a bytearray of its own (Produce frames over 256 KiB) or a writable view of a slab (the others)
     writable = frame if isinstance(frame, bytearray) or (isinstance(frame, memoryview) and not frame.readonly) else None
     if writable is not None:
         frame = memoryview(writable).toreadonly()  # kio's native readers want read-only buffers

@@ -71,47 +71,35 @@ class ControllerService:
         scheme, _, rest = self.url.partition("://")
         return f"{scheme}://{rest.rsplit(':', 1)[0]}:{self.schema_registry_port}"
 
-    async def start(self) -> None:
-        self._runner = web.AppRunner(
-            build_app(self.controller, self.auth, self.forward_auth), access_log=None, handle_signals=False
-        )
-        await self._runner.setup()
+    async def _serve(self, app: web.Application, port: int) -> tuple[web.AppRunner, TlsOnlySite | None, int]:
+        """`app` on `port` of the HTTP host, over TLS when the controller has it: its runner, its
+        TLS site (None for plain http; the runner's cleanup stops a plain site) and the bound port."""
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
         if self.tls is not None:
-            self._https = TlsOnlySite(
-                self._runner.server,
+            https = TlsOnlySite(
+                runner.server,
                 self.config.http_host,
-                self.config.http_port,
+                port,
                 self.tls.context,
                 self.config.tls.handshake_timeout_ms / 1000,
                 plain_http=self.config.security.controller_plain_http,
             )
-            self._https.start()
-            self.port = self._https.port
-        else:
-            site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, reuse_address=True)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            https.start()
+            return runner, https, https.port
+        site = web.TCPSite(runner, self.config.http_host, port, reuse_address=True)
+        await site.start()
+        return runner, None, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def start(self) -> None:
+        self._runner, self._https, self.port = await self._serve(
+            build_app(self.controller, self.auth, self.forward_auth), self.config.http_port
+        )
         registry_port = self.config.controller.schema_registry_port
         if registry_port is not None:
-            self._registry_runner = web.AppRunner(
-                build_registry_app(self.controller, self.auth, self.forward_auth), access_log=None, handle_signals=False
+            self._registry_runner, self._registry_https, self.schema_registry_port = await self._serve(
+                build_registry_app(self.controller, self.auth, self.forward_auth), registry_port
             )
-            await self._registry_runner.setup()
-            if self.tls is not None:
-                self._registry_https = TlsOnlySite(
-                    self._registry_runner.server,
-                    self.config.http_host,
-                    registry_port,
-                    self.tls.context,
-                    self.config.tls.handshake_timeout_ms / 1000,
-                    plain_http=self.config.security.controller_plain_http,
-                )
-                self._registry_https.start()
-                self.schema_registry_port = self._registry_https.port
-            else:
-                registry = web.TCPSite(self._registry_runner, self.config.http_host, registry_port, reuse_address=True)
-                await registry.start()
-                self.schema_registry_port = registry._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         host = self.config.http_host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"

@@ -602,10 +602,9 @@ def build_app(
     forward_auth: ControllerClientAuth | None = None,
 ) -> web.Application:
     """`auth`: credentials every call but the open paths must carry (None: none, as before).
-    `forward_auth`: what a standby sends when it forwards a schema-registry call to the leader."""
-    middlewares = [_auth_middleware(auth)] if auth else []
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[*middlewares, schema_registry.confluent_errors])
-    schema_registry.add_routes(app, controller, forward_auth)
+    `forward_auth`: what a standby sends when it forwards a schema-registry call to the leader.
+    The registry's application, with the controller API's routes added."""
+    app = build_registry_app(controller, auth, forward_auth)
 
     async def call(request: web.Request) -> web.Response:
         name = request.match_info["method"]

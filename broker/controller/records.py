@@ -411,7 +411,7 @@ class SchemaRegistered(Record):
     subject: str
     version: int
     schema_id: int
-    schema_type: str  # AVRO | JSON
+    schema_type: str  # AVRO | JSON | PROTOBUF (stored as its base64 FileDescriptorProto)
     schema: str
     references: list[dict[str, Any]]  # [{"name", "subject", "version"}]
 

@@ -15,7 +15,7 @@ against the latest one (Confluent's definitions).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fastavro
@@ -168,8 +168,12 @@ def incompatibility(reader: Any, writer: Any) -> str | None:
     return _Checker(_named(reader), _named(writer)).problem(reader, writer, "")
 
 
-def check_compatibility(level: str, new: Any, previous: list[Any]) -> list[str]:
-    """Problems of `new` against `previous` (oldest first) under `level`; [] when compatible."""
+def check_compatibility(
+    level: str, new: Any, previous: list[Any], incompatible: Callable[[Any, Any], str | None] | None = None
+) -> list[str]:
+    """Problems of `new` against `previous` (oldest first) under `level`; [] when compatible.
+    `incompatible(reader, writer)`: the schema type's rule (default: Avro's `incompatibility`)."""
+    incompatible = incompatible or incompatibility
     if level == "NONE" or not previous:
         return []
     against = previous if level.endswith("_TRANSITIVE") else previous[-1:]
@@ -177,11 +181,11 @@ def check_compatibility(level: str, new: Any, previous: list[Any]) -> list[str]:
     for i, old in enumerate(against):
         label = "an earlier version" if level.endswith("_TRANSITIVE") and i < len(against) - 1 else "the latest version"
         if level.startswith(("BACKWARD", "FULL")):
-            p = incompatibility(new, old)
+            p = incompatible(new, old)
             if p is not None:
                 problems.append(f"reading data written with {label}: {p}")
         if level.startswith(("FORWARD", "FULL")):
-            p = incompatibility(old, new)
+            p = incompatible(old, new)
             if p is not None:
                 problems.append(f"{label} reading data written with the new schema: {p}")
     return problems

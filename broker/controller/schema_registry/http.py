@@ -1,7 +1,7 @@
 """The Confluent Schema Registry REST API, served by the controller (aiohttp routes).
 
-The subset Confluent's clients use (confluent-kafka's `SchemaRegistryClient` and its Avro and
-JSON Schema serializers, Kafka Connect's converters): register and look up schemas, schemas
+The subset Confluent's clients use (confluent-kafka's `SchemaRegistryClient` and its Avro,
+JSON Schema and Protobuf serializers, Kafka Connect's converters): register and look up schemas, schemas
 by id, subjects and versions, soft and permanent deletes, compatibility levels and checks,
 the (read-write only) mode. Bodies and errors are Confluent's:
 `{"error_code": 40401, "message": "..."}` with content type
@@ -23,7 +23,7 @@ import aiohttp
 from aiohttp import web
 
 from automq.broker.controller.controller import Controller
-from automq.broker.controller.schema_registry import model
+from automq.broker.controller.schema_registry import model, protobuf, protoc
 from automq.broker.controller.schema_registry.model import RegistryError, RegistryState, StoredSchema
 from automq.broker.security.controller_auth import ControllerClientAuth
 from automq.broker.storage.metadata import MetadataError, NotControllerError
@@ -86,18 +86,29 @@ def _schema_of(body: dict[str, Any]) -> StoredSchema:
     return StoredSchema(schema_type.upper(), text, refs)
 
 
-def _schema_body(stored: StoredSchema, **extra: Any) -> dict[str, Any]:
+def _text(stored: StoredSchema, fmt: str | None) -> str:
+    """The schema as a GET answers it: Protobuf as `.proto` text, or with `?format=serialized`
+    as the stored base64 FileDescriptorProto (Confluent's two forms)."""
+    if stored.schema_type == "PROTOBUF" and fmt != "serialized":
+        return protobuf.render(protobuf.decode(stored.schema))
+    return stored.schema
+
+
+def _schema_body(stored: StoredSchema, fmt: str | None = None, text: str | None = None, **extra: Any) -> dict[str, Any]:
+    """`text`: the schema as the request gave it (a registration answers in the client's own form)."""
     out = dict(extra)
     if stored.schema_type != "AVRO":
         out["schemaType"] = stored.schema_type
     if stored.references:
         out["references"] = stored.references
-    out["schema"] = stored.schema
+    out["schema"] = text if text is not None else _text(stored, fmt)
     return out
 
 
-def _version_body(reg: RegistryState, subject: str, v: model.SubjectVersion) -> dict[str, Any]:
-    return _schema_body(reg.schemas[v.schema_id], subject=subject, version=v.version, id=v.schema_id)
+def _version_body(
+    reg: RegistryState, subject: str, v: model.SubjectVersion, fmt: str | None = None, text: str | None = None
+) -> dict[str, Any]:
+    return _schema_body(reg.schemas[v.schema_id], fmt, text, subject=subject, version=v.version, id=v.schema_id)
 
 
 def _schema_id(request: web.Request) -> int:
@@ -113,6 +124,18 @@ def add_routes(app: web.Application, controller: Controller, forward_auth: Contr
 
     async def read(fn: Callable[[RegistryState], Any]) -> Any:
         return await controller.read(lambda st: fn(st.schema_registry))
+
+    async def compiled(stored: StoredSchema) -> StoredSchema:
+        """Protobuf `.proto` text compiled to the serialized form the registry keeps (other
+        schemas as they are)."""
+        if stored.schema_type != "PROTOBUF" or protobuf.is_serialized(stored.schema):
+            return stored
+        imports = await read(lambda reg: reg.proto_imports(stored.references))
+        try:
+            serialized = await protoc.compile_text(stored.schema, imports)
+        except protobuf.InvalidSchema as exc:
+            raise model.invalid_schema(str(exc)) from None
+        return StoredSchema(stored.schema_type, serialized, stored.references)
 
     async def forward(request: web.Request, raw: bytes) -> web.Response:
         leader = controller.leader_url
@@ -198,29 +221,34 @@ def add_routes(app: web.Application, controller: Controller, forward_auth: Contr
     @route
     async def version(request: web.Request) -> web.Response:
         subject, spec, deleted = request.match_info["subject"], request.match_info["version"], _flag(request, "deleted")
-        return reply(await read(lambda reg: _version_body(reg, subject, reg.version(subject, spec, deleted))))
+        fmt = request.query.get("format")
+        return reply(await read(lambda reg: _version_body(reg, subject, reg.version(subject, spec, deleted), fmt)))
 
     @route
     async def version_schema(request: web.Request) -> web.Response:
         subject, spec = request.match_info["subject"], request.match_info["version"]
-        text = await read(lambda reg: reg.schemas[reg.version(subject, spec).schema_id].schema)
+        fmt = request.query.get("format")
+        text = await read(lambda reg: _text(reg.schemas[reg.version(subject, spec).schema_id], fmt))
         return web.Response(text=text, content_type=CONTENT_TYPE)
 
     @route
     async def register(request: web.Request) -> web.Response:
         subject = request.match_info["subject"]
-        stored = _schema_of(await _json_body(request))
+        given = _schema_of(await _json_body(request))
+        stored = await compiled(given)
         schema_id, number = await controller.execute(lambda tx: model.register(tx, subject, stored))
-        return reply(_schema_body(stored, id=schema_id, subject=subject, version=number))
+        return reply(_schema_body(stored, text=given.schema, id=schema_id, subject=subject, version=number))
 
     @route
     async def lookup(request: web.Request) -> web.Response:
-        subject, deleted = request.match_info["subject"], _flag(request, "deleted")
-        stored = _schema_of(await _json_body(request))
+        subject, deleted, fmt = request.match_info["subject"], _flag(request, "deleted"), request.query.get("format")
+        given = _schema_of(await _json_body(request))
+        stored = await compiled(given)
 
         def find(reg: RegistryState) -> dict[str, Any]:
             model.validate(reg, stored)
-            return _version_body(reg, subject, reg.lookup(subject, stored, deleted))
+            version = reg.lookup(subject, stored, deleted)
+            return _version_body(reg, subject, version, fmt, None if fmt else given.schema)
 
         return reply(await read(find))
 
@@ -237,13 +265,13 @@ def add_routes(app: web.Application, controller: Controller, forward_auth: Contr
 
     @route
     async def schema_by_id(request: web.Request) -> web.Response:
-        schema_id = _schema_id(request)
-        return reply(await read(lambda reg: _schema_body(reg.schema(schema_id))))
+        schema_id, fmt = _schema_id(request), request.query.get("format")
+        return reply(await read(lambda reg: _schema_body(reg.schema(schema_id), fmt)))
 
     @route
     async def schema_text_by_id(request: web.Request) -> web.Response:
-        schema_id = _schema_id(request)
-        text = await read(lambda reg: reg.schema(schema_id).schema)
+        schema_id, fmt = _schema_id(request), request.query.get("format")
+        text = await read(lambda reg: _text(reg.schema(schema_id), fmt))
         return web.Response(text=text, content_type=CONTENT_TYPE)
 
     @route
@@ -297,7 +325,7 @@ def add_routes(app: web.Application, controller: Controller, forward_auth: Contr
     @route
     async def compatibility(request: web.Request) -> web.Response:
         subject, spec = request.match_info["subject"], request.match_info.get("version", "latest")
-        stored = _schema_of(await _json_body(request))
+        stored = await compiled(_schema_of(await _json_body(request)))
         verbose = _flag(request, "verbose")
 
         def check(reg: RegistryState) -> dict[str, Any]:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from automq.broker.controller import records as r
-from automq.broker.controller.schema_registry import avro
+from automq.broker.controller.schema_registry import avro, protobuf
 from automq.broker.storage.metadata import MetadataError
 
 if TYPE_CHECKING:
     from automq.broker.controller.commands import Tx
 
-SCHEMA_TYPES = ("AVRO", "JSON")
+SCHEMA_TYPES = ("AVRO", "JSON", "PROTOBUF")
 DEFAULT_COMPATIBILITY = "BACKWARD"
 MAX_VERSION = 2**31 - 1
 MAX_REFERENCE_DEPTH = 32
@@ -194,11 +194,15 @@ class RegistryState:
                 return v
         raise schema_not_found()
 
-    def referenced_texts(self, references: list[dict[str, Any]], depth: int = 0) -> list[str]:
+    def referenced_texts(self, references: list[dict[str, Any]]) -> list[str]:
         """The texts of `references` (and theirs, first), for parsing a schema that uses them."""
+        return [stored.schema for _, stored in self.referenced(references)]
+
+    def referenced(self, references: list[dict[str, Any]], depth: int = 0) -> list[tuple[str, StoredSchema]]:
+        """(reference name, schema) of `references` and theirs, dependencies first."""
         if depth > MAX_REFERENCE_DEPTH:
             raise invalid_schema(f"Invalid schema: references nested deeper than {MAX_REFERENCE_DEPTH}")
-        texts: list[str] = []
+        found: list[tuple[str, StoredSchema]] = []
         for ref in references:
             subject, version = ref.get("subject"), ref.get("version")
             if not isinstance(subject, str) or not isinstance(ref.get("name"), str) or not isinstance(version, int):
@@ -208,17 +212,40 @@ class RegistryState:
             except RegistryError:
                 raise invalid_schema(f"Invalid schema: reference {subject} version {version} does not exist") from None
             stored = self.schemas[v.schema_id]
-            texts += self.referenced_texts(stored.references, depth + 1)
-            texts.append(stored.schema)
-        return texts
+            found += self.referenced(stored.references, depth + 1)
+            found.append((ref["name"], stored))
+        return found
 
     def parsed(self, stored: StoredSchema) -> Any:
+        """A stored schema parsed for compatibility checks (fastavro's form, a FileDescriptorProto)."""
+        if stored.schema_type == "PROTOBUF":
+            return protobuf.decode(stored.schema)
         return avro.parse(stored.schema, self.referenced_texts(stored.references))
+
+    def proto_imports(self, references: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        """(import path, `.proto` text) of a Protobuf schema's references, for compiling `.proto`
+        text that imports them."""
+        found = []
+        for name, stored in self.referenced(references):
+            if stored.schema_type != "PROTOBUF":
+                raise invalid_schema(f"Invalid schema: reference {name} is a {stored.schema_type} schema")
+            found.append((name, protobuf.render(protobuf.decode(stored.schema))))
+        return found
+
+
+def canonical(stored: StoredSchema) -> str:
+    """The text that decides "same schema, same id" (and, for Protobuf, the form stored)."""
+    try:
+        if stored.schema_type == "PROTOBUF":
+            return protobuf.canonical(stored.schema)
+        return avro.canonical(stored.schema)
+    except (avro.InvalidSchema, protobuf.InvalidSchema) as exc:
+        raise invalid_schema(str(exc)) from None
 
 
 def fingerprint(stored: StoredSchema) -> tuple[str, str, str]:
     refs = json.dumps(stored.references, sort_keys=True, separators=(",", ":"))
-    return (stored.schema_type, avro.canonical(stored.schema), refs)
+    return (stored.schema_type, canonical(stored), refs)
 
 
 def parse_version(spec: str) -> int:
@@ -256,9 +283,28 @@ def validate(state: RegistryState, stored: StoredSchema) -> Any:
             raise invalid_schema("Invalid schema: a JSON schema is an object or a boolean")
         return doc
     try:
+        if stored.schema_type == "PROTOBUF":
+            refs = state.referenced(stored.references)
+            if any(ref.schema_type != "PROTOBUF" for _, ref in refs):
+                raise invalid_schema("Invalid schema: a Protobuf schema's references are Protobuf schemas")
+            return protobuf.parse(stored.schema, [(name, ref.schema) for name, ref in refs])
         return avro.parse(stored.schema, state.referenced_texts(stored.references))
-    except avro.InvalidSchema as exc:
+    except (avro.InvalidSchema, protobuf.InvalidSchema) as exc:
         raise invalid_schema(str(exc)) from None
+
+
+def problems(
+    state: RegistryState, level: str, stored: StoredSchema, new: Any, previous: list[StoredSchema]
+) -> list[str]:
+    """Compatibility problems of `new` (parsed `stored`) against `previous` under `level`
+    ([] = compatible); JSON schemas are not checked."""
+    if stored.schema_type == "JSON":
+        return []
+    rule = protobuf.incompatibility if stored.schema_type == "PROTOBUF" else avro.incompatibility
+    try:
+        return avro.check_compatibility(level, new, [state.parsed(p) for p in previous], rule)
+    except RecursionError:
+        raise invalid_schema("Invalid schema: nested too deeply to check its compatibility") from None
 
 
 # --------------------------------------------------------------------------- commands
@@ -270,6 +316,8 @@ def register(tx: Tx, subject: str, stored: StoredSchema) -> tuple[int, int]:
     check_subject(subject)
     reg = tx.state.schema_registry
     new = validate(reg, stored)
+    if stored.schema_type == "PROTOBUF":  # stored in the canonical form: a GET renders either form from it
+        stored = StoredSchema(stored.schema_type, canonical(stored), stored.references)
     schema_id = reg.ids.get(fingerprint(stored))
     existing = reg.subjects.get(subject, {})
     for v in sorted(existing.values(), key=lambda v: -v.version):
@@ -286,18 +334,14 @@ def register(tx: Tx, subject: str, stored: StoredSchema) -> tuple[int, int]:
                 f"Schema being registered is incompatible with an earlier schema for subject '{subject}': "
                 f"schema type {stored.schema_type} after {', '.join(sorted(previous_types))} (level {level})",
             )
-        if stored.schema_type == "AVRO":
-            try:
-                problems = avro.check_compatibility(level, new, [reg.parsed(reg.schemas[v.schema_id]) for v in live])
-            except RecursionError:
-                raise invalid_schema("Invalid schema: nested too deeply to check its compatibility") from None
-            if problems:
-                raise RegistryError(
-                    409,
-                    409,
-                    f"Schema being registered is incompatible with an earlier schema for subject '{subject}' "
-                    f"(compatibility {level}): " + "; ".join(problems),
-                )
+        found = problems(reg, level, stored, new, [reg.schemas[v.schema_id] for v in live])
+        if found:
+            raise RegistryError(
+                409,
+                409,
+                f"Schema being registered is incompatible with an earlier schema for subject '{subject}' "
+                f"(compatibility {level}): " + "; ".join(found),
+            )
     if schema_id is None:
         schema_id = reg.next_id
     version = max(existing, default=0) + 1
@@ -315,13 +359,9 @@ def test_compatibility(state: RegistryState, subject: str, spec: str, stored: St
     old = state.schemas[target.schema_id]
     if old.schema_type != stored.schema_type:
         return [f"schema type {stored.schema_type} against {old.schema_type}"]
-    if stored.schema_type != "AVRO":
-        return []
     if spec in ("latest", "-1") and level.endswith("_TRANSITIVE"):
-        return avro.check_compatibility(
-            level, new, [state.parsed(state.schemas[v.schema_id]) for v in state.versions(subject)]
-        )
-    return avro.check_compatibility(level.removesuffix("_TRANSITIVE"), new, [state.parsed(old)])
+        return problems(state, level, stored, new, [state.schemas[v.schema_id] for v in state.versions(subject)])
+    return problems(state, level.removesuffix("_TRANSITIVE"), stored, new, [old])
 
 
 def _referenced(state: RegistryState, subject: str, version: int) -> bool:

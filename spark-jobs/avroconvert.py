@@ -26,7 +26,10 @@ recursive records.
 
 Ids whose schema is a JSON Schema (Confluent's JSON Schema serializer: the header, then JSON
 text) are decoded with `json` and typed by jsonschematypes.py; values that do not fit those
-types are bad records.
+types are bad records. Ids whose schema is Protobuf (Confluent's Protobuf serializer: the
+header, the message indexes, then the message) are fetched in the serialized form
+(`?format=serialized`, with their references) and decoded by protoconvert.py. The registry's
+`schemaType` of the id decides which, here and nowhere else.
 
 Decoding is per record (fastavro, json); building the columns is one Arrow call per batch.
 """
@@ -46,8 +49,9 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 
+from automq.broker.controller.schema_registry.protobuf import InvalidSchema as InvalidProtobuf
 from automq.broker.security.controller_auth import ControllerClientAuth
-from automq.spark import jsonschematypes
+from automq.spark import jsonschematypes, protoconvert
 
 MAGIC = 0
 HEADER = 5
@@ -69,10 +73,10 @@ class UnsupportedSchema(Exception):
 @dataclass(frozen=True, slots=True)
 class WriterSchema:
     schema_id: int
-    parsed: Any  # for fastavro.schemaless_reader (AVRO)
-    arrow: pa.DataType | None  # None: unsupported (see `problem`)
+    parsed: Any  # for fastavro.schemaless_reader (AVRO), a protoconvert.ProtoSchema (PROTOBUF)
+    arrow: pa.DataType | None  # None: unsupported (see `problem`); PROTOBUF: per message, see protoconvert
     problem: str = ""
-    kind: str = "AVRO"  # or JSON (Confluent's JSON Schema serializer: JSON text after the header)
+    kind: str = "AVRO"  # or JSON (JSON text after the header), PROTOBUF (message indexes, then the message)
 
 
 _CACHE: dict[tuple[str, int], WriterSchema] = {}
@@ -80,11 +84,11 @@ _CACHE: dict[tuple[str, int], WriterSchema] = {}
 _UNKNOWN: set[tuple[str, int]] = set()
 
 
-def _request(urls: str, path: str) -> dict[str, Any]:
+def _request(urls: str, path: str, query: str = "") -> dict[str, Any]:
     auth = ControllerClientAuth.from_env()
     failures = []
     for base in (u.strip() for u in urls.split(",") if u.strip()):
-        req = urllib.request.Request(base.rstrip("/") + path, headers=auth.headers())
+        req = urllib.request.Request(base.rstrip("/") + path + query, headers=auth.headers())
         context = (
             auth.ssl if auth.ssl is not None else (ssl.create_default_context() if base.startswith("https") else None)
         )
@@ -121,8 +125,10 @@ def writer_schema(urls: str, schema_id: int) -> WriterSchema:
     schema_type = body.get("schemaType", "AVRO")
     if schema_type == "JSON":
         result = build_json(schema_id, body["schema"])
+    elif schema_type == "PROTOBUF":
+        result = build_protobuf(urls, schema_id)
     elif schema_type != "AVRO":
-        result = WriterSchema(schema_id, None, None, f"schema {schema_id} is {schema_type}, not AVRO or JSON")
+        result = WriterSchema(schema_id, None, None, f"schema {schema_id} is {schema_type}, not AVRO, JSON or PROTOBUF")
     else:
         refs = [_referenced(urls, r) for r in body.get("references") or []]
         result = build(schema_id, body["schema"], refs)
@@ -133,6 +139,29 @@ def writer_schema(urls: str, schema_id: int) -> WriterSchema:
 def _referenced(urls: str, ref: dict[str, Any]) -> str:
     subject = urllib.parse.quote(str(ref["subject"]), safe="")
     return str(_request(urls, f"/subjects/{subject}/versions/{ref['version']}")["schema"])
+
+
+def build_protobuf(urls: str, schema_id: int) -> WriterSchema:
+    """A Protobuf schema in its serialized form, with its references (theirs first)."""
+    body = _request(urls, f"/schemas/ids/{schema_id}", "?format=serialized")
+    try:
+        imports = _protobuf_imports(urls, body.get("references") or [], 0)
+        parsed = protoconvert.build(schema_id, body["schema"], imports)
+    except (InvalidProtobuf, UnknownSchema, RecursionError) as exc:
+        return WriterSchema(schema_id, None, None, f"Protobuf schema {schema_id}: {exc}", kind="PROTOBUF")
+    return WriterSchema(schema_id, parsed, pa.null(), kind="PROTOBUF")
+
+
+def _protobuf_imports(urls: str, references: list[dict[str, Any]], depth: int) -> list[tuple[str, str]]:
+    if depth > 32:
+        raise UnknownSchema("references nested deeper than 32")
+    found: list[tuple[str, str]] = []
+    for ref in references:
+        subject = urllib.parse.quote(str(ref["subject"]), safe="")
+        body = _request(urls, f"/subjects/{subject}/versions/{ref['version']}", "?format=serialized")
+        found += _protobuf_imports(urls, body.get("references") or [], depth + 1)
+        found.append((str(ref["name"]), str(body["schema"])))
+    return found
 
 
 def latest_schema_id(urls: str, subject: str) -> int:
@@ -298,11 +327,12 @@ class Decoded:
     errors: list[str]  # per bad value, in order
 
 
-def decode(values: list[bytes | None], registry_url: str, latest_id: int | None) -> Decoded:
-    """Values -> a table of their fields. `latest_id`: by_latest_schema (no wire header)."""
+def decode(values: list[bytes | None], registry_url: str, latest_id: int | None, message: str = "") -> Decoded:
+    """Values -> a table of their fields. `latest_id`: by_latest_schema (no wire header; for
+    Protobuf, values of the message `message`, "" for the schema's first)."""
     records: list[dict[str, Any] | None] = []
     positions: list[int] = []  # the value each record came from
-    types: dict[int, pa.DataType] = {}
+    types: dict[Any, pa.DataType] = {}  # per schema id (and Protobuf message)
     errors: dict[int, str] = {}
     latest = writer_schema(registry_url, latest_id) if latest_id is not None else None
     for i, value in enumerate(values):
@@ -328,15 +358,18 @@ def decode(values: list[bytes | None], registry_url: str, latest_id: int | None)
         if schema.arrow is None:
             errors[i] = schema.problem
             continue
-        record, problem = _read(schema, body)
-        if problem:
+        if schema.kind == "PROTOBUF":
+            record, arrow, problem = protoconvert.read(schema.parsed, body, latest is None, message)
+        else:
+            (record, problem), arrow = _read(schema, body), schema.arrow
+        if problem or arrow is None:
             errors[i] = problem
             continue
-        if not pa.types.is_struct(schema.arrow):
+        if not pa.types.is_struct(arrow):
             record = {"value": record}  # a schema that is not a record/object: one column named value
-            types.setdefault(schema.schema_id, pa.struct([pa.field("value", schema.arrow)]))
+            types.setdefault(schema.schema_id, pa.struct([pa.field("value", arrow)]))
         elif isinstance(record, dict):
-            types.setdefault(schema.schema_id, schema.arrow)
+            types.setdefault((schema.schema_id, arrow), arrow)
         else:
             errors[i] = f"value is JSON {type(record).__name__}, not the object schema {schema.schema_id} describes"
             continue

@@ -252,6 +252,13 @@ def _subject(value: str) -> str:
     return v
 
 
+def _message_name(value: str) -> str:
+    v = value.strip().removeprefix(".")
+    if v and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", v):
+        raise ValueError("a Protobuf message's full name such as 'shop.v1.Order', or empty")
+    return v
+
+
 def _namespace(value: str) -> str:
     v = value.strip()
     if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", v):
@@ -596,8 +603,9 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             _one_of("raw", "string", "json", "by_schema_id", "by_latest_schema"),
             "How record values become columns: raw bytes, a UTF-8 string, JSON objects whose fields "
             "become columns (schema inferred and widened when new fields appear), or Avro through the schema "
-            "registry: by_schema_id (Confluent wire format, the writer schema by its id), by_latest_schema "
-            "(plain Avro bodies, the latest schema of automq.table.topic.convert.value.subject).",
+            "registry (Avro, JSON Schema, Protobuf): by_schema_id (Confluent wire format, the writer schema by its "
+            "id), by_latest_schema (bare Avro or Protobuf bodies, the latest schema of "
+            "automq.table.topic.convert.value.subject).",
             "enforced by the ingestion job (docs/spark.md)",
         ),
         TopicConfigKey(
@@ -606,6 +614,15 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "",
             _subject,
             "The schema registry subject of by_latest_schema values; empty: <topic>-value.",
+            "enforced by the ingestion job",
+        ),
+        TopicConfigKey(
+            "automq.table.topic.convert.value.message.full.name",
+            ConfigType.STRING,
+            "",
+            _message_name,
+            "by_latest_schema with a Protobuf schema: the full name of the values' message type "
+            "(e.g. shop.v1.Order); empty: the schema's first message.",
             "enforced by the ingestion job",
         ),
         TopicConfigKey(

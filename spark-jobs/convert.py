@@ -1,6 +1,6 @@
 """Turning the data source's rows (Arrow) into a table topic's rows, per the topic's
 `automq.table.topic.*` configs: value conversion (raw | string | json | by_schema_id |
-by_latest_schema, the last two in avroconvert.py), transforms (none |
+by_latest_schema, the last two in avroconvert.py: Avro, JSON Schema and Protobuf), transforms (none |
 flatten | flatten_debezium), and the split into good rows and dead letters.
 
 Whole columns at a time (pyarrow compute, polars' JSON decoder); per-record Python only for
@@ -49,6 +49,7 @@ class TableSettings:
     partition_by: tuple[tuple[str, str, int | None], ...] = ()
     errors_tolerance: str = "none"
     value_subject: str = ""  # by_latest_schema: the registry subject ("" = <topic>-value)
+    value_message: str = ""  # by_latest_schema, Protobuf: the message's full name ("" = the first)
     # set by the job, not by topic configs: where the schema registry is, and for
     # by_latest_schema the id of the subject's latest schema when the run started
     registry_url: str = ""
@@ -75,6 +76,7 @@ class TableSettings:
             partition_by=tuple(tc.parse_partition_by(get("partition.by"))),
             errors_tolerance=get("errors.tolerance"),
             value_subject=get("convert.value.subject"),
+            value_message=get("convert.value.message.full.name"),
         )
         if settings.transform != "none" and not settings.has_fields:
             raise tc.TopicConfigError(
@@ -217,7 +219,7 @@ def _to_avro(rows: pa.Table, settings: TableSettings, merge_ids: bool = True) ->
         rows = rows.filter(pc.is_valid(rows["value"]))  # tombstones, as for JSON
     latest = settings.latest_schema_id if settings.convert == "by_latest_schema" else None
     try:
-        decoded = avroconvert.decode(rows["value"].to_pylist(), settings.registry_url, latest)
+        decoded = avroconvert.decode(rows["value"].to_pylist(), settings.registry_url, latest, settings.value_message)
     except avroconvert.RegistryUnavailable as exc:
         raise ConversionError(str(exc)) from None
     dead = DLQ_SCHEMA.empty_table()

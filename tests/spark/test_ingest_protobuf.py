@@ -196,7 +196,8 @@ def test_by_latest_schema_bare_messages_and_a_failing_bad_record(spark, spark_cl
     registry = spark_cluster.controller_url
     location = ClusterLocation.resolve(data_dir=spark_cluster.data_dir)
     topic = sh.topic_name("protolatest")
-    text = 'syntax = "proto3";\nmessage Reading {\n  string sensor = 1;\n  Place at = 2;\n}\nmessage Place { double x = 1; }\n'
+    # Reading is not the file's first message: the topic names it
+    text = 'syntax = "proto3";\npackage m;\nmessage Place { double x = 1; }\nmessage Reading { string sensor = 1; Place at = 2; }\n'
     SchemaRegistryClient({"url": registry}).register_schema(f"{topic}-value", Schema(text, "PROTOBUF"))
     sh.create_topic(
         spark_cluster.bootstrap,
@@ -204,9 +205,10 @@ def test_by_latest_schema_bare_messages_and_a_failing_bad_record(spark, spark_cl
         configs={
             "automq.table.topic.convert.value.type": "by_latest_schema",
             "automq.table.topic.transform.value.type": "flatten",
+            "automq.table.topic.convert.value.message.full.name": "m.Reading",
         },
     )
-    Reading = message_classes({"r.proto": text})["Reading"]
+    Reading = message_classes({"r.proto": text})["m.Reading"]
     msgs = [Reading(sensor=f"s{i}", at={"x": i / 2}) for i in range(5)]
     ends = sh.produce_confluent(spark_cluster.bootstrap, topic, [(None, m.SerializeToString(), [], 0) for m in msgs])
     spark_cluster.wait_uploaded(topic, ends)

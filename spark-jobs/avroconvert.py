@@ -358,8 +358,10 @@ def decode(values: list[bytes | None], registry_url: str, latest_id: int | None,
         if schema.arrow is None:
             errors[i] = schema.problem
             continue
+        key: Any = schema.schema_id
         if schema.kind == "PROTOBUF":
-            record, arrow, problem = protoconvert.read(schema.parsed, body, latest is None, message)
+            record, reader, problem = protoconvert.read(schema.parsed, body, latest is None, message)
+            arrow, key = (reader.arrow, (schema.schema_id, reader.name)) if reader is not None else (None, key)
         else:
             (record, problem), arrow = _read(schema, body), schema.arrow
         if problem or arrow is None:
@@ -367,9 +369,9 @@ def decode(values: list[bytes | None], registry_url: str, latest_id: int | None,
             continue
         if not pa.types.is_struct(arrow):
             record = {"value": record}  # a schema that is not a record/object: one column named value
-            types.setdefault(schema.schema_id, pa.struct([pa.field("value", arrow)]))
+            types.setdefault(key, pa.struct([pa.field("value", arrow)]))
         elif isinstance(record, dict):
-            types.setdefault((schema.schema_id, arrow), arrow)
+            types.setdefault(key, arrow)
         else:
             errors[i] = f"value is JSON {type(record).__name__}, not the object schema {schema.schema_id} describes"
             continue

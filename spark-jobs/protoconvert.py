@@ -207,6 +207,8 @@ def _element(f: FD, stack: tuple[str, ...]) -> tuple[pa.DataType, Convert | None
 def message_indexes(body: bytes) -> tuple[tuple[int, ...], int]:
     """The message indexes after the schema id and where the message starts; ValueError when
     they are not there."""
+    if body[:1] == b"\x00":  # [0], what nearly every value carries: no varint decoding
+        return (0,), 1
     pos = 0
 
     def varint() -> int:
@@ -230,8 +232,8 @@ def message_indexes(body: bytes) -> tuple[tuple[int, ...], int]:
     return tuple(varint() for _ in range(count)), pos
 
 
-def read(schema: ProtoSchema, body: bytes, framed: bool, message: str = "") -> tuple[Any, pa.DataType | None, str]:
-    """(row, its type, "") or (None, None, why not). `framed`: `body` starts with the message
+def read(schema: ProtoSchema, body: bytes, framed: bool, message: str = "") -> tuple[Any, MessageReader | None, str]:
+    """(row, the reader of its message (`arrow`: the row's type), "") or (None, None, why not). `framed`: `body` starts with the message
     indexes (by_schema_id); else it is the bare message of type `message` (a full name; ""
     for the file's first message: by_latest_schema)."""
     path: tuple[int, ...] | str = message or (0,)
@@ -248,4 +250,4 @@ def read(schema: ProtoSchema, body: bytes, framed: bool, message: str = "") -> t
         msg = reader.message_class.FromString(body[start:])
     except (DecodeError, RuntimeError, ValueError) as exc:
         return None, None, f"value does not decode with schema {schema.schema_id} message {reader.name}: {exc}"
-    return reader.convert(msg), reader.arrow, ""
+    return reader.convert(msg), reader, ""

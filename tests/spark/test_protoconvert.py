@@ -93,8 +93,8 @@ def test_types_map_to_arrow_and_values_to_rows(schema) -> None:
     msg.at.seconds, msg.at.nanos = 1_700_000_000, 123_456_789
     msg.wrapped.value = 0  # set to the default: still present, unlike a plain scalar
     body = b"\x00" + msg.SerializeToString()  # message indexes [0]
-    row, arrow, problem = protoconvert.read(parsed, body, framed=True)
-    assert problem == "" and arrow == t
+    row, message, problem = protoconvert.read(parsed, body, framed=True)
+    assert problem == "" and message is not None and message.arrow == t and message.name == "t.All"
     table = pa.Table.from_struct_array(pa.array([row], type=t)).to_pylist()[0]
     assert table["i32"] == -1 and table["s32"] == -2 and table["sf32"] == -3 and table["i64"] == -(2**40)
     assert table["u32"] == 2**32 - 1 and table["u64"] == Decimal(2**64 - 1)

@@ -22,7 +22,7 @@ from confluent_kafka import SerializingProducer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from lake_tables import data_files
+from lake_tables import data_files, produce_serialized
 
 from automq.spark.cluster import ClusterLocation
 from automq.spark.ingest import ingest
@@ -97,26 +97,8 @@ def _order(i: int, v2: bool = False) -> dict:
 
 
 def _produce(bootstrap: str, registry: str, topic: str, schema: dict, docs: list[tuple[int, dict]]) -> dict[int, int]:
-    sr = SchemaRegistryClient({"url": registry})
-    producer = SerializingProducer(
-        {
-            "bootstrap.servers": bootstrap,
-            "acks": "all",
-            "linger.ms": 5,
-            "value.serializer": AvroSerializer(sr, json.dumps(schema)),
-        }
-    )
-    ends: dict[int, int] = {}
-
-    def done(err, msg):
-        assert err is None, err
-        ends[msg.partition()] = max(ends.get(msg.partition(), 0), msg.offset() + 1)
-
-    for partition, doc in docs:
-        producer.produce(topic, value=doc, partition=partition, on_delivery=done)
-        producer.poll(0)
-    assert producer.flush(60) == 0
-    return ends
+    serializer = AvroSerializer(SchemaRegistryClient({"url": registry}), json.dumps(schema))
+    return produce_serialized(bootstrap, topic, serializer, docs)
 
 
 def _expected(sh, bootstrap: str, registry: str, topic: str, count: int) -> dict[tuple[int, int], dict | None]:

@@ -14,11 +14,10 @@ from decimal import Decimal
 import duckdb
 import polars as pl
 import pytest
-from confluent_kafka import SerializingProducer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from lake_tables import data_files
+from lake_tables import data_files, produce_serialized
 from proto_messages import message_classes
 
 from automq.spark.cluster import ClusterLocation
@@ -70,24 +69,7 @@ def _order(cls, i: int, v2: bool = False):
 
 
 def _produce(bootstrap: str, registry: str, topic: str, cls, msgs: list[tuple[int, object]]) -> dict[int, int]:
-    producer = SerializingProducer(
-        {
-            "bootstrap.servers": bootstrap,
-            "acks": "all",
-            "linger.ms": 5,
-            "value.serializer": ProtobufSerializer(cls, SchemaRegistryClient({"url": registry})),
-        }
-    )
-    ends: dict[int, int] = {}
-
-    def done(err, msg):
-        assert err is None, err
-        ends[msg.partition()] = max(ends.get(msg.partition(), 0), msg.offset() + 1)
-
-    for partition, m in msgs:
-        producer.produce(topic, value=m, partition=partition, on_delivery=done)
-    assert producer.flush(60) == 0
-    return ends
+    return produce_serialized(bootstrap, topic, ProtobufSerializer(cls, SchemaRegistryClient({"url": registry})), msgs)
 
 
 def _as_row(m) -> dict:

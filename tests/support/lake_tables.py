@@ -109,3 +109,24 @@ def produce_mix(sh, bootstrap: str, topic: str, n: int, tag: str) -> int:
             sh.produce_confluent(bootstrap, topic, recs, **{"compression.type": codec})
         total += n
     return total
+
+
+def produce_serialized(bootstrap: str, topic: str, serializer, values: list[tuple[int, object]]) -> dict[int, int]:
+    """Produce (partition, value) pairs through confluent-kafka's `SerializingProducer` with a
+    schema-registry value serializer (Avro, Protobuf, ...). Returns {partition: next offset}."""
+    from confluent_kafka import SerializingProducer
+
+    producer = SerializingProducer(
+        {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "value.serializer": serializer}
+    )
+    ends: dict[int, int] = {}
+
+    def done(err, msg):
+        assert err is None, err
+        ends[msg.partition()] = max(ends.get(msg.partition(), 0), msg.offset() + 1)
+
+    for partition, value in values:
+        producer.produce(topic, value=value, partition=partition, on_delivery=done)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    return ends

@@ -346,11 +346,16 @@ def _message(m: descriptor_pb2.DescriptorProto, out: list[str], indent: str, syn
     _extensions(m.extension, out, inner, syntax)
     if m.extension_range:
         out.append(f"{inner}extensions {_ranges(m.extension_range, False)};")
-    if m.reserved_range:
-        out.append(f"{inner}reserved {_ranges(m.reserved_range, False)};")
-    if m.reserved_name:
-        out.append(f"{inner}reserved {', '.join(repr(n).replace(chr(39), chr(34)) for n in m.reserved_name)};")
+    _reserved(m, False, out, inner)
     out.append(f"{indent}}}")
+
+
+def _reserved(declared: Any, inclusive_end: bool, out: list[str], indent: str) -> None:
+    """A message's or enum's reserved numbers (ranges end-exclusive in messages) and names."""
+    if declared.reserved_range:
+        out.append(f"{indent}reserved {_ranges(declared.reserved_range, inclusive_end)};")
+    if declared.reserved_name:
+        out.append(f"{indent}reserved {', '.join(f'{chr(34)}{n}{chr(34)}' for n in declared.reserved_name)};")
 
 
 def _enum(e: descriptor_pb2.EnumDescriptorProto, out: list[str], indent: str) -> None:
@@ -361,10 +366,7 @@ def _enum(e: descriptor_pb2.EnumDescriptorProto, out: list[str], indent: str) ->
         opts = _options(v.options)
         suffix = f" [{', '.join(opts)}]" if opts else ""
         out.append(f"{inner}{v.name} = {v.number}{suffix};")
-    if e.reserved_range:
-        out.append(f"{inner}reserved {_ranges(e.reserved_range, True)};")
-    if e.reserved_name:
-        out.append(f"{inner}reserved {', '.join(repr(n).replace(chr(39), chr(34)) for n in e.reserved_name)};")
+    _reserved(e, True, out, inner)
     out.append(f"{indent}}}")
 
 

@@ -202,3 +202,23 @@ def test_protobuf_compatibility_rules() -> None:
     old = _fdp(proto2)
     assert "required field added" in problem(proto2.replace("}", " required int32 r = 2; }"))
     assert "syntax" in protobuf.incompatibility(_fdp(base), old)
+
+
+def test_protobuf_schemas_survive_a_snapshot_in_their_canonical_form() -> None:
+    from automq.broker.controller.commands import Tx
+    from automq.broker.controller.schema_registry import model
+    from automq.broker.controller.state import MetadataState
+
+    fdp = _fdp('syntax = "proto3";\npackage p;\nmessage M { int32 some_field = 1; }\n')
+    assert fdp.message_type[0].field[0].json_name == "someField"  # protoc's default, which the canonical form drops
+    st = MetadataState()
+    assert model.register(Tx(st, 0), "a", model.StoredSchema("PROTOBUF", _b64(fdp), [])) == (1, 1)
+    stored = st.schema_registry.schemas[1].schema
+    assert stored == protobuf.canonical(_b64(fdp)) and not protobuf.decode(stored).message_type[0].field[0].json_name
+    again = MetadataState.from_snapshot(json.loads(json.dumps(st.snapshot())))
+    assert again.schema_registry.snapshot() == st.schema_registry.snapshot()
+    # the descriptor as another client sends it (another file name, json names given): the same id
+    renamed = fdp.__class__()
+    renamed.CopyFrom(fdp)
+    renamed.name = "elsewhere/m.proto"
+    assert model.register(Tx(again, 0), "b", model.StoredSchema("PROTOBUF", _b64(renamed), [])) == (1, 1)

@@ -87,6 +87,14 @@ async def test_protobuf_serializer_round_trip_with_references(service: Controlle
     assert await asyncio.to_thread(sr.get_versions, "orders-value") == [1]
     found = await asyncio.to_thread(sr.lookup_schema, "orders-value", Schema(ORDER, "PROTOBUF", refs))
     assert (found.schema_id, found.version) == (schema_id, 1)
+    # skip.known.types=false: the serializer registers google/protobuf/timestamp.proto as a subject too
+    all_refs = ProtobufSerializer(
+        Order, _client(service.url), {"use.deprecated.format": False, "skip.known.types": False}
+    )
+    ctx3 = SerializationContext("orders3", MessageField.VALUE)
+    data3 = await asyncio.to_thread(all_refs, order, ctx3)
+    assert "google/protobuf/timestamp.proto" in await asyncio.to_thread(sr.get_subjects)
+    assert await asyncio.to_thread(de, data3, ctx3) == order
 
 
 async def test_proto_text_as_java_clients_post_it(service: ControllerService) -> None:

@@ -141,7 +141,7 @@ def test_message_indexes_recursion_and_bad_bodies(schema) -> None:
 
 
 def test_decode_dispatches_by_schema_type_and_tells_bad_records_apart(schema, monkeypatch) -> None:
-    v1 = 'syntax = "proto3";\npackage e;\nmessage R { int64 id = 1; }\n'
+    v1 = 'syntax = "proto3";\npackage e;\nmessage R { int32 id = 1; }\n'  # v2 widens id to int64
     v2 = 'syntax = "proto3";\npackage e;\nmessage R { int64 id = 1; string added = 2; }\n'
     serialized, classes = {}, {}
     for schema_id, text in ((1, v1), (2, v2)):
@@ -179,6 +179,7 @@ def test_decode_dispatches_by_schema_type_and_tells_bad_records_apart(schema, mo
         {"id": 2, "added": "x"},
         {"id": None, "added": None},
     ]
+    assert decoded.fields.schema.field("id").type == pa.int64()  # the two versions' types, unified
     assert "magic" in decoded.errors[0] and "not in the schema registry" in decoded.errors[1]
     assert "does not decode" in decoded.errors[2]
     assert "/schemas/ids/1?format=serialized" in asked and asked.count("/schemas/ids/1") == 1

@@ -176,13 +176,17 @@ def canonical(text: str) -> str:
 
 
 def build(fdp: FDP, imports: Sequence[tuple[str, FDP]] = ()) -> descriptor_pool.DescriptorPool:
-    """A pool holding the well-known types, `imports` (name, descriptor; dependencies first)
-    and `fdp` (named MAIN_NAME): InvalidSchema when it does not build (an unknown type or
-    import, a duplicate field number, ...)."""
+    """A pool holding the well-known types the files import, `imports` (name, descriptor;
+    dependencies first) and `fdp` (named MAIN_NAME): InvalidSchema when it does not build (an
+    unknown type or import, a duplicate field number, ...). Only the well-known files imported
+    go in, so a well-known file registered as a schema of its own (confluent-kafka's
+    serializer with skip.known.types=false) does not clash with the runtime's copy."""
     pool = descriptor_pool.DescriptorPool()
-    for raw in WELL_KNOWN.values():
-        pool.AddSerializedFile(raw)
-    added = set(WELL_KNOWN)
+    added: set[str] = set()
+    wanted = [d for _, dep in imports for d in dep.dependency] + list(fdp.dependency)
+    for name in _well_known_closure(wanted):
+        pool.AddSerializedFile(WELL_KNOWN[name])
+        added.add(name)
     for name, dep in imports:
         if name in added:
             continue
@@ -193,6 +197,21 @@ def build(fdp: FDP, imports: Sequence[tuple[str, FDP]] = ()) -> descriptor_pool.
         raise InvalidSchema(f"Invalid schema: import(s) {missing} are neither well-known types nor given as references")
     _add(pool, fdp, MAIN_NAME)
     return pool
+
+
+def _well_known_closure(names: Iterable[str]) -> list[str]:
+    """The well-known files among `names` and those they import, dependencies first."""
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in WELL_KNOWN and name not in order:
+            for dep in FDP.FromString(WELL_KNOWN[name]).dependency:
+                visit(dep)
+            order.append(name)
+
+    for name in names:
+        visit(name)
+    return order
 
 
 def _add(pool: descriptor_pool.DescriptorPool, fdp: FDP, name: str) -> None:

@@ -183,3 +183,14 @@ def test_decode_dispatches_by_schema_type_and_tells_bad_records_apart(schema, mo
     assert "magic" in decoded.errors[0] and "not in the schema registry" in decoded.errors[1]
     assert "does not decode" in decoded.errors[2]
     assert "/schemas/ids/1?format=serialized" in asked and asked.count("/schemas/ids/1") == 1
+
+
+def test_the_message_name_topic_config() -> None:
+    from automq.broker import topic_configs as tc
+    from automq.spark.convert import TableSettings
+
+    key = "automq.table.topic.convert.value.message.full.name"
+    assert TableSettings.from_topic_configs({key: ".shop.v1.Order"}).value_message == "shop.v1.Order"
+    assert TableSettings.from_topic_configs({}).value_message == ""
+    with pytest.raises(tc.TopicConfigError, match="full name"):
+        TableSettings.from_topic_configs({key: "shop..Order"})

@@ -160,3 +160,36 @@ async def test_many_streams_catching_up_at_once_share_one_read_ahead_budget(tmp_
     # and the streams did read ahead: fewer data GETs than blocks
     data_gets = [g for g in overlapping.gets if g[2] != objects[g[0]]]
     assert len(data_gets) < 6 * 300 * 4096 // (16 << 10)
+
+
+async def test_streams_catching_up_together_do_not_evict_each_others_read_ahead(tmp_path, file_url):
+    # One consumer catching up 6 partitions in turn (as a Kafka fetch of many partitions does),
+    # each stream allowed 256 KiB groups, with a 512 KiB cache: six full groups would not fit,
+    # and a group evicted before its reader gets to it is read again.
+    engine, meta, store = await started_engine(
+        tmp_path, file_url, upload_block_bytes=2 << 20, stream_split_bytes=64 << 10
+    )
+    sids = [await engine.create_stream() for _ in range(6)]
+    streams = [await engine.open_stream(sid, 0) for sid in sids]
+    for i in range(300):
+        for n, s in enumerate(streams):
+            await s.append(bytes([n]) * 4 + i.to_bytes(4, "big") * 1023, 1)
+    await engine.close()
+    objects = {o.key: o.object_size for sid in sids for o in await meta.get_objects(sid, 0, -1, 1000)}
+    counting = CountingStore(store)
+    cache = BlockCache(512 << 10)
+    reader = ObjectReader(counting, meta, cache, read_ahead_initial=64 << 10, read_ahead_max=256 << 10)
+    positions = dict.fromkeys(sids, 0)
+    while any(p < 300 for p in positions.values()):
+        for n, sid in enumerate(sids):
+            if positions[sid] < 300:
+                batches, _ = await reader.read(sid, positions[sid], 300, 16 << 10)
+                assert batches and batches[0].base_offset == positions[sid]
+                assert bytes(batches[0].payload) == bytes([n]) * 4 + positions[sid].to_bytes(4, "big") * 1023
+                positions[sid] = batches[-1].next_offset
+        await asyncio.sleep(0)  # let the prefetches land, as between a consumer's fetches
+    await asyncio.gather(*reader._prefetching)
+    data_read = sum(e - s for k, s, e in counting.gets if e != objects[k])
+    stored = 6 * 300 * (4096 + 70)  # the batches' bytes in the objects, headers included
+    # every block was read once; a re-read of evicted groups would push this far above 1
+    assert data_read <= 1.05 * stored, (data_read, stored)

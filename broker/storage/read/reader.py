@@ -13,7 +13,11 @@ Concurrent readers of the same block share one GET.
 What is read ahead is bounded in total, not only per stream: the groups in flight together
 hold at most a quarter of the block cache (beyond the block each reader needs now), so many
 streams catching up at once get smaller groups instead of holding GETs several times the
-cache's size in memory while they land.
+cache's size in memory while they land. And each stream's window is bounded by its share
+of the cache: with N streams catching up (a read-ahead miss in the last ACTIVE_S seconds),
+at most half the cache divided by N, so the groups of all of them fit in the cache together
+and a group is not evicted before its reader gets to it (then read again: read
+amplification, which the memory benchmark prints).
 """
 
 from __future__ import annotations
@@ -42,11 +46,13 @@ log = logging.getLogger(__name__)
 
 INDEX_POSITION = -1
 OBJECTS_PER_READ = 8
+ACTIVE_S = 10.0  # a stream with a read-ahead miss this recent counts as catching up
 
 
 @dataclass(slots=True)
 class _ReadAhead:
     window: int
+    last: float  # monotonic time of its last miss
     misses: int = 0
 
 
@@ -72,6 +78,8 @@ class ObjectReader:
         self._prefetching: set[asyncio.Task] = set()
         self._ahead_budget = block_cache.max_bytes // 4
         self._ahead_bytes = 0  # bytes of the read-ahead GETs in flight
+        self._active = 1  # streams catching up, as counted at _counted_at
+        self._counted_at = 0.0
 
     async def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> tuple[list[RecordBatchData], bool]:
         """Batches overlapping [start, end) from committed objects, contiguous from the batch
@@ -177,15 +185,17 @@ class ObjectReader:
         """One GET for `entry` and the stream's following blocks in this object, as far as
         the stream's read-ahead window reaches. Every block in it is marked in flight at
         once, so concurrent readers (and the prefetcher) never fetch a block twice."""
+        now = time.monotonic()
         ra = self._read_ahead.get(entry.stream_id)
         if ra is None:
-            ra = self._read_ahead[entry.stream_id] = _ReadAhead(self._initial)
+            ra = self._read_ahead[entry.stream_id] = _ReadAhead(self._initial, now)
         else:
             ra.misses += 1
             ra.window = min(self._max, ra.window + self._initial)
+            ra.last = now
         group = [entry]
         span = entry.size
-        limit = min(ra.window, self._ahead_budget - self._ahead_bytes)
+        limit = min(ra.window, self._share(now), self._ahead_budget - self._ahead_bytes)
         for nxt in index.stream_blocks_after(entry):
             key = (obj.object_id, nxt.position)
             if span + nxt.size > limit or self._cache.contains(*key) or key in self._inflight:
@@ -203,6 +213,16 @@ class ObjectReader:
         self._prefetching.add(task)
         task.add_done_callback(self._prefetching.discard)
         return futures[entry.position]
+
+    def _share(self, now: float) -> int:
+        """One catching-up stream's part of the cache: half of it over the streams catching
+        up. Counted (and streams idle for ACTIVE_S forgotten) at most once a second."""
+        if now - self._counted_at >= 1.0 or len(self._read_ahead) > self._active:
+            self._counted_at = now
+            for sid in [s for s, ra in self._read_ahead.items() if now - ra.last > ACTIVE_S]:
+                del self._read_ahead[sid]
+            self._active = max(1, len(self._read_ahead))
+        return max(self._initial, self._cache.max_bytes // (2 * self._active))
 
     async def _read_group(
         self, obj: ObjectMetadata, group: list[IndexEntry], span: int, futures: dict[int, asyncio.Future]

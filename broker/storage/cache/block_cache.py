@@ -8,6 +8,11 @@ The bound is on what the cache keeps alive (`resident`), not on block lengths (`
 block is a slice of the ranged GET that read its whole read-ahead group, and that buffer
 stays alive while any block of it is cached. Each buffer counts once, at its allocated
 size; a value that is not a buffer (an index) counts the size its caller gives.
+
+Reads on their way in count too: the reader reserves a read-ahead group's bytes when it
+starts the GET (`reserve`) and releases them just before it puts the blocks, so what the
+cache keeps alive plus what is landing stays within `max_bytes`, instead of a cache already
+full holding its whole size while up to a quarter of it more arrives.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class BlockCache:
         self.size = 0  # block lengths (and indexes' given sizes)
         self._retained = Retained()
         self._other = 0  # what is not a buffer: indexes' sizes and per-entry objects
+        self.reserved = 0  # bytes of reads in flight that will be put here
         self.hits = 0
         self.misses = 0
         self._metrics = metrics
@@ -80,9 +86,21 @@ class BlockCache:
             self._remove(*old)
         self._entries[key] = (value, size)
         self._add(value, size)
+        self._evict(keep=1)
+
+    def reserve(self, size: int) -> None:
+        """Make room for `size` bytes that a read in flight will put here."""
+        self.reserved += size
+        self._evict(keep=0)
+
+    def release(self, size: int) -> None:
+        self.reserved -= size
+
+    def _evict(self, keep: int) -> None:
         # Oldest first; blocks of one read-ahead group sit next to each other in this order
         # (read together, then read in turn), so their shared buffer goes with them.
-        while self.resident > self.max_bytes and len(self._entries) > 1:
+        # `keep`: the entry just put stays even if it alone is over the bound.
+        while self.resident + self.reserved > self.max_bytes and len(self._entries) > keep:
             _, old = self._entries.popitem(last=False)
             self._remove(*old)
         if self._metrics is not None:

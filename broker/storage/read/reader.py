@@ -209,6 +209,7 @@ class ObjectReader:
         for pos, f in futures.items():
             self._inflight[(obj.object_id, pos)] = f
         self._ahead_bytes += span
+        self._cache.reserve(span)
         task = asyncio.create_task(self._read_group(obj, group, span, futures))
         self._prefetching.add(task)
         task.add_done_callback(self._prefetching.discard)
@@ -228,8 +229,11 @@ class ObjectReader:
         self, obj: ObjectMetadata, group: list[IndexEntry], span: int, futures: dict[int, asyncio.Future]
     ) -> None:
         first = group[0].position
+        reserved = span
         try:
             raw = memoryview(await self._get(obj.key, first, first + span))
+            self._cache.release(reserved)
+            reserved = 0
             if len(raw) < span:
                 raise ObjectFormatError(f"short read of blocks [{first}, +{span}): got {len(raw)} bytes", key=obj.key)
             for e in group:
@@ -244,6 +248,7 @@ class ObjectReader:
             if not isinstance(exc, Exception):
                 raise
         finally:
+            self._cache.release(reserved)
             self._ahead_bytes -= span
             for pos in futures:
                 self._inflight.pop((obj.object_id, pos), None)

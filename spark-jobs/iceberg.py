@@ -21,6 +21,7 @@ re-plans from the winner's offsets instead.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -170,12 +171,18 @@ def sql_url(uri: str) -> str:
     return uri
 
 
+# query parameters that carry a secret: libpq's password/sslpassword, a REST token or credential
+_SECRET_PARAM = re.compile(r"([?&][^=&#]*(?:pass|token|secret|credential|key)[^=&#]*=)[^&#]*", re.IGNORECASE)
+
+
 def masked(uri: str) -> str:
-    """The URI for messages and logs: its password replaced by ***."""
+    """The URI for messages and logs: its password, and the values of query parameters that
+    name a secret (`?password=`, `?token=`, ...), replaced by ***."""
     try:
-        return make_url(uri).render_as_string(hide_password=True)
+        shown = make_url(uri).render_as_string(hide_password=True)
     except ArgumentError:  # unparsable: show none of it
         return uri.split("://", 1)[0] + "://***"
+    return _SECRET_PARAM.sub(r"\1***", shown)
 
 
 def _rest_reason(exc: Exception) -> str:

@@ -243,6 +243,15 @@ def test_an_unreachable_catalog_fails_the_run_at_once_naming_it_without_its_pass
     assert "Connection refused" in result.output and "s3cret" not in result.output
 
 
+def test_catalog_uris_in_messages_hide_secrets_in_the_query_string_too():
+    uri = "postgresql://lake:s3cret@db:5432/lake?sslpassword=k3y&application_name=ingest&Token=t0k"
+    shown = iceberg.masked(uri)  # SQLAlchemy renders the query sorted
+    assert shown.startswith("postgresql://lake:***@db:5432/lake?")
+    assert sorted(shown.split("?")[1].split("&")) == ["Token=***", "application_name=ingest", "sslpassword=***"]
+    assert iceberg.masked("https://rest:8181/?credential=id:s3cret") == "https://rest:8181/?credential=***"
+    assert iceberg.masked("postgresql://db/lake?password=s3cret") == "postgresql://db/lake?password=***"
+
+
 def test_a_user_who_may_not_create_the_catalog_tables_gets_the_servers_reason(postgres, database, tmp_path):
     """PostgreSQL 15 lets only the database owner create tables in `public`: a job whose user
     is not the owner, on a database nobody prepared, fails at once with the server's reason."""

@@ -296,6 +296,7 @@ class Tail(threading.Thread):
                 "fetch.max.bytes": 64 * MiB,
                 "max.partition.fetch.bytes": 16 * MiB,
                 "queued.max.messages.kbytes": 256 * 1024,
+                "log_level": 4,  # warnings and up: not an info line per consumer (telemetry ids)
             }
         )
         self.consumer.subscribe([topic])

@@ -44,7 +44,7 @@ FALLBACK_MEANINGS = {
     "controller": "The metadata controller (section below)",
     "wal.kind": "`volume`: a preallocated file or block device used as a ring; `s3`: bulk objects in the object store",
     "storage.read_ahead_initial_bytes": "First read-ahead of a catch-up reader",
-    "storage.read_ahead_max_bytes": "Read-ahead grows per miss up to this (per stream; all streams together stay within a quarter of the block cache)",
+    "storage.read_ahead_max_bytes": "Read-ahead grows per miss up to this (per stream, and at most half the block cache over the streams catching up; reads in flight stay within a quarter of the block cache and count against it)",
     "listeners[].name": "Listener name (clients see it in metadata)",
     "listeners[].host": "Bind address",
     "listeners[].port": "Bind port",

@@ -350,6 +350,9 @@ def test_builder_wheel_builds_from_the_context_and_holds_every_package(dockerfil
 
 def run_entrypoint(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
+    # The script finds pyspark through `python3` on PATH, as in the image; here that must be
+    # this test run's interpreter (the venv), not whatever python3 the machine has first.
+    full_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), full_env.get("PATH", "")])
     full_env.update(env or {})
     return subprocess.run(
         ["bash", str(ENTRYPOINT), *args], capture_output=True, text=True, env=full_env, timeout=timeout

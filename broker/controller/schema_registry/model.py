@@ -14,13 +14,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from automq.broker.controller import records as r
-from automq.broker.controller.schema_registry import avro, protobuf
+from automq.broker.controller.schema_registry import avro, jsonschema_compat, protobuf
 from automq.broker.storage.metadata import MetadataError
 
 if TYPE_CHECKING:
     from automq.broker.controller.commands import Tx
 
 SCHEMA_TYPES = ("AVRO", "JSON", "PROTOBUF")
+# each schema type's rule: why a reader cannot read a writer's data (parsed schemas), or None
+INCOMPATIBILITY = {
+    "AVRO": avro.incompatibility,
+    "JSON": jsonschema_compat.incompatibility,
+    "PROTOBUF": protobuf.incompatibility,
+}
 DEFAULT_COMPATIBILITY = "BACKWARD"
 MAX_VERSION = 2**31 - 1
 MAX_REFERENCE_DEPTH = 32
@@ -217,9 +223,12 @@ class RegistryState:
         return found
 
     def parsed(self, stored: StoredSchema) -> Any:
-        """A stored schema parsed for compatibility checks (fastavro's form, a FileDescriptorProto)."""
+        """A stored schema parsed for compatibility checks (fastavro's form, a FileDescriptorProto,
+        a JSON schema document)."""
         if stored.schema_type == "PROTOBUF":
             return protobuf.decode(stored.schema)
+        if stored.schema_type == "JSON":
+            return json.loads(stored.schema)
         return avro.parse(stored.schema, self.referenced_texts(stored.references))
 
     def proto_imports(self, references: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -297,12 +306,11 @@ def problems(
     state: RegistryState, level: str, stored: StoredSchema, new: Any, previous: list[StoredSchema]
 ) -> list[str]:
     """Compatibility problems of `new` (parsed `stored`) against `previous` under `level`
-    ([] = compatible); JSON schemas are not checked."""
-    if stored.schema_type == "JSON":
-        return []
-    rule = protobuf.incompatibility if stored.schema_type == "PROTOBUF" else avro.incompatibility
+    ([] = compatible), by the rule of its schema type."""
     try:
-        return avro.check_compatibility(level, new, [state.parsed(p) for p in previous], rule)
+        return avro.check_compatibility(
+            level, new, [state.parsed(p) for p in previous], INCOMPATIBILITY[stored.schema_type]
+        )
     except RecursionError:
         raise invalid_schema("Invalid schema: nested too deeply to check its compatibility") from None
 

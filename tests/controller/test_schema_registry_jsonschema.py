@@ -303,3 +303,19 @@ def test_every_level_applies_the_json_rule() -> None:
     for level in avro.COMPATIBILITY_LEVELS:
         found = model.problems(model.RegistryState(), level, new, widened, [old])
         assert bool(found) is (level in refused), (level, found)
+
+
+async def test_hostile_json_schemas_get_an_answer_and_the_controller_keeps_serving(service: ControllerService) -> None:
+    call = asyncio.to_thread
+    sr = _client(service.url)
+    cycle = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}
+    await call(sr.register_schema, "cycle-value", _json(cycle))
+    with pytest.raises(SchemaRegistryError) as refused:
+        await call(sr.register_schema, "cycle-value", _json({**cycle, "title": "v2"}))
+    assert refused.value.error_code == 409 and "cycle" in refused.value.error_message
+    deep: dict[str, Any] = INTEGER
+    for _ in range(900):
+        deep = {"type": "array", "items": deep}
+    await call(sr.register_schema, "deep-value", _json(deep))
+    assert await call(sr.test_compatibility, "deep-value", _json({**deep, "title": "v2"})) is False
+    assert await call(sr.get_subjects) == ["cycle-value", "deep-value"]

@@ -247,6 +247,32 @@ def test_adding_an_optional_property(schema: dict[str, Any], name: str, prop: di
     assert incompatibilities({**base, "properties": {"x": schema, "new" + name: {}}}, base) == []
 
 
+_WORDS = [
+    "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties", "items",
+    "additionalItems", "prefixItems", "oneOf", "anyOf", "allOf", "not", "$ref", "maximum", "exclusiveMaximum",
+    "minLength", "multipleOf", "pattern", "dependencies", "dependentRequired", "definitions", "if",
+]  # fmt: skip
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from([*_WORDS, "#", "a"]), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+_hostile = st.dictionaries(st.sampled_from(_WORDS), _json_values, max_size=5) | _json_values
+
+
+@settings(max_examples=300, deadline=None)
+@given(_hostile, _hostile)
+def test_any_json_values_get_an_answer_not_an_exception(reader: Any, writer: Any) -> None:
+    found = incompatibilities(reader, writer)
+    assert isinstance(found, list) and all(isinstance(p, str) for p in found)
+
+
 # ---------------------------------------------------------------------------- end to end
 
 

@@ -83,6 +83,12 @@ _ANNOTATIONS = frozenset(
 )
 
 
+_TOO_COMPLEX = (
+    f"the schemas are too complex to check (more than {MAX_DEPTH} nested levels or {MAX_STEPS} "
+    "comparisons); reported incompatible"
+)
+
+
 class Uncheckable(Exception):
     """The pair is too deep or too large to compare; the message says which."""
 
@@ -109,19 +115,6 @@ def incompatibility(reader: Any, writer: Any) -> str | None:
 def _value_key(value: Any) -> str:
     """Equality of JSON values as JSON means it (True is not 1, key order does not count)."""
     return json.dumps(value, sort_keys=True)
-
-
-def _types(schema: dict[str, Any]) -> frozenset[str] | None:
-    """The types `schema` allows by `type`, `enum` or `const`; None when unconstrained."""
-    declared = schema.get("type")
-    if isinstance(declared, str):
-        return frozenset({declared})
-    if isinstance(declared, list):
-        return frozenset(t for t in declared if isinstance(t, str))
-    values = _enum(schema)
-    if values is not None:
-        return frozenset(_type_of_value(v) for v in values)
-    return None
 
 
 def _type_of_value(value: Any) -> str:
@@ -205,6 +198,44 @@ class _Checker:
         # pairs under comparison, kept alive so that their ids are not reused by other objects
         self.assumed: dict[tuple[int, int], tuple[Any, Any]] = {}
         self.steps = 0
+        # (id, kind) -> (object, what was computed from it): a subschema reached through many
+        # $refs costs its serialisation once; the object is kept so that its id stays its own
+        self.memo: dict[tuple[int, str], tuple[Any, Any]] = {}
+
+    def spend(self, cost: int, path: str) -> None:
+        """Count work besides the comparisons themselves (long lists, serialising values)."""
+        self.steps += cost // 64
+        if self.steps > MAX_STEPS:
+            raise Uncheckable(f"{path}: {_TOO_COMPLEX}")
+
+    def _memo(self, value: Any, kind: str, compute: Any) -> Any:
+        found = self.memo.get((id(value), kind))
+        if found is None:
+            found = (value, compute(value))
+            self.memo[(id(value), kind)] = found
+        return found[1]
+
+    def key(self, value: Any, path: str) -> str:
+        """`value` as canonical JSON, the form JSON equality compares."""
+        text: str = self._memo(value, "key", _value_key)
+        self.spend(len(text), path)
+        return text
+
+    def keys(self, values: list[Any], path: str) -> frozenset[str]:
+        return frozenset(self._memo(values, "keys", lambda vs: frozenset(self.key(v, path) for v in vs)))
+
+    def types(self, schema: dict[str, Any], path: str) -> frozenset[str] | None:
+        """The types `schema` allows by `type`, `enum` or `const`; None when unconstrained."""
+        declared = schema.get("type")
+        if isinstance(declared, str):
+            return frozenset({declared})
+        if isinstance(declared, list):
+            return frozenset(t for t in declared if isinstance(t, str))
+        values = _enum(schema)
+        if values is not None:
+            self.spend(len(values), path)
+            return frozenset(self._memo(values, "types", lambda vs: frozenset(_type_of_value(v) for v in vs)))
+        return None
 
     # ------------------------------------------------------------------ $ref
 
@@ -233,10 +264,7 @@ class _Checker:
     def check(self, reader: Any, writer: Any, path: str, depth: int) -> list[str]:
         self.steps += 1
         if depth > MAX_DEPTH or self.steps > MAX_STEPS:
-            raise Uncheckable(
-                f"{path}: the schemas are too complex to check (more than {MAX_DEPTH} nested levels "
-                f"or {MAX_STEPS} comparisons); reported incompatible"
-            )
+            raise Uncheckable(f"{path}: {_TOO_COMPLEX}")
         reader = self.resolve(reader, "reader", path)
         writer = self.resolve(writer, "writer", path)
         if writer is False or reader is True or writer is reader:
@@ -305,7 +333,7 @@ class _Checker:
 
     def _keywords(self, reader: dict[str, Any], writer: dict[str, Any], path: str, depth: int) -> list[str]:
         found: list[str] = []
-        rtypes, wtypes = _types(reader), _types(writer)
+        rtypes, wtypes = self.types(reader, path), self.types(writer, path)
         written = wtypes if wtypes is not None else ALL_TYPES
         if rtypes is not None:
             lost = sorted(t for t in written if t not in rtypes and not (t == "integer" and "number" in rtypes))
@@ -316,8 +344,8 @@ class _Checker:
             if wenum is None:
                 found.append(f"{path}: enum added: the writer allows values outside {renum}")
             else:
-                allowed = {_value_key(v) for v in renum}
-                missing = [v for v in wenum if _value_key(v) not in allowed]
+                allowed = self.keys(renum, path)
+                missing = [v for v in wenum if self.key(v, path) not in allowed]
                 if missing:
                     found.append(f"{path}: enum narrowed: the reader lacks {missing}")
         found += self._same(reader, writer, path, ("if", "then", "else"))
@@ -341,16 +369,15 @@ class _Checker:
             found += self._objects(reader, writer, path, depth)
         return found
 
-    @staticmethod
-    def _same(reader: dict[str, Any], writer: dict[str, Any], path: str, words: tuple[str, ...]) -> list[str]:
+    def _same(self, reader: dict[str, Any], writer: dict[str, Any], path: str, words: tuple[str, ...]) -> list[str]:
         """Keywords compared by value alone: a reader's must be the writer's too."""
-        return [
-            f"{path}: {word} added or changed to {json.dumps(reader[word])[:200]}"
-            for word in words
-            if word in reader
-            and reader[word] != writer.get(word)
-            and not (word == "uniqueItems" and reader[word] is False)
-        ]
+        found = []
+        for word in words:
+            if word not in reader or (word == "uniqueItems" and reader[word] is False):
+                continue
+            if word not in writer or self.key(reader[word], path) != self.key(writer[word], path):
+                found.append(f"{path}: {word} added or changed (the reader's {word} is not the writer's)")
+        return found
 
     def _not(self, reader_not: Any, writer_not: Any, path: str, depth: int) -> list[str]:
         """The reader excludes no more than the writer: the writer's excluded schema accepts
@@ -421,6 +448,7 @@ class _Checker:
         wprops = _dict_of(writer, "properties")
         rpatterns = _dict_of(reader, "patternProperties")
         wpatterns = _dict_of(writer, "patternProperties")
+        self.spend(len(rprops) + len(wprops), path)
         radd, wadd = reader.get("additionalProperties", True), writer.get("additionalProperties", True)
         found: list[str] = []
         for name, rschema in rprops.items():
@@ -463,13 +491,13 @@ class _Checker:
         found += self._required(reader, writer, rprops, path)
         return found + self._dependencies(reader, writer, path, depth)
 
-    @staticmethod
-    def _required(reader: dict[str, Any], writer: dict[str, Any], rprops: dict[str, Any], path: str) -> list[str]:
+    def _required(self, reader: dict[str, Any], writer: dict[str, Any], rprops: dict[str, Any], path: str) -> list[str]:
         rreq = _list_of(reader, "required")
-        wreq = _list_of(writer, "required")
+        wreq = {name for name in _list_of(writer, "required") if isinstance(name, str)}
+        self.spend(len(rreq) + len(wreq), path)
         found = []
         for name in rreq:
-            if name in wreq:
+            if not isinstance(name, str) or name in wreq:
                 continue
             prop = rprops.get(name) if isinstance(name, str) else None
             if isinstance(prop, dict) and "default" in prop:
@@ -493,9 +521,11 @@ class _Checker:
 
         rnames, rschemas = split(reader)
         wnames, wschemas = split(writer)
+        self.spend(sum(map(len, rnames.values())) + sum(map(len, wnames.values())), path)
         found = []
         for k, needed in rnames.items():
-            missing = [n for n in needed if n not in wnames.get(k, [])]
+            implied = {n for n in wnames.get(k, []) if isinstance(n, str)}
+            missing = [n for n in needed if isinstance(n, str) and n not in implied]
             if missing:
                 found.append(f"{path}/dependencies/{k}: the reader also needs {missing} (dependency added or extended)")
         for k, rschema in rschemas.items():

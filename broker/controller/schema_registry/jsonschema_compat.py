@@ -45,7 +45,8 @@ it cannot prove. The rules, with Confluent's names for the differences where the
   cannot be resolved (JSON schema references are refused at registration): the same URI on
   both sides counts as the same schema, a different one as a problem.
 
-Hostile documents: at most `MAX_DEPTH` nested comparisons and `MAX_STEPS` in all; a pair
+Hostile documents: at most `MAX_DEPTH` nested comparisons and `MAX_STEPS` in all (long lists
+and serialised values count too, each value once however many `$ref`s reach it); a pair
 beyond either is reported incompatible ("too complex to check") rather than hang the
 controller. Annotations (`title`, `description`, `default`, `examples`, `format`, `$comment`)
 are not compared.
@@ -54,6 +55,7 @@ are not compared.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -200,7 +202,7 @@ class _Checker:
         self.steps = 0
         # (id, kind) -> (object, what was computed from it): a subschema reached through many
         # $refs costs its serialisation once; the object is kept so that its id stays its own
-        self.memo: dict[tuple[int, str], tuple[Any, Any]] = {}
+        self.memo: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
     def spend(self, cost: int, path: str) -> None:
         """Count work besides the comparisons themselves (long lists, serialising values)."""
@@ -208,21 +210,36 @@ class _Checker:
         if self.steps > MAX_STEPS:
             raise Uncheckable(f"{path}: {_TOO_COMPLEX}")
 
-    def _memo(self, value: Any, kind: str, compute: Any) -> Any:
-        found = self.memo.get((id(value), kind))
+    def _memo(self, kind: str, objects: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        """`compute()` once per `objects` (by identity) and kind; what it costs, it spends."""
+        memo_key = (kind, *map(id, objects))
+        found = self.memo.get(memo_key)
         if found is None:
-            found = (value, compute(value))
-            self.memo[(id(value), kind)] = found
+            found = (objects, compute())
+            self.memo[memo_key] = found
         return found[1]
 
     def key(self, value: Any, path: str) -> str:
         """`value` as canonical JSON, the form JSON equality compares."""
-        text: str = self._memo(value, "key", _value_key)
-        self.spend(len(text), path)
-        return text
 
-    def keys(self, values: list[Any], path: str) -> frozenset[str]:
-        return frozenset(self._memo(values, "keys", lambda vs: frozenset(self.key(v, path) for v in vs)))
+        def compute() -> str:
+            text = _value_key(value)
+            self.spend(len(text), path)
+            return text
+
+        found: str = self._memo("key", (value,), compute)
+        return found
+
+    def missing(self, reader_values: list[Any], writer_values: list[Any], path: str) -> list[Any]:
+        """The writer's enum values the reader's enum lacks."""
+
+        def compute() -> list[Any]:
+            self.spend(len(reader_values) + len(writer_values), path)
+            allowed = {self.key(v, path) for v in reader_values}
+            return [v for v in writer_values if self.key(v, path) not in allowed]
+
+        found: list[Any] = self._memo("missing", (reader_values, writer_values), compute)
+        return found
 
     def types(self, schema: dict[str, Any], path: str) -> frozenset[str] | None:
         """The types `schema` allows by `type`, `enum` or `const`; None when unconstrained."""
@@ -232,10 +249,15 @@ class _Checker:
         if isinstance(declared, list):
             return frozenset(t for t in declared if isinstance(t, str))
         values = _enum(schema)
-        if values is not None:
+        if values is None:
+            return None
+
+        def compute() -> frozenset[str]:
             self.spend(len(values), path)
-            return frozenset(self._memo(values, "types", lambda vs: frozenset(_type_of_value(v) for v in vs)))
-        return None
+            return frozenset(_type_of_value(v) for v in values)
+
+        found: frozenset[str] = self._memo("types", (values,), compute)
+        return found
 
     # ------------------------------------------------------------------ $ref
 
@@ -344,8 +366,7 @@ class _Checker:
             if wenum is None:
                 found.append(f"{path}: enum added: the writer allows values outside {renum}")
             else:
-                allowed = self.keys(renum, path)
-                missing = [v for v in wenum if self.key(v, path) not in allowed]
+                missing = self.missing(renum, wenum, path)
                 if missing:
                     found.append(f"{path}: enum narrowed: the reader lacks {missing}")
         found += self._same(reader, writer, path, ("if", "then", "else"))

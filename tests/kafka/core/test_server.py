@@ -245,3 +245,32 @@ async def test_large_frames_grow_with_the_bytes_that_arrive(tmp_path):
         idle.close()
     finally:
         await srv.stop(timeout=1)
+
+
+def test_frame_slabs_are_reused_only_once_nothing_refers_to_them():
+    from automq.broker.kafka.server import SLAB_BYTES, SLAB_SCAN, FrameSlabs
+
+    slabs = FrameSlabs()
+    frame = 200 << 10  # five of them fill a 1 MiB slab
+    held = []
+    for i in range(20):  # 4 slabs, every region kept alive (as the log cache keeps batches)
+        held.append(slabs.copy(memoryview(bytes([i]) * frame)))
+    first = {id(v.obj) for v in held}
+    assert len(first) == 4 and all(len(v.obj) == SLAB_BYTES for v in held)
+    for i in range(20, 30):  # still referenced: new slabs, the old bytes untouched
+        slabs.copy(memoryview(bytes([i]) * frame))
+    assert all(bytes(v) == bytes([i]) * frame for i, v in enumerate(held))
+    # the first slab's views are all dropped (evicted after upload): it is taken again
+    reused = id(held[0].obj)
+    del held[:5]
+    later = [slabs.copy(memoryview(bytes([99]) * frame)) for _ in range(10)]
+    assert any(id(v.obj) == reused for v in later)
+    assert all(bytes(v) == bytes([i + 5]) * frame for i, v in enumerate(held))  # the rest intact
+    # every slab freed at once (a deleted topic): the next slab needed reuses one, and the
+    # other free ones the scan meets are let go instead of being kept
+    del held[:], later[:]
+    before = len(slabs._retired)
+    while len(slabs._retired) == before:  # fill the current slab until the next one is taken
+        slabs.copy(memoryview(bytes(frame)))
+    # the full slab joined the retired ones, the scan looked at up to SLAB_SCAN of them, all free
+    assert len(slabs._retired) == before + 1 - min(before + 1, SLAB_SCAN) == 0, (before, len(slabs._retired))

@@ -132,11 +132,11 @@ class OverlappingStore(CountingStore):
             self.in_flight -= end - start
 
 
-async def test_many_streams_catching_up_at_once_share_one_read_ahead_budget(tmp_path, file_url):
-    # each upload: a stream object of ~340 KiB per stream, room for long read-ahead groups
-    engine, meta, store = await started_engine(
-        tmp_path, file_url, upload_block_bytes=2 << 20, stream_split_bytes=64 << 10
-    )
+async def six_streams(tmp_path, url) -> tuple[InProcessMetadata, ObjectStore, list[int], dict[str, int]]:
+    """Six streams of 300 4 KiB batches (stream n's batch i: n four times, then i), uploaded
+    2 MiB at a time as stream objects of ~340 KiB each (room for long read-ahead groups).
+    Returns the metadata, the store, the stream ids and every object's size by key."""
+    engine, meta, store = await started_engine(tmp_path, url, upload_block_bytes=2 << 20, stream_split_bytes=64 << 10)
     sids = [await engine.create_stream() for _ in range(6)]
     streams = [await engine.open_stream(sid, 0) for sid in sids]
     for i in range(300):
@@ -144,6 +144,11 @@ async def test_many_streams_catching_up_at_once_share_one_read_ahead_budget(tmp_
             await s.append(bytes([n]) * 4 + i.to_bytes(4, "big") * 1023, 1)
     await engine.close()
     objects = {o.key: o.object_size for sid in sids for o in await meta.get_objects(sid, 0, -1, 1000)}
+    return meta, store, sids, objects
+
+
+async def test_many_streams_catching_up_at_once_share_one_read_ahead_budget(tmp_path, file_url):
+    meta, store, sids, objects = await six_streams(tmp_path, file_url)
     overlapping = OverlappingStore(store, objects)
     cache = BlockCache(512 << 10)  # read-ahead budget: a quarter, 128 KiB
     overlapping.cache = cache
@@ -174,16 +179,7 @@ async def test_streams_catching_up_together_do_not_evict_each_others_read_ahead(
     # One consumer catching up 6 partitions in turn (as a Kafka fetch of many partitions does),
     # each stream's groups growing to 256 KiB, with a 512 KiB cache: six full groups would not fit,
     # and a group evicted before its reader gets to it is read again.
-    engine, meta, store = await started_engine(
-        tmp_path, file_url, upload_block_bytes=2 << 20, stream_split_bytes=64 << 10
-    )
-    sids = [await engine.create_stream() for _ in range(6)]
-    streams = [await engine.open_stream(sid, 0) for sid in sids]
-    for i in range(300):
-        for n, s in enumerate(streams):
-            await s.append(bytes([n]) * 4 + i.to_bytes(4, "big") * 1023, 1)
-    await engine.close()
-    objects = {o.key: o.object_size for sid in sids for o in await meta.get_objects(sid, 0, -1, 1000)}
+    meta, store, sids, objects = await six_streams(tmp_path, file_url)
     counting = CountingStore(store)
     cache = BlockCache(512 << 10)
     reader = ObjectReader(counting, meta, cache, read_ahead_initial=16 << 10, read_ahead_max=256 << 10)

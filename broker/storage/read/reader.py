@@ -78,8 +78,7 @@ class ObjectReader:
         self._prefetching: set[asyncio.Task] = set()
         self._ahead_budget = block_cache.max_bytes // 4
         self._ahead_bytes = 0  # bytes of the read-ahead GETs in flight
-        self._active = 1  # streams catching up, as counted at _counted_at
-        self._counted_at = 0.0
+        self._counted_at = 0.0  # when streams idle for ACTIVE_S were last forgotten
 
     async def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> tuple[list[RecordBatchData], bool]:
         """Batches overlapping [start, end) from committed objects, contiguous from the batch
@@ -187,6 +186,7 @@ class ObjectReader:
         once, so concurrent readers (and the prefetcher) never fetch a block twice."""
         now = time.monotonic()
         ra = self._read_ahead.get(entry.stream_id)
+        new = ra is None
         if ra is None:
             ra = self._read_ahead[entry.stream_id] = _ReadAhead(self._initial, now)
         else:
@@ -195,7 +195,7 @@ class ObjectReader:
             ra.last = now
         group = [entry]
         span = entry.size
-        limit = min(ra.window, self._share(now), self._ahead_budget - self._ahead_bytes)
+        limit = min(ra.window, self._share(now, new), self._ahead_budget - self._ahead_bytes)
         for nxt in index.stream_blocks_after(entry):
             key = (obj.object_id, nxt.position)
             if span + nxt.size > limit or self._cache.contains(*key) or key in self._inflight:
@@ -215,15 +215,15 @@ class ObjectReader:
         task.add_done_callback(self._prefetching.discard)
         return futures[entry.position]
 
-    def _share(self, now: float) -> int:
+    def _share(self, now: float, new_stream: bool) -> int:
         """One catching-up stream's part of the cache: half of it over the streams catching
-        up. Counted (and streams idle for ACTIVE_S forgotten) at most once a second."""
-        if now - self._counted_at >= 1.0 or len(self._read_ahead) > self._active:
+        up (those in `_read_ahead`). Streams idle for ACTIVE_S are forgotten at most once a
+        second, and whenever a stream starts catching up, so its count is current."""
+        if new_stream or now - self._counted_at >= 1.0:
             self._counted_at = now
             for sid in [s for s, ra in self._read_ahead.items() if now - ra.last > ACTIVE_S]:
                 del self._read_ahead[sid]
-            self._active = max(1, len(self._read_ahead))
-        return max(self._initial, self._cache.max_bytes // (2 * self._active))
+        return max(self._initial, self._cache.max_bytes // (2 * max(1, len(self._read_ahead))))
 
     async def _read_group(
         self, obj: ObjectMetadata, group: list[IndexEntry], span: int, futures: dict[int, asyncio.Future]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,3 +36,16 @@ class RequestContext:
     session: ConnectionSession | None = None  # TLS/SASL listeners: the connection's auth state
     # callbacks the connection runs once when it closes, one per key (None: no connection)
     on_close: dict[object, Callable[[], None]] | None = None
+    # Produce only: its connection's previous Produce, done once that one has reserved its
+    # offsets (None: nothing to wait for), and this one's own, which the handler resolves once
+    # its appends are scheduled. Pipelined Produces of one connection run concurrently, yet
+    # each partition must get their batches in request order, as Kafka's one-at-a-time
+    # connections give: a non-idempotent producer's in-flight requests are not reordered.
+    produce_after: asyncio.Future[None] | None = None
+    produce_turn: asyncio.Future[None] | None = None
+
+    def produce_scheduled(self) -> None:
+        """The Produce's appends have their offsets: the connection's next Produce may go."""
+        turn = self.produce_turn
+        if turn is not None and not turn.done():
+            turn.set_result(None)

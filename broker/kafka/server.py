@@ -174,6 +174,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         "_head",
         "_held",
         "_last_activity",
+        "_last_produce",
         "_last_serial",
         "_memory_wait",
         "_output",
@@ -213,6 +214,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._slots: collections.deque[_Slot] = collections.deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_serial: asyncio.Task[None] | None = None  # last non-concurrent request
+        self._last_produce: asyncio.Future[None] | None = None  # the last Produce's turn (context.py)
         self._last_activity = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._reading_paused = False
@@ -511,6 +513,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if session is not None:
             ctx.security_protocol = session.security_protocol
             ctx.session = session
+        if header.api_key == 0:
+            loop = asyncio.get_running_loop()
+            last = self._last_produce
+            if last is not None and not last.done():
+                ctx.produce_after = last
+            ctx.produce_turn = self._last_produce = loop.create_future()
         concurrent = header.api_key in CONCURRENT_APIS
         if concurrent:
             waits_for = [self._last_serial] if self._last_serial is not None and not self._last_serial.done() else []
@@ -534,8 +542,24 @@ class KafkaConnection(asyncio.BufferedProtocol):
         waits_for: list[asyncio.Task[None]],
         size: int = 0,
     ) -> None:
+        try:
+            await self._run(decoded, ctx, slot, waits_for, size)
+        finally:
+            ctx.produce_scheduled()  # refused, failed or cancelled before its appends: the next goes
+
+    async def _run(
+        self,
+        decoded: codec.DecodedRequest,
+        ctx: RequestContext,
+        slot: _Slot,
+        waits_for: list[asyncio.Task[None]],
+        size: int,
+    ) -> None:
         if waits_for:
             await asyncio.gather(*waits_for, return_exceptions=True)
+        after = ctx.produce_after
+        if after is not None and not after.done():
+            await asyncio.shield(after)  # a cancelled wait must not cancel the other request's turn
         session = self.session
         if session is not None:
             # decided only now: the SaslAuthenticate requests before this one have finished

@@ -195,6 +195,7 @@ async def produce(request, ctx: RequestContext):
         verifier.verify(
             answer, transactional_id, producer_id, producer_epoch, verify_tps, ctx.api_version >= FIRST_PRODUCE_ADDING
         )
+    ctx.produce_scheduled()  # every batch has its offsets (or waits on the coordinator)
     tasks = [o[3] for o in outcome if isinstance(o[3], asyncio.Future)]
     if tasks:
         timeout_s = request.timeout.total_seconds()

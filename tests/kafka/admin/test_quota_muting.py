@@ -225,6 +225,7 @@ def test_python_consumers_read_everything_through_empty_throttled_fetches(inproc
         _set_quota(bootstrap, client, "consumer_byte_rate", 60_000.0)
 
     got: list[bytes] = []
+    offsets: list[int] = []
     consumer = KafkaConsumer(
         "slow-read",
         bootstrap_servers=bootstrap,
@@ -235,10 +236,12 @@ def test_python_consumers_read_everything_through_empty_throttled_fetches(inproc
     try:
         for msg in consumer:
             got.append(msg.value)
+            offsets.append(msg.offset)
             if len(got) == len(values):
                 break
     finally:
         consumer.close()
+    assert offsets == list(range(len(values))), [(o, v[:4]) for o, v in zip(offsets, got, strict=True)]
     assert got == values
 
     async def aio() -> list[bytes]:

@@ -332,7 +332,12 @@ class Controller:
                 last_progress = time.monotonic()
                 self.metrics.last_seq.set(self.state.last_seq)
                 self._publish()
-                eager = eager or self.state.leader_resigned
+                # Someone alive is writing the log: an empty log's or our own dead lease's
+                # eagerness is over (otherwise a standby that loaded the log just before a peer's
+                # first election entry elects itself over that live leader at once, and until the
+                # deposed one's next write fails both say they lead). A resignation makes it
+                # eager again.
+                eager = self.state.leader_resigned
             if self.lease is not None:
                 # the Lease holder leads: ask for it every renew interval (it expires by itself)
                 due = eager or time.monotonic() - last_progress >= self.config.renew_interval_ms / 1000

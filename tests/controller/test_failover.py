@@ -148,6 +148,48 @@ async def test_graceful_stop_hands_over_without_waiting_for_the_lease(file_url: 
             await s.stop()
 
 
+async def test_a_standby_that_loaded_an_empty_log_does_not_depose_the_first_leader(file_url: str, make_config) -> None:
+    """Two controllers starting together: the one that loaded the log just before the other's
+    first election entry must follow that live leader, not elect itself over it at once (both
+    then said they led until the deposed one's next write failed; seen as two leaders in CI)."""
+    from automq.broker.controller.state import MetadataState
+
+    services = [ControllerService(make_config(file_url, node_id=i, lease_timeout_ms=300_000)) for i in (0, 1)]
+    first, second = services
+    try:
+        await first.start()
+        await first.controller.wait_leader(10)
+        real_load = second.controller.log.load
+
+        async def load_before_the_election() -> MetadataState:
+            second.controller.log.load = real_load  # type: ignore[method-assign]
+            return MetadataState()  # read an instant before the first leader's entry landed
+
+        second.controller.log.load = load_before_the_election  # type: ignore[method-assign]
+        attempts: list[int] = []
+        real_elect = second.controller._try_elect
+
+        async def try_elect() -> bool:
+            attempts.append(second.controller.state.last_seq)
+            return await real_elect()
+
+        second.controller._try_elect = try_elect  # type: ignore[method-assign]
+        await second.start()
+        led_at = first.controller.state.last_seq
+        for _ in range(500):
+            if second.controller.state.last_seq >= led_at:
+                break
+            await asyncio.sleep(0.02)
+        assert second.controller.state.last_seq >= led_at, "the standby never caught up"
+        poll_s = second.controller.config.poll_interval_ms / 1000
+        await asyncio.sleep(poll_s * 10)  # ten more passes of its follow loop
+        assert attempts == []  # an empty log's eagerness ended with the first leader's entry
+        assert await _leader_of(services) is first
+    finally:
+        for s in services:
+            await s.stop()
+
+
 def _write_config(tmp_path, node_id: int, port: int, store_url: str):
     cfg = {
         "node_id": node_id,

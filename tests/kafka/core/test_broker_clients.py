@@ -380,6 +380,93 @@ async def test_incremental_fetch_session(cluster, make_batch):
     assert closed.session_id == 0 and closed.responses[0].partitions[0].high_watermark == 2
 
 
+async def test_incremental_session_gives_partitions_that_got_data_the_back_of_the_queue(cluster, make_batch):
+    """max_bytes holds one batch: the first partition in the session's order gets it (KIP-74)
+    and, as in Kafka's incremental sessions, then moves to the end of the order, so the next
+    response serves the other partition even though the first still has more."""
+    info = await _topic_ready(cluster, "rotate", partitions=2)
+    import uuid
+
+    topic_id = uuid.UUID(info.topic_id) if len(info.topic_id) == 36 else None
+    port = cluster.kafka_ports["PLAINTEXT"]
+
+    def scenario():
+        c = RawClient(port)
+        try:
+            for _ in range(3):
+                for p in (0, 1):
+                    c.call(_produce_request(9, "rotate", p, make_batch(2)))
+            one = {"max_bytes": 1, "partitions": (0, 1)}
+            full = c.call(_fetch_request(15, topic_id, 0, session_id=0, epoch=0, **one))
+            sid = full.session_id
+            got = [full]
+            offsets = {0: 0, 1: 0}
+            for epoch in (1, 2, 3):
+                last = got[-1]
+                for t in last.responses:
+                    for part in t.partitions:
+                        if part.records:
+                            offsets[part.partition_index] += 2
+                got.append(c.call(_fetch_request(15, topic_id, dict(offsets), session_id=sid, epoch=epoch, **one)))
+            return got
+        finally:
+            c.close()
+
+    responses = await asyncio.to_thread(scenario)
+    served = [[p.partition_index for t in r.responses for p in t.partitions if p.records] for r in responses]
+    # the full fetch that opens the session keeps the request's order (as Kafka's does); from
+    # the first incremental fetch on, the partition served goes to the back
+    assert served == [[0], [0], [1], [0]], served
+
+
+async def test_a_fetch_reads_no_more_than_its_response_can_carry(cluster, make_batch, monkeypatch):
+    """8 partitions x partition_max_bytes 16 KiB against max_bytes 40 KiB: the broker reads
+    ~40 KiB from storage (the first partitions, in order, the last one cut), not 8 x 16 KiB of
+    which most would be dropped; the partitions without room still report their watermarks."""
+    from automq.broker.kafka.partitions import Partition
+
+    await _topic_ready(cluster, "budget", partitions=8)
+    port = cluster.kafka_ports["PLAINTEXT"]
+    batch = make_batch(40, value=b"x" * 100)  # ~4.5 KiB
+    read_bytes: list[int] = []
+    real_read = Partition.read
+
+    async def counting_read(self, offset, max_bytes, end):
+        result = await real_read(self, offset, max_bytes, end)
+        read_bytes.append(sum(len(b.payload) for b in result.batches))
+        return result
+
+    def produce():
+        c = RawClient(port)
+        try:
+            for p in range(8):
+                for _ in range(8):  # ~36 KiB per partition
+                    c.call(_produce_request(9, "budget", p, batch))
+        finally:
+            c.close()
+
+    def fetch():
+        c = RawClient(port)
+        try:
+            return c.call(
+                _fetch_request(
+                    12, "budget", 0, partitions=tuple(range(8)), max_bytes=40 << 10, partition_max_bytes=16 << 10
+                )
+            )
+        finally:
+            c.close()
+
+    await asyncio.to_thread(produce)
+    monkeypatch.setattr(Partition, "read", counting_read)
+    response = await asyncio.to_thread(fetch)
+    parts = {p.partition_index: p for t in response.responses for p in t.partitions}
+    sizes = {i: len(p.records or b"") for i, p in parts.items()}
+    assert sum(sizes.values()) <= 40 << 10 and sizes[0] > 0 and sizes[1] > 0
+    assert sum(read_bytes) <= (40 << 10) + len(batch), read_bytes  # + the batch that overhangs a limit
+    assert len(read_bytes) < 8
+    assert sorted(parts) == list(range(8)) and all(p.high_watermark == 320 for p in parts.values())
+
+
 async def test_list_offsets_earliest_latest_timestamp(cluster, make_batch):
     await _topic_ready(cluster, "times")
     port = cluster.kafka_ports["PLAINTEXT"]

@@ -400,6 +400,7 @@ def produce_latency_buckets(urls: list[str]) -> dict[str, dict[float, float]]:
     wanted = {
         "produce": ("kafka_request_latency_seconds_bucket{", 'api="Produce"'),
         "wal": ("automq_storage_wal_sync_seconds_bucket{", ""),
+        "disk": ("automq_storage_wal_disk_seconds_bucket{", ""),
     }
     found: dict[str, dict[float, float]] = {}
     for line in metrics_lines(urls):
@@ -446,6 +447,9 @@ def broker_side(before: dict[str, dict[float, float]], after: dict[str, dict[flo
     groups, _, wal_lower, wal_bound = _p99_bucket(before.get("wal", {}), after.get("wal", {}))
     if groups > 0:
         text += f"; WAL write+sync: {int(groups)} groups, p99 in ({wal_lower * 1000:g}, {wal_bound * 1000:g}] ms"
+        _, _, disk_lower, disk_bound = _p99_bucket(before.get("disk", {}), after.get("disk", {}))
+        if disk_bound:
+            text += f" (its system calls alone: p99 in ({disk_lower * 1000:g}, {disk_bound * 1000:g}] ms)"
     return text
 
 

@@ -46,6 +46,13 @@ class StorageMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.wal_disk_seconds = Histogram(
+            "automq_storage_wal_disk_seconds",
+            "Volume WAL: the write and fdatasync system calls of a group alone, timed in the WAL "
+            "thread (wal_sync_seconds adds the hand-offs to and from the event loop)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.wal_bytes_written = Counter(
             "automq_storage_wal_bytes_written", "Bytes written to the WAL (with framing)", registry=r
         )

@@ -544,6 +544,7 @@ class VolumeWal(WriteAheadLog):
         """Runs in the WAL thread: frame, write, sync. CRCs are computed here too, so the
         event loop does no per-byte work."""
         gen = self._header.generation  # type: ignore[union-attr]
+        io_seconds = 0.0
         for file_pos, items in segments:
             iov: list[bytes | memoryview] = []
             for kind, position, rec in items:
@@ -555,13 +556,18 @@ class VolumeWal(WriteAheadLog):
             for i in range(0, len(iov), IOV_MAX):
                 chunk = iov[i : i + IOV_MAX]
                 want = sum(len(b) for b in chunk)
+                started = time.perf_counter()
                 written = os.pwritev(self._fd, chunk, file_pos)
                 if written != want:
                     self._write_rest(chunk, written, file_pos)
+                io_seconds += time.perf_counter() - started
                 file_pos += want
             if file_pos > self._records_end:
                 self._records_end = file_pos
+        started = time.perf_counter()
         diskio.datasync(self._fd)
+        if self._metrics is not None:
+            self._metrics.wal_disk_seconds.observe(io_seconds + time.perf_counter() - started)
 
     def _write_rest(self, chunk: list[bytes | memoryview], written: int, file_pos: int) -> None:
         data = b"".join(bytes(b) for b in chunk)

@@ -337,12 +337,17 @@ async def test_fetch_long_poll_is_woken_by_produce_and_out_of_range(cluster, mak
     assert out.error_code == ErrorCode.offset_out_of_range and out.high_watermark == 4 and out.log_start_offset == 0
 
 
-async def test_incremental_fetch_session(cluster, make_batch):
-    info = await _topic_ready(cluster, "sess", partitions=2)
+async def _two_partition_topic(cluster, name: str):
+    """A two-partition topic, open here: its topic id (for Fetch v13+) and the Kafka port."""
     import uuid
 
+    info = await _topic_ready(cluster, name, partitions=2)
     topic_id = uuid.UUID(info.topic_id) if len(info.topic_id) == 36 else None
-    port = cluster.kafka_ports["PLAINTEXT"]
+    return topic_id, cluster.kafka_ports["PLAINTEXT"]
+
+
+async def test_incremental_fetch_session(cluster, make_batch):
+    topic_id, port = await _two_partition_topic(cluster, "sess")
 
     def scenario():
         c = RawClient(port)
@@ -384,11 +389,7 @@ async def test_incremental_session_gives_partitions_that_got_data_the_back_of_th
     """max_bytes holds one batch: the first partition in the session's order gets it (KIP-74)
     and, as in Kafka's incremental sessions, then moves to the end of the order, so the next
     response serves the other partition even though the first still has more."""
-    info = await _topic_ready(cluster, "rotate", partitions=2)
-    import uuid
-
-    topic_id = uuid.UUID(info.topic_id) if len(info.topic_id) == 36 else None
-    port = cluster.kafka_ports["PLAINTEXT"]
+    topic_id, port = await _two_partition_topic(cluster, "rotate")
 
     def scenario():
         c = RawClient(port)

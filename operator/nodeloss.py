@@ -418,7 +418,7 @@ class NodeLossPass:
         lease = await self.api.get("Lease", self.ref.namespace, builders.lease_name(self.ref))
         spec = (lease or {}).get("spec") or {}
         holder = str(spec.get("holderIdentity") or "")
-        # A controller's identity is "<host>-controller-<node id>" (broker/controller/lease.py);
+        # A controller's identity is "<host>-<random>-controller-<node id>" (broker/controller/lease.py);
         # the node id is the pod's (ids are unique in a cluster, host names need not be).
         node_id = builders.CONTROLLER_NODE_ID_BASE + int(pod_name.rsplit("-", 1)[1])
         if not holder.endswith(f"-controller-{node_id}"):

@@ -18,6 +18,7 @@ import asyncio
 import datetime as dt
 import logging
 import math
+import secrets
 import socket
 import time
 from pathlib import Path
@@ -60,7 +61,11 @@ class KubernetesLease:
             client.CoordinationV1Api(),
             config.controller.lease_name,
             namespace,
-            f"{socket.gethostname()}-controller-{config.node_id}",
+            # one identity per process: a controller restarted under the same host name (a
+            # StatefulSet pod recreated elsewhere) does not take its dead predecessor's Lease as
+            # its own, and a frozen predecessor that comes back does not share the new one's.
+            # The node id stays last: the operator finds a pod's controller by it.
+            f"{socket.gethostname()}-{secrets.token_hex(4)}-controller-{config.node_id}",
             math.ceil(config.controller.lease_timeout_ms / 1000),
         )
 

@@ -97,7 +97,7 @@ def test_a_controller_on_a_lost_node_is_replaced_and_the_cluster_keeps_serving(
         return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
     active = k8s.wait_for("an active controller", holder)
-    pod = f"demo-controller-{int(active.rsplit('-', 1)[1]) - 1000}"  # identity: <host>-controller-<node id>
+    pod = f"demo-controller-{int(active.rsplit('-', 1)[1]) - 1000}"  # identity: <host>-<random>-controller-<node id>
     node = k8s.node_of(pod)
     k8s.node_down(node, kill=True)
 

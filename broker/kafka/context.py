@@ -44,8 +44,9 @@ class RequestContext:
     produce_after: asyncio.Future[None] | None = None
     produce_turn: asyncio.Future[None] | None = None
 
-    def produce_scheduled(self) -> None:
-        """The Produce's appends have their offsets: the connection's next Produce may go."""
+    def produce_scheduled(self, _task: object = None) -> None:
+        """The Produce's appends have their offsets: the connection's next Produce may go.
+        (Also its task's done callback, `_task` being that task.)"""
         turn = self.produce_turn
         if turn is not None and not turn.done():
             turn.set_result(None)

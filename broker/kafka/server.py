@@ -513,8 +513,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if session is not None:
             ctx.security_protocol = session.security_protocol
             ctx.session = session
+        loop = asyncio.get_running_loop()
         if header.api_key == 0:
-            loop = asyncio.get_running_loop()
             last = self._last_produce
             if last is not None and not last.done():
                 ctx.produce_after = last
@@ -524,7 +524,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
             waits_for = [self._last_serial] if self._last_serial is not None and not self._last_serial.done() else []
         else:
             waits_for = [t for t in self._tasks if not t.done()]
-        task = asyncio.get_running_loop().create_task(self._handle(decoded, ctx, slot, waits_for, len(frame)))
+        task = loop.create_task(self._handle(decoded, ctx, slot, waits_for, len(frame)))
+        if ctx.produce_turn is not None:
+            # refused, failed or cancelled before its appends: the connection's next Produce goes
+            task.add_done_callback(ctx.produce_scheduled)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         if not concurrent:
@@ -541,19 +544,6 @@ class KafkaConnection(asyncio.BufferedProtocol):
         slot: _Slot,
         waits_for: list[asyncio.Task[None]],
         size: int = 0,
-    ) -> None:
-        try:
-            await self._run(decoded, ctx, slot, waits_for, size)
-        finally:
-            ctx.produce_scheduled()  # refused, failed or cancelled before its appends: the next goes
-
-    async def _run(
-        self,
-        decoded: codec.DecodedRequest,
-        ctx: RequestContext,
-        slot: _Slot,
-        waits_for: list[asyncio.Task[None]],
-        size: int,
     ) -> None:
         if waits_for:
             await asyncio.gather(*waits_for, return_exceptions=True)

@@ -203,6 +203,71 @@ async def test_group_commit_shares_one_sync_among_queued_appends(tmp_path):
     await wal.close()
 
 
+async def test_appends_queued_during_a_sync_are_written_without_the_event_loop(tmp_path, monkeypatch):
+    """The WAL thread takes what queued while it synced and writes it at once: a loop that is
+    busy (here: blocked) when the first sync returns does not hold the second group back."""
+    import threading
+    import time
+
+    from automq.broker import diskio
+
+    real = diskio.datasync
+    first_sync = threading.Event()
+    syncs: list[float] = []
+
+    def slow_first(fd: int) -> None:
+        if not syncs:
+            first_sync.set()
+            time.sleep(0.2)
+        real(fd)
+        syncs.append(time.monotonic())
+
+    wal, _ = await open_wal(tmp_path / "wal", 1)
+    await wal.close()  # a fresh ring writes its zeros on the WAL thread once started: not now
+    wal, _ = await open_wal(tmp_path / "wal", 2)
+    await wal.start(0)
+    await write(wal, [rec(0)])
+    monkeypatch.setattr(diskio, "datasync", slow_first)
+    first = wal.append(rec(1))
+    while not first_sync.is_set():
+        await asyncio.sleep(0.005)
+    later = [wal.append(rec(i)) for i in range(2, 5)]  # queued during the first sync
+    time.sleep(0.5)  # the loop is busy while the first sync returns
+    assert len(syncs) == 2  # both groups were synced by the WAL thread alone
+    assert not first.done()  # acknowledged on the loop, not before
+    ends = await asyncio.wait_for(asyncio.gather(first, *later), 10)
+    assert ends == sorted(ends) and wal.durable_position == ends[-1]
+    await wal.close()
+    wal, got = await open_wal(tmp_path / "wal", 3)
+    assert summary(got) == summary([rec(i) for i in range(5)])
+    await wal.close()
+
+
+async def test_a_failed_sync_fails_its_appends_and_every_later_one(tmp_path, monkeypatch):
+    """After an fdatasync error nothing of the group may be acknowledged (its bytes may never
+    reach the disk): the appends fail at once with the error, and so does every later append."""
+    import errno
+
+    from automq.broker import diskio
+    from automq.broker.storage.wal.base import WalClosedError
+
+    wal, _ = await open_wal(tmp_path / "wal", 1)
+    await wal.start(0)
+    await write(wal, [rec(0)])
+
+    def eio(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(diskio, "datasync", eio)
+    pending = [wal.append(rec(i)) for i in range(1, 4)]
+    results = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 10)
+    assert all(isinstance(r, WalClosedError) and "Input/output error" in str(r) for r in results)
+    with pytest.raises(WalClosedError, match="Input/output error"):
+        wal.append(rec(4))
+    assert wal.durable_position == RECORD_HEADER_SIZE + 1000  # only the first record
+    await wal.close()
+
+
 @pytest.fixture
 def loop_device(tmp_path):
     """A real block device (a loop device over a file), where the machine allows it."""

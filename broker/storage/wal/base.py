@@ -100,6 +100,10 @@ class WriteAheadLog(abc.ABC):
     # Called synchronously, in WAL order, with each group of records once durable and before
     # their futures resolve: the engine fills the log cache and advances confirm offsets here.
     on_durable: Callable[[list[WalRecord]], None] | None = None
+    # Called once, on the loop, when a write error stopped the WAL for good (every append
+    # since fails): the node cannot take writes any more and should exit so its supervisor
+    # restarts it (the restart replays what was acknowledged). Not called on close or fencing.
+    on_failed: Callable[[BaseException], None] | None = None
 
     def set_pressure_handler(self, handler: PressureHandler) -> None:
         self._pressure_handler = handler

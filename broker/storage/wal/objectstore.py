@@ -544,6 +544,8 @@ class ObjectStoreWal(WriteAheadLog):
         if self._failed is None:
             self._failed = exc
             log.error("S3 WAL of node %d stopped: %r", self.node_id, exc)
+            if self.on_failed is not None and isinstance(exc, Exception) and not isinstance(exc, WalFencedError):
+                self.on_failed(exc)
         err = exc if isinstance(exc, WalFencedError) else WalClosedError(f"S3 WAL failed: {exc!r}")
         for bulk in self._inflight:
             for _, fut in bulk.pending:

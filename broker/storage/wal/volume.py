@@ -161,6 +161,9 @@ class VolumeWal(WriteAheadLog):
         self._next = 0  # position the next record will be written at
         self._durable = 0
         self._queue: deque[_Pending] = deque()
+        # groups handed to the WAL thread and not yet confirmed on the loop, oldest first
+        self._unacked: deque[list[_Pending]] = deque()
+        self._side_jobs = 0  # other WAL-thread work queued (trims, zeros): group runs yield to it
         self._wakeup = asyncio.Event()
         self._trimmed = asyncio.Event()
         self._writer: asyncio.Task | None = None
@@ -238,18 +241,26 @@ class VolumeWal(WriteAheadLog):
         (one group waits behind at most one 1 MiB chunk); chunks records already reached are
         skipped. Only a performance matter: replay never relies on the zeros (records carry
         their position and generation), so a crash or an error here loses nothing."""
-        loop = asyncio.get_running_loop()
         end = DATA_START + self._capacity
         position = self._fill_from
         try:
             while position < end and not self._closed:
                 step = min(position + len(_ZEROS), end)
-                await loop.run_in_executor(self._executor, self._zero_chunk, position, step)
+                await self._side_job(self._zero_chunk, position, step)
                 position = step
         except Exception:
             log.warning("WAL %s: writing the fresh ring's zeros failed; appends still work", self.path, exc_info=True)
         finally:
             self._fill_from = -1
+
+    async def _side_job(self, fn, *args):
+        """WAL-thread work besides record groups (a trim's header, a chunk of zeros): a run of
+        groups on that thread stops at the next group boundary to let it in."""
+        self._side_jobs += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        finally:
+            self._side_jobs -= 1
 
     def _zero_chunk(self, start: int, end: int) -> None:
         """On the WAL thread (so no record group runs meanwhile): zeros in [start, end) past
@@ -471,28 +482,81 @@ class VolumeWal(WriteAheadLog):
                             self._pressure_task = asyncio.ensure_future(r)
                     await self._trimmed.wait()
                     continue
-                started = time.perf_counter()
-                await loop.run_in_executor(self._executor, self._write_group, segments)
-                self._next = end
-                self._durable = end
-                if self._metrics is not None:
-                    self._metrics.wal_sync_seconds.observe(time.perf_counter() - started)
-                    self._metrics.wal_bytes_written.inc(sum(p.framed for p in group))
-                if self.on_durable is not None:
-                    self.on_durable([p.record for p in group])
-                for p in group:
-                    if not p.future.done():
-                        p.future.set_result(p.record.wal_end)
-        except BaseException as exc:  # a failed write/sync: nothing queued can be acknowledged
-            self._failed = exc
-            if not isinstance(exc, asyncio.CancelledError):
-                log.exception("WAL %s write failed; failing all pending appends", self.path)
-            while self._queue:
-                p = self._queue.popleft()
-                if not p.future.done():
-                    p.future.set_exception(WalClosedError(f"WAL {self.path} failed: {exc!r}"))
+                self._unacked.append(group)
+                await loop.run_in_executor(
+                    self._executor, self._write_groups, loop, group, segments, end, time.perf_counter()
+                )
+                if self._failed is not None:
+                    raise self._failed
+        except BaseException as exc:  # a failed write/sync: nothing unacknowledged can be acknowledged
+            if self._failed is None:
+                self._failed = exc
+            self._fail_unacknowledged(exc)
             if not isinstance(exc, Exception):
                 raise
+            log.error("WAL %s failed; failing all pending appends", self.path, exc_info=self._failed)
+            if self.on_failed is not None:
+                self.on_failed(self._failed)
+
+    def _write_groups(
+        self, loop: asyncio.AbstractEventLoop, group: list[_Pending], segments, end: int, started: float
+    ) -> None:
+        """Runs in the WAL thread: writes the group the loop planned, then, as long as appends
+        are queued and nothing else waits for this thread (a trim's header, a chunk of zeros),
+        plans and writes the next group right here. An append that arrives during a sync is
+        then written as soon as that sync returns, not after a round trip through the event
+        loop (resolve, plan, hand the group back to this thread), which waits for a loop turn
+        while the loop serves a catch-up read. The loop resolves each group's appends, in
+        order, through `_complete`."""
+        while True:
+            self._write_group(segments)
+            self._next = end
+            loop.call_soon_threadsafe(self._complete, group, end, started)
+            if self._delay or self._side_jobs or self._failed is not None or not self._queue:
+                return
+            started = time.perf_counter()
+            group, segments, end = self._plan_group()
+            if not group:
+                return  # the ring is full: the loop asks for an upload and waits for the trim
+            self._unacked.append(group)
+
+    def _complete(self, group: list[_Pending], end: int, started: float) -> None:
+        """On the loop: `group` is durable (so is everything written before it)."""
+        if self._failed is not None:
+            return  # failed meanwhile: its appends were failed with the rest
+        self._durable = end
+        if self._unacked and self._unacked[0] is group:
+            self._unacked.popleft()
+        if self._metrics is not None:
+            self._metrics.wal_sync_seconds.observe(time.perf_counter() - started)
+            self._metrics.wal_bytes_written.inc(sum(p.framed for p in group))
+        try:
+            if self.on_durable is not None:
+                self.on_durable([p.record for p in group])
+        except Exception as exc:
+            self._failed = exc
+            for p in group:
+                if not p.future.done():
+                    p.future.set_exception(WalClosedError(f"WAL {self.path} failed: {exc!r}"))
+            self._fail_unacknowledged(exc)
+            return
+        for p in group:
+            if not p.future.done():
+                p.future.set_result(p.record.wal_end)
+
+    def _fail_unacknowledged(self, exc: BaseException) -> None:
+        """Groups written (or being written) whose sync did not complete, then the queue: none
+        of them may be acknowledged (after a failed fdatasync their bytes may never reach the
+        disk)."""
+        error = WalClosedError(f"WAL {self.path} failed: {exc!r}")
+        while self._unacked:
+            for p in self._unacked.popleft():
+                if not p.future.done():
+                    p.future.set_exception(error)
+        while self._queue:
+            p = self._queue.popleft()
+            if not p.future.done():
+                p.future.set_exception(error)
 
     def _refuse_queued(self, reason: str) -> None:
         while self._queue:
@@ -589,7 +653,7 @@ class VolumeWal(WriteAheadLog):
                 self._write_slot(new)
                 diskio.datasync(self._fd)
 
-            await asyncio.get_running_loop().run_in_executor(self._executor, write)
+            await self._side_job(write)
             self._header = new
             self._trim = position
             self._trimmed.set()

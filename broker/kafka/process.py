@@ -132,6 +132,7 @@ class BrokerService:
         self.storage = StorageEngine(
             config, self.object_store, self.cluster, self.cluster, config.node_id, node_epoch, registry=self.registry
         )
+        self.storage.wal.on_failed = self._wal_failed
         started = time.monotonic()
         await self.storage.start()
         self._ready["storage_recovered"] = True
@@ -182,6 +183,16 @@ class BrokerService:
             except Exception as exc:
                 log.warning("heartbeat failed (%s); last success %.1fs ago", exc, time.monotonic() - last_ok)
 
+    def _wal_failed(self, exc: BaseException) -> None:
+        """A write error stopped the WAL: every append fails from now on, so the partitions
+        this broker leads cannot take a write. Exit (as Kafka halts when its last log
+        directory fails): the supervisor restarts the broker, whose WAL replay brings back
+        everything acknowledged, or, if the disk is gone, the node is replaced."""
+        if self.fatal is None:
+            self.fatal = f"WAL failed: {exc!r}"
+            log.error("broker %d: %s; exiting so the supervisor restarts it", self.config.node_id, self.fatal)
+            self._failed.set()
+
     async def wait_failed(self) -> None:
         await self._failed.wait()
 
@@ -198,7 +209,8 @@ class BrokerService:
         budget = self.config.shutdown_timeout_ms / 1000
         if self.fatal is not None:
             # fenced: it may commit nothing more (its WAL goes to whoever recovers it) and its
-            # partitions are led elsewhere already: nothing graceful is left to do
+            # partitions are led elsewhere already; or its WAL failed: nothing can be flushed.
+            # Nothing graceful is left to do
             budget = 0.0
         elif not await self._controller_reachable():
             budget = min(budget, 2.0)
@@ -212,7 +224,7 @@ class BrokerService:
                     budget,
                 )
             else:
-                log.warning("fenced: stopping at once; the WAL keeps what was not uploaded for its recovery")
+                log.warning("%s: stopping at once; the WAL keeps what was not uploaded for its recovery", self.fatal)
             graceful.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await graceful

@@ -54,7 +54,9 @@ async def controller(tmp_path):
     await service.stop()
 
 
-def _start_broker(tmp_path, controller_url: str) -> tuple[subprocess.Popen, int, int]:
+def _start_broker(
+    tmp_path, controller_url: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, int, int]:
     kafka_port, http_port = _free_port(), _free_port()
     config = {
         "node_id": 1,
@@ -75,6 +77,7 @@ def _start_broker(tmp_path, controller_url: str) -> tuple[subprocess.Popen, int,
         [sys.executable, "-m", "automq.broker.cli", "broker", "--config", str(path)],
         stdout=log,
         stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
     )
     return proc, kafka_port, http_port
 
@@ -182,6 +185,79 @@ async def test_fenced_broker_exits_non_zero(tmp_path, controller):
         code = await _wait_exit(proc)
         assert code != 0
         assert b"fenced" in (tmp_path / "broker.log").read_bytes()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# Loaded by the broker process (PYTHONPATH): while the trigger file exists, every fdatasync of
+# the node fails as a dying disk's would.
+_FAILING_SYNCS = """
+import errno, os
+from automq.broker import diskio
+_real = diskio.datasync
+def datasync(fd):
+    if os.path.exists({trigger!r}):
+        raise OSError(errno.EIO, "Input/output error (injected)")
+    _real(fd)
+diskio.datasync = datasync
+"""
+
+
+async def test_a_broker_whose_wal_fails_answers_with_an_error_and_exits(tmp_path, controller):
+    """A write error stops the WAL for good (nothing after it can be acknowledged): the Produce
+    gets an error, not a wait until its timeout, and the broker exits non-zero so its
+    supervisor restarts it, as Kafka halts when its last log directory fails. The restart
+    replays what was acknowledged."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    hook, trigger = tmp_path / "hook", tmp_path / "fail-syncs"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_FAILING_SYNCS.format(trigger=str(trigger)))
+    paths = [str(hook), *filter(None, [os.environ.get("PYTHONPATH")])]
+    proc, kafka_port, http_port = _start_broker(tmp_path, controller.url, env={"PYTHONPATH": os.pathsep.join(paths)})
+    bootstrap = f"127.0.0.1:{kafka_port}"
+    try:
+        await _wait_ready(proc, http_port)
+
+        def produce(value: bytes, extra: dict | None = None) -> str | None:
+            p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "message.timeout.ms": 20000, **(extra or {})})
+            outcome: list = []
+            p.produce("wal-fails", value, on_delivery=lambda err, msg: outcome.append(err))
+            p.flush(30)
+            return None if outcome[0] is None else str(outcome[0])
+
+        assert await asyncio.to_thread(produce, b"before") is None
+        trigger.touch()
+        error = await asyncio.to_thread(produce, b"after", {"retries": 0})
+        assert error is not None and "KAFKA_STORAGE_ERROR" in error, error  # the broker's answer, not a timeout
+        assert await _wait_exit(proc, timeout=30) == 3
+        text = (tmp_path / "broker.log").read_text()
+        assert "WAL failed" in text and "Input/output error (injected)" in text
+
+        trigger.unlink()
+        proc, kafka_port, http_port = _start_broker(tmp_path, controller.url)
+        bootstrap = f"127.0.0.1:{kafka_port}"
+        await _wait_ready(proc, http_port)
+
+        def consume() -> list[bytes]:
+            c = Consumer({"bootstrap.servers": bootstrap, "group.id": "g", "auto.offset.reset": "earliest"})
+            c.subscribe(["wal-fails"])
+            got: list[bytes] = []
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not got:
+                for m in c.consume(10, 0.5):
+                    if m.error():
+                        raise KafkaException(m.error())
+                    got.append(m.value())
+            c.close()
+            return got
+
+        values = await asyncio.to_thread(consume)
+        # "after" may be there too: its bytes were written before the failed sync, and a
+        # failed Produce never promises absence (an idempotent producer's retry dedupes it)
+        assert values[:1] == [b"before"] and values.count(b"before") == 1
     finally:
         if proc.poll() is None:
             proc.kill()

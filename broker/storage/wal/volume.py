@@ -16,7 +16,9 @@ a padding marker and written at the start of the next lap.
 
 Group commit: one writer task takes everything queued, writes it with one `pwritev` per
 contiguous region and one `fdatasync`, in a dedicated thread (the event loop never blocks),
-then resolves the appends' futures in order. The ring never overwrites untrimmed data: when
+then resolves the appends' futures in order. Appends that queue while a group syncs are taken
+by that thread as the next group as soon as the sync returns, without waiting for the event
+loop. A failed write or sync fails every append not yet acknowledged, and the WAL for good. The ring never overwrites untrimmed data: when
 it is full the writer asks for an upload (pressure handler) and waits for `trim`. A trim is
 made durable (header slot + fdatasync) before its space is reused, otherwise a crash could
 leave a header pointing at overwritten records.

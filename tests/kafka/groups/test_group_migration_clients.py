@@ -40,9 +40,11 @@ class EagerClassic(threading.Thread):
         self.assigned: frozenset[int] = frozenset()
         self.stop_flag = threading.Event()
         self.error: BaseException | None = None
+        self.connection_errors: list[str] = []
 
     def run(self) -> None:
         from kafka import ConsumerRebalanceListener, KafkaConsumer
+        from kafka.errors import KafkaConnectionError
 
         try:
             consumer = KafkaConsumer(
@@ -68,7 +70,16 @@ class EagerClassic(threading.Thread):
             consumer.partitions_for_topic(TOPIC)
             consumer.subscribe([TOPIC], listener=Listener())
             while not self.stop_flag.is_set():
-                batches = consumer.poll(timeout_ms=200)
+                try:
+                    batches = consumer.poll(timeout_ms=200)
+                except KafkaConnectionError as exc:
+                    # kafka-python 3.0.12 raises this out of poll() when the broker it asks
+                    # for the coordinator is the one just stopped and the metadata refresh it
+                    # then sends there is refused too (ensure_coordinator_ready_async catches
+                    # the lookup's InvalidMetadataError, not the refresh's): an application
+                    # polls again, and so does this one
+                    self.connection_errors.append(repr(exc))
+                    continue
                 for records in batches.values():
                     self.seen.extend(int(r.value) for r in records)
             consumer.close()  # commits, then LeaveGroup

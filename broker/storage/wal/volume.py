@@ -18,10 +18,11 @@ Group commit: one writer task takes everything queued, writes it with one `pwrit
 contiguous region and one `fdatasync`, in a dedicated thread (the event loop never blocks),
 then resolves the appends' futures in order. Appends that queue while a group syncs are taken
 by that thread as the next group as soon as the sync returns, without waiting for the event
-loop. A failed write or sync fails every append not yet acknowledged, and the WAL for good. The ring never overwrites untrimmed data: when
-it is full the writer asks for an upload (pressure handler) and waits for `trim`. A trim is
-made durable (header slot + fdatasync) before its space is reused, otherwise a crash could
-leave a header pointing at overwritten records.
+loop. A failed write or sync fails every append not yet acknowledged, and the WAL for good.
+The ring never overwrites untrimmed data: when it is full the writer asks for an upload
+(pressure handler) and waits for `trim`. A trim is made durable (header slot + fdatasync)
+before its space is reused, otherwise a crash could leave a header pointing at overwritten
+records.
 """
 
 from __future__ import annotations
@@ -527,8 +528,6 @@ class VolumeWal(WriteAheadLog):
         if self._failed is not None:
             return  # failed meanwhile: its appends were failed with the rest
         self._durable = end
-        if self._unacked and self._unacked[0] is group:
-            self._unacked.popleft()
         if self._metrics is not None:
             self._metrics.wal_sync_seconds.observe(time.perf_counter() - started)
             self._metrics.wal_bytes_written.inc(sum(p.framed for p in group))
@@ -537,11 +536,9 @@ class VolumeWal(WriteAheadLog):
                 self.on_durable([p.record for p in group])
         except Exception as exc:
             self._failed = exc
-            for p in group:
-                if not p.future.done():
-                    p.future.set_exception(WalClosedError(f"WAL {self.path} failed: {exc!r}"))
-            self._fail_unacknowledged(exc)
+            self._fail_unacknowledged(exc)  # this group (still first in _unacked) included
             return
+        self._unacked.popleft()  # groups complete in the order they were handed over: it is `group`
         for p in group:
             if not p.future.done():
                 p.future.set_result(p.record.wal_end)
@@ -550,15 +547,12 @@ class VolumeWal(WriteAheadLog):
         """Groups written (or being written) whose sync did not complete, then the queue: none
         of them may be acknowledged (after a failed fdatasync their bytes may never reach the
         disk)."""
-        error = WalClosedError(f"WAL {self.path} failed: {exc!r}")
+        reason = f"WAL {self.path} failed: {exc!r}"
         while self._unacked:
             for p in self._unacked.popleft():
                 if not p.future.done():
-                    p.future.set_exception(error)
-        while self._queue:
-            p = self._queue.popleft()
-            if not p.future.done():
-                p.future.set_exception(error)
+                    p.future.set_exception(WalClosedError(reason))
+        self._refuse_queued(reason)
 
     def _refuse_queued(self, reason: str) -> None:
         while self._queue:

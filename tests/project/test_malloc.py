@@ -7,16 +7,18 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
 _PROBE = "import json; from automq.broker.malloc import tune_allocator; print(json.dumps(tune_allocator()))"
 
 
-def _run(**env: str) -> dict[str, int]:
+def _run(probe: str = _PROBE, **env: str) -> Any:
+    """`probe`'s last line of output, JSON, from a fresh process without MALLOC_* settings."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "AUTOMQ_MALLOC"))}
     out = subprocess.run(
-        [sys.executable, "-c", _PROBE], env={**clean, **env}, check=True, capture_output=True, text=True
+        [sys.executable, "-c", probe], env={**clean, **env}, check=True, capture_output=True, text=True
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -42,9 +44,7 @@ def test_heap_stats_see_a_big_buffer_and_reach_the_metrics_page():
         "before = heap_stats(); big = bytearray(32 << 20); during = heap_stats(); del big; "
         "print(json.dumps([before, during, heap_stats()]))"
     )
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "AUTOMQ_MALLOC"))}
-    out = subprocess.run([sys.executable, "-c", probe], env=clean, check=True, capture_output=True, text=True).stdout
-    before, during, after = json.loads(out.strip().splitlines()[-1])
+    before, during, after = _run(probe)
     assert set(before) == {"in_use", "free", "mmapped"}
     assert during["mmapped"] - before["mmapped"] >= 32 << 20  # above the threshold: its own mapping
     assert during["mmapped"] - after["mmapped"] >= 32 << 20  # handed back

@@ -149,6 +149,9 @@ class ObjectStore(abc.ABC):
     # put_parts writes the parts without joining them into one buffer (no second copy of an
     # uploaded block in memory): the uploader then hands it objects of any size that way.
     writes_parts_unjoined = False
+    # get_into reads into the caller's buffer without a buffer of its own: the reader then
+    # reads its read-ahead groups into buffers it reuses (automq.broker.storage.read.buffers).
+    reads_into_buffers = False
 
     @abc.abstractmethod
     async def put(
@@ -173,6 +176,14 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes: ...
+
+    async def get_into(self, key: str, start: int, buffer: memoryview) -> int:
+        """`get(key, start, start + len(buffer))` into `buffer`; returns the bytes read (fewer
+        at the object's end). Here a copy of `get`'s answer; a store that reads straight into
+        the buffer overrides it and sets `reads_into_buffers`."""
+        data = await self.get(key, start, start + len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
 
     @abc.abstractmethod
     async def head(self, key: str) -> ObjectInfo:

@@ -226,6 +226,7 @@ class _TempObject:
 
 class LocalObjectStore(ObjectStore):
     writes_parts_unjoined = True
+    reads_into_buffers = True
 
     def __init__(self, root: str | Path, *, max_concurrency: int = 16, fsync: bool = True) -> None:
         self.root = Path(root)
@@ -555,6 +556,31 @@ class LocalObjectStore(ObjectStore):
         validate_key(key)
         validate_range(start, end)
         return self._got(await self._run("get", self._get_sync, key, start, end))
+
+    def _get_into_sync(self, key: str, start: int, buffer: memoryview) -> int:
+        fd = self._open_object(key)
+        try:
+            size = os.fstat(fd).st_size
+            if start > 0 and start >= size:
+                raise ObjectNotFound(f"range start {start} is past the end of {key!r} ({size} bytes)", key=key)
+            want = max(0, min(len(buffer), size - start))
+            done = 0
+            while done < want:
+                n = os.preadv(fd, [buffer[done:want]], start + done)
+                if not n:
+                    break
+                done += n
+            return done
+        finally:
+            os.close(fd)
+
+    async def get_into(self, key: str, start: int, buffer: memoryview) -> int:
+        validate_key(key)
+        validate_range(start, start + len(buffer))
+        n = await self._run("get", self._get_into_sync, key, start, buffer)
+        self.stats.gets += 1
+        self.stats.bytes_got += n
+        return n
 
     def get_blocking(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """`get` on the caller's thread, for a caller with a thread and an event loop of its own

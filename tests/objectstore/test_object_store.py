@@ -136,7 +136,8 @@ async def test_ranged_reads_at_edges(store):
 
 def test_ranged_reads_match_python_slicing(store_url):
     """Property: get(start, end) is data[start:end], except a start at/after the end of a
-    non-empty range raises ObjectNotFound (start 0 always works)."""
+    non-empty range raises ObjectNotFound (start 0 always works). get_into(start, buffer)
+    reads the same bytes into the buffer's front and leaves the rest of it as it was."""
     objects = {"size-0": b"", "size-1": b"\x00", "size-777": os.urandom(777)}
     with asyncio.Runner() as runner:
         store = open_object_store(store_url)
@@ -154,11 +155,18 @@ def test_ranged_reads_match_python_slicing(store_url):
             if end is not None and end < start:
                 end = start + (delta or 0)
             data = objects[key]
+            length = (end if end is not None else start + 900) - start
+            buffer = bytearray(b"\xee") * length
             if start > 0 and start >= len(data):
                 with pytest.raises(ObjectNotFound):
                     runner.run(store.get(key, start, end))
+                with pytest.raises(ObjectNotFound):
+                    runner.run(store.get_into(key, start, memoryview(buffer)))
             else:
                 assert runner.run(store.get(key, start, end)) == data[start:end]
+                n = runner.run(store.get_into(key, start, memoryview(buffer)))
+                assert buffer[:n] == data[start : start + length]
+                assert buffer[n:] == b"\xee" * (length - n)
 
         try:
             check()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import mmap
 import time
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ from automq.broker.storage.objects.format import (
     parse_index,
     parse_tail,
 )
+from automq.broker.storage.read.buffers import ReadBuffers
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,8 @@ class ObjectReader:
         self._ahead_budget = block_cache.max_bytes // 4
         self._ahead_bytes = 0  # bytes of the read-ahead GETs in flight
         self._counted_at = 0.0  # when streams idle for ACTIVE_S were last forgotten
+        # Read-ahead groups land in reused buffers when the store can read into them.
+        self._buffers = ReadBuffers(self._ahead_budget, block_cache) if store.reads_into_buffers else None
 
     async def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> tuple[list[RecordBatchData], bool]:
         """Batches overlapping [start, end) from committed objects, contiguous from the batch
@@ -209,8 +213,9 @@ class ObjectReader:
         for pos, f in futures.items():
             self._inflight[(obj.object_id, pos)] = f
         self._ahead_bytes += span
-        self._cache.reserve(span)
-        task = asyncio.create_task(self._read_group(obj, group, span, futures))
+        self._cache.reserve(span)  # evicts first, so buffers it frees serve this read
+        buf = self._buffers.take(span) if self._buffers is not None else None
+        task = asyncio.create_task(self._read_group(obj, group, span, futures, buf))
         self._prefetching.add(task)
         task.add_done_callback(self._prefetching.discard)
         return futures[entry.position]
@@ -226,12 +231,21 @@ class ObjectReader:
         return max(self._initial, self._cache.max_bytes // (2 * max(1, len(self._read_ahead))))
 
     async def _read_group(
-        self, obj: ObjectMetadata, group: list[IndexEntry], span: int, futures: dict[int, asyncio.Future]
+        self,
+        obj: ObjectMetadata,
+        group: list[IndexEntry],
+        span: int,
+        futures: dict[int, asyncio.Future],
+        buf: mmap.mmap | None,
     ) -> None:
         first = group[0].position
         reserved = span
         try:
-            raw = memoryview(await self._get(obj.key, first, first + span))
+            if buf is None:
+                raw = memoryview(await self._get(obj.key, first, first + span))
+            else:
+                raw = await self._get_into(obj.key, first, memoryview(buf)[:span])
+                del buf  # the views hold it now; the pool sees it free once they are gone
             self._cache.release(reserved)
             reserved = 0
             if len(raw) < span:
@@ -253,10 +267,20 @@ class ObjectReader:
             for pos in futures:
                 self._inflight.pop((obj.object_id, pos), None)
 
+    async def _get_into(self, key: str, start: int, buffer: memoryview) -> memoryview:
+        """The bytes read into `buffer`, as a read-only view (blocks are never written)."""
+        t0 = time.perf_counter()
+        n = await self._store.get_into(key, start, buffer)
+        self._observe(t0, n)
+        return buffer[:n].toreadonly()
+
     async def _get(self, key: str, start: int, end: int) -> bytes:
         t0 = time.perf_counter()
         data = await self._store.get(key, start, end)
+        self._observe(t0, len(data))
+        return data
+
+    def _observe(self, t0: float, n: int) -> None:
         if self._metrics is not None:
             self._metrics.object_read_seconds.observe(time.perf_counter() - t0)
-            self._metrics.object_read_bytes.inc(len(data))
-        return data
+            self._metrics.object_read_bytes.inc(n)

@@ -8,7 +8,7 @@ import asyncio
 from test_read_path import CountingStore, fill
 
 from automq.broker.storage.cache.block_cache import BlockCache
-from automq.broker.storage.read.buffers import GRANULE, ReadBuffers
+from automq.broker.storage.read.buffers import GRANULE, ReadBuffers, capacity
 from automq.broker.storage.read.reader import ObjectReader
 
 MiB = 1 << 20
@@ -40,18 +40,23 @@ async def test_a_view_of_a_view_keeps_its_buffer_lent():
     assert pool.allocated == 2
 
 
-async def test_reads_of_one_power_of_two_class_share_buffers():
+async def test_reads_of_near_sizes_share_a_buffer_at_most_a_quarter_bigger():
     pool = ReadBuffers(max_idle=64 * MiB, cache=BlockCache(64 * MiB))
-    assert [len(pool.take(n)) for n in (1, GRANULE, GRANULE + 1, 3 * MiB, 4 * MiB)] == [
+    sizes = (1, GRANULE, GRANULE + 1, 3 * MiB, 4 * MiB, 4 * MiB + 1, 17 * MiB)
+    assert [len(pool.take(n)) for n in sizes] == [
         GRANULE,
         GRANULE,
-        2 * GRANULE,
+        GRANULE * 5 // 4,
+        3 * MiB,
         4 * MiB,
-        4 * MiB,
+        5 * MiB,
+        20 * MiB,
     ]
+    for size in (1, 1000, GRANULE + 1, 5 * MiB + 3, 17 * MiB, 31 * MiB + 5, 100 * MiB):
+        assert size <= capacity(size) <= max(GRANULE, size * 5 // 4)
     pool = ReadBuffers(max_idle=64 * MiB, cache=BlockCache(64 * MiB))
     pool.take(17 * MiB)  # a read of 17 MiB, done (nothing holds its buffer)
-    assert len(pool.take(31 * MiB)) == 32 * MiB and pool.allocated == 1  # the same class
+    assert len(pool.take(19 * MiB)) == 20 * MiB and pool.allocated == 1  # the same class
     assert len(pool.take(8 * MiB)) == 8 * MiB and pool.allocated == 2  # another
 
 
@@ -62,7 +67,7 @@ async def test_idle_buffers_count_against_the_block_cache_and_beyond_the_bound_a
     del held
     pool.take(10 * MiB)  # reclaims all four; two stay idle
     assert pool.idle_bytes == 2 * MiB and cache.reserved == 2 * MiB
-    assert pool.lent_bytes == 16 * MiB
+    assert pool.lent_bytes == 10 * MiB
     pool.take(MiB)  # one of them, lent again
     assert pool.idle_bytes == MiB and cache.reserved == MiB
 
@@ -111,3 +116,18 @@ async def test_a_store_that_cannot_read_into_buffers_is_read_as_before(tmp_path,
     assert reader._buffers is None
     batches, _ = await reader.read(sid, 0, 50, MiB)
     assert [b.base_offset for b in batches] == list(range(50))
+
+
+async def test_after_the_last_read_idle_buffers_are_let_go():
+    cache = BlockCache(64 * MiB)
+    pool = ReadBuffers(max_idle=8 * MiB, cache=cache, idle_s=0.05)
+    pool.take(MiB)
+    held = memoryview(pool.take(2 * MiB))  # a cached block still reads this one
+    pool.take(4 * MiB)  # the first buffer, done with, goes idle here
+    assert pool.idle_bytes == MiB and cache.reserved == MiB
+    await asyncio.sleep(0.3)
+    assert pool.idle_bytes == 0 and cache.reserved == 0
+    assert pool.lent_bytes == 2 * MiB  # the one still read stays lent
+    del held
+    await asyncio.sleep(0.3)
+    assert pool.lent_bytes == 0 and pool.idle_bytes == 0

@@ -82,7 +82,7 @@ class ObjectReader:
         self._ahead_bytes = 0  # bytes of the read-ahead GETs in flight
         self._counted_at = 0.0  # when streams idle for ACTIVE_S were last forgotten
         # Read-ahead groups land in reused buffers when the store can read into them.
-        self._buffers = ReadBuffers(self._ahead_budget, block_cache) if store.reads_into_buffers else None
+        self._buffers = ReadBuffers(block_cache.max_bytes // 8, block_cache) if store.reads_into_buffers else None
 
     async def read(self, stream_id: int, start: int, end: int, max_bytes: int) -> tuple[list[RecordBatchData], bool]:
         """Batches overlapping [start, end) from committed objects, contiguous from the batch

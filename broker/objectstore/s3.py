@@ -413,6 +413,7 @@ class S3ObjectStore(ObjectStore):
         completed: list[dict[str, Any]] = []
         in_flight: set[asyncio.Task[None]] = set()
         total = 0
+        numbered = 0  # parts started; a part's number is its place in the stream
 
         async def upload_part(number: int, chunk: bytes) -> None:
             response = await self._call(
@@ -423,14 +424,14 @@ class S3ObjectStore(ObjectStore):
             completed.append({"PartNumber": number, "ETag": response["ETag"]})
 
         async def start_part(chunk: bytes) -> None:
-            nonlocal upload_id
+            nonlocal upload_id, numbered
             if upload_id is None:
                 created = await self._call(
                     "create_multipart_upload", key, lambda c: c.create_multipart_upload(Bucket=bucket, Key=key)
                 )
                 upload_id = created["UploadId"]
-            number = len(completed) + len(in_flight) + 1
-            in_flight.add(asyncio.create_task(upload_part(number, chunk)))
+            numbered += 1
+            in_flight.add(asyncio.create_task(upload_part(numbered, chunk)))
             if len(in_flight) >= self.settings.upload_concurrency:
                 done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from urllib.parse import urlsplit
 
@@ -41,4 +42,44 @@ async def test_failing_producer_aborts_the_upload(seaweedfs, s3_url):
         with pytest.raises(OSError, match="disk read failed"):
             await store.put_multipart("never", parts())
         assert not await store.exists("never")
+    assert pending_uploads(seaweedfs, s3_url) == []
+
+
+async def test_parts_that_finish_out_of_order_keep_distinct_numbers(seaweedfs, s3_url):
+    """Parts finish in a different order than they started. A part's number must not depend
+    on how many have finished: counting finished plus in-flight parts gave two chunks the
+    same number once a finished part was still counted as in flight, and SeaweedFS then
+    assembled an object missing a part (shorter than written; reads past it got 416)."""
+    data = os.urandom(12 * 5 * MiB + 123)
+    # each part's upload is held back this long; the next chunk comes 0.02 s after the last,
+    # as the uploader's pieces come from a worker thread
+    delays = [0.0, 0.01, 0.0, 0.05, 0.01, 0.0, 0.06, 0.0, 0.01, 0.04, 0.0, 0.01, 0.0]
+
+    async def chunks():
+        for i in range(0, len(data), 5 * MiB):
+            await asyncio.sleep(0.02)
+            yield data[i : i + 5 * MiB]
+
+    numbers: list[int] = []
+    async with open_object_store(s3_url + f"&part_size={5 * MiB}&upload_concurrency=3") as store:
+        call = store._call
+
+        async def delayed(op, key, attempt, *args):
+            if op != "upload_part":
+                return await call(op, key, attempt, *args)
+
+            async def slow(client):
+                request = attempt(client)
+                numbers.append(len(numbers))
+                await asyncio.sleep(delays[len(numbers) - 1])
+                return await request
+
+            return await call(op, key, slow, *args)
+
+        store._call = delayed
+        result = await store.put_multipart("out-of-order", chunks())
+        store._call = call
+        assert len(numbers) == 13
+        assert result.etag.endswith("-13") and result.size == len(data)
+        assert await store.get("out-of-order") == data
     assert pending_uploads(seaweedfs, s3_url) == []

@@ -468,6 +468,18 @@ class S3ObjectStore(ObjectStore):
             if upload_id is not None:
                 await asyncio.shield(self._abort(key, upload_id))
             raise
+        # A store that assembles the parts wrongly (SeaweedFS drops a part whose ETag does not
+        # match, and still answers 200) must not let the caller believe the object is whole:
+        # the uploader would commit it and trim the WAL.
+        info = await self.head(key)
+        if info.size != total:
+            with contextlib.suppress(Exception):
+                await self.delete(key)
+            raise ObjectStoreError(
+                f"multipart object {key!r} is {info.size} bytes after an upload of {total}: "
+                "the store assembled it wrongly; deleted",
+                key=key,
+            )
         self.stats.puts += 1
         self.stats.bytes_put += total
         return PutResult(key=key, etag=_strip_etag(response["ETag"]), size=total)

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from automq.broker.objectstore import open_object_store
+from automq.broker.objectstore import ObjectStoreError, open_object_store
 
 pytestmark = pytest.mark.s3
 MiB = 1 << 20
@@ -82,4 +82,36 @@ async def test_parts_that_finish_out_of_order_keep_distinct_numbers(seaweedfs, s
         assert len(numbers) == 13
         assert result.etag.endswith("-13") and result.size == len(data)
         assert await store.get("out-of-order") == data
+    assert pending_uploads(seaweedfs, s3_url) == []
+
+
+async def test_an_object_the_store_assembled_short_is_an_error_not_a_success(seaweedfs, s3_url):
+    """The store is told to complete the upload without its last part, as SeaweedFS did when
+    two parts had the same number: it answers 200 with a shorter object. put_multipart must
+    fail (the uploader then retries under new object ids) and leave no short object behind."""
+    data = os.urandom(3 * 5 * MiB + 7)
+    async with open_object_store(s3_url + f"&part_size={5 * MiB}") as store:
+        call = store._call
+
+        class DropsLastPart:
+            def __init__(self, client):
+                self.client = client
+
+            def complete_multipart_upload(self, **kwargs):
+                parts = kwargs["MultipartUpload"]["Parts"]
+                kwargs["MultipartUpload"] = {"Parts": parts[:-1]}
+                return self.client.complete_multipart_upload(**kwargs)
+
+        async def short(op, key, attempt, *args):
+            if op == "complete_multipart_upload":
+                return await call(op, key, lambda client: attempt(DropsLastPart(client)), *args)
+            return await call(op, key, attempt, *args)
+
+        store._call = short
+        with pytest.raises(ObjectStoreError, match="assembled it wrongly"):
+            await store.put_multipart("short", [data])
+        store._call = call
+        assert not await store.exists("short")
+        assert (await store.put_multipart("whole", [data])).size == len(data)
+        assert await store.get("whole") == data
     assert pending_uploads(seaweedfs, s3_url) == []

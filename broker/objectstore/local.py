@@ -531,14 +531,20 @@ class LocalObjectStore(ObjectStore):
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFound(f"object {key!r} not found", key=key) from None
 
+    @staticmethod
+    def _range_length(fd: int, key: str, start: int, end: int | None) -> int:
+        """Bytes of [start, end) the open object holds (clipped at its end); a start past the
+        end raises ObjectNotFound, as S3 answers 416 there."""
+        size = os.fstat(fd).st_size
+        if start > 0 and start >= size:
+            raise ObjectNotFound(f"range start {start} is past the end of {key!r} ({size} bytes)", key=key)
+        stop = size if end is None else min(end, size)
+        return max(0, stop - start)
+
     def _get_sync(self, key: str, start: int, end: int | None) -> bytes:
         fd = self._open_object(key)
         try:
-            size = os.fstat(fd).st_size
-            if start > 0 and start >= size:
-                raise ObjectNotFound(f"range start {start} is past the end of {key!r} ({size} bytes)", key=key)
-            stop = size if end is None else min(end, size)
-            length = max(0, stop - start)
+            length = self._range_length(fd, key, start, end)
             chunks = []
             offset = start
             while length > 0:
@@ -560,10 +566,7 @@ class LocalObjectStore(ObjectStore):
     def _get_into_sync(self, key: str, start: int, buffer: memoryview) -> int:
         fd = self._open_object(key)
         try:
-            size = os.fstat(fd).st_size
-            if start > 0 and start >= size:
-                raise ObjectNotFound(f"range start {start} is past the end of {key!r} ({size} bytes)", key=key)
-            want = max(0, min(len(buffer), size - start))
+            want = self._range_length(fd, key, start, start + len(buffer))
             done = 0
             while done < want:
                 n = os.preadv(fd, [buffer[done:want]], start + done)

@@ -69,7 +69,7 @@ class ReadBuffers:
         self._lent: list[mmap.mmap] = []
         self._idle: dict[int, list[mmap.mmap]] = {}  # by capacity
         self.idle_bytes = 0
-        self.allocated = 0  # buffers made, for tests and the memory benchmark
+        self.allocated = 0  # buffers made (tests check that buffers are reused)
 
     @property
     def lent_bytes(self) -> int:

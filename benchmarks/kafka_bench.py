@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -60,6 +61,7 @@ class Cluster:
         self.args = args
         self.process: subprocess.Popen[str] | None = None
         self.seaweed = None
+        self.bucket = ""
         self.tmp: tempfile.TemporaryDirectory[str] | None = None
         self.bootstrap = args.bootstrap or ""
         self.metrics_urls: list[str] = []  # brokers' /metrics (a started cluster only)
@@ -75,7 +77,8 @@ class Cluster:
             self.seaweed = SeaweedFS(data_dir=Path(self.tmp.name) / "seaweedfs")
             self.seaweed.start()
             self.seaweed.export_environment()
-            object_store = self.seaweed.url_for(self.seaweed.create_bucket())
+            self.bucket = self.seaweed.create_bucket()
+            object_store = self.seaweed.url_for(self.bucket)
         port = self.args.port or local.free_port_block(self.args.brokers)
         cmd = [
             sys.executable,
@@ -204,6 +207,58 @@ def fsync_write_mib_s(directory: str, total: int = 64 * MiB, block: int = MiB) -
         os.close(fd)
         path.unlink()
     return total / MiB / elapsed, _pct(times, 99) * 1000
+
+
+def raw_ranged_get_mib_s(seaweed, bucket: str, total: int, threads: int = 8, part: int = 4 * MiB) -> float:
+    """MiB/s of `threads` threads reading the bucket's objects (the catch-up's data) in
+    `part`-sized ranged GETs over plain http.client into reused buffers: what the server
+    gives a client with no per-request SDK work (URLs presigned up front) and no event loop.
+    Reads `total` bytes, going round the objects again if they hold less."""
+    client = seaweed.client()
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    objects = [(o["Key"], o["Size"]) for page in pages for o in page.get("Contents", []) if o["Size"]]
+    if not objects:
+        return float("nan")
+    urls = {
+        key: urllib.parse.urlsplit(
+            client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=3600)
+        )
+        for key, _ in objects
+    }
+    work: list[tuple[str, int, int]] = []
+    while sum(e - s for _, s, e in work) < total:
+        work += [(key, off, min(size, off + part)) for key, size in objects for off in range(0, size, part)]
+    work.reverse()
+    lock = threading.Lock()
+    read = [0]
+
+    def worker() -> None:
+        import http.client
+
+        endpoint = urllib.parse.urlsplit(seaweed.endpoint)
+        conn = http.client.HTTPConnection(endpoint.hostname, endpoint.port)
+        buf = memoryview(bytearray(part))
+        while True:
+            with lock:
+                if not work or read[0] >= total:
+                    return
+                key, start, end = work.pop()
+            url = urls[key]
+            conn.request("GET", f"{url.path}?{url.query}", headers={"Range": f"bytes={start}-{end - 1}"})
+            response = conn.getresponse()
+            got = 0
+            while got < end - start and (n := response.readinto(buf[got : end - start])):
+                got += n
+            with lock:
+                read[0] += got
+
+    started = time.perf_counter()
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return read[0] / MiB / (time.perf_counter() - started)
 
 
 # --------------------------------------------------------------------------- load
@@ -480,6 +535,7 @@ def catch_up(
     nice: int = 0,
     metrics: Sequence[str] = (),
     after_upload: bool = False,
+    cluster: Cluster | None = None,
 ) -> None:
     old = f"bench-cu-{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, old, 1)
@@ -547,6 +603,13 @@ def catch_up(
         f"produce latency meanwhile p50 {_pct(latencies, 50) * 1000:.2f} ms p99 {_pct(latencies, 99) * 1000:.2f} ms"
         f"{broker_side(before, after)}"
     )
+    if cluster is not None and cluster.seaweed is not None:
+        raw = raw_ranged_get_mib_s(cluster.seaweed, cluster.bucket, total)
+        print(
+            f"baseline: raw parallel ranged GETs of the same objects from SeaweedFS {raw:.1f} MiB/s "
+            f"(8 threads, 4 MiB ranges, plain http.client; issue 14: catch-up >= 80% of this, "
+            f"here {read / MiB / elapsed / raw * 100:.0f}%)"
+        )
 
 
 def catchup_child(bootstrap: str, topic: str, total: int) -> None:
@@ -685,6 +748,7 @@ def main() -> int:
                 args.catchup_nice,
                 cluster.metrics_urls,
                 args.catchup_after_upload,
+                cluster,
             )
         if "reassign" not in args.skip:
             reassignment(cluster.bootstrap, 10 * MiB)

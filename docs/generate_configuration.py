@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from automq.broker import config as config_module
 from automq.broker.config import NodeConfig
+from automq.broker.objectstore.s3 import S3Settings
 from automq.broker.topic_configs import topic_config_table
 
 DOC = Path(__file__).with_name("configuration.md")
@@ -233,6 +234,46 @@ policy includes `delete`, as in Kafka. Retention checks run every 5 minutes (Kaf
 """
 
 
+S3_INTRO = """
+## S3 object store URL parameters
+
+`object_store_url: s3://BUCKET?endpoint=...&region=...&path_style=true&...` takes these
+query parameters (an unknown or malformed one, or an integer below its minimum, stops the
+start, naming it). Credentials come from the standard AWS chain (environment,
+config files, instance roles), never from the URL.
+
+| Parameter | Type | Default | Meaning |
+|---|---|---|---|
+"""
+
+
+def s3_rows() -> list[tuple[str, str, str, str]]:
+    """(parameter, type, default, meaning) of every S3 URL parameter but the bucket."""
+    import dataclasses
+
+    from automq.broker.objectstore.s3 import _INT_PARAMS
+
+    comments = _field_comments(S3Settings)
+    rows = []
+    for field in dataclasses.fields(S3Settings):
+        if field.name == "bucket":
+            continue
+        value = field.default
+        if isinstance(value, bool):
+            default = f"`{str(value).lower()}`"
+        elif value is None:
+            default = "none"
+        elif isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+            default = f"`{value}` ({value >> 20} MiB)"
+        else:
+            default = f"`{value}`"
+        type_name = {bool: "bool", int: "int"}.get(type(value), "str")
+        if field.name in _INT_PARAMS:
+            type_name += f" (>= {_INT_PARAMS[field.name]})"
+        rows.append((field.name, type_name, default, comments.get(field.name, "")))
+    return rows
+
+
 def render() -> str:
     out = [INTRO]
     for title, doc, model, prefix in sections():
@@ -243,6 +284,9 @@ def render() -> str:
         for key, type_name, default, meaning in model_rows(model, prefix):
             meaning = meaning.replace("|", "\\|")
             out.append(f"| `{key}` | {type_name} | {default} | {meaning} |\n")
+    out.append(S3_INTRO)
+    for name, type_name, default, meaning in s3_rows():
+        out.append(f"| `{name}` | {type_name} | {default} | {meaning.replace('|', chr(92) + '|')} |\n")
     out.append(TOPIC_INTRO)
     out.append(topic_config_table())
     return "".join(out)

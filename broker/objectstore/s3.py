@@ -29,8 +29,11 @@ import asyncio
 import builtins
 import contextlib
 import hashlib
+import os
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
@@ -50,6 +53,7 @@ from automq.broker.objectstore.base import (
     validate_key,
     validate_range,
 )
+from automq.broker.objectstore.http_get import HttpGetPool
 
 T = TypeVar("T")
 
@@ -85,22 +89,29 @@ _RETRY_CODES = {
     "XAmzContentSHA256Mismatch",
 }
 _PRECONDITION_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412"}
+PRESIGN_EXPIRES_S = 900  # a presigned GET URL's lifetime ...
+PRESIGN_REUSE_S = 300  # ... and how long one is used (well inside it, and inside short-lived credentials' refresh)
 
 
 @dataclass(frozen=True, slots=True)
 class S3Settings:
-    bucket: str
-    endpoint: str | None = None
-    region: str = "us-east-1"
-    path_style: bool = False
-    max_attempts: int = 5
-    timeout_ms: int = 30_000
-    backoff_ms: int = 100
-    max_backoff_ms: int = 5_000
-    multipart_threshold: int = 16 << 20
-    part_size: int = 8 << 20
-    max_connections: int = 32
-    upload_concurrency: int = 4
+    """The parameters of an `s3://bucket?...` URL; the comment on each line is its meaning in
+    docs/configuration.md."""
+
+    bucket: str  # the bucket (the URL's host part); one per cluster, no key prefix
+    endpoint: str | None = None  # http(s):// URL of the S3 server; unset: AWS's endpoint for the region
+    region: str = "us-east-1"  # region the requests are signed for
+    path_style: bool = False  # true: http://host/bucket/key (SeaweedFS, MinIO); false: bucket.host
+    max_attempts: int = 5  # tries per request (network errors, timeouts, 5xx, throttling) before the error surfaces
+    timeout_ms: int = 30_000  # a request's read timeout (connecting: at most 10 s)
+    backoff_ms: int = 100  # the first retry waits 50-100 % of this, doubling per retry
+    max_backoff_ms: int = 5_000  # the doubling stops here
+    multipart_threshold: int = 16 << 20  # objects from this size are uploaded in parts
+    part_size: int = 8 << 20  # size of an upload part (at least 5 MiB, S3's minimum)
+    max_connections: int = 32  # HTTP connections to the server, reads and writes together
+    upload_concurrency: int = 4  # parts of one upload in flight at once
+    read_part_size: int = 4 << 20  # a catch-up read longer than 1.5 of these is read as ranged GETs of this size
+    read_concurrency: int = 8  # those ranged GETs in flight at once over the store (never more than max_connections)
 
 
 _INT_PARAMS = {
@@ -112,6 +123,8 @@ _INT_PARAMS = {
     "part_size": MIN_PART_SIZE,
     "max_connections": 1,
     "upload_concurrency": 1,
+    "read_part_size": 64 << 10,
+    "read_concurrency": 1,
 }
 
 
@@ -174,6 +187,49 @@ def _strip_etag(etag: str) -> str:
     return etag.strip('"')
 
 
+def _object_size(headers: dict[str, str]) -> int:
+    """The whole object's size from a GET reply's headers: Content-Range's total
+    ("bytes a-b/size"), or Content-Length when the server sent the whole object."""
+    total = headers.get("content-range", "").rpartition("/")[2]
+    return int(total) if total.isdigit() else int(headers["content-length"])
+
+
+def _reply_error(status: int, body: bytes) -> Exception:
+    """A non-2xx reply of the raw GET path as the ClientError botocore would have raised,
+    so `_translate` maps it like every other request's."""
+    import re
+
+    from botocore.exceptions import ClientError
+
+    text = body.decode("utf-8", "replace")
+    code = re.search(r"<Code>(.*?)</Code>", text)
+    message = re.search(r"<Message>(.*?)</Message>", text)
+    response: Any = {
+        "Error": {"Code": code.group(1) if code else str(status), "Message": message.group(1) if message else ""},
+        "ResponseMetadata": {"HTTPStatusCode": status},
+    }
+    return ClientError(response, "GetObject")
+
+
+async def _settle(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Cancel what is still running and wait until all of it has stopped, even when the
+    caller is cancelled meanwhile (re-raised after): a part must not write into a buffer
+    its caller already has back."""
+    for task in tasks:
+        task.cancel()
+    cancelled = False
+    while not all(t.done() for t in tasks):
+        try:
+            await asyncio.wait([t for t in tasks if not t.done()])
+        except asyncio.CancelledError:
+            cancelled = True
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: the first one was raised already, if any
+    if cancelled:
+        raise asyncio.CancelledError
+
+
 class _RangeNotSatisfiable(ObjectNotFound):
     """416 InvalidRange: the range starts past the end (or the object is empty)."""
 
@@ -187,6 +243,8 @@ class _Retryable(Exception):
 
 
 class S3ObjectStore(ObjectStore):
+    reads_into_buffers = True
+
     def __init__(self, settings: S3Settings, url: str | None = None) -> None:
         self.settings = settings
         self.url = url or f"s3://{settings.bucket}"
@@ -195,6 +253,10 @@ class S3ObjectStore(ObjectStore):
         self._client_lock: asyncio.Lock | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._exit_stack: contextlib.AsyncExitStack | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._slots_loop: asyncio.AbstractEventLoop | None = None
+        self._pools: dict[str, HttpGetPool] = {}  # the raw GET path's connections, per origin
+        self._presigned: dict[str, tuple[str, float]] = {}  # key -> (GET URL, reuse until)
 
     @classmethod
     def from_url(cls, url: str) -> S3ObjectStore:
@@ -245,6 +307,8 @@ class S3ObjectStore(ObjectStore):
         # else: the loop is gone and took the connections with it; nothing left to close.
 
     async def close(self) -> None:
+        if self._slots_loop is asyncio.get_running_loop():
+            self._close_pools()
         if self._client_loop is not None and self._client_loop is not asyncio.get_running_loop():
             self._abandon_client()
             return
@@ -516,17 +580,140 @@ class S3ObjectStore(ObjectStore):
         try:
             data = await self._call("get", key, attempt)
         except _RangeNotSatisfiable as exc:
-            if start != 0:
-                raise ObjectNotFound(str(exc), key=key) from None
-            # A ranged GET of an empty object is 416 on S3; the contract says it reads b"".
-            info = await self.head(key)
-            if info.size != 0:
-                raise ObjectNotFound(str(exc), key=key) from None
-            self.stats.errors["ObjectNotFound"] -= 1  # not an error after all
+            await self._empty_or_raise(key, start, exc)
             data = b""
         self.stats.gets += 1
         self.stats.bytes_got += len(data)
         return data
+
+    async def _empty_or_raise(self, key: str, start: int, exc: _RangeNotSatisfiable) -> None:
+        """A 416: past the end (ObjectNotFound), unless the range starts at 0 of an empty
+        object, which S3 answers 416 too while the contract says it reads b""."""
+        if start != 0:
+            raise ObjectNotFound(str(exc), key=key) from None
+        info = await self.head(key)
+        if info.size != 0:
+            raise ObjectNotFound(str(exc), key=key) from None
+        self.stats.errors["ObjectNotFound"] -= 1  # not an error after all
+
+    def _read_slots(self) -> asyncio.Semaphore:
+        """The GETs of `get_into` in flight at once, over the whole store (per event loop, like
+        the client), so reads leave connections to writes."""
+        loop = asyncio.get_running_loop()
+        if self._slots_loop is not loop:
+            self._slots = asyncio.Semaphore(min(self.settings.read_concurrency, self.settings.max_connections))
+            self._slots_loop = loop
+            self._close_pools()  # their connections belonged to the old loop
+        assert self._slots is not None
+        return self._slots
+
+    async def _presigned_get(self, client: Any, key: str) -> str:
+        """A presigned GET URL of `key`, signed once per PRESIGN_REUSE_S (signing costs as
+        much Python as the rest of a GET); headers such as Range are not part of it."""
+        now = time.monotonic()
+        cached = self._presigned.get(key)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        url = await client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.settings.bucket, "Key": key}, ExpiresIn=PRESIGN_EXPIRES_S
+        )
+        if len(self._presigned) >= 4096:
+            self._presigned.clear()
+        self._presigned[key] = (url, now + PRESIGN_REUSE_S)
+        return url
+
+    def _pool(self, origin: str) -> HttpGetPool:
+        pool = self._pools.get(origin)
+        if pool is None:
+            context = None
+            if origin.startswith("https:"):
+                from botocore.httpsession import get_cert_path
+
+                context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True))
+            pool = self._pools[origin] = HttpGetPool(origin, self.settings.read_concurrency, context)
+        return pool
+
+    def _close_pools(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+    async def get_into(self, key: str, start: int, buffer: memoryview) -> int:
+        """Ranged GETs straight into `buffer` (a catch-up's read-ahead group, up to 32 MiB).
+
+        One GET from one connection delivers a few hundred MiB/s at best; several in parallel
+        deliver more (measured against SeaweedFS: 4 MiB ranges 8 at a time read about twice
+        as fast as one 32 MiB GET). So a range longer than 1.5 `read_part_size` is read as
+        parts of that size, at most `read_concurrency` GETs at once over the store. The first
+        part's reply gives the object's size and ETag; the other parts start as soon as those
+        headers arrive and ask for that ETag (If-Match), so one buffer never mixes two
+        versions of a key. Every part is awaited before this returns or raises: no GET writes
+        into the buffer after the caller has it back."""
+        validate_key(key)
+        n = len(buffer)
+        if n == 0:
+            await self.get(key, start, start)  # existence and the start rule
+            return 0
+        part = self.settings.read_part_size
+        first_len = n if n <= part + part // 2 else part
+        learned: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        tasks = [asyncio.ensure_future(self._get_part(key, start, buffer[:first_len], None, learned))]
+        wanted: builtins.list[int] = []
+        try:
+            await asyncio.wait([tasks[0], learned], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
+            if not learned.done():
+                await tasks[0]  # failed before its headers: raises
+            size, etag = learned.result()
+            end = min(start + n, size)
+            wanted.append(min(first_len, end - start))
+            for offset in range(start + first_len, end, part):
+                view = buffer[offset - start : min(offset + part, end) - start]
+                wanted.append(len(view))
+                tasks.append(asyncio.ensure_future(self._get_part(key, offset, view, etag, None)))
+            # the first failure ends the wait at once (the parts still running are stopped below)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in tasks:
+                if task.done() and task.exception() is not None:
+                    task.result()  # raises it
+            got = [t.result() for t in tasks]
+        except _RangeNotSatisfiable as exc:
+            await self._empty_or_raise(key, start, exc)
+            return 0
+        except PreconditionFailed:
+            raise ObjectStoreError(f"{key!r} was replaced while it was read in parts; read it again", key=key) from None
+        finally:
+            await _settle(tasks)
+        if got != wanted:
+            raise ObjectStoreUnavailable(f"short read of {key!r}: parts of {got} bytes, expected {wanted}", key=key)
+        self.stats.gets += len(tasks)
+        self.stats.bytes_got += end - start
+        return end - start
+
+    async def _get_part(
+        self, key: str, offset: int, view: memoryview, if_match: str | None, learned: asyncio.Future | None
+    ) -> int:
+        """One ranged GET into `view` over the raw GET path (`http_get`: the body is received
+        into `view` itself); the bytes it delivered. Sets `learned` to the object's (size,
+        ETag) as soon as the reply's headers arrive."""
+        headers = {"Range": f"bytes={offset}-{offset + len(view) - 1}"}
+        if if_match is not None:
+            headers["If-Match"] = f'"{if_match}"'
+
+        def on_head(status: int, reply: dict[str, str]) -> None:
+            if learned is not None and not learned.done() and 200 <= status < 300:
+                learned.set_result((_object_size(reply), _strip_etag(reply.get("etag", ""))))
+
+        async def attempt(client: Any) -> int:
+            url = urlsplit(await self._presigned_get(client, key))
+            pool = self._pool(f"{url.scheme}://{url.netloc}")
+            async with asyncio.timeout(self.settings.timeout_ms / 1000):
+                status, _reply, got, body = await pool.get(f"{url.path}?{url.query}", headers, view, on_head)
+            if not 200 <= status < 300:
+                raise _reply_error(status, body)
+            return got
+
+        async with self._read_slots():
+            return await self._call("get", key, attempt)
 
     async def head(self, key: str) -> ObjectInfo:
         validate_key(key)

@@ -40,3 +40,15 @@ def test_doc_is_regenerated():
     assert (ROOT / "docs" / "configuration.md").read_text() == gen.render(), (
         "run: python docs/generate_configuration.py"
     )
+
+
+def test_every_s3_url_parameter_has_a_meaning_and_is_documented():
+    from automq.broker.objectstore.s3 import _INT_PARAMS
+
+    gen = _generator()
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    rows = gen.s3_rows()
+    assert {name for name, *_ in rows} >= {"endpoint", "region", "path_style", *_INT_PARAMS}
+    for name, _type, _default, meaning in rows:
+        assert meaning, f"S3 URL parameter {name} has no meaning: comment its line in S3Settings"
+        assert f"| `{name}` |" in doc

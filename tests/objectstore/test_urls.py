@@ -39,6 +39,8 @@ def test_s3_url_settings():
         ("s3://bucket?max_attempts=0", "max_attempts must be >= 1"),
         ("s3://bucket?timeout_ms=soon", "timeout_ms must be an integer"),
         ("s3://bucket?part_size=1024", "part_size must be >="),
+        ("s3://bucket?read_part_size=1000", "read_part_size must be >= 65536"),
+        ("s3://bucket?read_concurrency=0", "read_concurrency must be >= 1"),
         ("s3://bucket?region=", "region must not be empty"),
         ("s3://bucket?region=a&region=b", "given twice"),
         ("file://host/path", "host must be empty"),

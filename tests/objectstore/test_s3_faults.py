@@ -7,6 +7,7 @@ import asyncio
 import socket
 
 import pytest
+from http_relay import relay as relay_to
 
 from automq.broker.objectstore import (
     AccessDenied,
@@ -170,19 +171,7 @@ def throttling_proxy(target_port: int, failures: int):
                 await writer.drain()
                 writer.close()
                 return
-            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", target_port)
-
-            async def pump(src, dst):
-                try:
-                    while data := await src.read(65536):
-                        dst.write(data)
-                        await dst.drain()
-                except (ConnectionError, OSError):
-                    pass
-                finally:
-                    dst.close()
-
-            await asyncio.gather(pump(reader, upstream_writer), pump(upstream_reader, writer))
+            await relay_to(reader, writer, target_port)
         except (asyncio.CancelledError, ConnectionError):
             pass
 
@@ -238,20 +227,7 @@ def delete_result_proxy(target_port: int, errors: list[tuple[str, str]]):
                 await writer.drain()
                 writer.close()
                 return
-            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", target_port)
-            upstream_writer.write(head)
-
-            async def pump(src, dst):
-                try:
-                    while data := await src.read(65536):
-                        dst.write(data)
-                        await dst.drain()
-                except (ConnectionError, OSError):
-                    pass
-                finally:
-                    dst.close()
-
-            await asyncio.gather(pump(reader, upstream_writer), pump(upstream_reader, writer))
+            await relay_to(reader, writer, target_port, head)
         except (asyncio.CancelledError, ConnectionError, asyncio.IncompleteReadError):
             pass
 

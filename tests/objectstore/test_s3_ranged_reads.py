@@ -11,6 +11,7 @@ import os
 import random
 
 import pytest
+from http_relay import relay as relay_to
 
 from automq.broker.objectstore import ObjectNotFound, ObjectStoreError, ObjectStoreUnavailable, open_object_store
 
@@ -105,7 +106,6 @@ def stalling_proxy(target_port: int, faults: dict[str, bytes], stall_s: float):
     body = b"<?xml version='1.0'?><Error><Code>SlowDown</Code><Message>slow down</Message></Error>"
 
     async def relay(reader, writer):
-        upstream_writer = None
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             ranges = [line for line in head.split(b"\r\n") if line.lower().startswith(b"range:")]
@@ -120,25 +120,11 @@ def stalling_proxy(target_port: int, faults: dict[str, bytes], stall_s: float):
                 return
             if faults.get("stall") and wanted.startswith(faults["stall"]):
                 await asyncio.sleep(stall_s)
-            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", target_port)
             # one request per connection, so that every request passes the checks above
             lines = [line for line in head.split(b"\r\n") if not line.lower().startswith(b"connection:")]
-            upstream_writer.write(b"\r\n".join([*lines[:-2], b"Connection: close", b"", b""]))
-
-            async def pump(src, dst):
-                try:
-                    while data := await src.read(65536):
-                        dst.write(data)
-                        await dst.drain()
-                except (ConnectionError, OSError):
-                    pass
-                finally:
-                    dst.close()
-
-            await asyncio.gather(pump(reader, upstream_writer), pump(upstream_reader, writer))
+            await relay_to(reader, writer, target_port, b"\r\n".join([*lines[:-2], b"Connection: close", b"", b""]))
         except (asyncio.CancelledError, ConnectionError, asyncio.IncompleteReadError):
-            if upstream_writer is not None:
-                upstream_writer.close()
+            pass
 
     return relay
 

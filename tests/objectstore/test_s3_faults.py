@@ -8,6 +8,7 @@ import socket
 
 import pytest
 from http_relay import relay as relay_to
+from http_relay import slow_down
 
 from automq.broker.objectstore import (
     AccessDenied,
@@ -99,25 +100,15 @@ async def test_conditional_put_whose_reply_was_lost_still_reports_the_win(seawee
     target_port = int(seaweedfs.endpoint.rsplit(":", 1)[1])
     dropped = asyncio.Event()
 
+    def lose_the_first_200(data: bytes) -> bool:
+        if not dropped.is_set() and data.startswith(b"HTTP/1.1 200"):
+            dropped.set()
+            return True
+        return False
+
     async def relay(reader, writer):
-        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", target_port)
-
-        async def pump(src, dst, is_reply):
-            try:
-                while data := await src.read(65536):
-                    if is_reply and not dropped.is_set() and data.startswith(b"HTTP/1.1 200"):
-                        dropped.set()
-                        writer.transport.abort()
-                        return
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.close()
-
         try:
-            await asyncio.gather(pump(reader, upstream_writer, False), pump(upstream_reader, writer, True))
+            await relay_to(reader, writer, target_port, drop_reply=lose_the_first_200)
         except asyncio.CancelledError:
             pass  # the proxy is closing
 
@@ -154,22 +145,13 @@ def throttling_proxy(target_port: int, failures: int):
     """A TCP proxy in front of the real server that answers the first `failures` requests
     itself with 503 SlowDown (what S3 sends when throttling) and relays the rest."""
     state = {"refused": 0}
-    body = (
-        b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-        b"<Message>Please reduce your request rate.</Message></Error>"
-    )
 
     async def relay(reader, writer):
         try:
             if state["refused"] < failures:
                 state["refused"] += 1
                 await reader.read(65536)
-                writer.write(
-                    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
-                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-                )
-                await writer.drain()
-                writer.close()
+                await slow_down(writer)
                 return
             await relay_to(reader, writer, target_port)
         except (asyncio.CancelledError, ConnectionError):

@@ -12,6 +12,7 @@ import random
 
 import pytest
 from http_relay import relay as relay_to
+from http_relay import slow_down
 
 from automq.broker.objectstore import ObjectNotFound, ObjectStoreError, ObjectStoreUnavailable, open_object_store
 
@@ -103,7 +104,6 @@ def stalling_proxy(target_port: int, faults: dict[str, bytes], stall_s: float):
     """Relays to the real server, except that a GET whose Range starts with faults["stall"]
     waits `stall_s` before it is relayed, and one whose Range starts with faults["fail"] gets
     503 SlowDown (while they are set)."""
-    body = b"<?xml version='1.0'?><Error><Code>SlowDown</Code><Message>slow down</Message></Error>"
 
     async def relay(reader, writer):
         try:
@@ -111,12 +111,7 @@ def stalling_proxy(target_port: int, faults: dict[str, bytes], stall_s: float):
             ranges = [line for line in head.split(b"\r\n") if line.lower().startswith(b"range:")]
             wanted = ranges[0].split(b"=", 1)[1] if ranges else b""
             if faults.get("fail") and wanted.startswith(faults["fail"]):
-                writer.write(
-                    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
-                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-                )
-                await writer.drain()
-                writer.close()
+                await slow_down(writer)
                 return
             if faults.get("stall") and wanted.startswith(faults["stall"]):
                 await asyncio.sleep(stall_s)

@@ -289,6 +289,7 @@ class S3ObjectStore(ObjectStore):
                     retries={"total_max_attempts": 1, "mode": "standard"},  # we retry ourselves
                     s3={"addressing_style": "path" if s.path_style else "auto"},
                     max_pool_connections=s.max_connections,
+                    signature_version="s3v4",  # presigned URLs too (botocore would sign them with v2)
                 )
                 stack = contextlib.AsyncExitStack()
                 self._client = await stack.enter_async_context(
@@ -709,6 +710,8 @@ class S3ObjectStore(ObjectStore):
             async with asyncio.timeout(self.settings.timeout_ms / 1000):
                 status, _reply, got, body = await pool.get(f"{url.path}?{url.query}", headers, view, on_head)
             if not 200 <= status < 300:
+                if status == 403:  # e.g. signed with credentials that expired since: sign again next time
+                    self._presigned.pop(key, None)
                 raise _reply_error(status, body)
             return got
 

@@ -179,3 +179,21 @@ def test_parts_land_in_the_buffer_under_uvloop(s3_url):
                 assert buffer[: len(data) - 1] == data[1:]
 
     uvloop.run(main())
+
+
+async def test_a_refused_presigned_url_is_signed_again_next_time(s3_url):
+    """URLs are signed once per few minutes; one the server refuses (credentials expired
+    since it was signed) is an AccessDenied now and not used again."""
+    from automq.broker.objectstore import AccessDenied
+
+    async with open_object_store(s3_url + PARTS) as store:
+        await store.put("k", b"v" * 1000)
+        buffer = bytearray(1000)
+        assert await store.get_into("k", 0, memoryview(buffer)) == 1000
+        url, until = store._presigned["k"]
+        assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in url  # SigV4: AWS regions since 2014 refuse v2
+        store._presigned["k"] = (url.replace("X-Amz-Signature=", "X-Amz-Signature=0"), until)
+        with pytest.raises(AccessDenied):
+            await store.get_into("k", 0, memoryview(buffer))
+        assert await store.get_into("k", 0, memoryview(buffer)) == 1000
+        assert buffer == b"v" * 1000

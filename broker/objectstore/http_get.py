@@ -19,6 +19,7 @@ is written into the buffer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -221,5 +222,7 @@ class HttpGetPool:
     def close(self) -> None:
         for conn in self._idle:
             if conn.transport is not None:
-                conn.transport.close()
+                # a pool left behind by a finished event loop: its sockets went with the loop
+                with contextlib.suppress(RuntimeError):
+                    conn.transport.close()
         self._idle.clear()

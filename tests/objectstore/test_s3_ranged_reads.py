@@ -197,3 +197,30 @@ async def test_a_refused_presigned_url_is_signed_again_next_time(s3_url):
             await store.get_into("k", 0, memoryview(buffer))
         assert await store.get_into("k", 0, memoryview(buffer)) == 1000
         assert buffer == b"v" * 1000
+
+
+def test_one_store_read_from_one_event_loop_after_another(s3_url):
+    """A store outlives event loops (asyncio.run per Spark task, per test): the kept-alive
+    connections of a loop that has finished are dropped, not used or closed through it."""
+    data = os.urandom(300 * KiB)
+    store = open_object_store(s3_url + PARTS)
+
+    async def read() -> bytes:
+        buffer = bytearray(len(data))
+        assert await store.get_into("k", 0, memoryview(buffer)) == len(data)
+        return bytes(buffer)
+
+    async def first() -> bytes:
+        await store.put("k", data)
+        return await read()
+
+    assert asyncio.run(first()) == data
+    assert asyncio.run(read()) == data  # the first loop is closed by now
+
+    async def last() -> bytes:
+        try:
+            return await read()
+        finally:
+            await store.close()
+
+    assert asyncio.run(last()) == data

@@ -105,6 +105,11 @@ def _default(info) -> str:
         return "(section)"
     if isinstance(value, list) and value and isinstance(value[0], BaseModel):
         return "one " + type(value[0]).__name__ + " with its defaults"
+    return _format_default(value)
+
+
+def _format_default(value: object) -> str:
+    """A plain default value as the tables show it."""
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if value is None:
@@ -259,14 +264,7 @@ def s3_rows() -> list[tuple[str, str, str, str]]:
         if field.name == "bucket":
             continue
         value = field.default
-        if isinstance(value, bool):
-            default = f"`{str(value).lower()}`"
-        elif value is None:
-            default = "none"
-        elif isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
-            default = f"`{value}` ({value >> 20} MiB)"
-        else:
-            default = f"`{value}`"
+        default = _format_default(value)
         type_name = {bool: "bool", int: "int"}.get(type(value), "str")
         if field.name in _INT_PARAMS:
             type_name += f" (>= {_INT_PARAMS[field.name]})"

@@ -12,7 +12,7 @@ request goes out on a kept-alive connection, the reply's head is parsed from a s
 buffer, and from then on the socket receives (`recv_into`, through asyncio's
 BufferedProtocol) into the caller's memoryview. Anything else (chunked replies, a body longer
 than the buffer, a head over 64 KiB) is an error, never a guess. A connection whose exchange
-failed or was cancelled is aborted at once: after `request` returns or raises, nothing more
+failed or was cancelled is aborted at once: after `HttpGetPool.get` returns or raises, nothing more
 is written into the buffer.
 """
 
@@ -173,14 +173,13 @@ class HttpGetPool:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) origin: {origin!r}")
         self.scheme, self.host = parts.scheme, parts.hostname
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        default_port = 443 if parts.scheme == "https" else 80
+        self.port = parts.port or default_port
         self._ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
         self._idle: list[_Exchange] = []
         self._idle_max = idle_max
-        default_port = 443 if self.scheme == "https" else 80
-        self.host_header = self.host if self.port == default_port else f"{self.host}:{self.port}"
-        if ":" in self.host and not self.host.startswith("["):  # IPv6 literal
-            self.host_header = f"[{self.host}]" if self.port == default_port else f"[{self.host}]:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal (hostname drops the brackets)
+        self.host_header = host if self.port == default_port else f"{host}:{self.port}"
 
     async def _connect(self) -> _Exchange:
         loop = asyncio.get_running_loop()

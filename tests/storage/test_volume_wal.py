@@ -213,6 +213,7 @@ async def test_appends_queued_during_a_sync_are_written_without_the_event_loop(t
 
     real = diskio.datasync
     first_sync = threading.Event()
+    second_sync = threading.Event()
     syncs: list[float] = []
 
     def slow_first(fd: int) -> None:
@@ -221,6 +222,8 @@ async def test_appends_queued_during_a_sync_are_written_without_the_event_loop(t
             time.sleep(0.2)
         real(fd)
         syncs.append(time.monotonic())
+        if len(syncs) == 2:
+            second_sync.set()
 
     wal, _ = await open_wal(tmp_path / "wal", 1)
     await wal.close()  # a fresh ring writes its zeros on the WAL thread once started: not now
@@ -232,8 +235,11 @@ async def test_appends_queued_during_a_sync_are_written_without_the_event_loop(t
     while not first_sync.is_set():
         await asyncio.sleep(0.005)
     later = [wal.append(rec(i)) for i in range(2, 5)]  # queued during the first sync
-    time.sleep(0.5)  # the loop is busy while the first sync returns
-    assert len(syncs) == 2  # both groups were synced by the WAL thread alone
+    # The loop stays blocked (busy) while the first sync returns and until the second one is
+    # done: only the WAL thread can have written and synced the second group. Waiting on the
+    # event rather than a fixed sleep keeps a slow disk or a loaded machine from failing it.
+    assert second_sync.wait(60)  # both groups were synced by the WAL thread alone
+    assert len(syncs) == 2
     assert not first.done()  # acknowledged on the loop, not before
     ends = await asyncio.wait_for(asyncio.gather(first, *later), 10)
     assert ends == sorted(ends) and wal.durable_position == ends[-1]

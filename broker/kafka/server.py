@@ -44,8 +44,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import functools
 import logging
+import mmap
 import socket
 import struct
 import sys
@@ -96,66 +98,158 @@ WHOLE_FRAME_BYTES = 4 << 20  # a frame up to this size gets its full buffer once
 TRIM_AFTER_CLOSED = 256  # connections closed since the last malloc_trim that warrant another
 SLAB_BYTES = 1 << 20  # Produce frames up to SLAB_FRAME_MAX are packed into slabs of this size
 SLAB_FRAME_MAX = 256 << 10  # larger buffers are mmapped by malloc anyway (broker/malloc.py)
-SLAB_SCAN = 64  # retired slabs looked at for a free one each time a slab fills up (~3 us)
+SLAB_SCAN = 64  # retired slabs looked at for free ones when no idle slab is left (~3 us)
+SLAB_IDLE_S = 10.0  # no slab taken for this long: the idle ones go back to the system
+SLAB_READY_LOW = 4  # with no idle slab, fewer fresh ones than this ready: make more ...
+SLAB_READY_HIGH = 16  # ... up to this many, in a worker thread
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault a range in, writable, in one call
 
 
 class FrameSlabs:
     """Produce frames of up to SLAB_FRAME_MAX, copied out of the shared receive buffer (or
-    received in pieces straight into their region) one after another in 1 MiB slabs (each its
-    own mapping: above the allocator's mmap threshold, broker/malloc.py) instead of one heap
-    buffer each. Their record batches stay writable views of the slab all
-    the way into the log cache (no kio copy per partition), and a slab goes back to the system
-    as one piece once the log cache has dropped every batch in it; a heap of per-request
-    buffers freed in eviction order instead kept tens of MiB freed but resident (memory_bench's
-    breakdown: 44-95 MiB "heap free" at 10 MiB/s).
+    received in pieces straight into their region) one after another in 1 MiB slabs
+    (anonymous mmaps) instead of one heap buffer each. Their record batches stay writable
+    views of the slab all the way into the log cache (no kio copy per partition), and a slab
+    is free again as one piece once the log cache has dropped every batch in it; a heap of
+    per-request buffers freed in eviction order instead kept tens of MiB freed but resident
+    (memory_bench's breakdown: 44-95 MiB "heap free" at 10 MiB/s).
 
-    Slabs are reused: a new mapping costs its page faults and the zeroing of all of it (~0.8 ms
-    of CPU per slab; at 250 MiB/s of Produce that was a third of the event loop's samples in
-    py-spy). A full slab is remembered; when a new one is needed, the oldest remembered ones
-    are looked at, and one that nothing refers to any more (no view of it alive anywhere: the
-    log cache, the WAL, an upload, a Fetch response) is taken again. What a region held before
-    is never seen: a frame is decoded only once every byte of its region was written. Free
-    slabs found beyond the one taken are forgotten, so they go back to the system: the log
-    cache frees slabs when it evicts an uploaded block (64 of them for a 64 MiB block), and the
-    next slab taken lets them go. Until then (at most one eviction's worth, when Produce stops
-    right after it) they stay mapped outside the log cache's count."""
+    New memory is what costs: each 4 KiB page of a new mapping faults and is zeroed on first
+    touch. On this project's VMs a new 1 MiB slab took 4.3-5.1 ms at the median on a broker's
+    event loop at 10 MiB/s (~9 a second while the log cache fills, each a loop stall; at
+    250 MiB/s of Produce a third of the loop's samples), a reused one 0.01 ms; letting a free
+    one go costs ~0.1 ms, 64 at a time after each eviction. So:
 
-    __slots__ = ("_retired", "_slab", "_used")
+    - a full slab is remembered; when a new one is needed, an idle slab is taken, or, with
+      none left, the oldest remembered ones are looked at and those nothing refers to any more
+      (no view of it alive anywhere: the log cache, the WAL, an upload, a Fetch response)
+      become idle. What a region held before is never seen: a frame is decoded only once
+      every byte of its region was written;
+    - when no slab is free (the log cache is still filling: a fresh broker, or one that just
+      took over partitions), fresh slabs come ready made: a worker thread maps them and faults
+      their pages in (madvise MADV_POPULATE_WRITE, without the GIL), so the loop only maps one
+      itself if that thread falls behind;
+    - idle slabs are kept up to `max_idle` (the server passes one upload block's worth, what
+      one log-cache eviction frees: the next Produce requests take them back), beyond that let
+      go in a worker thread, and all let go SLAB_IDLE_S after the last slab was taken (Produce
+      stopped). They are memory the log cache just gave up, so cache and idle slabs together
+      stay near `storage.log_cache_bytes`, as before."""
 
-    def __init__(self) -> None:
-        self._slab = bytearray(0)
+    __slots__ = ("_expiry", "_fresh", "_idle", "_last_take", "_refill", "_retired", "_slab", "_used", "max_idle")
+
+    def __init__(self, max_idle: int = 64) -> None:
+        self._slab: mmap.mmap | None = None
         self._used = 0
-        self._retired: collections.deque[bytearray] = collections.deque()
+        self._retired: collections.deque[mmap.mmap] = collections.deque()
+        self._idle: list[mmap.mmap] = []
+        self._fresh: list[mmap.mmap] = []  # made ahead, never used
+        self._refill: asyncio.Future[list[mmap.mmap]] | None = None
+        self.max_idle = max_idle
+        self._last_take = 0.0
+        self._expiry: asyncio.TimerHandle | None = None
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle) + len(self._fresh)
 
     def reserve(self, n: int) -> memoryview:
         """A writable region of `n` <= SLAB_FRAME_MAX bytes in the current slab (or a new one)."""
-        if self._used + n > len(self._slab):
+        if self._slab is None or self._used + n > len(self._slab):
+            # (no local holding the full slab meanwhile: the scan would see it as in use)
             self._slab = self._next_slab()
             self._used = 0
+        slab = self._slab
         start = self._used
         self._used = start + n
-        return memoryview(self._slab)[start : start + n]
+        return memoryview(slab)[start : start + n]
 
-    def _next_slab(self) -> bytearray:
+    def _next_slab(self) -> mmap.mmap:
         retired = self._retired
-        if self._slab:
+        if self._slab is not None:
             retired.append(self._slab)
-            self._slab = bytearray(0)
-        found = None
-        for _ in range(min(len(retired), SLAB_SCAN)):
-            slab = retired.popleft()
-            # 2: `slab` here and getrefcount's argument. Every view of a slab holds it through
-            # its memoryview's buffer, so 2 means no batch, write or response uses it.
-            if sys.getrefcount(slab) > 2:
-                retired.append(slab)  # still in use: look again later
-            elif found is None:
-                found = slab
-        return found if found is not None else bytearray(SLAB_BYTES)
+            self._slab = None
+        idle = self._idle
+        if not idle:
+            doomed = []
+            for _ in range(min(len(retired), SLAB_SCAN)):
+                slab = retired.popleft()
+                # 2: `slab` here and getrefcount's argument. Every view of a slab holds it through
+                # its memoryview's buffer, so 2 means no batch, write or response uses it.
+                if sys.getrefcount(slab) > 2:
+                    retired.append(slab)  # still in use: look again later
+                elif len(idle) < self.max_idle:
+                    idle.append(slab)
+                else:
+                    doomed.append(slab)
+            _let_go(doomed)
+        loop = _running_loop()
+        if loop is not None:
+            self._taken(loop)
+        if idle:
+            return idle.pop()
+        if loop is not None and len(self._fresh) < SLAB_READY_LOW and self._refill is None:
+            self._refill = loop.run_in_executor(None, _fresh_slabs, SLAB_READY_HIGH - len(self._fresh))
+            self._refill.add_done_callback(self._refilled)
+        return self._fresh.pop() if self._fresh else mmap.mmap(-1, SLAB_BYTES)
+
+    def _refilled(self, future: asyncio.Future[list[mmap.mmap]]) -> None:
+        self._refill = None
+        if not future.cancelled() and future.exception() is None:
+            self._fresh.extend(future.result())
+
+    def _taken(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._last_take = loop.time()
+        if self._expiry is None:
+            self._expiry = loop.call_later(SLAB_IDLE_S, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_take < SLAB_IDLE_S:
+            self._expiry = loop.call_at(self._last_take + SLAB_IDLE_S, self._expire)
+            return
+        doomed = self._idle + self._fresh
+        self._idle, self._fresh = [], []
+        _let_go(doomed)
 
     def copy(self, data: memoryview) -> memoryview:
         view = self.reserve(len(data))
         view[:] = data
         return view
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # used without a loop (tests): no refill, no expiry
+        return None
+
+
+def _let_go(slabs: list[mmap.mmap]) -> None:
+    """Unmapping a slab takes ~0.1 ms: done in a worker thread when there is a loop."""
+    if not slabs:
+        return
+    loop = _running_loop()
+    if loop is not None:
+        loop.run_in_executor(None, slabs.clear)
+    else:
+        slabs.clear()
+
+
+def _fresh_slabs(n: int) -> list[mmap.mmap]:
+    """In a worker thread: `n` new slabs, their pages faulted in without holding the GIL
+    (ctypes lets it go for the call), so the loop never pays for them."""
+    libc = malloc.libc()
+    slabs = []
+    for _ in range(n):
+        slab = mmap.mmap(-1, SLAB_BYTES)
+        area = (ctypes.c_char * SLAB_BYTES).from_buffer(slab)
+        address = ctypes.addressof(area)
+        if libc is None or libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(SLAB_BYTES), _MADV_POPULATE_WRITE):
+            ctypes.memset(address, 0, SLAB_BYTES)  # an older kernel: touch every page instead
+        del area
+        slabs.append(slab)
+    return slabs
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
@@ -818,7 +912,9 @@ class KafkaServer:
         self.served = registry.served_ranges(self.config)
         kafka = self.config.kafka
         self.scratch = memoryview(bytearray(SCRATCH_BYTES))  # shared by every connection's reads
-        self.slabs = FrameSlabs()
+        storage = self.config.storage
+        # one log-cache eviction's worth of idle slabs: about one upload block
+        self.slabs = FrameSlabs(max(1, min(storage.upload_block_bytes, storage.log_cache_bytes // 4) // SLAB_BYTES))
         self.max_frame = kafka.socket_request_max_bytes
         self.idle_s = kafka.connections_max_idle_ms / 1000.0
         self.frame_timeout_s = kafka.request_frame_timeout_ms / 1000.0

@@ -266,11 +266,71 @@ def test_frame_slabs_are_reused_only_once_nothing_refers_to_them():
     later = [slabs.copy(memoryview(bytes([99]) * frame)) for _ in range(10)]
     assert any(id(v.obj) == reused for v in later)
     assert all(bytes(v) == bytes([i + 5]) * frame for i, v in enumerate(held))  # the rest intact
-    # every slab freed at once (a deleted topic): the next slab needed reuses one, and the
-    # other free ones the scan meets are let go instead of being kept
+    # every slab freed at once (a deleted topic, an eviction): they become idle, up to
+    # max_idle, and the next slabs needed are those, not new mappings; the rest are let go
+    known = {id(slab) for slab in slabs._retired} | {id(slabs._slab)}
     del held[:], later[:]
-    before = len(slabs._retired)
-    while len(slabs._retired) == before:  # fill the current slab until the next one is taken
+    slabs.max_idle = 3
+    retired = len(slabs._retired)
+    assert retired > slabs.max_idle
+    while len(slabs._retired) >= retired:  # fill the current slab until the next one is taken
         slabs.copy(memoryview(bytes(frame)))
-    # the full slab joined the retired ones, the scan looked at up to SLAB_SCAN of them, all free
-    assert len(slabs._retired) == before + 1 - min(before + 1, SLAB_SCAN) == 0, (before, len(slabs._retired))
+    # the scan looked at every retired slab (fewer than SLAB_SCAN), all free: 3 kept idle,
+    # one of them taken now, the others let go
+    assert retired + 1 <= SLAB_SCAN
+    assert len(slabs._retired) == 0 and slabs.idle == 2
+    taken = [id(slabs._slab)]
+    for _ in range(2):  # the next two slabs are the idle ones
+        while id(slabs._slab) == taken[-1]:
+            slabs.copy(memoryview(bytes(frame)))
+        taken.append(id(slabs._slab))
+    assert set(taken) <= known and len(set(taken)) == 3 and slabs.idle == 0
+
+
+async def test_idle_frame_slabs_are_let_go_once_produce_stops(monkeypatch):
+    from automq.broker.kafka import server
+
+    monkeypatch.setattr(server, "SLAB_IDLE_S", 0.05)
+    slabs = server.FrameSlabs(max_idle=8)
+    frame = 200 << 10
+    views = [slabs.copy(memoryview(bytes(frame))) for _ in range(20)]  # 4 slabs
+    del views
+    for _ in range(5):  # the next slab: the scan finds the 4 full ones free
+        slabs.copy(memoryview(bytes(frame)))
+    assert len(slabs._idle) == 3
+    await asyncio.sleep(0.02)
+    assert len(slabs._idle) == 3  # a slab was taken less than SLAB_IDLE_S ago
+    await asyncio.sleep(0.1)
+    assert slabs.idle == 0  # the idle ones and the fresh ones made ahead
+
+
+async def test_fresh_frame_slabs_are_made_ahead_in_a_worker_thread():
+    """While no slab is free (the log cache filling), new ones come from a worker thread with
+    their pages already faulted in: the loop does not map and fault them itself."""
+    import threading
+
+    from automq.broker.kafka import server
+
+    made_in: list[str] = []
+    real = server._fresh_slabs
+
+    def fresh(n):
+        made_in.append(threading.current_thread().name)
+        return real(n)
+
+    server._fresh_slabs, saved = fresh, server._fresh_slabs
+    try:
+        slabs = server.FrameSlabs()
+        frame = 200 << 10
+        held = [slabs.copy(memoryview(bytes([i % 251]) * frame)) for i in range(10)]  # 2 slabs, kept
+        while slabs._refill is not None:
+            await asyncio.sleep(0.01)
+        ready = {id(slab) for slab in slabs._fresh}
+        assert len(ready) >= server.SLAB_READY_HIGH - 2 and made_in and threading.main_thread().name not in made_in
+        held += [slabs.copy(memoryview(bytes([7]) * frame)) for _ in range(10)]  # 2 more slabs
+        assert {id(v.obj) for v in held[10:]} <= ready  # taken from those made ahead
+        assert all(bytes(v) == bytes([i % 251]) * frame for i, v in enumerate(held[:10]))
+        with memoryview(held[0].obj) as whole:  # a ready slab is an ordinary writable mapping
+            assert len(whole) == server.SLAB_BYTES and not whole.readonly
+    finally:
+        server._fresh_slabs = saved

@@ -14,6 +14,7 @@ from automq.broker.objectstore.base import (
     ObjectStoreUnavailable,
     PreconditionFailed,
     PutResult,
+    WritePace,
 )
 
 
@@ -43,5 +44,6 @@ __all__ = [
     "ObjectStoreUnavailable",
     "PreconditionFailed",
     "PutResult",
+    "WritePace",
     "open_object_store",
 ]

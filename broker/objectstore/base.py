@@ -15,6 +15,7 @@ import asyncio
 import builtins
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 class ObjectStoreError(Exception):
@@ -121,6 +122,14 @@ async def iterate_parts(
             yield part
 
 
+class WritePace(Protocol):
+    """How fast a paced write may go: the writing thread calls `take` after each piece it
+    wrote, and `take` sleeps as long as the pace asks (thread-safe; may be called from
+    several writing threads, which then share the rate)."""
+
+    def take(self, nbytes: int) -> None: ...
+
+
 class ObjectStore(abc.ABC):
     """Object storage with the guarantees the rest of the system relies on.
 
@@ -152,6 +161,10 @@ class ObjectStore(abc.ABC):
     # get_into reads into the caller's buffer without a buffer of its own: the reader then
     # reads its read-ahead groups into buffers it reuses (automq.broker.storage.read.buffers).
     reads_into_buffers = False
+    # Several PUTs at once get done sooner (their latencies overlap: S3). A store on one local
+    # disk sets False: writes at once only contend there and for the CPU, so an uploader
+    # writes one object after another.
+    writes_in_parallel = True
 
     @abc.abstractmethod
     async def put(
@@ -169,9 +182,14 @@ class ObjectStore(abc.ABC):
     ) -> PutResult:
         """Upload a large object in parts (each but the last >= 5 MiB for S3). Atomic like put."""
 
-    async def put_parts(self, key: str, parts: Sequence[bytes | memoryview]) -> PutResult:
+    async def put_parts(
+        self, key: str, parts: Sequence[bytes | memoryview], *, pace: WritePace | None = None
+    ) -> PutResult:
         """`put` of the parts' concatenation (an uploader's object: many batches). Joined off
-        the event loop here; a store that can write the parts as they are overrides it."""
+        the event loop here; a store that can write the parts as they are overrides it.
+        `pace`: background work that should not crowd out the caller's foreground; a store
+        whose writes compete with it (the file store: the WAL's disk, the broker's CPU) writes
+        at the pace's rate, the others ignore it."""
         return await self.put(key, await asyncio.to_thread(b"".join, parts))
 
     @abc.abstractmethod

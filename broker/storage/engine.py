@@ -389,7 +389,7 @@ class StorageEngine:
             # Seal here, not in the uploader: while it is busy with the previous block the
             # open one must not grow past the configured size.
             cache.seal()
-            self.uploader.request_upload()
+            self.uploader.block_sealed()
 
     async def _after_append(self) -> None:
         # Back-pressure: never hold more unuploaded data than the log cache may hold.

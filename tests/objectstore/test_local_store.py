@@ -364,3 +364,38 @@ async def test_put_parts_of_an_uploaded_object_is_written_back_in_steps(tmp_path
     assert all(c[2] <= local._WRITEBACK_STEP for c in steps) and calls[-1][0] == "fsync"
     assert await store.get("objects/x") == b"".join(parts)
     await store.close()
+
+
+async def test_paced_puts_wait_for_the_pace_after_each_step_and_run_one_at_a_time(tmp_path):
+    """The uploader's objects are written at its pace (broker/storage/upload/pace.py): the
+    writing thread hands every written step to the pace, and two paced puts never write at
+    the same time (they would only share the rate and hand the GIL around more)."""
+    import threading
+
+    from automq.broker.objectstore import local
+
+    class Recording:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.taken: list[tuple[int, int]] = []  # (thread id, bytes)
+
+        def take(self, nbytes: int) -> None:
+            with self.lock:
+                self.taken.append((threading.get_ident(), nbytes))
+            time.sleep(0.001)  # what a pace does: the other put would get in here if it could
+
+    store = open_object_store(f"file://{tmp_path}/store")
+    pace = Recording()
+    a = [os.urandom(1024) for _ in range(1500)]
+    b = [os.urandom(1024) for _ in range(1500)]
+    await asyncio.gather(store.put_parts("objects/a", a, pace=pace), store.put_parts("objects/b", b, pace=pace))
+    assert sum(n for _, n in pace.taken) == 3000 * 1024
+    assert all(n <= local._WRITEBACK_STEP for _, n in pace.taken)
+    threads = [tid for tid, _ in pace.taken]
+    first = threads[0]
+    switch = threads.index(next(t for t in threads if t != first)) if len(set(threads)) > 1 else len(threads)
+    assert set(threads[:switch]) == {first} and first not in threads[switch:]  # one put, then the other
+    assert await store.get("objects/a") == b"".join(a) and await store.get("objects/b") == b"".join(b)
+    await store.put_parts("objects/c", a)  # no pace: as before
+    assert len(pace.taken) == len(threads)
+    await store.close()

@@ -143,10 +143,10 @@ async def test_object_store_outage_holds_data_in_the_wal_until_it_returns(tmp_pa
     real_put_parts = store.put_parts
     down = True
 
-    async def put_parts(key, parts):  # the real store, with data uploads failing while "down"
+    async def put_parts(key, parts, **kwargs):  # the real store, with data uploads failing while "down"
         if down and key.startswith("objects/"):
             raise ObjectStoreUnavailable("injected outage", key=key)
-        return await real_put_parts(key, parts)
+        return await real_put_parts(key, parts, **kwargs)
 
     store.put_parts = put_parts
     meta = InProcessMetadata(store)
@@ -183,9 +183,9 @@ async def test_parallel_object_writes_still_commit_in_block_order(setup):
     calls, events = [], []
     second_started = asyncio.Event()
 
-    async def put_parts(key, parts):  # the first block's object is slow, the second's fast
+    async def put_parts(key, parts, **kwargs):  # the first block's object is slow, the second's fast
         if not key.startswith("objects/"):
-            return await real_put_parts(key, parts)
+            return await real_put_parts(key, parts, **kwargs)
         calls.append(key)
         n = len(calls)
         events.append(("start", n))
@@ -196,7 +196,7 @@ async def test_parallel_object_writes_still_commit_in_block_order(setup):
                 await asyncio.wait_for(second_started.wait(), timeout=30)
             except TimeoutError:
                 pass
-        result = await real_put_parts(key, parts)
+        result = await real_put_parts(key, parts, **kwargs)
         events.append(("end", n))
         return result
 
@@ -271,10 +271,10 @@ async def test_the_file_store_takes_a_big_object_as_its_parts(setup, monkeypatch
     taken: list[int] = []
     real_put_parts = store.put_parts
 
-    async def put_parts(key, parts):
+    async def put_parts(key, parts, **kwargs):
         if key.startswith("objects/"):
             taken.append(sum(len(p) for p in parts))
-        return await real_put_parts(key, parts)
+        return await real_put_parts(key, parts, **kwargs)
 
     async def no_multipart(key, parts):
         raise AssertionError("the file store was handed joined pieces")

@@ -58,6 +58,7 @@ class CacheBlock:
     wal_end: int = 0  # every record below this WAL position is in this or an earlier block
     streams: dict[int, StreamSlice] = field(default_factory=dict)
     sealed: bool = False
+    sealed_at: float = 0.0  # time.monotonic() when sealed
     uploaded: bool = False
 
 
@@ -136,6 +137,7 @@ class LogCache:
         new open block."""
         if self._open.size:
             self._open.sealed = True
+            self._open.sealed_at = time.monotonic()
             self._open = self._new_block()
         return self._open
 

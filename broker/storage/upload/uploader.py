@@ -39,6 +39,7 @@ from automq.broker.storage.metadata import (
     object_key,
 )
 from automq.broker.storage.objects.format import ObjectWriter
+from automq.broker.storage.upload.pace import UploadPace
 from automq.broker.storage.wal.base import WriteAheadLog
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class Uploader:
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()
         self._force = False
+        self._pace = UploadPace()
         self._task: asyncio.Task | None = None
         self._stopped: BaseException | None = None
         self._closing = False
@@ -116,15 +118,24 @@ class Uploader:
         self._task = asyncio.create_task(self._run(), name="uploader")
 
     def request_upload(self) -> None:
-        """Seal the open block now and upload everything sealed (WAL or cache pressure)."""
+        """Seal the open block now and upload everything sealed, unpaced (WAL or cache
+        pressure, a flush)."""
         self._force = True
+        self._pace.urgent = True
+        self._wake.set()
+
+    def block_sealed(self) -> None:
+        """A block was sealed at its size: upload it, at the usual pace unless blocks pile up
+        (the uploader falls behind: then unpaced, the one in flight included)."""
+        if len(self._cache.sealed_blocks()) > 1:
+            self._pace.urgent = True
         self._wake.set()
 
     async def flush(self) -> None:
         """Upload and commit everything appended so far (durable records in the cache)."""
         self._cache.seal()
         target = list(self._cache.sealed_blocks())
-        self._wake.set()
+        self.request_upload()  # someone waits for it: no pacing
         while True:
             progress = self._progress  # taken before the check, so no wake-up is lost
             if all(b.uploaded for b in target):
@@ -183,6 +194,7 @@ class Uploader:
                     or time.monotonic() - block.created >= interval
                 ):
                     self._cache.seal()
+                self._set_pace()
                 self._force = False
                 await self._upload_round()
                 self._notify_progress()
@@ -197,6 +209,16 @@ class Uploader:
             self._stopped = exc
             self._notify_progress()
             self._on_node_fenced(exc)
+
+    def _set_pace(self) -> None:
+        """Before a round: unpaced if asked to hurry or behind (more than one block sealed,
+        half the log cache not uploaded), else at the pace of the first block's filling."""
+        cache = self._cache
+        sealed = cache.sealed_blocks()
+        urgent = self._force or len(sealed) > 1 or cache.unuploaded_bytes > cache.max_bytes // 2
+        self._pace.urgent = urgent
+        if sealed and not urgent:
+            self._pace.block_sealed(sealed[0].size, sealed[0].sealed_at - sealed[0].created)
 
     async def _upload_round(self) -> None:
         """Upload every sealed block. The objects of up to PIPELINE_DEPTH blocks are written in
@@ -343,7 +365,15 @@ class Uploader:
             stream_objects.append(StreamObject(next_id, size, sl.stream_id, sl.start_offset, sl.end_offset))
             puts.append(self._put(object_key(next_id), writer.finish(), size))
             next_id += 1
-        await asyncio.gather(*puts)
+        if self._store.writes_in_parallel:
+            await asyncio.gather(*puts)
+        else:
+            try:
+                for put in puts:
+                    await put
+            finally:
+                for put in puts:
+                    put.close()  # the ones a failure left unstarted (a no-op for the others)
         # Stream objects carry no epoch: the commit checks them against the stream's current
         # epoch and owner (a reopen by this node under a newer epoch first commits the old
         # epoch's data, see StorageEngine.open_stream). Ranges are never empty.
@@ -390,7 +420,7 @@ class Uploader:
         # Joins (tens of ms for tens of MiB) happen off the event loop, so appends and fetches
         # are not stalled behind an upload; the file:// store writes the parts in small runs.
         if size <= MULTIPART_THRESHOLD or self._store.writes_parts_unjoined:
-            await self._store.put_parts(key, parts)
+            await self._store.put_parts(key, parts, pace=self._pace)
             return
         await self._store.put_multipart(key, self._pieces(parts))
 

@@ -96,6 +96,8 @@ class Cluster:
             "--set",
             "group.initial.rebalance.delay.ms=0",
         ]
+        for item in self.args.set or ():
+            cmd += ["--set", item]
         if object_store:
             cmd += ["--object-store", object_store]
         self.process = subprocess.Popen(
@@ -451,14 +453,18 @@ def metrics_lines(urls: Sequence[str]) -> Iterator[str]:
 def produce_latency_buckets(urls: list[str]) -> dict[str, dict[float, float]]:
     """The brokers' Produce latency histogram (request parsed -> response queued) and their
     WAL group write+sync histogram, each summed over brokers: {name: {upper bound in seconds:
-    cumulative count}}. Empty for a cluster not started here."""
+    cumulative count}}; and their CPU seconds so far ("cpu") with when they were read ("time").
+    Only "time" for a cluster not started here."""
     wanted = {
         "produce": ("kafka_request_latency_seconds_bucket{", 'api="Produce"'),
         "wal": ("automq_storage_wal_sync_seconds_bucket{", ""),
         "disk": ("automq_storage_wal_disk_seconds_bucket{", ""),
     }
-    found: dict[str, dict[float, float]] = {}
+    found: dict[str, dict[float, float]] = {"time": {0.0: time.perf_counter()}}
     for line in metrics_lines(urls):
+        if line.startswith("process_cpu_seconds_total "):
+            cpu = found.setdefault("cpu", {0.0: 0.0})
+            cpu[0.0] += float(line.rsplit(" ", 1)[1])
         for name, (prefix, label) in wanted.items():
             if line.startswith(prefix) and label in line:
                 labels, value = line.rsplit(" ", 1)
@@ -505,6 +511,9 @@ def broker_side(before: dict[str, dict[float, float]], after: dict[str, dict[flo
         _, _, disk_lower, disk_bound = _p99_bucket(before.get("disk", {}), after.get("disk", {}))
         if disk_bound:
             text += f" (its system calls alone: p99 in ({disk_lower * 1000:g}, {disk_bound * 1000:g}] ms)"
+    if "cpu" in before and "cpu" in after:
+        cpu = (after["cpu"][0.0] - before["cpu"][0.0]) / (after["time"][0.0] - before["time"][0.0])
+        text += f"; broker CPU {cpu * 100:.0f} % of a core"
     return text
 
 
@@ -708,6 +717,12 @@ def main() -> int:
         action="store_true",
         help="start the catch-up only once the written data is uploaded (less than one upload block left"
         " in the WAL), so it reads objects without the fill's uploads still running",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a node setting for the started cluster, as `automq local up --set` takes it (repeatable)",
     )
     ap.add_argument("--catchup-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--skip", nargs="*", default=[], choices=["baseline", "throughput", "fixed", "catchup", "reassign"])

@@ -96,7 +96,7 @@ class Cluster:
             "--set",
             "group.initial.rebalance.delay.ms=0",
         ]
-        for item in self.args.set or ():
+        for item in getattr(self.args, "set", None) or ():  # peak_bench builds its own args
             cmd += ["--set", item]
         if object_store:
             cmd += ["--object-store", object_store]

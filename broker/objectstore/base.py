@@ -165,6 +165,10 @@ class ObjectStore(abc.ABC):
     # disk sets False: writes at once only contend there and for the CPU, so an uploader
     # writes one object after another.
     writes_in_parallel = True
+    # get_into reads straight from the device (no page cache) when its range starts on a
+    # multiple of this and its buffer is aligned and a multiple of it long; 0: no such reads.
+    # A reader that can (its own aligned buffers) asks for such supersets of what it needs.
+    read_alignment = 0
 
     @abc.abstractmethod
     async def put(

@@ -225,9 +225,20 @@ async def test_blocking_reads_give_what_get_gives(tmp_path):
     await store.close()
 
 
+def _page_cache_only(monkeypatch) -> None:
+    """Stores opened from now on write through the page cache, as on a filesystem that refuses
+    O_DIRECT (the write-back path)."""
+    from automq.broker.objectstore import direct_io
+
+    monkeypatch.setattr(direct_io, "supported", lambda directory: False)
+
+
 def _record_write_backs(monkeypatch) -> list[tuple[str, int, int, int]]:
-    """Wraps the store's write-back and fsync: (call, offset, length, bytes in the file then)."""
+    """Wraps the store's write-back and fsync: (call, offset, length, bytes in the file then),
+    the store writing through the page cache."""
     from automq.broker.objectstore import local
+
+    _page_cache_only(monkeypatch)
 
     calls: list[tuple[str, int, int, int]] = []
     real_write_back, real_fsync = local._write_back, local.diskio.fullsync
@@ -316,6 +327,7 @@ async def test_write_back_falls_back_to_a_data_sync_every_4_mib_where_sync_file_
         datasyncs.append(os.fstat(fd).st_size)
         real(fd)
 
+    _page_cache_only(monkeypatch)
     monkeypatch.setattr(local, "_sync_file_range", refused)
     monkeypatch.setattr(local.diskio, "datasync", datasync)
     store = open_object_store(f"file://{tmp_path}/store")
@@ -366,13 +378,18 @@ async def test_put_parts_of_an_uploaded_object_is_written_back_in_steps(tmp_path
     await store.close()
 
 
-async def test_paced_puts_wait_for_the_pace_after_each_step_and_run_one_at_a_time(tmp_path):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "page-cache"])
+async def test_paced_puts_wait_for_the_pace_after_each_step_and_run_one_at_a_time(tmp_path, monkeypatch, direct):
     """The uploader's objects are written at its pace (broker/storage/upload/pace.py): the
     writing thread hands every written step to the pace, and two paced puts never write at
     the same time (they would only share the rate and hand the GIL around more)."""
     import threading
 
-    from automq.broker.objectstore import local
+    from automq.broker.objectstore import direct_io, local
+
+    if not direct:
+        _page_cache_only(monkeypatch)
+    step = direct_io.STAGING_BYTES if direct else local._WRITEBACK_STEP
 
     class Recording:
         def __init__(self) -> None:
@@ -389,8 +406,11 @@ async def test_paced_puts_wait_for_the_pace_after_each_step_and_run_one_at_a_tim
     a = [os.urandom(1024) for _ in range(1500)]
     b = [os.urandom(1024) for _ in range(1500)]
     await asyncio.gather(store.put_parts("objects/a", a, pace=pace), store.put_parts("objects/b", b, pace=pace))
-    assert sum(n for _, n in pace.taken) == 3000 * 1024
-    assert all(n <= local._WRITEBACK_STEP for _, n in pace.taken)
+    if direct:
+        assert store._direct
+    # every byte once; a direct write's last block is padded to the alignment
+    assert 3000 * 1024 <= sum(n for _, n in pace.taken) <= 3000 * 1024 + 2 * direct_io.ALIGN
+    assert all(n <= step for _, n in pace.taken)
     threads = [tid for tid, _ in pace.taken]
     first = threads[0]
     switch = threads.index(next(t for t in threads if t != first)) if len(set(threads)) > 1 else len(threads)

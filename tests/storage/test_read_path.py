@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from engine_setup import node_config
 
 from automq.broker.objectstore import ObjectStore, open_object_store
@@ -197,3 +198,48 @@ async def test_streams_catching_up_together_do_not_evict_each_others_read_ahead(
     stored = 6 * 300 * (4096 + 70)  # the batches' bytes in the objects, headers included
     # every block was read once; a re-read of evicted groups would push this far above 1
     assert data_read <= 1.05 * stored, (data_read, stored)
+
+
+async def test_a_store_that_reads_direct_gets_aligned_supersets_of_the_groups(tmp_path, monkeypatch):
+    """The catch-up read path asks a store with a read alignment for the aligned superset of
+    each read-ahead group, so the groups (which start anywhere in an object) come straight
+    from the device, and hands out exactly the group's bytes."""
+    from automq.broker.objectstore import direct_io
+
+    if not direct_io.supported(tmp_path / "probe"):
+        pytest.skip(f"{tmp_path} is on a filesystem without O_DIRECT: nothing direct to test here")
+    direct_dir = tmp_path
+    MiB = 1 << 20
+    url = f"file://{direct_dir}/objects"
+    store = open_object_store(url)
+    meta = InProcessMetadata(store)
+    config = node_config(
+        direct_dir / "node",
+        url,
+        storage={"object_block_bytes": 16 << 10, "upload_block_bytes": 2 * MiB, "stream_split_bytes": 64 * MiB},
+    )
+    engine = StorageEngine(config, store, meta, meta, 1, await meta.register_node(1))
+    await engine.start()
+    sid = await engine.create_stream()
+    s = await engine.open_stream(sid, 0)
+    for i in range(600):
+        await s.append(i.to_bytes(4, "big") * 1001, 1)  # 4004-byte batches: blocks start unaligned
+    await engine.close()
+    reads: list = []
+    real = direct_io.read_into
+
+    def read_into(*args):
+        reads.append((args, real(*args)))
+        return reads[-1][1]
+
+    monkeypatch.setattr(direct_io, "read_into", read_into)
+    reader = ObjectReader(store, meta, BlockCache(8 * MiB), read_ahead_initial=64 << 10, read_ahead_max=MiB)
+    pos = 0
+    while pos < 600:
+        batches, _ = await reader.read(sid, pos, 600, 256 << 10)
+        for b in batches:
+            assert bytes(b.payload) == b.base_offset.to_bytes(4, "big") * 1001
+        pos = batches[-1].next_offset
+    direct = [result for (_fd, start, _buf, _want), result in reads if result]
+    assert direct and all(start % direct_io.ALIGN == 0 for (_fd, start, _b, _w), _r in reads)
+    await store.close()

@@ -214,8 +214,11 @@ class ObjectReader:
             self._inflight[(obj.object_id, pos)] = f
         self._ahead_bytes += span
         self._cache.reserve(span)  # evicts first, so buffers it frees serve this read
-        buf = self._buffers.take(span) if self._buffers is not None else None
-        task = asyncio.create_task(self._read_group(obj, group, span, futures, buf))
+        # a store that reads straight from the device wants aligned ranges: room for the
+        # aligned superset of the group (at most two blocks more)
+        align = self._store.read_alignment
+        buf = self._buffers.take(span + 2 * align) if self._buffers is not None else None
+        task = asyncio.create_task(self._read_group(obj, group, span, futures, buf, align))
         self._prefetching.add(task)
         task.add_done_callback(self._prefetching.discard)
         return futures[entry.position]
@@ -237,6 +240,7 @@ class ObjectReader:
         span: int,
         futures: dict[int, asyncio.Future],
         buf: mmap.mmap | None,
+        align: int = 0,
     ) -> None:
         first = group[0].position
         reserved = span
@@ -244,7 +248,10 @@ class ObjectReader:
             if buf is None:
                 raw = memoryview(await self._get(obj.key, first, first + span))
             else:
-                raw = await self._get_into(obj.key, first, memoryview(buf)[:span])
+                lead = first % align if align else 0
+                length = -(-(lead + span) // align) * align if align else span
+                raw = await self._get_into(obj.key, first - lead, memoryview(buf)[:length])
+                raw = raw[lead : lead + span]
                 del buf  # the views hold it now; the pool sees it free once they are gone
             self._cache.release(reserved)
             reserved = 0

@@ -41,6 +41,7 @@ from automq.broker.controller.protocol import (
 )
 from automq.broker.controller.wire import to_wire
 from automq.broker.security.controller_auth import ControllerClientAuth
+from automq.broker.storage.ack_lease import AckLease
 from automq.broker.storage.metadata import (
     CommitStreamSetObjectRequest,
     MetadataError,
@@ -187,14 +188,29 @@ class ControllerClient:
 
     # ------------------------------------------------------------------ ClusterClient
 
-    async def register_broker(self, node_id: int, endpoints: list[Endpoint], rack: str | None) -> int:
-        data = await self.call(
-            "register_broker", {"node_id": node_id, "endpoints": to_wire(list(endpoints)), "rack": rack}
-        )
+    async def register_broker(
+        self, node_id: int, endpoints: list[Endpoint], rack: str | None, lease: AckLease | None = None
+    ) -> int:
+        """`lease`: ask for an acknowledgement lease and record what the controller granted,
+        counted from before the request was sent (storage/ack_lease.py)."""
+        body: dict[str, Any] = {"node_id": node_id, "endpoints": to_wire(list(endpoints)), "rack": rack}
+        if lease is not None:
+            body["ack_lease_ms"] = lease.requested_ms
+        sent_at = time.monotonic()
+        data = await self.call("register_broker", body)
+        if lease is not None:
+            lease.grant(sent_at, int(data.get("ack_lease_ms", 0)))
         return data["node_epoch"]
 
-    async def heartbeat(self, node_id: int, node_epoch: int) -> str:
-        return (await self.call("heartbeat", {"node_id": node_id, "node_epoch": node_epoch}))["state"]
+    async def heartbeat(self, node_id: int, node_epoch: int, lease: AckLease | None = None) -> str:
+        body: dict[str, Any] = {"node_id": node_id, "node_epoch": node_epoch}
+        if lease is not None:
+            body["ack_lease_ms"] = lease.requested_ms
+        sent_at = time.monotonic()
+        data = await self.call("heartbeat", body)
+        if lease is not None:
+            lease.grant(sent_at, int(data.get("ack_lease_ms", 0)))
+        return data["state"]
 
     async def unregister_broker(self, node_id: int, node_epoch: int) -> None:
         await self.call("unregister_broker", {"node_id": node_id, "node_epoch": node_epoch})

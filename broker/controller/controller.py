@@ -151,6 +151,14 @@ class Controller:
         self._image: MetadataImage | None = None
         self._image_changed = asyncio.Event()
         self._sessions: dict[int, float] = {}  # node id -> monotonic deadline (leader only)
+        # Acknowledgement leases (storage/ack_lease.py): node id -> when the newest lease this
+        # leader granted it runs out (monotonic). A lease is at most half a session.
+        self.max_ack_lease_ms = max(1, session_timeout_ms // 2)
+        self._ack_leases: dict[int, float] = {}
+        # before this, a lease the previous leader granted to a node registered before this
+        # term (`_inherited_leases`) may still run (both set on leading)
+        self._ack_leases_unknown_until = 0.0
+        self._inherited_leases: set[int] = set()
         # node id -> the newest image version that broker has applied (it watches from there)
         self._applied: dict[int, int] = {}
         self._applied_changed = asyncio.Event()
@@ -394,6 +402,9 @@ class Controller:
         self._sessions = {
             b.node_id: now + self.session_timeout_ms / 1000 for b in self.state.brokers.values() if b.state != "fenced"
         }
+        self._ack_leases = {}
+        self._ack_leases_unknown_until = now + self.max_ack_lease_ms / 1000
+        self._inherited_leases = set(self.state.brokers)
         self._publish()
         self._became_leader.set()
         timers = [
@@ -638,9 +649,51 @@ class Controller:
         self._sessions[node_id] = time.monotonic() + self.session_timeout_ms / 1000
 
     async def register_broker(self, node_id: int, endpoints, rack) -> int:
+        if node_id in self.state.brokers:
+            await self.ack_lease_expired(node_id)  # a newer epoch: its recovery reads the WAL
         epoch = await self.execute(lambda tx: commands.register_broker(tx, node_id, endpoints, rack))
+        self._inherited_leases.discard(node_id)  # any older incarnation's lease has run out
         self.touch_session(node_id)
         return epoch
+
+    async def unregister_broker(self, node_id: int, node_epoch: int) -> None:
+        await self.execute(lambda tx: commands.unregister_broker(tx, node_id, node_epoch))
+        # it unregisters after closing its WAL and listeners: it acknowledges nothing more
+        self._ack_leases.pop(node_id, None)
+
+    async def claim_wal_recovery(self, job_id: int, node_id: int, node_epoch: int) -> int:
+        job = self.state.jobs.get(job_id)
+        if job is not None and job.state != "claimed":
+            await self.ack_lease_expired(job.node_id)
+        return await self.execute(lambda tx: commands.claim_wal_recovery(tx, job_id, node_id, node_epoch))
+
+    def grant_ack_lease(self, node_id: int, requested_ms: int) -> int:
+        """A lease for the broker that just registered or heartbeated (0: it asked for none).
+        Counted from now, after the broker sent its request, so it runs out here last."""
+        if requested_ms <= 0:
+            return 0
+        granted = min(requested_ms, self.max_ack_lease_ms)
+        until = time.monotonic() + granted / 1000
+        if until > self._ack_leases.get(node_id, 0.0):
+            self._ack_leases[node_id] = until
+        return granted
+
+    async def ack_lease_expired(self, node_id: int) -> None:
+        """Wait until no incarnation of the node can still acknowledge a write (its lease,
+        or one the previous leader may have granted, ran out): only then may a newer epoch
+        of it be issued, whose holder reads the node's WAL. Without it a broker frozen past
+        its fence would, once resumed, acknowledge records written after that read."""
+        until = self._ack_leases.get(node_id, 0.0)
+        if node_id in self._inherited_leases:
+            until = max(until, self._ack_leases_unknown_until)
+        delay = until - time.monotonic()
+        if delay > 0:
+            log.info(
+                "node %d may still hold an acknowledgement lease: a newer epoch in %.2fs, once it has run out",
+                node_id,
+                delay,
+            )
+            await asyncio.sleep(delay + 0.01)
 
     async def heartbeat(self, node_id: int, node_epoch: int) -> str:
         """Answered from memory, never behind a log write: a broker's liveness must not

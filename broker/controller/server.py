@@ -55,6 +55,7 @@ OptEpoch = Annotated[int, Field(ge=-1, le=2**63 - 1)]
 Offset = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Id = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
+AckLeaseMs = Annotated[int, Field(ge=0, le=600_000)]  # 0: no acknowledgement lease asked for
 Name = Annotated[str, Field(min_length=1, max_length=255)]
 
 
@@ -72,11 +73,16 @@ class RegisterBroker(_Req):
     node_id: NodeId
     endpoints: list[EndpointModel] = Field(max_length=64)
     rack: Annotated[str, Field(max_length=255)] | None = None
+    ack_lease_ms: AckLeaseMs = 0
 
 
 class NodeRef(_Req):
     node_id: NodeId
     node_epoch: Epoch
+
+
+class Heartbeat(NodeRef):
+    ack_lease_ms: AckLeaseMs = 0
 
 
 class NodeOnly(_Req):
@@ -301,17 +307,19 @@ def method(name: str, model: type[_Req]):
 @method("register_broker", RegisterBroker)
 async def _register_broker(c: Controller, q: RegisterBroker) -> dict:
     endpoints = [Endpoint(e.listener, e.host, e.port) for e in q.endpoints]
-    return {"node_epoch": await c.register_broker(q.node_id, endpoints, q.rack)}
+    epoch = await c.register_broker(q.node_id, endpoints, q.rack)
+    return {"node_epoch": epoch, "ack_lease_ms": c.grant_ack_lease(q.node_id, q.ack_lease_ms)}
 
 
-@method("heartbeat", NodeRef)
-async def _heartbeat(c: Controller, q: NodeRef) -> dict:
-    return {"state": await c.heartbeat(q.node_id, q.node_epoch)}
+@method("heartbeat", Heartbeat)
+async def _heartbeat(c: Controller, q: Heartbeat) -> dict:
+    state = await c.heartbeat(q.node_id, q.node_epoch)
+    return {"state": state, "ack_lease_ms": c.grant_ack_lease(q.node_id, q.ack_lease_ms)}
 
 
 @method("unregister_broker", NodeRef)
 async def _unregister_broker(c: Controller, q: NodeRef) -> dict:
-    await c.execute(lambda tx: commands.unregister_broker(tx, q.node_id, q.node_epoch))
+    await c.unregister_broker(q.node_id, q.node_epoch)
     return {}
 
 
@@ -398,9 +406,7 @@ async def _list_wal_recovery_jobs(c: Controller, q: Empty) -> dict:
 
 @method("claim_wal_recovery", JobNodeRef)
 async def _claim_wal_recovery(c: Controller, q: JobNodeRef) -> dict:
-    return {
-        "recovery_epoch": await c.execute(lambda tx: commands.claim_wal_recovery(tx, q.job_id, q.node_id, q.node_epoch))
-    }
+    return {"recovery_epoch": await c.claim_wal_recovery(q.job_id, q.node_id, q.node_epoch)}
 
 
 @method("complete_wal_recovery", JobNodeRef)

@@ -256,10 +256,9 @@ class PartitionManager:
 
         async def run() -> None:
             if previous is not None:
-                try:
-                    await previous
-                except BaseException:
-                    pass
+                # whatever the previous step ended with; but a cancel of this step (shutdown)
+                # must stop it here, not run its step (an open would retry for good)
+                await asyncio.wait({previous})
             try:
                 await step
             except asyncio.CancelledError:

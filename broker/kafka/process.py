@@ -40,6 +40,7 @@ from automq.broker.kafka.codec.preload import preload_schemas
 from automq.broker.kafka.server import KafkaServer
 from automq.broker.malloc import HeapCollector
 from automq.broker.node import freeze_startup_heap, run_node
+from automq.broker.storage.ack_lease import AckLease
 from automq.broker.storage.metadata import NodeFencedError
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ class BrokerService:
         self.fatal: str | None = None
         self._http: web.AppRunner | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self.ack_lease: AckLease | None = None
         self.retention: RetentionTask | None = None  # time/size retention of led partitions
         self._wal_recovery: asyncio.Task[None] | None = None  # S3 WAL: recover fenced brokers' WALs
         self._failed = asyncio.Event()
@@ -118,7 +120,10 @@ class BrokerService:
         await self._start_http()
         self.cluster = ControllerClient(config.controller_urls, auth=ControllerClientAuth.from_config(config))
         endpoints = [*advertised_endpoints(config, ports), Endpoint(METRICS_LISTENER, self.http_host, self.http_port)]
-        node_epoch = await self.cluster.register_broker(config.node_id, endpoints, config.rack)
+        # acknowledge only while the controller vouches for this node (storage/ack_lease.py):
+        # three heartbeats' worth, so one slow heartbeat does not hold acknowledgements
+        self.ack_lease = AckLease(max(3 * config.heartbeat_interval_ms, 1000))
+        node_epoch = await self.cluster.register_broker(config.node_id, endpoints, config.rack, lease=self.ack_lease)
         self._ready["registered"] = True
         log.info("broker %d registered with node epoch %d, endpoints %s", config.node_id, node_epoch, endpoints)
         # Heartbeats start now, not after recovery: replaying and uploading a full WAL can take
@@ -133,6 +138,7 @@ class BrokerService:
             config, self.object_store, self.cluster, self.cluster, config.node_id, node_epoch, registry=self.registry
         )
         self.storage.wal.on_failed = self._wal_failed
+        self.storage.ack_lease = self.ack_lease
         started = time.monotonic()
         await self.storage.start()
         self._ready["storage_recovered"] = True
@@ -166,9 +172,11 @@ class BrokerService:
         while True:
             await asyncio.sleep(interval)
             try:
-                await self.cluster.heartbeat(node_id, node_epoch)  # type: ignore[union-attr]
+                await self.cluster.heartbeat(node_id, node_epoch, lease=self.ack_lease)  # type: ignore[union-attr]
                 last_ok = time.monotonic()
             except NodeFencedError as exc:
+                if self.ack_lease is not None:
+                    self.ack_lease.revoke(str(exc))  # appends waiting for a renewal fail now
                 self.fatal = f"fenced by the controller: {exc}"
                 log.error(
                     "broker %d epoch %d was fenced (%s); exiting so the supervisor restarts it",

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from automq.broker.config import NodeConfig
 from automq.broker.objectstore import ObjectNotFound, ObjectStore
+from automq.broker.storage.ack_lease import AckLease, LeaseRevokedError
 from automq.broker.storage.api import (
     FetchResult,
     OffsetOutOfRangeError,
@@ -132,6 +133,9 @@ class EngineStream:
         finally:
             if self._confirm >= self._end:
                 self._drained.set()
+        lease = engine.ack_lease
+        if lease is not None and not lease.valid():
+            await self._hold_lease(lease, "append")
         m = engine.metrics
         m.append_seconds.observe(time.perf_counter() - started)
         m.append_bytes.inc(len(payload))
@@ -164,7 +168,23 @@ class EngineStream:
         end = min(end_offset, confirm)
         if start_offset >= end:
             return FetchResult([], "log_cache")
-        return await self._engine._fetch(self.stream_id, start_offset, end, max_bytes)
+        result = await self._engine._fetch(self.stream_id, start_offset, end, max_bytes)
+        # what was read is durable; served only under a valid lease, it is also recoverable
+        lease = self._engine.ack_lease
+        if lease is not None and not lease.valid():
+            await self._hold_lease(lease, "fetch")
+        return result
+
+    async def _hold_lease(self, lease: AckLease, what: str) -> None:
+        """The acknowledgement lease ran out (ack_lease.py): wait for the next heartbeat; a
+        fence means a recoverer may already have read the WAL, so nothing is answered."""
+        try:
+            await lease.hold()
+        except LeaseRevokedError as exc:
+            self._fence(f"node fenced: {exc}")
+            raise StreamClosedError(
+                f"stream {self.stream_id}: this node was fenced before the {what} could be answered ({exc})"
+            ) from None
 
     async def trim(self, new_start_offset: int) -> None:
         self._check_open()
@@ -221,6 +241,8 @@ class StorageEngine:
         self.node_id = node_id
         self.node_epoch = node_epoch
         self.metrics = StorageMetrics(registry)
+        # set by the broker process once registered (ack_lease.py); None: acknowledge freely
+        self.ack_lease: AckLease | None = None
         s = config.storage
         self.wal = build_wal(config, object_store, node_id, node_epoch, self.metrics)
         self.wal.on_durable = self._on_durable

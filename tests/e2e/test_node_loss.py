@@ -57,12 +57,26 @@ def test_lost_node_broker_is_fenced_recovered_and_every_ack_read_once(k8s: Kubel
 
 
 @pytest.mark.parametrize("failover", ["forceDetach"])
-def test_a_frozen_broker_resumed_after_fencing_cannot_append(k8s: KubeletHarness, failover: str) -> None:
+@pytest.mark.parametrize("resume_after", ["VolumeReleased", "PartitionsServed"])
+def test_a_frozen_broker_resumed_after_fencing_cannot_append(
+    k8s: KubeletHarness, failover: str, resume_after: str
+) -> None:
     """A zombie: the lost node's broker was frozen, not dead. Once the operator fenced it and
-    released its volume it resumes, with producers still sending to its address and the WAL
-    file (shared here, as a volume on a node back from a partition) open: it must acknowledge
-    nothing that is not read back, and stop by itself (its node epoch is refused)."""
-    run = run_node_loss(k8s, {"kind": "volume", "size": "64Mi", "failover": failover}, grace_s=2, zombie=True)
+    released its volume (or even later: once the replacement recovered the WAL and serves) it
+    resumes, with producers still sending to its address and the WAL file (shared here, as a
+    volume on a node back from a partition) open: it must acknowledge nothing that is not read
+    back, and stop by itself (its node epoch is refused). Its WAL writes still succeed; its
+    acknowledgement lease (storage/ack_lease.py) ran out while it was frozen, so it answers
+    nothing until a heartbeat, which tells it it was fenced. Without the lease the producers'
+    idempotent sequences give it away: the replacement lacks what the zombie acknowledged and
+    answers OUT_OF_ORDER_SEQUENCE_NUMBER, fatal to librdkafka."""
+    run = run_node_loss(
+        k8s,
+        {"kind": "volume", "size": "64Mi", "failover": failover},
+        grace_s=2,
+        zombie=True,
+        resume_after=resume_after,
+    )
     assert run.zombie is not None and run.load is not None
     assert run.events[: len(NODE_LOSS_STEPS)] == NODE_LOSS_STEPS, run.events
     k8s.wait_for("the zombie to stop by itself", lambda: run.zombie.poll() is not None, timeout=120)

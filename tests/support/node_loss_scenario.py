@@ -93,7 +93,12 @@ def _recovery_job_output(k8s: KubeletHarness, name: str, ordinal: int) -> str:
 
 
 def run_node_loss(
-    k8s: KubeletHarness, wal: dict[str, Any], grace_s: int, rate: float = 300.0, zombie: bool = False
+    k8s: KubeletHarness,
+    wal: dict[str, Any],
+    grace_s: int,
+    rate: float = 300.0,
+    zombie: bool = False,
+    resume_after: str = "VolumeReleased",
 ) -> NodeLossRun:
     """Create a 2-broker cluster, produce, lose the node of a broker leading partitions, wait
     until the partitions are served again and the replacement is Ready. The load keeps running
@@ -102,7 +107,9 @@ def run_node_loss(
     `zombie=True`: the lost node's broker is not killed but frozen (SIGSTOP: a hung or
     partitioned node), and resumed (SIGCONT) once the operator has fenced it and released its
     volume, while clients still send it requests; it holds the WAL file and the listen address
-    the replacement needs, as a node that comes back from a partition would."""
+    the replacement needs, as a node that comes back from a partition would. `resume_after`:
+    the event it resumes on; "PartitionsServed" is the worst case, the replacement has read the
+    WAL already and whatever the zombie writes now is never recovered."""
     name = "demo"
     strategy = "s3" if wal.get("kind") == "s3" else wal.get("failover", "forceDetach")
     run = NodeLossRun(strategy)
@@ -136,7 +143,7 @@ def run_node_loss(
 
     run.degraded_seen = k8s.wait_for("Degraded NodeLost", degraded, timeout=120)
     if run.zombie is not None:
-        k8s.wait_for("volume released", lambda: "VolumeReleased" in _events(k8s, name), timeout=120)
+        k8s.wait_for(f"{resume_after} (to resume the zombie)", lambda: resume_after in _events(k8s, name), timeout=180)
         run.zombie.send_signal(signal.SIGCONT)
     if strategy == "multiAttach":
         run.job_output = _recovery_job_output(k8s, name, ordinal)

@@ -462,9 +462,10 @@ def produce_latency_buckets(urls: list[str]) -> dict[str, dict[float, float]]:
     }
     found: dict[str, dict[float, float]] = {"time": {0.0: time.perf_counter()}}
     for line in metrics_lines(urls):
-        if line.startswith("process_cpu_seconds_total "):
-            cpu = found.setdefault("cpu", {0.0: 0.0})
-            cpu[0.0] += float(line.rsplit(" ", 1)[1])
+        for counter, key in (("process_cpu_seconds_total ", "cpu"), ("automq_storage_ack_lease_waits_total ", "lease")):
+            if line.startswith(counter):
+                total = found.setdefault(key, {0.0: 0.0})
+                total[0.0] += float(line.rsplit(" ", 1)[1])
         for name, (prefix, label) in wanted.items():
             if line.startswith(prefix) and label in line:
                 labels, value = line.rsplit(" ", 1)
@@ -514,6 +515,9 @@ def broker_side(before: dict[str, dict[float, float]], after: dict[str, dict[flo
     if "cpu" in before and "cpu" in after:
         cpu = (after["cpu"][0.0] - before["cpu"][0.0]) / (after["time"][0.0] - before["time"][0.0])
         text += f"; broker CPU {cpu * 100:.0f} % of a core"
+    waits = after.get("lease", {0.0: 0.0})[0.0] - before.get("lease", {0.0: 0.0})[0.0]
+    if waits > 0:  # answers held for a heartbeat (storage/ack_lease.py): a controller too slow
+        text += f"; {int(waits)} answers held for the acknowledgement lease"
     return text
 
 

@@ -178,6 +178,13 @@ class EngineStream:
     async def _hold_lease(self, lease: AckLease, what: str) -> None:
         """The acknowledgement lease ran out (ack_lease.py): wait for the next heartbeat; a
         fence means a recoverer may already have read the WAL, so nothing is answered."""
+        self._engine.metrics.ack_lease_waits.inc()
+        log.warning(
+            "stream %d: %s held, the acknowledgement lease ran out %.1fs ago (no heartbeat answered since)",
+            self.stream_id,
+            what,
+            -lease.remaining(),
+        )
         try:
             await lease.hold()
         except LeaseRevokedError as exc:

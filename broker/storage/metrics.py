@@ -68,6 +68,11 @@ class StorageMetrics:
             registry=r,
         )
         self.wal_full = Counter("automq_storage_wal_full", "Times appends waited because the WAL was full", registry=r)
+        self.ack_lease_waits = Counter(
+            "automq_storage_ack_lease_waits",
+            "Appends and fetches answered late because the acknowledgement lease had run out (no heartbeat answered in time)",
+            registry=r,
+        )
         self.cache_requests = Counter("automq_storage_cache_requests", "Cache lookups", ["cache", "result"], registry=r)
         self.cache_bytes = Gauge("automq_storage_cache_bytes", "Bytes held in a cache", ["cache"], registry=r)
         self.upload_seconds = Histogram(

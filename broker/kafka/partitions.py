@@ -280,6 +280,11 @@ class Partition:
                 w.set_result(None)
 
     def _fenced(self) -> None:
+        # A fenced owner persists no producer snapshot any more (not even the final one): an
+        # append it refused after the WAL took it (acknowledgement lease revoked) was dropped
+        # from its producer state, so a snapshot covering it would let the next owner take the
+        # client's retry of it as new. The next owner replays from the last snapshot instead.
+        self.snapshots.store = None
         if self._manager is not None and not self.closed:
             log.warning(
                 "stream of %s-%d was fenced (epoch %d): dropping leadership",

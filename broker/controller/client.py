@@ -191,26 +191,23 @@ class ControllerClient:
     async def register_broker(
         self, node_id: int, endpoints: list[Endpoint], rack: str | None, lease: AckLease | None = None
     ) -> int:
-        """`lease`: ask for an acknowledgement lease and record what the controller granted,
-        counted from before the request was sent (storage/ack_lease.py)."""
-        body: dict[str, Any] = {"node_id": node_id, "endpoints": to_wire(list(endpoints)), "rack": rack}
-        if lease is not None:
-            body["ack_lease_ms"] = lease.requested_ms
-        sent_at = time.monotonic()
-        data = await self.call("register_broker", body)
-        if lease is not None:
-            lease.grant(sent_at, int(data.get("ack_lease_ms", 0)))
-        return data["node_epoch"]
+        body = {"node_id": node_id, "endpoints": to_wire(list(endpoints)), "rack": rack}
+        return (await self._call_leased("register_broker", body, lease))["node_epoch"]
 
     async def heartbeat(self, node_id: int, node_epoch: int, lease: AckLease | None = None) -> str:
-        body: dict[str, Any] = {"node_id": node_id, "node_epoch": node_epoch}
+        body = {"node_id": node_id, "node_epoch": node_epoch}
+        return (await self._call_leased("heartbeat", body, lease))["state"]
+
+    async def _call_leased(self, method: str, body: dict[str, Any], lease: AckLease | None) -> dict[str, Any]:
+        """`lease`: ask for an acknowledgement lease and record what the controller granted,
+        counted from before the request was sent (storage/ack_lease.py)."""
         if lease is not None:
             body["ack_lease_ms"] = lease.requested_ms
         sent_at = time.monotonic()
-        data = await self.call("heartbeat", body)
+        data = await self.call(method, body)
         if lease is not None:
             lease.grant(sent_at, int(data.get("ack_lease_ms", 0)))
-        return data["state"]
+        return data
 
     async def unregister_broker(self, node_id: int, node_epoch: int) -> None:
         await self.call("unregister_broker", {"node_id": node_id, "node_epoch": node_epoch})

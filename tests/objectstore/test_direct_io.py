@@ -51,23 +51,21 @@ async def test_big_objects_are_written_direct_with_the_bytes_size_and_etag_of_th
         data = os.urandom(size)
         parts = [data[i : i + 24_000] for i in range(0, size, 24_000)]
         pieces = [data[i : i + 5 * MiB] for i in range(0, size, 5 * MiB)]
+
+        async def write(store, kind: str, key: str, data=data, parts=parts, pieces=pieces):
+            if kind == "put":
+                return await store.put(key, data)
+            if kind == "parts":
+                return await store.put_parts(key, parts)
+            return await store.put_multipart(key, pieces)
+
         for kind, key in (("put", f"p/{size}"), ("parts", f"q/{size}"), ("multipart", f"m/{size}")):
             before = len(opened)
-            if kind == "put":
-                result = await direct.put(key, data)
-            elif kind == "parts":
-                result = await direct.put_parts(key, parts)
-            else:
-                result = await direct.put_multipart(key, pieces)
+            result = await write(direct, kind, key)
             assert len(opened) == before + 1, f"{kind} of {size} bytes was not written direct"
             assert await direct.get(key) == data
             assert (await direct.head(key)).size == size == result.size
-            if kind == "put":
-                reference = await plain.put(key, data)
-            elif kind == "parts":
-                reference = await plain.put_parts(key, parts)
-            else:
-                reference = await plain.put_multipart(key, pieces)
+            reference = await write(plain, kind, key)
             assert result.etag == reference.etag
     small = await direct.put("small", b"x" * 1000)  # below 1 MiB: the page cache
     assert len(opened) == 3 * len(SIZES) and (await direct.head("small")).etag == small.etag

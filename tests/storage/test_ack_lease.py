@@ -77,13 +77,18 @@ async def test_hold_waits_for_a_renewal_or_fails_on_a_revoke():
         await asyncio.wait_for(failing, 5)
 
 
-async def test_an_engine_holds_acknowledgements_while_its_lease_is_expired(engines):
+async def leased_stream(engines):
+    """An engine under a lease (valid now, on a clock the test moves) and one open stream."""
     engine = await engines.start()
     clock = Clock()
     engine.ack_lease = lease = AckLease(3000, clock=clock)
-    sid = await engine.create_stream()
-    stream = await engine.open_stream(sid, 0)
+    stream = await engine.open_stream(await engine.create_stream(), 0)
     lease.grant(clock.now, 3000)
+    return clock, lease, stream
+
+
+async def test_an_engine_holds_acknowledgements_while_its_lease_is_expired(engines):
+    clock, lease, stream = await leased_stream(engines)
     assert await stream.append(b"a" * 100, 1) == 0  # valid: answered at once
     clock.now += 3  # a freeze outlived the lease
     append = asyncio.ensure_future(stream.append(b"b" * 100, 1))
@@ -97,12 +102,7 @@ async def test_an_engine_holds_acknowledgements_while_its_lease_is_expired(engin
 
 
 async def test_a_fenced_engine_answers_nothing_it_wrote_after_its_lease_ran_out(engines):
-    engine = await engines.start()
-    clock = Clock()
-    engine.ack_lease = lease = AckLease(3000, clock=clock)
-    sid = await engine.create_stream()
-    stream = await engine.open_stream(sid, 0)
-    lease.grant(clock.now, 3000)
+    clock, lease, stream = await leased_stream(engines)
     await stream.append(b"a" * 100, 1)
     clock.now += 10
     append = asyncio.ensure_future(stream.append(b"b" * 100, 1))

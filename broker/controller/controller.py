@@ -38,6 +38,11 @@ from automq.broker.storage.metadata import MetadataError, NotControllerError, ob
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# The longest acknowledgement lease granted, whatever the session timeout: a broker that
+# registers again waits its old lease out inside one request (the clients' timeout is 10 s),
+# and after a failover a new leader waits this long for leases it did not grant.
+MAX_ACK_LEASE_MS = 8_000
+
 
 class ControllerFatalError(Exception):
     """This controller must not run against this metadata log (e.g. another cluster's)."""
@@ -152,8 +157,9 @@ class Controller:
         self._image_changed = asyncio.Event()
         self._sessions: dict[int, float] = {}  # node id -> monotonic deadline (leader only)
         # Acknowledgement leases (storage/ack_lease.py): node id -> when the newest lease this
-        # leader granted it runs out (monotonic). A lease is at most half a session.
-        self.max_ack_lease_ms = max(1, session_timeout_ms // 2)
+        # leader granted it runs out (monotonic). A lease is at most half a session, and at
+        # most MAX_ACK_LEASE_MS: a re-registration waits one out, inside a client's request.
+        self.max_ack_lease_ms = max(1, min(session_timeout_ms // 2, MAX_ACK_LEASE_MS))
         self._ack_leases: dict[int, float] = {}
         # before this, a lease the previous leader granted to a node registered before this
         # term (`_inherited_leases`) may still run (both set on leading)

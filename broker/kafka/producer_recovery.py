@@ -105,6 +105,7 @@ class PartitionSnapshots:
             state.snapshot(offset) if state is not None else [],
             latest if latest is not None and latest[0] < offset else None,
             transactions=p.txns.at(offset),
+            epoch=p.leader_epoch,
         )
         await store.write(snapshot)
         p.txns.snapshot_written(offset)
@@ -153,7 +154,7 @@ async def rebuild_producer_state(p: Partition) -> None:
     snapshot = None
     covered = -1  # batches below this are in the snapshot
     if snapshots.store is not None:
-        snapshot = await snapshots.store.load_latest(stream.stream_id, end)
+        snapshot = await snapshots.store.load_latest(stream.stream_id, end, p.epochs)
     if snapshot is not None:
         if state is not None:
             state.load(retained(snapshot.producers, start))

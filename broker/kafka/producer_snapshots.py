@@ -9,7 +9,8 @@ snapshot at or below the stream's end and replays only the batches after it.
 Object key: `producer-snapshots/<md5(stream id)[:8]>/<stream id>/<offset, 20 digits>` (a hashed
 prefix spreads keys; zero-padded offsets list in offset order).
 
-Format (big-endian), version 2 (version 1 is the same without the transaction section):
+Format (big-endian), version 3 (version 2 is the same without the writer epoch, version 1
+also without the transaction section):
 
     magic "AQPS" | version u16 | flags u16 | crc32c u32 (of everything after it)
     stream_id i64 | offset i64 | written_ms i64 | max_ts_offset i64 | max_ts i64 | producer_count u32
@@ -18,10 +19,15 @@ Format (big-endian), version 2 (version 1 is the same without the transaction se
               batch: first_seq i32 | last_seq i32 | base_offset i64 | timestamp i64
     ongoing_count u32 | ongoing: producer_id i64 | first_offset i64
     aborted_count u32 | aborted: producer_id i64 | first_offset i64 | last_offset i64
+    writer_epoch i32
 
 `coordinator_epoch` and `txn_first_offset` are -1: the transaction section holds the open
 transactions (first offsets) and aborted ranges below the snapshot's offset (txn_state.py),
-what Kafka keeps in its snapshot and transaction index files. Readers refuse
+what Kafka keeps in its snapshot and transaction index files. `writer_epoch` is the leader
+(stream) epoch of the owner that wrote it: a snapshot describes that owner's log, and a log
+in which a later epoch starts below the snapshot's offset is not that log (a fenced owner's
+last records, never recovered, can sit under a snapshot it wrote before it learned of the
+fence), so the loader skips it (`covers`; -1 in older versions, taken on trust). Readers refuse
 other magics, unknown versions and CRC mismatches (`SnapshotFormatError`); the loader then
 falls back to the next older snapshot, and finally to replaying the whole log.
 """
@@ -37,6 +43,7 @@ from dataclasses import dataclass, field
 
 import crc32c
 
+from automq.broker.kafka.leader_epochs import LeaderEpochHistory
 from automq.broker.kafka.producers import BATCHES_TO_RETAIN, ProducerEntry, StoredBatch
 from automq.broker.kafka.txn_state import AbortedTxn, TxnSnapshotState
 from automq.broker.objectstore import ObjectNotFound, ObjectStore
@@ -44,8 +51,8 @@ from automq.broker.objectstore import ObjectNotFound, ObjectStore
 log = logging.getLogger(__name__)
 
 MAGIC = b"AQPS"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 KEY_PREFIX = "producer-snapshots/"
 SNAPSHOTS_KEPT = 2  # the newest and the one before it (a torn/corrupt newest still has a fallback)
 
@@ -56,6 +63,7 @@ _BATCH = struct.Struct(">iiqq")
 _COUNT = struct.Struct(">I")
 _ONGOING = struct.Struct(">qq")
 _ABORTED = struct.Struct(">qqq")
+_EPOCH = struct.Struct(">i")
 _NO_TIMESTAMP = (-1, -1)
 
 
@@ -71,6 +79,7 @@ class ProducerSnapshot:
     max_timestamp: tuple[int, int] | None = None  # (offset, timestamp) of the largest batch maxTimestamp
     written_ms: int = 0
     transactions: TxnSnapshotState = field(default_factory=TxnSnapshotState)
+    epoch: int = -1  # the writer's leader epoch (-1: unknown, a version 1 or 2 snapshot)
 
 
 def snapshot_prefix(stream_id: int) -> str:
@@ -107,6 +116,7 @@ def encode(snapshot: ProducerSnapshot) -> bytes:
     parts.extend(_ONGOING.pack(pid, first) for pid, first in txns.ongoing.items())
     parts.append(_COUNT.pack(len(txns.aborted)))
     parts.extend(_ABORTED.pack(a.producer_id, a.first_offset, a.last_offset) for a in txns.aborted)
+    parts.append(_EPOCH.pack(snapshot.epoch))
     body = b"".join(parts)
     return _HEAD.pack(MAGIC, VERSION, 0, crc32c.crc32c(body)) + body
 
@@ -149,12 +159,16 @@ def decode(data: bytes | memoryview) -> ProducerSnapshot:
             for _ in range(n):
                 txns.aborted.append(AbortedTxn(*_ABORTED.unpack_from(body, position)))
                 position += _ABORTED.size
+        writer_epoch = -1
+        if version >= 3:
+            (writer_epoch,) = _EPOCH.unpack_from(body, position)
+            position += _EPOCH.size
     except struct.error as exc:
         raise SnapshotFormatError(f"producer snapshot is truncated: {exc}") from None
     if position != len(body):
         raise SnapshotFormatError(f"producer snapshot has {len(body) - position} trailing bytes")
     max_timestamp = None if (ts_offset, ts) == _NO_TIMESTAMP else (ts_offset, ts)
-    return ProducerSnapshot(stream_id, offset, producers, max_timestamp, written_ms, txns)
+    return ProducerSnapshot(stream_id, offset, producers, max_timestamp, written_ms, txns, writer_epoch)
 
 
 class ProducerSnapshotStore:
@@ -173,9 +187,12 @@ class ProducerSnapshotStore:
                 out.append(int(tail))
         return sorted(out)
 
-    async def load_latest(self, stream_id: int, at_most: int) -> ProducerSnapshot | None:
+    async def load_latest(
+        self, stream_id: int, at_most: int, epochs: LeaderEpochHistory | None = None
+    ) -> ProducerSnapshot | None:
         """The newest readable snapshot with offset <= at_most (newer ones describe data this
-        log does not hold), or None. Unreadable ones are skipped with a warning."""
+        log does not hold) that describes this log (`covers`, given its epoch history), or
+        None. Unreadable ones are skipped with a warning."""
         for offset in reversed(await self.offsets(stream_id)):
             if offset > at_most:
                 continue
@@ -195,6 +212,15 @@ class ProducerSnapshotStore:
                     snapshot.offset,
                 )
                 continue
+            if epochs is not None and not covers(snapshot, epochs):
+                log.warning(
+                    "skipping producer snapshot %s: written under epoch %d, but this log's epochs %r "
+                    "differ below its offset (its writer was fenced with records nobody recovered)",
+                    key,
+                    snapshot.epoch,
+                    epochs.entries,
+                )
+                continue
             return snapshot
         return None
 
@@ -211,6 +237,18 @@ class ProducerSnapshotStore:
 
     async def delete_all(self, stream_id: int) -> None:
         await self.collect(stream_id, keep=0)
+
+
+def covers(snapshot: ProducerSnapshot, epochs: LeaderEpochHistory) -> bool:
+    """Whether the snapshot describes the log with these epochs: no epoch after its writer's
+    starts below its offset. (A fenced writer's snapshot can cover records it appended after
+    the fence, which the next owner's log does not hold; that owner's epoch starts lower.)"""
+    if snapshot.epoch < 0:
+        return True  # written before snapshots named their epoch
+    later = epochs.first_start_after(snapshot.epoch)
+    if later is None:
+        return snapshot.epoch <= epochs.latest_epoch
+    return later >= snapshot.offset
 
 
 def retained(entries: Iterable[ProducerEntry], log_start_offset: int) -> list[ProducerEntry]:

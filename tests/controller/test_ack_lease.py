@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from automq.broker.controller.client import ControllerClient
+from automq.broker.controller.controller import MAX_ACK_LEASE_MS
 from automq.broker.controller.protocol import Endpoint
 from automq.broker.storage.ack_lease import AckLease
 from automq.broker.storage.metadata import NodeFencedError
@@ -16,9 +17,9 @@ EP2 = [Endpoint("PLAINTEXT", "127.0.0.1", 9093)]
 
 
 async def test_leases_are_granted_on_registration_and_renewed_by_heartbeats(client: ControllerClient) -> None:
-    lease = AckLease(100_000)  # more than half the fixture's 60 s session: capped
+    lease = AckLease(100_000)  # more than MAX_ACK_LEASE_MS (the fixture's session is 60 s): capped
     epoch = await client.register_broker(1, EP, None, lease=lease)
-    assert lease.valid() and 29 < lease.remaining() <= 30
+    assert lease.valid() and MAX_ACK_LEASE_MS / 1000 - 1 < lease.remaining() <= MAX_ACK_LEASE_MS / 1000
     short = AckLease(500)
     await client.heartbeat(1, epoch, lease=short)
     assert short.valid() and short.remaining() <= 0.5

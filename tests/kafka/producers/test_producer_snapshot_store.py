@@ -15,11 +15,13 @@ import pytest
 from automq.broker.config import NodeConfig
 from automq.broker.controller.protocol import PartitionInfo, TopicInfo
 from automq.broker.kafka import producer_recovery, records
+from automq.broker.kafka.leader_epochs import LeaderEpochHistory
 from automq.broker.kafka.partitions import Partition
 from automq.broker.kafka.producer_snapshots import (
     ProducerSnapshot,
     ProducerSnapshotStore,
     SnapshotFormatError,
+    covers,
     decode,
     encode,
     retained,
@@ -31,7 +33,7 @@ from automq.broker.storage.engine import StorageEngine
 from automq.broker.storage.inprocess import InProcessMetadata
 
 
-def _snapshot(stream_id: int = 7, offset: int = 100) -> ProducerSnapshot:
+def _snapshot(stream_id: int = 7, offset: int = 100, epoch: int = -1) -> ProducerSnapshot:
     return ProducerSnapshot(
         stream_id,
         offset,
@@ -41,6 +43,7 @@ def _snapshot(stream_id: int = 7, offset: int = 100) -> ProducerSnapshot:
         ],
         (55, 2_000),
         written_ms=123,
+        epoch=epoch,
     )
 
 
@@ -93,6 +96,27 @@ async def test_store_loads_the_newest_readable_snapshot_at_or_below_the_end(file
     await snapshots.delete_all(7)
     assert await snapshots.offsets(7) == []
     assert await snapshots.offsets(70) == [999]
+    await store.close()
+
+
+async def test_a_snapshot_a_fenced_writer_took_past_the_next_epoch_s_start_is_skipped(file_url: str) -> None:
+    """Epoch 6 wrote records up to 96 and snapshotted there after it was fenced, but its
+    successor's log (epoch 7) starts at 94: records 94-95 exist only in the fenced writer's
+    WAL. Its snapshot at 96 does not describe this log even once the log passes 96."""
+    store = open_object_store(file_url)
+    snapshots = ProducerSnapshotStore(store)
+    await snapshots.write(_snapshot(offset=90, epoch=6))
+    await snapshots.write(_snapshot(offset=96, epoch=6))
+    epochs = LeaderEpochHistory([(5, 0), (6, 40), (7, 94)])
+    assert not covers(_snapshot(offset=96, epoch=6), epochs)
+    assert covers(_snapshot(offset=94, epoch=6), epochs)  # an owner's last snapshot at its end
+    assert covers(_snapshot(offset=96, epoch=7), epochs)  # the current owner's own
+    assert not covers(_snapshot(offset=96, epoch=8), epochs)  # a newer writer than this log knows
+    assert covers(_snapshot(offset=96), epochs)  # a version 1 or 2 snapshot names no epoch
+    assert (await snapshots.load_latest(7, 200, epochs)).offset == 90
+    assert (await snapshots.load_latest(7, 200)).offset == 96  # without the history: newest at or below
+    await snapshots.write(_snapshot(offset=150, epoch=7))
+    assert (await snapshots.load_latest(7, 200, epochs)).offset == 150
     await store.close()
 
 

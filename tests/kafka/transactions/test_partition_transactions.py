@@ -81,20 +81,21 @@ def test_control_batch_round_trip() -> None:
     assert records.control_type(plain) is None
 
 
-def test_snapshot_v2_keeps_transactions_and_v1_still_reads() -> None:
-    txns = TxnSnapshotState({7: 100}, [AbortedTxn(8, 50, 60)])
-    snap = ProducerSnapshot(1, 120, [], None, written_ms=5, transactions=txns)
-    assert decode(encode(snap)) == snap
-    # version 1 (written before transactions): the same bytes without the transaction section
-    empty = ProducerSnapshot(1, 120, [], None, written_ms=5)
-    v2 = bytearray(encode(empty))
-    body = bytes(v2[12:-8])  # drop the two empty counts
+def test_snapshot_keeps_transactions_and_versions_1_and_2_still_read() -> None:
     import struct
 
     import crc32c
 
-    v1 = struct.pack(">4sHHI", b"AQPS", 1, 0, crc32c.crc32c(body)) + body
-    assert decode(v1) == empty
+    txns = TxnSnapshotState({7: 100}, [AbortedTxn(8, 50, 60)])
+    snap = ProducerSnapshot(1, 120, [], None, written_ms=5, transactions=txns, epoch=4)
+    assert decode(encode(snap)) == snap
+    # versions 1 (before transactions) and 2 (before the writer epoch): the same bytes without
+    # the two empty transaction counts and the epoch, or without the epoch; read as epoch -1
+    empty = ProducerSnapshot(1, 120, [], None, written_ms=5, epoch=4)
+    v3 = bytes(encode(empty))
+    for version, body in ((1, v3[12:-12]), (2, v3[12:-4])):
+        old = struct.pack(">4sHHI", b"AQPS", version, 0, crc32c.crc32c(body)) + body
+        assert decode(old) == ProducerSnapshot(1, 120, [], None, written_ms=5, epoch=-1)
 
 
 def test_transaction_log_records_round_trip() -> None:

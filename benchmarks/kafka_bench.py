@@ -293,6 +293,10 @@ class LoadProducer:
         self.topic = topic
         self.producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONFIG})
         self.latencies: list[float] = []
+        # librdkafka's own figure (Message.latency(): produce() until the broker's answer was
+        # read, on its broker thread): what Kafka's Java perf tool measures in its callback,
+        # without the wait for this loop's next poll() and the GIL that `latencies` includes
+        self.client_latencies: list[float] = []
         self.acked_bytes = 0
         self.errors = 0
         self._padding = os.urandom(RECORD - 8)
@@ -303,6 +307,9 @@ class LoadProducer:
             return
         sent = struct.unpack_from(">d", msg.value(), 0)[0]
         self.latencies.append(time.perf_counter() - sent)
+        latency = msg.latency()
+        if latency is not None:
+            self.client_latencies.append(latency)
         self.acked_bytes += RECORD
 
     def send(self) -> bool:
@@ -334,7 +341,18 @@ class LoadProducer:
 
     def reset(self) -> None:
         self.latencies = []
+        self.client_latencies = []
         self.acked_bytes = 0
+
+    def latency_figures(self, latencies: list[float] | None = None, client: list[float] | None = None) -> str:
+        """p50/p99/max seen in the delivery callback, then librdkafka's own p50/p99."""
+        seen = self.latencies if latencies is None else latencies
+        own = self.client_latencies if client is None else client
+        return (
+            f"latency p50 {_pct(seen, 50) * 1000:.2f} ms p99 {_pct(seen, 99) * 1000:.2f} ms "
+            f"max {max(seen, default=float('nan')) * 1000:.1f} ms (librdkafka's own: p50 "
+            f"{_pct(own, 50) * 1000:.2f} ms p99 {_pct(own, 99) * 1000:.2f} ms)"
+        )
 
 
 class Tail(threading.Thread):
@@ -436,8 +454,7 @@ def fixed_rate(bootstrap: str, seconds: float, rate_mib: float, partitions: int,
     tail.stop()
     print(
         f"produce at {rate_mib:g} MiB/s (acks=all, 1 KiB, 1 tailing consumer): achieved {p.acked_bytes / MiB / elapsed:.1f} MiB/s, "
-        f"latency p50 {_pct(p.latencies, 50) * 1000:.2f} ms p99 {_pct(p.latencies, 99) * 1000:.2f} ms "
-        f"max {max(p.latencies, default=float('nan')) * 1000:.1f} ms; errors {p.errors}{broker_side(before, after)}"
+        f"{p.latency_figures()}; errors {p.errors}{broker_side(before, after)}"
     )
 
 
@@ -572,6 +589,7 @@ def catch_up(
     before: dict[str, dict[float, float]] = {}
     after: dict[str, dict[float, float]] = {}
     latencies: list[float] = []
+    client_latencies: list[float] = []
     read, elapsed = 0, float("nan")
     if reader_mode == "thread":
         before = produce_latency_buckets(list(metrics))
@@ -583,7 +601,7 @@ def catch_up(
             time.sleep(0.05)
         elapsed = time.perf_counter() - start
         read = reader.bytes
-        latencies = list(p.latencies)
+        latencies, client_latencies = list(p.latencies), list(p.client_latencies)
         after = produce_latency_buckets(list(metrics))
         reader.stop()
     else:
@@ -599,7 +617,7 @@ def catch_up(
                 p.reset()
                 before = produce_latency_buckets(list(metrics))
             elif line.startswith("read "):
-                latencies = list(p.latencies)
+                latencies, client_latencies = list(p.latencies), list(p.client_latencies)
                 after = produce_latency_buckets(list(metrics))
                 read, elapsed = int(line.split()[1]), float(line.split()[2])
         try:
@@ -613,8 +631,7 @@ def catch_up(
     print(
         f"catch-up read of {total / MiB:.0f} MiB written earlier (written at {write_rate:.1f} MiB/s{waited}), reader {where}: "
         f"{read / MiB / elapsed:.1f} MiB/s ({read / MiB:.0f} MiB in {elapsed:.1f} s) while producing {rate_mib:g} MiB/s; "
-        f"produce latency meanwhile p50 {_pct(latencies, 50) * 1000:.2f} ms p99 {_pct(latencies, 99) * 1000:.2f} ms"
-        f"{broker_side(before, after)}"
+        f"produce {p.latency_figures(latencies, client_latencies)} meanwhile{broker_side(before, after)}"
     )
     if cluster is not None and cluster.seaweed is not None:
         raw = raw_ranged_get_mib_s(cluster.seaweed, cluster.bucket, total)

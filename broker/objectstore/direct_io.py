@@ -35,6 +35,10 @@ from pathlib import Path
 
 ALIGN = 4096
 STAGING_BYTES = 1 << 20  # what one direct write carries
+# What one direct read asks the device for. A catch-up's read-ahead asks for up to 32 MiB at
+# a time; in one preadv the kernel queues all of it (4 MiB requests here) at once, and a WAL
+# fdatasync issued meanwhile waits behind it on a shared disk.
+READ_CHUNK_BYTES = 1 << 20
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)  # Linux; macOS has none (F_NOCACHE is another thing)
 
 
@@ -178,7 +182,7 @@ def read_into(fd: int, start: int, buffer: memoryview, want: int) -> int:
     try:
         while done < want:
             try:
-                n = os.preadv(fd, [buffer[done:length]], start + done)
+                n = os.preadv(fd, [buffer[done : min(length, done + READ_CHUNK_BYTES)]], start + done)
             except OSError as exc:
                 if exc.errno == errno.EINVAL:  # refused after all: the page cache reads the rest
                     break

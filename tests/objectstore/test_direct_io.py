@@ -98,6 +98,27 @@ async def test_aligned_reads_come_from_the_device_and_the_rest_through_the_page_
     await store.close()
 
 
+async def test_a_big_direct_read_asks_the_device_one_chunk_at_a_time(direct_dir, monkeypatch):
+    store = open_object_store(f"file://{direct_dir}/store")
+    data = os.urandom(5 * MiB + 123)
+    await store.put("o", data)
+    sizes: list[int] = []
+    preadv = os.preadv
+
+    def counting(fd, buffers, offset):
+        sizes.append(sum(len(b) for b in buffers))
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(direct_io.os, "preadv", counting)
+    buf = mmap.mmap(-1, 6 * MiB)
+    view = memoryview(buf)
+    n = await store.get_into("o", 0, view[: 6 * MiB])
+    assert n == len(data) and bytes(view[:n]) == data
+    assert sizes and max(sizes) <= direct_io.READ_CHUNK_BYTES and len(sizes) >= 5
+    view.release()
+    await store.close()
+
+
 async def test_a_failed_direct_write_fails_the_put_and_leaves_nothing(direct_dir, monkeypatch):
     import errno
 

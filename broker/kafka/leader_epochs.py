@@ -72,11 +72,6 @@ class LeaderEpochHistory:
             return requested_epoch, starts[0]
         return epochs[higher - 1], starts[higher]
 
-    def first_start_after(self, epoch: int) -> int | None:
-        """Where the first epoch newer than `epoch` starts (None: there is none)."""
-        i = bisect.bisect_right(self._epochs, epoch)
-        return self._starts[i] if i < len(self._epochs) else None
-
     def epoch_at(self, offset: int) -> int:
         """The epoch that wrote `offset` (-1 before the first known epoch)."""
         i = bisect.bisect_right(self._starts, offset)

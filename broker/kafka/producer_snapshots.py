@@ -245,10 +245,11 @@ def covers(snapshot: ProducerSnapshot, epochs: LeaderEpochHistory) -> bool:
     the fence, which the next owner's log does not hold; that owner's epoch starts lower.)"""
     if snapshot.epoch < 0:
         return True  # written before snapshots named their epoch
-    later = epochs.first_start_after(snapshot.epoch)
-    if later is None:
-        return snapshot.epoch <= epochs.latest_epoch
-    return later >= snapshot.offset
+    # OffsetForLeaderEpoch's answer: where the writer's epoch ended in this log (the start of
+    # the next one; the snapshot's own offset when it is the newest; -1 when it is unknown
+    # and newer than anything this log holds)
+    _epoch, end = epochs.end_offset_for(snapshot.epoch, snapshot.offset)
+    return end >= snapshot.offset
 
 
 def retained(entries: Iterable[ProducerEntry], log_start_offset: int) -> list[ProducerEntry]:

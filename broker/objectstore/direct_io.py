@@ -37,7 +37,10 @@ ALIGN = 4096
 STAGING_BYTES = 1 << 20  # what one direct write carries
 # What one direct read asks the device for. A catch-up's read-ahead asks for up to 32 MiB at
 # a time; in one preadv the kernel queues all of it (4 MiB requests here) at once, and a WAL
-# fdatasync issued meanwhile waits behind it on a shared disk.
+# fdatasync issued meanwhile waits behind it on a shared disk. A bound on the chunks all the
+# store's threads have at the device at once (2 or 4, a process-wide semaphore) did not move
+# the 1 GiB catch-up's produce p99 (median of 4 runs 20.6 / 39.8 ms against 17.9 unbounded)
+# and took ~4 % of its read throughput: docs/benchmarks.md, stop 36.
 READ_CHUNK_BYTES = 1 << 20
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)  # Linux; macOS has none (F_NOCACHE is another thing)
 

@@ -39,8 +39,8 @@ STAGING_BYTES = 1 << 20  # what one direct write carries
 # a time; in one preadv the kernel queues all of it (4 MiB requests here) at once, and a WAL
 # fdatasync issued meanwhile waits behind it on a shared disk. A bound on the chunks all the
 # store's threads have at the device at once (2 or 4, a process-wide semaphore) did not move
-# the 1 GiB catch-up's produce p99 (median of 4 runs 20.6 / 39.8 ms against 17.9 unbounded)
-# and took ~4 % of its read throughput: docs/benchmarks.md, stop 36.
+# the 1 GiB catch-up's produce p99 (median of 4 runs 20.6 / 39.8 ms against 17.9 unbounded);
+# its read ran at 287 / 304 MiB/s against 299: docs/benchmarks.md, stop 36.
 READ_CHUNK_BYTES = 1 << 20
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)  # Linux; macOS has none (F_NOCACHE is another thing)
 

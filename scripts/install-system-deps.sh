@@ -2,7 +2,8 @@
 # Installs what the project needs that pip cannot: Java 17 (PySpark), kcat (a real Kafka
 # client used by the tests), podman with runc and mmdebstrap (the image tests build a base
 # image locally and run the project's images; runc because crun fails on hybrid cgroups) and
-# the PostgreSQL server (the lake tests start one for their Iceberg SQL catalogs).
+# the PostgreSQL server (the lake tests start one for their Iceberg SQL catalogs), and shellcheck
+# (tests/project checks every shell script of the project with it).
 # Idempotent: does nothing when everything is present. Debian/Ubuntu.
 set -euo pipefail
 
@@ -11,6 +12,7 @@ command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 command -v podman >/dev/null 2>&1 || missing+=(podman)
 command -v runc >/dev/null 2>&1 || missing+=(runc)
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
+command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)  # tests/packaging: the images' shell scripts
 if ! java -version 2>&1 | grep -qE 'version "(17|21)'; then
   missing+=(openjdk-17-jre-headless)
 fi

@@ -30,6 +30,54 @@ sys.path.insert(0, str(Path(__file__).parent / "support"))
 SESSION_DIR_PREFIX = "session-"
 
 
+# --- running on several workers (pytest-xdist, `-n 2` in the README's test command) ----------
+#
+# Most of the suite waits on real processes, sockets and disks, not on this process's CPU, so a
+# second worker nearly halves the wall time on a 2-core machine. What is shared is kept shared:
+# - a test module runs whole on one worker (its module fixtures start once);
+# - the Spark tests run on one worker together (ONE Spark session, Spark cluster and PostgreSQL
+#   server per run, tests/spark/conftest.py), and so do the image tests (one podman build);
+# - each worker has its own SeaweedFS (the `seaweedfs` fixture is per process): fault tests stop
+#   and kill -9 theirs, which must not take the other worker's store away mid-test.
+# The two directories above go first, then modules holding slow tests, then the rest: the run
+# does not end with one worker alone on a long unit it picked up last.
+WHOLE_DIRECTORIES = ("tests/spark/", "tests/image/")
+
+
+def work_unit(nodeid: str) -> str:
+    """What one worker runs as a whole: the test's module, or its directory if listed above."""
+    path = nodeid.split("::", 1)[0]
+    for directory in WHOLE_DIRECTORIES:
+        if path.startswith(directory):
+            return directory
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order pytest_collection_modifyitems made
+    return WorkUnitScheduling(config, log)
+
+
+@pytest.hookimpl(trylast=True)  # after the folders' hooks that add `slow` (tests/faults)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):
+        return  # one process: keep the files' order
+    slow = {work_unit(item.nodeid) for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> int:
+        unit = work_unit(item.nodeid)
+        return 0 if unit in WHOLE_DIRECTORIES else 1 if unit in slow else 2
+
+    items.sort(key=rank)  # stable, and the same for a unit's every test: units stay contiguous
+
+
 @pytest.fixture(autouse=True)
 def _restore_root_logger() -> Iterator[None]:
     """A test that runs a CLI in-process (`configure_logging`) replaces the root logger's

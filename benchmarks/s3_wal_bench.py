@@ -28,7 +28,7 @@ from pathlib import Path
 from automq.broker.objectstore import open_object_store
 from automq.broker.objectstore.seaweedfs import SeaweedFS
 from automq.broker.storage.wal.base import WalRecord
-from automq.broker.storage.wal.objectstore import MAX_INFLIGHT, ObjectStoreWal, fence_prefix
+from automq.broker.storage.wal.objectstore import MAX_INFLIGHT, MAX_UNACKED, ObjectStoreWal, fence_prefix
 
 MiB = 1 << 20
 
@@ -116,8 +116,10 @@ async def light_load(
     return lat, puts
 
 
-async def saturation(store, epoch: int, seconds: float, inflight: int = 64, max_bulks: int = MAX_INFLIGHT) -> float:
-    wal = ObjectStoreWal(store, 1, epoch, max_inflight=max_bulks)
+async def saturation(
+    store, epoch: int, seconds: float, inflight: int = 64, max_bulks: int = MAX_INFLIGHT, max_unacked: int = MAX_UNACKED
+) -> float:
+    wal = ObjectStoreWal(store, 1, epoch, max_inflight=max_bulks, max_unacked=max_unacked)
     await wal.recover()
     await wal.start(wal.report.end_position)
     payload = os.urandom(MiB)
@@ -152,8 +154,16 @@ async def main() -> None:
     ap.add_argument("--append-kib", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--dir", default=None)
-    ap.add_argument("--max-bulks", type=int, default=MAX_INFLIGHT, help="the WAL's max_inflight for saturation")
+    ap.add_argument("--max-bulks", type=int, default=MAX_INFLIGHT, help="the WAL's max_inflight (PUTs at once)")
+    ap.add_argument(
+        "--max-unacked",
+        type=int,
+        nargs="+",
+        default=[MAX_UNACKED],
+        help="the WAL's max_unacked (bulks cut, not acknowledged); several values take turns in every saturation round",
+    )
     ap.add_argument("--saturation-rounds", type=int, default=2)
+    ap.add_argument("--appends-in-flight", type=int, default=64, help="1 MiB appends outstanding at saturation")
     ap.add_argument("--saturation-only", action="store_true")
     ap.add_argument(
         "--old-wal",
@@ -222,19 +232,23 @@ async def main() -> None:
                     f"{len(old_lat)} appends in {old_puts} PUTs"
                 )
         print(
-            f"\n## saturation: 64 appends of 1 MiB in flight, {args.seconds}s, at most {args.max_bulks} bulks "
-            "unacknowledged; raw parallel PUTs (8 MiB, 4 at a time) right before and right after (load drifts)"
+            f"\n## saturation: {args.appends_in_flight} appends of 1 MiB in flight, {args.seconds}s, at most {args.max_bulks} PUTs at once "
+            "and max_unacked bulks unacknowledged; raw parallel PUTs (8 MiB, 4 at a time) right before and right "
+            "after each (load drifts)"
         )
         epoch = 1 + args.rounds
         for _ in range(args.saturation_rounds):
-            before = await raw_parallel(store, 8 * MiB, 128 * MiB, 4)
-            mibs = await saturation(store, epoch, args.seconds, max_bulks=args.max_bulks)
-            after = await raw_parallel(store, 8 * MiB, 128 * MiB, 4)
-            epoch += 1
-            print(
-                f"S3 WAL {mibs:7.1f} MiB/s acknowledged; raw parallel PUT before {before:7.1f}, after {after:7.1f} "
-                f"({mibs / ((before + after) / 2):.2f}x their mean)"
-            )
+            for unacked in args.max_unacked:
+                before = await raw_parallel(store, 8 * MiB, 128 * MiB, 4)
+                mibs = await saturation(
+                    store, epoch, args.seconds, args.appends_in_flight, max_bulks=args.max_bulks, max_unacked=unacked
+                )
+                after = await raw_parallel(store, 8 * MiB, 128 * MiB, 4)
+                epoch += 1
+                print(
+                    f"S3 WAL (max_unacked {unacked:2d}) {mibs:7.1f} MiB/s acknowledged; raw parallel PUT before "
+                    f"{before:7.1f}, after {after:7.1f} ({mibs / ((before + after) / 2):.2f}x their mean)"
+                )
         await store.close()
     finally:
         server.stop()

@@ -217,7 +217,7 @@ async def test_out_of_order_puts_ack_in_order_and_replay_stops_at_a_hole(store):
 async def test_late_put_completing_releases_later_acks_in_order(store):
     gated = GatedStore(store)
     gated.gates[0] = asyncio.Event()
-    wal, _ = await started(gated, 1, bulk_interval_ms=60_000, bulk_bytes=1000, max_inflight=3)
+    wal, _ = await started(gated, 1, bulk_interval_ms=60_000, bulk_bytes=1000, max_inflight=3, max_unacked=3)
     acked: list[int] = []
     futures = []
     for i in range(30):
@@ -233,6 +233,30 @@ async def test_late_put_completing_releases_later_acks_in_order(store):
     await wal.close()
     _, got = await started(store, 2)
     assert ids(got) == list(range(30))
+
+
+async def test_a_slow_put_does_not_idle_the_other_put_slots(store):
+    """Two PUTs at once, eight bulks unacknowledged: while bulk 0 hangs, the other slot keeps
+    PUTting bulks 1..7 (one at a time, as each ends); the ninth waits for the window, and the
+    acknowledgements wait for bulk 0."""
+    gated = GatedStore(store)
+    gated.gates[0] = asyncio.Event()
+    wal, _ = await started(gated, 1, bulk_interval_ms=60_000, bulk_bytes=1000, max_inflight=2, max_unacked=8)
+    acked: list[int] = []
+    futures = []
+    for i in range(40):  # 2 records of 344 B per bulk: 20 bulks' worth
+        f = wal.append(rec(i))
+        f.add_done_callback(lambda f, i=i: acked.append(i))
+        futures.append(f)
+    await until(lambda: len(gated.completed) == 7, "bulks 1..7 completed behind the hanging bulk 0")
+    await asyncio.sleep(0.05)
+    assert len(gated.started) == 8 and acked == []  # window full (8 cut), nothing acknowledged
+    gated.gates[0].set()
+    await asyncio.gather(*futures)
+    assert acked == list(range(40))
+    await wal.close()
+    _, got = await started(store, 2)
+    assert ids(got) == list(range(40))
 
 
 async def test_a_trim_interrupted_half_way_loses_no_acknowledged_append(store):

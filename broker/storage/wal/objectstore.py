@@ -5,9 +5,12 @@ Cadence adapts to the load: when no PUT is in flight, the first append starts a 
 (an idle WAL acks at PUT speed); what arrives while a PUT is in flight is grouped into the
 next bulk, which is cut when no PUT is running any more, or when `bulk_bytes` are buffered,
 or when the oldest buffered append is `bulk_interval_ms` old, whichever comes first (so those
-two are upper bounds, not a cadence). At most `max_inflight` bulks are cut and not yet
-acknowledged at any time; PUTs may complete out of order, but appends are acknowledged
-strictly in position order.
+two are upper bounds, not a cadence). At most `max_inflight` PUTs run at once, and at most
+`max_unacked` bulks are cut and not yet acknowledged; PUTs may complete out of order, but
+appends are acknowledged strictly in position order. The two limits differ so that one slow
+PUT does not stop the others: the bulks after it keep being cut and PUT while it runs (a
+window of unacknowledged bulks as wide as the PUTs running would idle every PUT slot behind
+the slowest), and only its own appends and those after it wait for it.
 
 Keys (per node, sorted so a listing is replay order):
 
@@ -84,7 +87,8 @@ BULK_VERSION = 1
 BULK_HEADER = struct.Struct(">IHHqqII")  # magic, version, flags, node id, node epoch, count, crc = 32 bytes
 REC_HEADER = struct.Struct(">QQQIII")  # + header crc u32 = 44 bytes
 REC_HEADER_SIZE = REC_HEADER.size + 4
-MAX_INFLIGHT = 4
+MAX_INFLIGHT = 4  # PUTs at once
+MAX_UNACKED = 16  # bulks cut and not yet acknowledged (behind a slow PUT)
 INLINE_ENCODE_BYTES = 1 << 20
 
 
@@ -187,6 +191,7 @@ class ObjectStoreWal(WriteAheadLog):
         bulk_interval_ms: int = 250,
         bulk_bytes: int = 8 << 20,
         max_inflight: int = MAX_INFLIGHT,
+        max_unacked: int = MAX_UNACKED,
         metrics=None,
     ) -> None:
         self._store = store
@@ -201,6 +206,7 @@ class ObjectStoreWal(WriteAheadLog):
         self._kick = asyncio.Event()
         self._inflight: deque[_Bulk] = deque()  # cut, not yet acknowledged, in position order
         self._max_inflight = max(1, max_inflight)
+        self._max_unacked = max(self._max_inflight, max_unacked)
         self._trim_lock = asyncio.Lock()
         self._uploaded: deque[tuple[int, str]] = deque()  # (end position, key) of durable bulks
         self._next = 0
@@ -426,9 +432,10 @@ class ObjectStoreWal(WriteAheadLog):
         return fut
 
     def _due_in(self) -> float | None:
-        """Seconds until the buffer must be cut (0: now), or None: wait for a kick (the
-        window of in-flight bulks is full; an acknowledgement kicks)."""
-        if len(self._inflight) >= self._max_inflight:
+        """Seconds until the buffer must be cut (0: now), or None: wait for a kick (every
+        PUT slot is taken, or the window of unacknowledged bulks is full; a PUT that ends and
+        an acknowledgement both kick)."""
+        if self._puts_running >= self._max_inflight or len(self._inflight) >= self._max_unacked:
             return None
         if not self._puts_running or self._closed or self._buffer_bytes >= self._bulk_bytes:
             return 0.0

@@ -26,14 +26,18 @@ A store's client belongs to the event loop that first used it; use one store per
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import contextlib
+import contextvars
 import hashlib
+import io
 import os
 import random
 import re
 import ssl
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -57,6 +61,87 @@ from automq.broker.objectstore.base import (
 from automq.broker.objectstore.http_get import HttpGetPool
 
 T = TypeVar("T")
+
+# --- request bodies prepared off the event loop --------------------------------------------
+#
+# For every PUT and UploadPart body botocore does, on the calling (event loop) thread: a SHA-256
+# of the whole body for the SigV4 signature (over http://; over https:// with a checksum it
+# sends UNSIGNED-PAYLOAD), a CRC32 of it for the x-amz-checksum-crc32 header, and (aiohttp) a
+# copy of it when it takes the buffer of a BytesIO that shares a bytes object. py-spy of a
+# broker uploading to SeaweedFS at 10 MiB/s (benchmarks/kafka_bench.py --seaweedfs) saw the loop
+# busy for up to ~670 ms in a row on that, and produce p99 at 190-380 ms. Bodies of
+# OFFLOOP_BODY_BYTES and more are prepared in a thread instead (hashlib and zlib let go of the
+# GIL on large buffers): the headers botocore would have computed are passed in, and the signer
+# takes the SHA-256 from `_PREPARED` when the request's body is the prepared one.
+OFFLOOP_BODY_BYTES = 256 << 10
+
+
+@dataclass(frozen=True)
+class _PreparedBody:
+    stream: io.BytesIO  # owns its buffer: aiohttp's getbuffer() of it copies nothing
+    sha256: str
+    crc32: str  # base64 of the big-endian CRC32, as x-amz-checksum-crc32 carries it
+
+    @classmethod
+    def of(cls, data: bytes | bytearray | memoryview) -> _PreparedBody:
+        stream = io.BytesIO()
+        stream.write(data)
+        stream.seek(0)
+        crc = zlib.crc32(data).to_bytes(4, "big")
+        return cls(stream, hashlib.sha256(data).hexdigest(), base64.b64encode(crc).decode("ascii"))
+
+    def params(self) -> dict[str, Any]:
+        """Body and checksum parameters of one attempt (each attempt sends from the start)."""
+        self.stream.seek(0)
+        return {"Body": self.stream, "ChecksumAlgorithm": "CRC32", "ChecksumCRC32": self.crc32}
+
+
+_PREPARED: contextvars.ContextVar[_PreparedBody | None] = contextvars.ContextVar("automq_s3_prepared", default=None)
+_SIGNER = "automq-s3v4"
+
+
+def _register_signer() -> None:
+    """S3's SigV4 signer, except that the SHA-256 of a prepared body is the one computed in
+    the thread (where botocore would hash the body itself, on the loop)."""
+    import botocore.auth
+
+    if _SIGNER in botocore.auth.AUTH_TYPE_MAPS:
+        return
+
+    class PreparedBodyS3SigV4Auth(botocore.auth.S3SigV4Auth):
+        def payload(self, request: Any) -> str:
+            prepared = _PREPARED.get()
+            if (
+                prepared is not None
+                and request.body is prepared.stream
+                and not self._is_streaming_checksum_payload(request)
+                and self._should_sha256_sign_payload(request)
+            ):
+                return prepared.sha256
+            return super().payload(request)
+
+    botocore.auth.AUTH_TYPE_MAPS[_SIGNER] = PreparedBodyS3SigV4Auth
+
+
+def _choose_signer(signature_version: Any = None, **_: Any) -> str | None:
+    return _SIGNER if signature_version == "s3v4" else None  # presigned URLs ("s3v4-query") as they were
+
+
+def _cut_parts(pieces: list[bytes | memoryview], size: int) -> tuple[list[memoryview], bytes]:
+    """In a thread: `pieces` joined and cut into parts of `size` bytes, and what is left."""
+    whole = b"".join(pieces)
+    cut = len(whole) - len(whole) % size
+    view = memoryview(whole)
+    return [view[i : i + size] for i in range(0, cut, size)], whole[cut:]
+
+
+async def _with_prepared(prepared: _PreparedBody | None, call: Awaitable[T]) -> T:
+    token = _PREPARED.set(prepared)
+    try:
+        return await call
+    finally:
+        _PREPARED.reset(token)
+
 
 MIN_PART_SIZE = 5 << 20
 MAX_DELETE_BATCH = 1000
@@ -294,6 +379,8 @@ class S3ObjectStore(ObjectStore):
                 self._client = await stack.enter_async_context(
                     get_session().create_client("s3", endpoint_url=s.endpoint, config=config)
                 )
+                _register_signer()
+                self._client.meta.events.register("choose-signer.s3", _choose_signer)
                 self._exit_stack = stack
         return self._client
 
@@ -433,19 +520,25 @@ class S3ObjectStore(ObjectStore):
     ) -> PutResult:
         size = memoryview(data).nbytes
         conditional = if_none_match or if_match is not None
-        body = bytes(data) if isinstance(data, memoryview) else data
-        params: dict[str, Any] = {"Bucket": self.settings.bucket, "Key": key, "Body": body}
+        body = data
+        prepared = None
+        if size >= OFFLOOP_BODY_BYTES:
+            prepared = await asyncio.to_thread(_PreparedBody.of, data)
+        elif isinstance(data, memoryview):
+            body = bytes(data)
+        params: dict[str, Any] = {"Bucket": self.settings.bucket, "Key": key}
         if if_none_match:
             params["IfNoneMatch"] = "*"
         if if_match is not None:
             params["IfMatch"] = f'"{_strip_etag(if_match)}"'
 
         async def attempt(client: Any) -> PutResult:
-            response = await client.put_object(**params)
+            sent = prepared.params() if prepared is not None else {"Body": body}
+            response = await _with_prepared(prepared, client.put_object(**params, **sent))
             return PutResult(key=key, etag=_strip_etag(response["ETag"]), size=size)
 
         async def maybe_ours() -> PutResult | None:
-            ours = hashlib.md5(body, usedforsecurity=False).hexdigest()
+            ours = await asyncio.to_thread(lambda: hashlib.md5(body, usedforsecurity=False).hexdigest())
             try:
                 info = await self.head(key)
             except ObjectNotFound:
@@ -472,22 +565,31 @@ class S3ObjectStore(ObjectStore):
         (or cancellation) the multipart upload is aborted, so nothing becomes visible."""
         validate_key(key)
         bucket, part_size = self.settings.bucket, self.settings.part_size
-        buffer = bytearray()
+        pending: list[bytes | memoryview] = []  # pieces not yet cut into parts
+        pending_bytes = 0
         upload_id: str | None = None
         completed: list[dict[str, Any]] = []
         in_flight: set[asyncio.Task[None]] = set()
         total = 0
         numbered = 0  # parts started; a part's number is its place in the stream
 
-        async def upload_part(number: int, chunk: bytes) -> None:
-            response = await self._call(
-                "upload_part",
-                key,
-                lambda c: c.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=chunk),
-            )
+        async def upload_part(number: int, chunk: bytes | memoryview) -> None:
+            prepared, body = None, chunk
+            if len(chunk) >= OFFLOOP_BODY_BYTES:
+                prepared = await asyncio.to_thread(_PreparedBody.of, chunk)
+            elif isinstance(chunk, memoryview):
+                body = bytes(chunk)
+
+            def attempt(c: Any) -> Awaitable[Any]:
+                sent = prepared.params() if prepared is not None else {"Body": body}
+                return _with_prepared(
+                    prepared, c.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, **sent)
+                )
+
+            response = await self._call("upload_part", key, attempt)
             completed.append({"PartNumber": number, "ETag": response["ETag"]})
 
-        async def start_part(chunk: bytes) -> None:
+        async def start_part(chunk: bytes | memoryview) -> None:
             nonlocal upload_id, numbered
             if upload_id is None:
                 created = await self._call(
@@ -503,17 +605,26 @@ class S3ObjectStore(ObjectStore):
                     task.result()  # raises the part's error
 
         try:
+            # The pieces are cut into parts in a thread (copies of megabytes, which held the
+            # event loop for up to ~300 ms in a row on a 2-core VM); a piece that is a part
+            # already goes as it is.
             async for part in iterate_parts(parts):
-                buffer += part
                 total += len(part)
-                while len(buffer) >= part_size:
-                    chunk = bytes(memoryview(buffer)[:part_size])
-                    del buffer[:part_size]
-                    await start_part(chunk)
+                if not pending and len(part) == part_size:
+                    await start_part(part)
+                    continue
+                pending.append(part)
+                pending_bytes += len(part)
+                if pending_bytes >= part_size:
+                    chunks, rest = await asyncio.to_thread(_cut_parts, pending, part_size)
+                    pending, pending_bytes = ([rest] if rest else []), len(rest)
+                    for chunk in chunks:
+                        await start_part(chunk)
+            last = await asyncio.to_thread(b"".join, pending) if pending else b""
             if upload_id is None:
-                return await self._put_single(key, bytes(buffer))
-            if buffer:
-                await start_part(bytes(buffer))
+                return await self._put_single(key, last)
+            if last:
+                await start_part(last)
             while in_flight:
                 task = in_flight.pop()
                 await task

@@ -5,6 +5,7 @@ fallback."""
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -143,6 +144,7 @@ class RequestDecodeError(FrameError):
 # --------------------------------------------------------------------------- versions
 
 
+@functools.lru_cache(maxsize=256)  # named on every request (the latency metric's label); keys come from clients
 def api_name(api_key: int) -> str:
     name = api_key_map.get(api_key)
     return "".join(part.capitalize() for part in name.split("_")) if name else f"ApiKey{api_key}"

@@ -184,7 +184,8 @@ class ObjectStore(abc.ABC):
     async def put_multipart(
         self, key: str, parts: AsyncIterator[bytes | memoryview] | list[bytes | memoryview]
     ) -> PutResult:
-        """Upload a large object in parts (each but the last >= 5 MiB for S3). Atomic like put."""
+        """Upload a large object in parts (each but the last >= 5 MiB for S3). Atomic like put.
+        The parts are read until this returns: a caller must not change a part it handed over."""
 
     async def put_parts(
         self, key: str, parts: Sequence[bytes | memoryview], *, pace: WritePace | None = None

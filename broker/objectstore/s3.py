@@ -135,10 +135,23 @@ def _cut_parts(pieces: list[bytes | memoryview], size: int) -> tuple[list[memory
     return [view[i : i + size] for i in range(0, cut, size)], whole[cut:]
 
 
-async def _with_prepared(prepared: _PreparedBody | None, call: Awaitable[T]) -> T:
+async def _prepare_body(data: bytes | bytearray | memoryview) -> tuple[_PreparedBody | None, bytes | bytearray]:
+    """A PUT's or UploadPart's body: prepared in a thread from OFFLOOP_BODY_BYTES on (then the
+    second item is unused), else as botocore takes it (bytes, not a memoryview)."""
+    if memoryview(data).nbytes >= OFFLOOP_BODY_BYTES:
+        return await asyncio.to_thread(_PreparedBody.of, data), b""
+    return None, bytes(data) if isinstance(data, memoryview) else data
+
+
+async def _send(
+    prepared: _PreparedBody | None, body: bytes | bytearray, call: Callable[..., Awaitable[T]], **params: Any
+) -> T:
+    """One attempt of `call` (a client's put_object or upload_part) with the body."""
+    if prepared is None:
+        return await call(**params, Body=body)
     token = _PREPARED.set(prepared)
     try:
-        return await call
+        return await call(**params, **prepared.params())
     finally:
         _PREPARED.reset(token)
 
@@ -520,12 +533,7 @@ class S3ObjectStore(ObjectStore):
     ) -> PutResult:
         size = memoryview(data).nbytes
         conditional = if_none_match or if_match is not None
-        body = data
-        prepared = None
-        if size >= OFFLOOP_BODY_BYTES:
-            prepared = await asyncio.to_thread(_PreparedBody.of, data)
-        elif isinstance(data, memoryview):
-            body = bytes(data)
+        prepared, body = await _prepare_body(data)
         params: dict[str, Any] = {"Bucket": self.settings.bucket, "Key": key}
         if if_none_match:
             params["IfNoneMatch"] = "*"
@@ -533,12 +541,11 @@ class S3ObjectStore(ObjectStore):
             params["IfMatch"] = f'"{_strip_etag(if_match)}"'
 
         async def attempt(client: Any) -> PutResult:
-            sent = prepared.params() if prepared is not None else {"Body": body}
-            response = await _with_prepared(prepared, client.put_object(**params, **sent))
+            response = await _send(prepared, body, client.put_object, **params)
             return PutResult(key=key, etag=_strip_etag(response["ETag"]), size=size)
 
         async def maybe_ours() -> PutResult | None:
-            ours = await asyncio.to_thread(lambda: hashlib.md5(body, usedforsecurity=False).hexdigest())
+            ours = await asyncio.to_thread(lambda: hashlib.md5(data, usedforsecurity=False).hexdigest())
             try:
                 info = await self.head(key)
             except ObjectNotFound:
@@ -574,19 +581,14 @@ class S3ObjectStore(ObjectStore):
         numbered = 0  # parts started; a part's number is its place in the stream
 
         async def upload_part(number: int, chunk: bytes | memoryview) -> None:
-            prepared, body = None, chunk
-            if len(chunk) >= OFFLOOP_BODY_BYTES:
-                prepared = await asyncio.to_thread(_PreparedBody.of, chunk)
-            elif isinstance(chunk, memoryview):
-                body = bytes(chunk)
-
-            def attempt(c: Any) -> Awaitable[Any]:
-                sent = prepared.params() if prepared is not None else {"Body": body}
-                return _with_prepared(
-                    prepared, c.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, **sent)
-                )
-
-            response = await self._call("upload_part", key, attempt)
+            prepared, body = await _prepare_body(chunk)
+            response = await self._call(
+                "upload_part",
+                key,
+                lambda c: _send(
+                    prepared, body, c.upload_part, Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number
+                ),
+            )
             completed.append({"PartNumber": number, "ETag": response["ETag"]})
 
         async def start_part(chunk: bytes | memoryview) -> None:

@@ -170,6 +170,28 @@ def ids(records) -> list[int]:
     return [r.base_offset for r in records]
 
 
+def append_tracked(wal: ObjectStoreWal, n: int) -> tuple[list[asyncio.Future[int]], list[int]]:
+    """Appends records 0..n-1 at once; returns their futures and the list their acks land in."""
+    acked: list[int] = []
+    futures = []
+    for i in range(n):
+        f = wal.append(rec(i))
+        f.add_done_callback(lambda f, i=i: acked.append(i))
+        futures.append(f)
+    return futures, acked
+
+
+async def release_first_and_replay(gated, wal: ObjectStoreWal, store, futures, acked: list[int]) -> None:
+    """Lets the held first PUT finish: every append is acknowledged, in order, and the next
+    epoch replays them all."""
+    gated.gates[0].set()
+    await asyncio.gather(*futures)
+    assert acked == list(range(len(futures)))
+    await wal.close()
+    _, got = await started(store, 2)
+    assert ids(got) == list(range(len(futures)))
+
+
 async def test_idle_wal_puts_at_once_and_groups_what_arrives_meanwhile(store):
     gated = GatedStore(store)
     gated.gates[0] = asyncio.Event()
@@ -218,21 +240,11 @@ async def test_late_put_completing_releases_later_acks_in_order(store):
     gated = GatedStore(store)
     gated.gates[0] = asyncio.Event()
     wal, _ = await started(gated, 1, bulk_interval_ms=60_000, bulk_bytes=1000, max_inflight=3, max_unacked=3)
-    acked: list[int] = []
-    futures = []
-    for i in range(30):
-        f = wal.append(rec(i))
-        f.add_done_callback(lambda f, i=i: acked.append(i))
-        futures.append(f)
+    futures, acked = append_tracked(wal, 30)
     await until(lambda: len(gated.completed) == 2, "bulks 1 and 2 completed while 0 hangs")
     await asyncio.sleep(0.05)
     assert len(gated.started) == 3 and acked == []  # the window (3) is full: no fourth bulk yet
-    gated.gates[0].set()
-    await asyncio.gather(*futures)
-    assert acked == list(range(30))
-    await wal.close()
-    _, got = await started(store, 2)
-    assert ids(got) == list(range(30))
+    await release_first_and_replay(gated, wal, store, futures, acked)
 
 
 async def test_a_slow_put_does_not_idle_the_other_put_slots(store):
@@ -242,21 +254,11 @@ async def test_a_slow_put_does_not_idle_the_other_put_slots(store):
     gated = GatedStore(store)
     gated.gates[0] = asyncio.Event()
     wal, _ = await started(gated, 1, bulk_interval_ms=60_000, bulk_bytes=1000, max_inflight=2, max_unacked=8)
-    acked: list[int] = []
-    futures = []
-    for i in range(40):  # 2 records of 344 B per bulk: 20 bulks' worth
-        f = wal.append(rec(i))
-        f.add_done_callback(lambda f, i=i: acked.append(i))
-        futures.append(f)
+    futures, acked = append_tracked(wal, 40)  # 2 records of 344 B per bulk: 20 bulks' worth
     await until(lambda: len(gated.completed) == 7, "bulks 1..7 completed behind the hanging bulk 0")
     await asyncio.sleep(0.05)
     assert len(gated.started) == 8 and acked == []  # window full (8 cut), nothing acknowledged
-    gated.gates[0].set()
-    await asyncio.gather(*futures)
-    assert acked == list(range(40))
-    await wal.close()
-    _, got = await started(store, 2)
-    assert ids(got) == list(range(40))
+    await release_first_and_replay(gated, wal, store, futures, acked)
 
 
 async def test_a_trim_interrupted_half_way_loses_no_acknowledged_append(store):
